@@ -1,0 +1,3 @@
+"""cprobe: a config-driven causal-probing workbench for language models."""
+
+__version__ = "0.1.0"

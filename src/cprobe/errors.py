@@ -1,0 +1,23 @@
+"""User-facing errors: one actionable line, no traceback (unless CPROBE_DEBUG=1)."""
+
+from __future__ import annotations
+
+
+class CprobeError(Exception):
+    """An error caused by input the user controls (config, data, model name).
+
+    The CLI prints ``str(err)`` on one line and exits with code 1; the message must
+    name the problem and the fix.
+    """
+
+
+class ConfigError(CprobeError):
+    """Impossible or inconsistent configuration value."""
+
+
+class DataError(CprobeError):
+    """Missing or malformed dataset file."""
+
+
+class ModelLoadError(CprobeError):
+    """A model that is neither cached, local, nor reachable."""

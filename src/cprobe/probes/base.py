@@ -1,0 +1,47 @@
+"""The probe interface: fit on activations + labels, predict class distributions.
+
+Probes are torch modules underneath so gradient-based interventions (FGSM/PGD/AutoAttack)
+can differentiate through them; ``module`` returns logits of shape (n, k).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Self
+
+import torch
+from torch import Tensor, nn
+
+from cprobe.registry import Registry
+
+
+class Probe(ABC):
+    """A classifier over hidden states.
+
+    Conventions: ``X`` is float (n, d); ``y`` is int64 (n,) with values in [0, k).
+    """
+
+    module: nn.Module
+    n_classes: int
+
+    @abstractmethod
+    def fit(self, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None) -> Self:
+        """Train (with hyperparameter selection on the validation split when given)."""
+
+    def logits(self, X: Tensor) -> Tensor:
+        p = next(self.module.parameters())
+        with torch.inference_mode():
+            return self.module(X.to(device=p.device, dtype=p.dtype)).float().cpu()
+
+    def predict_proba(self, X: Tensor) -> Tensor:
+        return self.logits(X).softmax(-1)
+
+    def predict(self, X: Tensor) -> Tensor:
+        return self.logits(X).argmax(-1)
+
+    def score(self, X: Tensor, y: Tensor) -> float:
+        """Accuracy on (X, y)."""
+        return (self.predict(X) == y.cpu()).float().mean().item()
+
+
+PROBES: Registry[type[Probe]] = Registry("probe")
