@@ -1,0 +1,42 @@
+"""The only module that touches Hydra internals: run a task function with a pass-through argv.
+
+Hydra 1.3 has no public embedding API; ``@hydra.main`` itself calls ``_run_hydra`` with the parsed
+argv, and so do NeMo and others. We do the same with ``parse_intermixed_args`` so overrides may sit
+on both sides of ``-m`` (Hydra 1.3's ``parse_args`` rejects that). Pinned to ``hydra-core<1.4``;
+``tests/smoke/test_cli_contract.py`` guards the behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+NOTICE_EXPERIMENT = "note: treating 'experiment={0}' as '+experiment={0}' (experiment is an addition to the defaults)"
+
+
+def normalise(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Rewrite a bare ``experiment=x`` to ``+experiment=x``; returns (argv, notices)."""
+    out, notes = [], []
+    for a in argv:
+        if a.startswith("experiment="):
+            notes.append(NOTICE_EXPERIMENT.format(a.split("=", 1)[1]))
+            a = "+" + a
+        out.append(a)
+    return out, notes
+
+
+def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
+    """Run Hydra over ``argv`` exactly as ``@hydra.main`` would (exits via SystemExit on error)."""
+    from hydra import version
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    version.setbase("1.3")
+    parser = get_args_parser()
+    args = parser.parse_intermixed_args(list(argv))
+    _run_hydra(
+        args=args,
+        args_parser=parser,
+        task_function=task_function,
+        config_path=config_dir,
+        config_name="config",
+    )

@@ -1,0 +1,161 @@
+"""The ``cprobe`` command line (Typer). Heavy imports (torch, transformers, hydra) stay inside commands."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cprobe import __version__
+from cprobe.errors import CprobeError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="cprobe: config-driven causal probing of language models.",
+)
+cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the activation/model cache.")
+app.add_typer(cache_app, name="cache")
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn known failures into one actionable line and exit 1 (CPROBE_DEBUG=1 shows tracebacks)."""
+    if os.environ.get("CPROBE_DEBUG"):
+        yield
+        return
+    try:
+        yield
+    except CprobeError as e:
+        _fail(_one_line(str(e)))
+    except KeyboardInterrupt:
+        _fail("interrupted")
+    except Exception as e:  # Hydra/OmegaConf config errors and the like
+        mod = type(e).__module__
+        if mod.startswith(("hydra", "omegaconf")):
+            _fail(_one_line(str(e)) + " (see `cprobe list` and `cprobe run --cfg job`)")
+        _fail(f"{type(e).__name__}: {_one_line(str(e))} (rerun with CPROBE_DEBUG=1 for the traceback)")
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    help=(
+        "Run an experiment; every Hydra override and flag passes through: "
+        "`cprobe run +experiment=sva_tiny`, `cprobe run -m +experiment=sva_tiny probe=linear,mlp`, "
+        "`--cfg job`, `--info`, `hydra/launcher=joblib`. A bare `experiment=x` means `+experiment=x`."
+    ),
+)
+def run(
+    ctx: typer.Context,
+    smoke: Annotated[bool, typer.Option("--smoke", help="Append +debug=smoke (tiny sizes, for CI).")] = False,
+) -> None:
+    from cprobe import _hydra
+    from cprobe.paths import config_dir
+
+    argv, notes = _hydra.normalise(ctx.args)
+    for n in notes:
+        typer.echo(n, err=True)
+    if smoke:
+        argv.append("+debug=smoke")
+    with user_errors():
+        from cprobe import callbacks, pipeline
+
+        os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer
+        callbacks.reset()
+        _hydra.run(argv, pipeline.run_job, str(config_dir()))
+        if callbacks.FAILED:
+            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3]))
+
+
+@app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...).")
+def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. model.")] = None) -> None:
+    from cprobe.catalog import describe_group, groups
+
+    with user_errors():
+        for g in [group] if group else groups():
+            typer.secho(f"{g}:", bold=True)
+            for name, desc in describe_group(g):
+                typer.echo(f"  {name:<28} {desc}")
+
+
+@app.command(help="Aggregate a run or sweep directory into one table (CSV, Parquet, Markdown, figures).")
+def collect(directory: Annotated[Path, typer.Argument(help="Run or sweep output directory.")]) -> None:
+    with user_errors():
+        from cprobe.results import collect as do_collect
+
+        out = do_collect(directory)
+        typer.echo(f"wrote {out}")
+
+
+@app.command(help="Where each dataset is expected and how to obtain it.")
+def data() -> None:
+    from cprobe.catalog import dataset_status
+
+    with user_errors():
+        for line in dataset_status():
+            typer.echo(line)
+
+
+@app.command(help="Print versions of cprobe and its core dependencies.")
+def version() -> None:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as v
+
+    typer.echo(f"cprobe {__version__}")
+    for pkg in ("torch", "transformers", "hydra-core", "omegaconf", "scikit-learn", "pandas"):
+        try:
+            typer.echo(f"{pkg} {v(pkg)}")
+        except PackageNotFoundError:
+            typer.echo(f"{pkg} (not installed)")
+    typer.echo(f"python {sys.version.split()[0]}")
+
+
+@cache_app.command("info", help="List cache entries (activations, trained tiny models) and their sizes.")
+def cache_info() -> None:
+    from cprobe.cache import cache_entries
+    from cprobe.paths import cache_dir
+
+    with user_errors():
+        root = cache_dir()
+        typer.echo(f"cache dir: {root}")
+        total = 0
+        for kind, name, size, desc in cache_entries(root):
+            total += size
+            typer.echo(f"  {kind:<12} {name:<20} {size / 2**20:9.1f} MiB  {desc}")
+        typer.echo(f"total: {total / 2**20:.1f} MiB")
+
+
+@cache_app.command("clear", help="Delete cache entries (all, or only activations/models).")
+def cache_clear(
+    what: Annotated[str, typer.Argument(help="all | activations | models")] = "all",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    from cprobe.cache import clear_cache
+    from cprobe.paths import cache_dir
+
+    with user_errors():
+        if what not in ("all", "activations", "models"):
+            raise CprobeError(f"unknown cache kind {what!r}; choose from ['activations', 'all', 'models']")
+        if not yes and not typer.confirm(f"delete {what} under {cache_dir()}?"):
+            raise typer.Exit(1)
+        n = clear_cache(cache_dir(), what)
+        typer.echo(f"removed {n} entries")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,67 @@
+"""Shared fixtures: offline env, tiny random HF models with word-level tokenizers, data-dir skips."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
+os.environ.setdefault("CPROBE_DATA_DIR", str(SHARED_DATA))
+
+WORDS = ("the author authors guard guards near that like likes is are was were has have here , .".split()
+         + [f"w{i}" for i in range(20)])
+
+
+def needs_shared(*parts: str):
+    """Skip unless ``../shared/data/<parts>`` exists (CI has it; a bare clone may not)."""
+    path = SHARED_DATA.joinpath(*parts)
+    return pytest.mark.skipif(not path.exists(), reason=f"needs {path} (the shared data dir; set CPROBE_DATA_DIR)")
+
+
+def make_word_tokenizer(kind: str):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] if kind == "mlm" else ["<|endoftext|>", "[UNK]"]
+    vocab = {w: i for i, w in enumerate(specials + list(WORDS))}
+    t = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if kind == "mlm":
+        t.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+        return PreTrainedTokenizerFast(tokenizer_object=t, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                       sep_token="[SEP]", mask_token="[MASK]")
+    t.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", vocab["<|endoftext|>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", unk_token="[UNK]")
+
+
+def make_random_model(arch: str, seed: int = 0):
+    """A tiny random-init HF model (no download) and its tokenizer: arch in bert | gpt_neox | gpt2 | llama."""
+    import torch
+    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
+                              GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM)
+
+    torch.manual_seed(seed)
+    tok = make_word_tokenizer("mlm" if arch == "bert" else "causal")
+    V = len(tok)
+    if arch == "bert":
+        m = BertForMaskedLM(BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=64))
+    elif arch == "gpt_neox":
+        m = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                             intermediate_size=64, max_position_embeddings=64))
+    elif arch == "gpt2":
+        m = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=3, n_head=2, n_positions=64))
+    else:
+        m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+    return m.eval(), tok
