@@ -1,0 +1,59 @@
+"""The direction-finding interface (CausalGym §4.2): each method proposes one unit vector ``a``.
+
+The 1-D DII (``cprobe.causalgym.dii``) is invariant to the sign of ``a``, so methods only
+promise a unit-norm direction. Most methods are fitted on base activations ``X`` (n, d) with
+the base class ids ``y`` (n,) of the train set (``fit(X, y)``); DAS (``causal = True``) is
+instead trained through the frozen model (see ``cprobe.directions.das``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from cprobe.registry import Registry
+
+
+class Direction(ABC):
+    """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor."""
+
+    a: Tensor
+    causal: ClassVar[bool] = False
+    """True when ``fit`` needs the model (a forward callable) rather than activations and labels."""
+
+    @abstractmethod
+    def fit(self, *args: Any, **kwargs: Any) -> Self:
+        """Learn ``self.a``; returns ``self`` (scikit-learn style)."""
+
+
+DIRECTIONS: Registry[type[Direction]] = Registry("direction method")
+
+
+def unit(v: Tensor) -> Tensor:
+    """``v / ‖v‖``; a zero vector means the method found no direction, which is a bug upstream."""
+    norm = v.norm()
+    if not torch.isfinite(norm) or norm == 0:
+        raise ValueError("direction has zero or non-finite norm")
+    return v / norm
+
+
+def check_binary(X: Tensor, y: Tensor) -> None:
+    """The supervised methods separate exactly two classes, ids 0 and 1."""
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise ValueError(f"expected X (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
+    if set(torch.unique(y).tolist()) != {0, 1}:
+        raise ValueError(f"expected class ids {{0, 1}} in y, got {sorted(torch.unique(y).tolist())}")
+
+
+def to_numpy(X: Tensor) -> np.ndarray:
+    """Float64 CPU copy for scikit-learn (half-precision activations included)."""
+    return X.detach().to("cpu", torch.float64).numpy()
+
+
+def from_numpy(v: np.ndarray, like: Tensor) -> Tensor:
+    """A unit float32 direction on ``like``'s device."""
+    return unit(torch.as_tensor(v, dtype=torch.float32, device=like.device))

@@ -1,0 +1,67 @@
+"""CausalGym's causal-efficacy metrics (Arora et al. 2024, eqs. 9, 10, 19 and §5.2).
+
+Per item e = (b, s, y_b, y_s), with p the clean model and p* the model under intervention:
+
+    Odds = [log p(y_b|b) − log p(y_s|b)] + [log p*(y_s|b,s) − log p*(y_b|b,s)]
+
+(natural log over the full vocabulary). 0 means no effect; it can be negative. AvgOdds is
+its mean over the eval set for one site (layer l, region r). Over a (layers × regions) table
+of AvgOdds, OverallOdds = mean over layers of the max over regions, and selectivity applies
+the same aggregation to the per-site difference task − control (" dog"/" give" labels).
+Region cells that are not sites (empty region, or before the label region) are NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numpy.typing import ArrayLike
+from torch import Tensor
+
+
+def label_logprobs(logits: Tensor, y_base: Tensor, y_source: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log p(y_b), log p(y_s))`` per row from next-token logits or log-probs (n, V)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return logp.gather(1, y_base[:, None]).squeeze(1), logp.gather(1, y_source[:, None]).squeeze(1)
+
+
+def log_odds_ratio(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -> Tensor:
+    """Per-item log odds-ratio from the four label log-probs (clean b; intervened b←s)."""
+    return (base_yb - base_ys) + (int_ys - int_yb)
+
+
+def avg_odds(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -> float:
+    """AvgOdds (eq. 10): the mean per-item log odds-ratio over the eval set."""
+    return float(log_odds_ratio(base_yb, base_ys, int_yb, int_ys).mean())
+
+
+def task_accuracy(base_yb: Tensor, base_ys: Tensor) -> float:
+    """Fraction of items where the clean model prefers the base label, p(y_b|b) > p(y_s|b)."""
+    return float((base_yb > base_ys).float().mean())
+
+
+def iia(int_yb: Tensor, int_ys: Tensor) -> float:
+    """Interchange-intervention accuracy: the intervened model prefers the source label."""
+    return float((int_ys > int_yb).float().mean())
+
+
+def overall_odds(table: ArrayLike | Tensor) -> float:
+    """Eq. 19: mean over layers (rows) of the max over regions (columns), NaN cells skipped."""
+    arr = _as_array(table)
+    if arr.ndim != 2 or np.isnan(arr).all(axis=1).any():
+        raise ValueError("expected a (layers, regions) table with at least one site per layer")
+    return float(np.nanmax(arr, axis=1).mean())
+
+
+def selectivity(task: ArrayLike | Tensor, control: ArrayLike | Tensor) -> float:
+    """§5.2: overall odds of the per-site difference task − control (not a difference of overalls)."""
+    t, c = _as_array(task), _as_array(control)
+    if t.shape != c.shape:
+        raise ValueError(f"task and control tables differ in shape: {t.shape} vs {c.shape}")
+    return overall_odds(t - c)
+
+
+def _as_array(x: ArrayLike | Tensor) -> np.ndarray:
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)

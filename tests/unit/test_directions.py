@@ -1,0 +1,152 @@
+"""Direction-finding methods: unit norm, recovery of a planted direction, DAS through a toy model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cprobe.causalgym.dii import Edit, dii_edit
+from cprobe.directions import DIRECTIONS
+from cprobe.directions.das import DAS
+from cprobe.directions.lda import LDA
+from cprobe.directions.mean_diff import MeanDiff
+from cprobe.directions.random import RandomDirection
+from cprobe.errors import ConfigError
+
+ACTIVATION_METHODS = ["probe", "mean", "lda", "pca", "kmeans"]
+
+
+def _planted(d: int = 32, n: int = 1000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two balanced classes at ±2u plus isotropic unit noise: u is the only class (and top-variance) axis."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(d, generator=g)
+    u /= u.norm()
+    y = torch.arange(n) % 2
+    X = torch.randn(n, d, generator=g) + (4.0 * y.float() - 2.0)[:, None] * u
+    return X, y, u
+
+
+def test_registry_lists_every_method() -> None:
+    assert DIRECTIONS.names() == sorted(["das", "kmeans", "lda", "mean", "pca", "probe", "random"])
+    assert DIRECTIONS.get("das").causal and not DIRECTIONS.get("probe").causal
+    with pytest.raises(ConfigError, match="choose from"):
+        DIRECTIONS.get("ica")
+
+
+@pytest.mark.parametrize("name", ACTIVATION_METHODS)
+def test_activation_methods_recover_planted_direction(name: str) -> None:
+    X, y, u = _planted()
+    a = DIRECTIONS.get(name)().fit(X, y).a
+    assert a.shape == (32,) and a.dtype == torch.float32
+    assert float(a.norm()) == pytest.approx(1.0, abs=1e-6)
+    assert abs(float(a @ u)) > 0.95
+
+
+def test_mean_diff_hand_computed() -> None:
+    X = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 4.0], [0.0, 2.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    # μ1 − μ0 = (0, 3) − (2, 0) = (−2, 3)
+    torch.testing.assert_close(MeanDiff().fit(X, y).a, torch.tensor([-2.0, 3.0]) / 13**0.5)
+
+
+def test_lda_is_inverse_shared_covariance_times_mean_difference() -> None:
+    g = torch.Generator().manual_seed(3)
+    mix = torch.randn(6, 6, generator=g)
+    y = torch.arange(300) % 2
+    X = torch.randn(300, 6, generator=g) @ mix + y[:, None].float() * torch.tensor([1.0, 0, 0, 0, 0, 0])
+    Xn, yn = X.double().numpy(), y.numpy()
+    mu0, mu1 = Xn[yn == 0].mean(0), Xn[yn == 1].mean(0)
+    centred = np.concatenate([Xn[yn == 0] - mu0, Xn[yn == 1] - mu1])
+    expected = np.linalg.solve(centred.T @ centred, mu1 - mu0)
+    expected /= np.linalg.norm(expected)
+    a = LDA().fit(X, y).a.double().numpy()
+    assert abs(a @ expected) == pytest.approx(1.0, abs=1e-5)
+    # correlated noise: LDA and the plain mean difference disagree
+    assert abs(float(MeanDiff().fit(X, y).a.double() @ torch.from_numpy(expected))) < 0.99
+
+
+def test_probe_scores_and_accepts_lambda() -> None:
+    X, y, _ = _planted()
+    probe = DIRECTIONS.get("probe")(lam=10.0).fit(X, y)
+    assert probe.score(X, y) > 0.95
+    with pytest.raises(ValueError):
+        DIRECTIONS.get("probe")(lam=0.0)
+
+
+def test_supervised_methods_reject_non_binary_labels() -> None:
+    X, _, _ = _planted(n=12)
+    with pytest.raises(ValueError, match="class ids"):
+        MeanDiff().fit(X, torch.arange(12) % 3)
+
+
+def test_random_is_seeded_unit_and_nearly_orthogonal_in_high_dimension() -> None:
+    X, y, u = _planted(d=2000, n=4, seed=7)
+    a = RandomDirection(seed=0).fit(X, y).a
+    assert float(a.norm()) == pytest.approx(1.0, abs=1e-6)
+    assert abs(float(a @ u)) < 0.1  # |N(0, 1/d)| with d = 2000: sd ≈ 0.022
+    torch.testing.assert_close(RandomDirection(seed=0).fit(X, y).a, a)
+    assert not torch.equal(RandomDirection(seed=1).fit(X, y).a, a)
+
+
+def _toy_model(d: int = 32, n: int = 400, seed: int = 0):
+    """A linear 'LM' reading its site vector: logits = W h with W[0] = 4u, W[1] = −4u.
+
+    Base rows sit at ±2u (class 0 / 1), source rows at the opposite side, and the target is
+    the source's token; only a = ±u makes the 1-D swap flip the prediction.
+    """
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(d, generator=g)
+    u /= u.norm()
+    W = torch.zeros(5, d)
+    W[0], W[1] = 4 * u, -4 * u
+    cls = torch.arange(n) % 2
+    side = (1 - 2 * cls.float())[:, None] * u
+    h_base = torch.randn(n, d, generator=g) + 2 * side
+    h_source = torch.randn(n, d, generator=g) - 2 * side
+    calls: list[torch.Tensor] = []
+
+    def forward(edit: Edit, idx: torch.Tensor) -> torch.Tensor:
+        calls.append(idx)
+        return torch.log_softmax(edit(h_base[idx]) @ W.T, -1)
+
+    return u, forward, h_source, 1 - cls, calls
+
+
+def _ce(forward, h_source: torch.Tensor, target: torch.Tensor, a: torch.Tensor) -> float:
+    everyone = torch.arange(len(target))
+    return float(-forward(dii_edit(h_source, a), everyone)[everyone, target].mean())
+
+
+def test_das_paper_schedule_stays_unit_and_improves() -> None:
+    u, forward, h_source, target, calls = _toy_model(seed=11)
+    init = _random_unit(32, seed=0)  # DAS(seed=0)'s starting point
+    norms: list[float] = []
+    das = DAS(seed=0).fit(forward, h_source, target, callback=lambda step, a: norms.append(float(a.norm())))
+    assert float(das.a.norm()) == pytest.approx(1.0, abs=1e-6)
+    assert norms == pytest.approx([1.0] * 100, abs=1e-5)  # unit at every step
+    # paper schedule: 1 epoch of 400 items in batches of 4, in data order → 100 steps
+    assert len(calls) == 100 and all(torch.equal(c, torch.arange(4 * i, 4 * i + 4)) for i, c in enumerate(calls))
+    assert len(das.losses) == 100
+    assert abs(float(das.a @ u)) > abs(float(init @ u)) + 0.4
+    assert _ce(forward, h_source, target, das.a) < 0.5 * _ce(forward, h_source, target, init)
+
+
+def test_das_finds_the_planted_direction_of_a_toy_model() -> None:
+    u, forward, h_source, target, _ = _toy_model(seed=11)
+    assert abs(float(_random_unit(32, seed=0) @ u)) < 0.2  # the start is far from u
+    das = DAS(seed=0, epochs=3).fit(forward, h_source, target)
+    assert abs(float(das.a @ u)) > 0.9
+
+
+def _random_unit(d: int, seed: int) -> torch.Tensor:
+    v = torch.randn(d, generator=torch.Generator().manual_seed(seed))
+    return v / v.norm()
+
+
+def test_das_first_step_has_zero_learning_rate() -> None:
+    u, forward, h_source, target, _ = _toy_model(n=40)
+    seen: list[torch.Tensor] = []
+    DAS(seed=5).fit(forward, h_source, target, callback=lambda step, a: seen.append(a))
+    torch.testing.assert_close(seen[0], _random_unit(32, seed=5))  # warm-up starts from lr = 0
+    assert not torch.allclose(seen[1], seen[0])

@@ -1,0 +1,73 @@
+"""Log odds-ratio, OverallOdds and selectivity on hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cprobe.metrics.odds import (
+    avg_odds,
+    iia,
+    label_logprobs,
+    log_odds_ratio,
+    overall_odds,
+    selectivity,
+    task_accuracy,
+)
+
+
+def test_hand_computed_odds_ratio_from_distributions() -> None:
+    # clean: p(y_b)=0.6, p(y_s)=0.2; intervened: p*(y_b)=0.25, p*(y_s)=0.5 → log 3 + log 2 = log 6
+    clean = torch.tensor([[0.6, 0.2, 0.2]]).log()
+    inter = torch.tensor([[0.25, 0.5, 0.25]]).log()
+    yb, ys = torch.tensor([0]), torch.tensor([1])
+    odds = log_odds_ratio(*label_logprobs(clean, yb, ys), *label_logprobs(inter, yb, ys))
+    torch.testing.assert_close(odds, torch.tensor([math.log(6.0)]))
+
+
+def test_label_logprobs_normalises_logits() -> None:
+    logits = torch.tensor([[2.0, 0.0, 0.0]])
+    lb, ls = label_logprobs(logits, torch.tensor([0]), torch.tensor([2]))
+    z = math.log(math.exp(2) + 2)
+    torch.testing.assert_close(lb, torch.tensor([2.0 - z]))
+    torch.testing.assert_close(ls, torch.tensor([-z]))
+
+
+def test_no_effect_gives_zero_and_full_flip_doubles_the_gap() -> None:
+    lb, ls = torch.tensor([-1.0, -0.5]), torch.tensor([-2.0, -3.0])
+    torch.testing.assert_close(log_odds_ratio(lb, ls, lb, ls), torch.zeros(2))
+    # intervened model = clean model with the two labels exchanged: 2·(log p(y_b) − log p(y_s))
+    torch.testing.assert_close(log_odds_ratio(lb, ls, ls, lb), torch.tensor([2.0, 5.0]))
+
+
+def test_avg_accuracy_and_iia() -> None:
+    base_yb, base_ys = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])
+    int_yb, int_ys = torch.tensor([-3.0, -1.0]), torch.tensor([-1.0, -1.5])
+    # items: (1) + (2) = 3 ; (−1) + (−0.5) = −1.5 → mean 0.75
+    assert avg_odds(base_yb, base_ys, int_yb, int_ys) == pytest.approx(0.75)
+    assert task_accuracy(base_yb, base_ys) == pytest.approx(0.5)
+    assert iia(int_yb, int_ys) == pytest.approx(0.5)
+
+
+def test_overall_is_mean_over_layers_of_max_over_regions() -> None:
+    table = np.array([[1.0, 3.0, np.nan], [2.0, 0.0, 5.0]])
+    assert overall_odds(table) == pytest.approx(4.0)
+    assert overall_odds(torch.tensor(table)) == pytest.approx(4.0)
+
+
+def test_overall_rejects_a_layer_without_sites() -> None:
+    with pytest.raises(ValueError):
+        overall_odds(np.array([[1.0], [np.nan]]))
+
+
+def test_selectivity_differences_per_site_before_aggregating() -> None:
+    task = np.array([[1.0, 3.0], [2.0, 5.0]])
+    control = np.array([[0.0, 3.0], [1.0, 1.0]])
+    # per-site diff [[1, 0], [1, 4]] → max 1, 4 → 2.5; difference of overalls would give 4 − 2 = 2
+    assert selectivity(task, control) == pytest.approx(2.5)
+    assert overall_odds(task) - overall_odds(control) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        selectivity(task, control[:, :1])
