@@ -35,11 +35,16 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
     source = cfg.get("source", "hub")
     if source == "tiny":
-        from cprobe.models.tiny import GrammarConfig, TinyTrainConfig, ensure_tiny_model
+        from cprobe.data.registry import grammar_config
+        from cprobe.models.tiny import TinyTrainConfig, ensure_tiny_model
 
         t = cfg["tiny"]
+        try:
+            train = TinyTrainConfig(**(t.get("train") or {}))
+        except TypeError as e:
+            raise ConfigError(f"bad model.tiny.train config: {e}") from None
         return str(ensure_tiny_model(
-            t["kind"], GrammarConfig(**t.get("grammar", {})), TinyTrainConfig(**t.get("train", {})),
+            t["kind"], grammar_config(t.get("grammar")), train,
             cache_root / "models", extra_sentences=tuple(t.get("extra_sentences", ())),
         ))
     if source == "package":

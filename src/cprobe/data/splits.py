@@ -1,0 +1,64 @@
+"""Seeded, stratified splits; optionally decorrelate two properties inside one split.
+
+The reliability study trains oracle probes on a split where Z_c and Z_e are independent, so a
+Z_c oracle cannot succeed by reading Z_e (Canby et al. 2024, §4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from cprobe.data.base import Dataset
+from cprobe.errors import ConfigError
+
+
+def split_indices(ds: Dataset, fractions: Mapping[str, float], stratify: str | None, seed: int
+                  ) -> dict[str, np.ndarray]:
+    """Partition example indices by ``fractions`` (summing to 1), stratified by a property."""
+    if not fractions or any(f <= 0 for f in fractions.values()) or abs(sum(fractions.values()) - 1) > 1e-6:
+        raise ConfigError(f"split fractions must be positive and sum to 1, got {dict(fractions)}")
+    rng = np.random.default_rng(seed)
+    keys = np.array([e.props.get(stratify, "none") if stratify else "" for e in ds.examples])
+    names = list(fractions)
+    cum = np.cumsum([fractions[n] for n in names])
+    out: dict[str, list[int]] = {n: [] for n in names}
+    for v in np.unique(keys):
+        idx = rng.permutation(np.flatnonzero(keys == v))
+        bounds = np.round(cum * len(idx)).astype(int)
+        for n, lo, hi in zip(names, np.r_[0, bounds[:-1]], bounds):
+            out[n] += idx[lo:hi].tolist()
+    for n, idx in out.items():
+        if not idx:
+            raise ConfigError(f"split {n!r} is empty ({len(ds)} examples); use more data or a larger fraction")
+    return {n: np.sort(np.array(idx)) for n, idx in out.items()}
+
+
+def decorrelate(ds: Dataset, idx: np.ndarray, target: str, other: str, seed: int) -> np.ndarray:
+    """Subsample ``idx`` so that ``target`` is uniform within every value of ``other`` (independence)."""
+    rng = np.random.default_rng(seed)
+    t = np.array([ds.examples[i].props.get(target, "none") for i in idx])
+    o = np.array([ds.examples[i].props.get(other, "none") for i in idx])
+    keep: list[int] = []
+    for ov in np.unique(o):
+        cells = [np.flatnonzero((o == ov) & (t == tv)) for tv in np.unique(t)]
+        m = min(len(c) for c in cells)
+        for c in cells:
+            keep += rng.choice(c, m, replace=False).tolist()
+    if not keep:
+        raise ConfigError(f"cannot make {target} independent of {other}: some combination never occurs")
+    return np.sort(idx[np.array(keep)])
+
+
+def make_splits(ds: Dataset, spec: Mapping, seed: int) -> dict[str, np.ndarray]:
+    """``spec``: {fractions: {name: f}, stratify: prop, independent: {split: [target, other]}}."""
+    out = split_indices(ds, spec["fractions"], spec.get("stratify"), seed)
+    for name, pair in (spec.get("independent") or {}).items():
+        if name not in out:
+            raise ConfigError(f"split.independent names {name!r}, which is not among {list(out)}")
+        target, other = pair
+        out[name] = decorrelate(ds, out[name], target, other, seed)
+    return out
+
+

@@ -1,0 +1,88 @@
+"""Per-job plumbing shared by all tasks: output dir, resume marker, seeds, model reuse within a process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cprobe.cache import ActivationCache, atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+STATUS = "status.json"
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds python, numpy and torch (probe init, shuffles, splits, attacks all draw from these)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_status(out_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((out_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_status(out_dir: Path, **fields: Any) -> None:
+    atomic_write_bytes(out_dir / STATUS, json.dumps(fields, indent=1, default=str).encode())
+
+
+_ADAPTER: dict[str, Any] = {}
+
+
+@dataclass
+class JobContext:
+    """What a task needs besides its config: where to write, where data and caches live."""
+
+    cfg: dict[str, Any]
+    out_dir: Path
+    data_root: Path
+    cache_root: Path
+    progress: bool = True
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cache(self) -> ActivationCache:
+        return ActivationCache(self.cache_root, enabled=bool(self.cfg.get("cache", {}).get("enabled", True)))
+
+    def adapter(self, model_cfg: Mapping[str, Any]):
+        """Load (or reuse, within this process) the model: consecutive sweep jobs share it."""
+        from cprobe.models.load import load_adapter
+
+        key = json.dumps(model_cfg, sort_keys=True, default=str)
+        if key not in _ADAPTER:
+            _ADAPTER.clear()
+            t0 = time.perf_counter()
+            _ADAPTER[key] = load_adapter(model_cfg, self.cache_root)
+            self.timings["load_model_s"] = time.perf_counter() - t0
+        return _ADAPTER[key]
+
+
+def quiet_workers() -> bool:
+    """Progress bars off in parallel launcher workers (interleaved bars are noise)."""
+    return os.environ.get("CPROBE_NO_PROGRESS", "") not in ("", "0")
+
+
+def probe_config(cfg: Mapping[str, Any], probe_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A probe's config with the job's ``probe_patch`` (e.g. debug=smoke's tiny grids), seed and device."""
+    patch = (cfg.get("probe_patch") or {}).get(probe_cfg.get("name"), {})
+    device = cfg.get("device", "auto")
+    return {**probe_cfg, **patch, "seed": int(cfg["seed"]), "device": None if device == "auto" else device}
