@@ -8,6 +8,7 @@ on both sides of ``-m`` (Hydra 1.3's ``parse_args`` rejects that). Pinned to ``h
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,14 +26,21 @@ def normalise(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return out, notes
 
 
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+    """Hydra's own parser, but intermixed: flags may sit anywhere between overrides."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    return parser.parse_intermixed_args(list(argv)), parser
+
+
 def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
-    """Run Hydra over ``argv`` exactly as ``@hydra.main`` would (exits via SystemExit on error)."""
+    """Run Hydra over ``argv`` exactly as ``@hydra.main`` would."""
     from hydra import version
-    from hydra._internal.utils import _run_hydra, get_args_parser
+    from hydra._internal.utils import _run_hydra
 
     version.setbase("1.3")
-    parser = get_args_parser()
-    args = parser.parse_intermixed_args(list(argv))
+    args, parser = parse(argv)
     _run_hydra(
         args=args,
         args_parser=parser,

@@ -1,0 +1,40 @@
+# cprobe — `make help` lists targets.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
+	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
+
+.PHONY: help install demo test test-fast bench clean clean-outputs
+
+help: ## show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0   # the CPU wheel first, so the project's `torch>=2.6` is already satisfied
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with torch (CPU) and cprobe[dev]
+
+demo: $(STAMP) ## offline demo: probing accuracy by layer on the project's own tiny BERT
+	HF_HUB_OFFLINE=1 $(BIN)/cprobe run +experiment=sva_tiny
+
+test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline
+	$(TEST_ENV) $(BIN)/pytest -q
+
+test-fast: $(STAMP) ## skip the slow end-to-end tests
+	$(TEST_ENV) $(BIN)/pytest -q -m "not slow"
+
+bench: $(STAMP) ## benchmarks (ratios against baselines in the same process)
+	$(BIN)/python scripts/bench_extract.py
+
+clean: ## remove caches of tests and Python
+	rm -rf .pytest_cache .cache/cprobe-test
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+clean-outputs: ## remove outputs/ runs and sweeps (never the activation/model cache)
+	rm -rf outputs/runs outputs/sweeps

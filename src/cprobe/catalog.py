@@ -1,0 +1,63 @@
+"""What exists: config options with one-line descriptions, and where each dataset is expected.
+
+Reads YAML files as text (no Hydra, no torch), so ``cprobe list`` answers instantly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from cprobe.errors import CprobeError
+from cprobe.paths import config_dir, data_dir
+
+GROUPS = ("experiment", "model", "dataset", "probe", "intervention", "split", "sweep", "debug")
+
+DATASETS = {
+    "lgd_agreement/lgd_subset.tsv": (
+        "lgd",
+        "Linzen et al. (2016) / Gulordava et al. (2018) subset: facebookresearch/colorlessgreenRNNs "
+        "data/linzen_testset/subj_agr_filtered.{text,gold} -> lgd_subset.tsv (see ../shared/data/lgd_agreement/SOURCE.md)",
+    ),
+    "marvin_linzen/by_task": (
+        "marvin_linzen",
+        "Marvin & Linzen (2018): BeckyMarvin/LM_syneval data/templates/*.pickle converted to by_task/<task>.jsonl",
+    ),
+    "causalgym/templates/syntaxgym.json": (
+        "causalgym", "Arora et al. (2024): aryamanarora/causalgym data/templates/syntaxgym.json",
+    ),
+}
+
+
+def groups() -> list[str]:
+    return [g for g in GROUPS if (config_dir() / g).is_dir()]
+
+
+def describe(path: Path) -> str:
+    """The first comment line that is not a Hydra directive."""
+    for line in path.read_text().splitlines():
+        s = line.strip()
+        if s.startswith("#") and not s.startswith("# @package"):
+            return s.lstrip("# ").strip()
+        if s and not s.startswith("#"):
+            break
+    return ""
+
+
+def describe_group(group: str) -> Iterator[tuple[str, str]]:
+    d = config_dir() / group
+    if not d.is_dir():
+        raise CprobeError(f"unknown config group {group!r}; choose from {groups()}")
+    for f in sorted(d.glob("*.yaml")):
+        yield f.stem, describe(f)
+
+
+def dataset_status() -> Iterator[str]:
+    root = data_dir()
+    yield f"data dir: {root}  (set CPROBE_DATA_DIR to change it)"
+    yield "  synthetic_sva        built in (the project's grammar): nothing to download"
+    for rel, (name, how) in DATASETS.items():
+        state = "found" if (root / rel).exists() else "MISSING"
+        yield f"  {name:<20} {state:<8} {root / rel}"
+        yield f"  {'':<20} get it: {how}"
+    yield "  generic              your own TSV/CSV/JSONL: dataset=generic dataset.path=FILE (see conf/dataset/generic.yaml)"

@@ -1,0 +1,120 @@
+"""The CLI contract: Hydra overrides pass through `cprobe run`, errors are one line with exit code 1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cprobe import _hydra
+from cprobe.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed console script in a subprocess (exit codes and stderr as a user sees them)."""
+    exe = Path(sys.executable).with_name("cprobe")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=300)
+
+
+def test_normalise_bare_experiment():
+    argv, notes = _hydra.normalise(["experiment=sva_tiny", "model=x"])
+    assert argv == ["+experiment=sva_tiny", "model=x"] and len(notes) == 1
+    assert _hydra.normalise(["+experiment=a"]) == (["+experiment=a"], [])
+
+
+def test_cfg_job_prints_composed_config():
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    assert "name: sva_tiny" in r.stdout and "tiny_bert_sva" in r.stdout
+
+
+def test_overrides_on_both_sides_of_multirun_flag():
+    """Hydra 1.3's own parse_args rejects `a -m b c`; the intermixed parse keeps every override."""
+    from hydra._internal.utils import get_args_parser
+
+    argv = ["+experiment=sva_tiny", "-m", "probe=linear,mlp", "seed=3"]
+    with pytest.raises(SystemExit):
+        get_args_parser().parse_args(argv)
+    args, _ = _hydra.parse(argv)
+    assert args.multirun and args.overrides == ["+experiment=sva_tiny", "probe=linear,mlp", "seed=3"]
+    args, _ = _hydra.parse(["a=1", "--cfg", "job", "b=2"])
+    assert args.cfg == "job" and args.overrides == ["a=1", "b=2"]
+
+
+def test_bare_experiment_is_accepted():
+    r = cli("run", "experiment=sva_tiny", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    assert "treating 'experiment=sva_tiny' as '+experiment=sva_tiny'" in r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["+experiment=sva_tiny", "model=nope"], "nope"),
+    (["+experiment=sva_tiny", "no_such_key=1"], "no_such_key"),
+    (["+experiment=does_not_exist"], "does_not_exist"),
+])
+def test_bad_override_is_one_line_exit_1(args, needle):
+    r = cli("run", *args)
+    assert r.returncode == 1
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_info_passes_through():
+    r = cli("run", "--info", "searchpath")
+    assert r.returncode == 0, r.stderr
+    assert str(REPO / "conf") in r.stdout
+
+
+def test_help_and_list_are_fast_and_light():
+    code = ("import sys, time; t=time.perf_counter(); from cprobe.cli import app; "
+            "print(time.perf_counter()-t, 'torch' in sys.modules, 'transformers' in sys.modules, 'hydra' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1:] == ["False", "False", "False"]
+    t0 = time.perf_counter()
+    assert cli("list").returncode == 0
+    assert cli("--help").returncode == 0
+    assert (time.perf_counter() - t0) / 2 < 3.0  # generous for a loaded CI box; typically ~0.3 s each
+
+
+def test_list_groups_and_unknown_group():
+    r = runner.invoke(app, ["list", "model"])
+    assert r.exit_code == 0 and "tiny_bert_sva" in r.output and "minilm_l6" in r.output
+    r = runner.invoke(app, ["list", "nope"])
+    assert r.exit_code == 1 and "unknown config group" in r.output
+
+
+def test_version_and_data():
+    r = runner.invoke(app, ["version"])
+    assert r.exit_code == 0 and "cprobe" in r.output and "torch" in r.output
+    r = runner.invoke(app, ["data"])
+    assert r.exit_code == 0 and "lgd" in r.output and "get it:" in r.output
+
+
+def test_collect_on_missing_dir_is_one_line(tmp_path):
+    r = runner.invoke(app, ["collect", str(tmp_path / "nope")])
+    assert r.exit_code == 1 and "not a directory" in r.output
+    r = runner.invoke(app, ["collect", str(tmp_path)])
+    assert r.exit_code == 1 and "no metrics.parquet" in r.output
+
+
+def test_cache_info_and_clear(tmp_path):
+    env = {"CPROBE_CACHE_DIR": str(tmp_path)}
+    (tmp_path / "activations" / "abc").mkdir(parents=True)
+    (tmp_path / "activations" / "abc" / "layer_0.safetensors").write_bytes(b"x" * 100)
+    r = runner.invoke(app, ["cache", "info"], env=env)
+    assert r.exit_code == 0 and "abc" in r.output
+    r = runner.invoke(app, ["cache", "clear", "activations", "--yes"], env=env)
+    assert r.exit_code == 0 and "removed 1" in r.output
+    assert not (tmp_path / "activations" / "abc").exists()
+    r = runner.invoke(app, ["cache", "clear", "bogus", "--yes"], env=env)
+    assert r.exit_code == 1
