@@ -1,0 +1,67 @@
+"""Difference-of-class-means steering: a linear counterfactual baseline (not in Canby et al.).
+
+With class means μ_c from the fitting split, each row is assigned the class ĉ(h) whose mean
+is nearest within the span S of the mean differences {μ_c − μ_0} (a nearest-centroid rule
+that ignores directions carrying no class signal), and moved by the difference of means:
+
+    h′ = h + α (μ_{z′} − μ_{ĉ(h)}).
+
+At α = 1 the row keeps its offset from its own class centre but around z′'s centre; rows
+already nearest to μ_{z′} are left unchanged; α = 0 is the identity. Works for any k ≥ 2.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+import torch
+from torch import Tensor
+
+from cprobe.errors import ConfigError
+from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.inlp import n_classes_of
+
+
+@INTERVENTIONS.register("mean_diff")
+class MeanDiff(Intervention):
+    """Counterfactual. After ``fit``: ``means`` (k, d) and ``basis`` (d, m) an orthonormal basis
+    of S (m ≤ k − 1)."""
+
+    kind = "counterfactual"
+
+    def __init__(self, alpha: float = 1.0) -> None:
+        if alpha < 0:
+            raise ConfigError(f"alpha must be >= 0, got {alpha}")
+        self.alpha = float(alpha)
+
+    def fit(self, X: Tensor, z: Tensor) -> Self:
+        k = n_classes_of(z)
+        zd = z.to(X.device)
+        counts = torch.bincount(zd, minlength=k)
+        if (counts == 0).any():
+            missing = (counts == 0).nonzero().flatten().tolist()
+            raise ConfigError(f"classes {missing} have no rows; MeanDiff needs every class in [0, {k})")
+        x = X.double()
+        sums = torch.zeros(k, X.shape[1], dtype=x.dtype, device=X.device).index_add_(0, zd, x)
+        means = sums / counts[:, None]
+        u, s, _ = torch.linalg.svd((means[1:] - means[0]).T, full_matrices=False)
+        self.basis = u[:, s > s.max() * 1e-6].float()
+        self.means = means.float()
+        self.n_classes = k
+        return self
+
+    def nearest_class(self, X: Tensor) -> Tensor:
+        """ĉ(h): the class whose mean is nearest to h within the mean-difference span."""
+        B = self.basis.to(X.device)
+        coords = X.float() @ B  # (n, m)
+        centres = self.means.to(X.device) @ B  # (k, m)
+        return torch.cdist(coords, centres).argmin(-1)
+
+    def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
+        if z_target is None:
+            raise ConfigError("MeanDiff is counterfactual: pass z_target (the value to set Z to)")
+        if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
+            raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
+        means = self.means.to(X.device)
+        shift = means[z_target.to(X.device)] - means[self.nearest_class(X)]
+        return (X.float() + self.alpha * shift).to(X.dtype)

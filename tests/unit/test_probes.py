@@ -1,0 +1,105 @@
+"""Linear and MLP probes: accuracy, grid selection, validation use, config errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cprobe.errors import ConfigError
+from cprobe.probes import PROBES, build_probe
+from cprobe.probes.linear import LinearProbe
+from cprobe.probes.mlp import MLPProbe
+from tests.unit.test_inlp import gaussian_classes
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def xor_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quadrant labels: not linearly separable, easy for an MLP."""
+    X = torch.rand(n, 2, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+    return X, ((X[:, 0] > 0) ^ (X[:, 1] > 0)).long()
+
+
+def test_registry_names() -> None:
+    assert {"linear", "mlp"} <= set(PROBES.names())
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_linear_probe_separable(k: int) -> None:
+    X, z = gaussian_classes(900, 16, k)
+    probe = LinearProbe(lrs=(1e-2,), epochs=4).fit(X[:600], z[:600])
+    assert probe.score(X[600:], z[600:]) > 0.95
+    proba = probe.predict_proba(X[600:])
+    assert proba.shape == (300, k) and torch.allclose(proba.sum(-1), torch.ones(300), atol=1e-5)
+    assert probe.module(X[:3]).shape == (3, k)  # raw logits, differentiable
+    assert probe.module(X[:3].requires_grad_()).requires_grad
+
+
+def test_mlp_beats_linear_on_xor() -> None:
+    X, z = xor_data(1500)
+    mlp = MLPProbe(n_layers=(1,), widths=(64,), lrs=(1e-2,), epochs=20).fit(X[:1000], z[:1000])
+    lin = LinearProbe(lrs=(1e-2,), epochs=20).fit(X[:1000], z[:1000])
+    assert mlp.score(X[1000:], z[1000:]) > 0.9
+    assert lin.score(X[1000:], z[1000:]) < 0.7
+
+
+def test_picks_best_grid_point() -> None:
+    X, z = gaussian_classes(600, 8)
+    probe = LinearProbe(lrs=(1e-7, 1e-1), epochs=2).fit(X, z)
+    accs = [acc for _, acc in probe.grid_results]
+    assert len(accs) == 2 and accs[1] > accs[0]
+    assert probe.best_params == {"lr": 0.1}
+    assert probe.val_accuracy == max(accs)
+
+
+def test_mlp_grid_is_the_product() -> None:
+    X, z = gaussian_classes(200, 4)
+    probe = MLPProbe(n_layers=(1, 2), widths=(8,), lrs=(1e-3, 1e-2), epochs=1).fit(X, z)
+    assert [p for p, _ in probe.grid_results] == [
+        {"n_layers": n, "width": 8, "lr": lr} for n in (1, 2) for lr in (1e-3, 1e-2)
+    ]
+    assert set(probe.best_params) == {"n_layers", "width", "lr"}
+
+
+def test_uses_given_validation_split() -> None:
+    X, z = gaussian_classes(600, 8)
+    probe = LinearProbe(lrs=(1e-2,), epochs=3).fit(X[:400], z[:400], X[400:], 1 - z[400:])
+    # scored on the (flipped binary) labels we passed, not on a held-out part of X
+    assert probe.val_accuracy == pytest.approx(1 - probe.score(X[400:], z[400:]))
+
+
+def test_seeded_fit_is_reproducible() -> None:
+    X, z = gaussian_classes(300, 8)
+    a = MLPProbe(n_layers=(1,), widths=(16,), lrs=(1e-2,), epochs=2, seed=3).fit(X, z)
+    b = MLPProbe(n_layers=(1,), widths=(16,), lrs=(1e-2,), epochs=2, seed=3).fit(X, z)
+    assert torch.equal(a.logits(X), b.logits(X))
+
+
+def test_build_probe_from_config() -> None:
+    probe = build_probe({"name": "mlp", "n_layers": [1], "widths": [8], "lrs": [0.01], "epochs": 1})
+    assert isinstance(probe, MLPProbe) and probe.widths == (8,)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "match"),
+    [
+        ({"name": "svm"}, "unknown probe 'svm'"),
+        ({"epochs": 3}, "needs a 'name'"),
+        ({"name": "linear", "lr": 0.1}, r"unknown key\(s\) \['lr'\].*'lrs'"),
+        ({"name": "linear", "lrs": []}, "lrs grid is empty"),
+        ({"name": "linear", "lrs": [-0.1]}, "positive"),
+        ({"name": "mlp", "widths": [64.5]}, "positive integers"),
+        ({"name": "mlp", "val_fraction": 1.5}, "val_fraction"),
+        ({"name": "mlp", "epochs": 0}, "epochs"),
+    ],
+)
+def test_config_errors(cfg: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build_probe(cfg)
