@@ -1,0 +1,84 @@
+"""Extraction throughput: cprobe's adapter vs a bare `model(**batch)` loop vs one sentence at a time.
+
+Same model, same examples, same batches; prints sentences/s and ratios (target: cprobe ≥ 0.8× bare).
+Default model: a random-init BERT of bert-base shape (no download). `--model-dir` benchmarks a saved
+HF model instead; `--dtype bfloat16` for bf16 (never fp16 on CPU).
+
+    python scripts/bench_extract.py [--n 512] [--batch-size 32] [--layers 4] [--size base|tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from cprobe.data.grammar import GrammarConfig, generate, vocabulary
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.tiny import build_tokenizer
+
+
+def _model(args):
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, BertForMaskedLM
+
+    if args.model_dir:
+        return (AutoModelForMaskedLM.from_pretrained(args.model_dir, dtype=getattr(torch, args.dtype)),
+                AutoTokenizer.from_pretrained(args.model_dir))
+    tok = build_tokenizer("bert", vocabulary(GrammarConfig(n_sentences=args.n, seed=0)), 64)
+    size = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072) \
+        if args.size == "base" else dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                                         intermediate_size=512)
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(vocab_size=len(tok), max_position_embeddings=64, **size)).to(
+        getattr(torch, args.dtype)).eval(), tok
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--size", choices=["base", "tiny"], default="base")
+    p.add_argument("--model-dir", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--one-at-a-time", type=int, default=64, help="sentences for the unbatched baseline")
+    args = p.parse_args()
+
+    model, tok = _model(args)
+    ad = ModelAdapter(model, tok, "mlm", "bench", batch_size=args.batch_size)
+    examples = generate(GrammarConfig(n_sentences=args.n, seed=0)).examples
+    layers = list(range(ad.n_layers + 1))
+    batches = [enc for _, enc in ad.batches(examples)]  # identical batches for the bare loop
+
+    def bare():
+        with torch.inference_mode():
+            for enc in batches:
+                model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True)
+
+    def ours():
+        ad.read(examples, layers, desc=None)
+
+    def single():
+        with torch.inference_mode():
+            for e in examples[: args.one_at_a_time]:
+                enc = ad.encode([e])
+                model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_hidden_states=True)
+
+    bare()  # warm-up
+    res = {}
+    for name, fn, n in (("bare model(**batch)", bare, len(examples)), ("cprobe read", ours, len(examples)),
+                        ("one sentence at a time", single, min(args.one_at_a_time, len(examples)))):
+        t0 = time.perf_counter()
+        fn()
+        res[name] = n / (time.perf_counter() - t0)
+    base = res["bare model(**batch)"]
+    print(f"model: {args.model_dir or args.size} ({args.dtype}), n={len(examples)}, batch={args.batch_size}, "
+          f"threads={torch.get_num_threads()}")
+    for name, sps in res.items():
+        print(f"  {name:<24} {sps:9.1f} sent/s   ratio vs bare: {sps / base:5.2f}")
+    print(f"cprobe / bare = {res['cprobe read'] / base:.2f} (target ≥ 0.8); "
+          f"cprobe / one-at-a-time = {res['cprobe read'] / res['one sentence at a time']:.1f}×")
+
+
+if __name__ == "__main__":
+    main()
