@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
 	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
 
-.PHONY: help install demo test test-fast bench clean clean-outputs
+.PHONY: help install demo test test-fast bench clean clean-outputs reliability-grid
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,3 +38,12 @@ clean: ## remove caches of tests and Python
 
 clean-outputs: ## remove outputs/ runs and sweeps (never the activation/model cache)
 	rm -rf outputs/runs outputs/sweeps
+
+GRID_EXP ?= sva_tiny_reliability
+GRID_DIR ?= outputs/sweeps/$(GRID_EXP)/paper_grid
+GRID_METHODS ?= leace inlp rlace alterrep mean_diff fgsm pgd autoattack
+reliability-grid: $(STAMP) ## every method's paper grid into one sweep dir (GRID_EXP=..., GRID_DIR=...), then aggregate
+	for m in $(GRID_METHODS); do \
+	  $(BIN)/cprobe run +experiment=$(GRID_EXP) +sweep=reliability_$$m hydra.sweep.dir=$(GRID_DIR) progress=false || exit 1; \
+	done
+	$(BIN)/cprobe collect $(GRID_DIR)

@@ -1,0 +1,89 @@
+"""End-to-end runs of the CLI as a user runs them (slow: they train/extract real tiny models)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import needs_shared
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def cprobe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("cprobe")
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=1500)
+
+
+def _run_dir(out: Path) -> Path:
+    (d,) = [p.parent for p in out.rglob("status.json")]
+    return d
+
+
+def test_demo_sva_tiny_meets_acceptance(tmp_path):
+    """The README demo: last-layer z_c probe ≥ 0.95 and task accuracy ≥ 0.95, table + plot written."""
+    r = cprobe("run", "+experiment=sva_tiny", f"paths.output_root={tmp_path}", "progress=false", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = _run_dir(tmp_path)
+    t = pd.read_parquet(d / "metrics.parquet")
+    assert set(t["probe"]) == {"linear", "mlp"} and set(t["property"]) == {"z_c", "z_e"}
+    assert t["layer"].nunique() == 5
+    last = t[(t["layer"] == t["layer"].max()) & (t["property"] == "z_c")]
+    assert (last["accuracy"] >= 0.95).all(), last
+    assert t["task_accuracy"].iloc[0] >= 0.95
+    assert (d / "metrics.csv").is_file() and (d / "metrics.md").is_file() and (d / "accuracy_by_layer.png").is_file()
+    assert json.loads((d / "status.json").read_text())["state"] == "done"
+    # a rerun of the same job dir is skipped
+    r2 = cprobe("run", "+experiment=sva_tiny", f"hydra.run.dir={d}", "progress=false", cwd=REPO)
+    assert r2.returncode == 0 and "skipping" in r2.stderr + r2.stdout
+
+
+def test_multirun_two_probes_one_table_and_shared_activations(tmp_path):
+    r = cprobe("run", "-m", "+experiment=sva_tiny", "probe=linear,mlp", "--smoke",
+               f"hydra.sweep.dir={tmp_path}", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    jobs = sorted(p.parent.name for p in tmp_path.rglob("metrics.parquet") if p.parent != tmp_path)
+    assert jobs == ["probe=linear", "probe=mlp"]
+    t = pd.read_csv(tmp_path / "results.csv")
+    assert set(t["probe"]) == {"linear", "mlp"}
+    logs = (tmp_path / "probe=mlp" / "cprobe.log").read_text()
+    assert "cache hit" in logs  # the second job reuses the first job's activations
+    # `cprobe collect` redoes the aggregation
+    (tmp_path / "results.csv").unlink()
+    assert cprobe("collect", str(tmp_path), cwd=REPO).returncode == 0
+    assert (tmp_path / "results.csv").is_file()
+
+
+def test_failed_job_is_recorded_and_exit_code_nonzero(tmp_path):
+    r = cprobe("run", "-m", "+experiment=sva_tiny", "layers=2,99", "--smoke", f"hydra.sweep.dir={tmp_path}", cwd=REPO)
+    assert r.returncode == 1 and "1 job(s) failed" in r.stderr
+    bad = json.loads((tmp_path / "layers=99" / "status.json").read_text())
+    assert bad["state"] == "failed" and "out of range" in bad["error"]
+    assert (tmp_path / "layers=2" / "metrics.csv").is_file()
+
+
+@needs_shared("lgd_agreement", "lgd_subset.tsv")
+def test_minilm_on_lgd_offline(tmp_path):
+    r = cprobe("run", "+experiment=sva_tiny", "model=minilm_l6", "dataset=lgd", "dataset.max_examples=400",
+               "layers=[0,6]", "--smoke", f"paths.output_root={tmp_path}", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = pd.read_parquet(_run_dir(tmp_path) / "metrics.parquet")
+    assert t["task_accuracy"].isna().all()  # no LM head: n/a
+    zc = t[(t["property"] == "z_c") & (t["layer"] == 6)]
+    assert (zc["accuracy"] > zc["majority"]).all()
+
+
+def test_missing_hub_model_fails_fast_with_instructions(tmp_path):
+    r = cprobe("run", "+experiment=bert_sva", "model.path=not-a-real/model-xyz", f"paths.output_root={tmp_path}",
+               cwd=REPO)
+    assert r.returncode == 1
+    assert "huggingface-cli download" in r.stderr and r.stderr.count("\n") == 1
