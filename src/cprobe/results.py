@@ -16,15 +16,15 @@ RESULTS = "results"
 
 
 def write_table(df: pd.DataFrame, stem: Path) -> None:
-    """``stem``.csv, .parquet and .md, each written atomically (no half-written tables)."""
+    """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
+    leaves the previous tables (or none), never a half-written one."""
     import io
 
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(stem.with_suffix(".csv"), df.to_csv(index=False).encode())
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
-    atomic_write_bytes(stem.with_suffix(".parquet"), buf.getvalue())
-    atomic_write_bytes(stem.with_suffix(".md"), to_markdown(df).encode())
+    blobs = {".parquet": buf.getvalue(), ".csv": df.to_csv(index=False).encode(), ".md": to_markdown(df).encode()}
+    for suffix, data in blobs.items():
+        atomic_write_bytes(stem.with_suffix(suffix), data)
 
 
 def to_markdown(df: pd.DataFrame) -> str:
