@@ -39,6 +39,11 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path) -> str:
         from cprobe.models.tiny import TinyTrainConfig, ensure_tiny_model
 
         t = cfg["tiny"]
+        if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
+            from cprobe.causalgym.corpus import expand_model_cfg
+            from cprobe.paths import data_dir
+
+            t = expand_model_cfg(cfg, data_dir())["tiny"]
         try:
             train = TinyTrainConfig(**(t.get("train") or {}))
         except TypeError as e:

@@ -1,0 +1,186 @@
+"""CausalGym (Arora et al. 2024): 1-D distributed interchange interventions along directions found
+by DAS / probe / mean-difference / LDA / PCA / k-means / random (and the vanilla whole-vector swap),
+scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity.
+
+``run`` returns the long table (one row per CausalGym task × condition × method × layer × region);
+``report`` writes the per-task overall table, the method × model summary (like the paper's Table 1),
+layer × region heat-maps per method and odds-by-layer curves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from cprobe.causalgym.corpus import DEFAULT_TEMPLATES, expand_model_cfg
+from cprobe.causalgym.runner import METHODS, GymSettings, run_gym_task
+from cprobe.causalgym.templates import load_templates
+from cprobe.errors import ConfigError
+from cprobe.job import JobContext
+from cprobe.metrics.odds import overall_odds, selectivity
+from cprobe.plots import new_figure, save
+from cprobe.results import write_table
+
+log = logging.getLogger("cprobe")
+
+CAPABLE_ACCURACY = 0.9
+"""Tasks the model can do (un-intervened accuracy at least this) get their own summary."""
+
+
+# The paper's probe penalty λ per model (App. C; reference ``probe_mapping``), used when neither
+# ``causalgym.probe_lam`` nor the model config's ``causalgym.probe_lam`` is set.
+PAPER_PROBE_LAM = {"pythia_14m": 10.0, "pythia_31m": 1e2, "pythia_70m": 1e3, "pythia_160m": 1e4,
+                   "pythia_410m": 1e4, "pythia_1b": 1e5}
+PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1}
+
+
+def settings_from_cfg(cfg: dict) -> GymSettings:
+    """The experiment's ``causalgym`` node; ``null`` DAS/probe values fall back to the model config's
+    ``causalgym`` node (per-model tuning, as the paper's λ per model), then to the paper's values."""
+    g = cfg.get("causalgym") or {}
+    model = cfg.get("model") or {}
+    per_model = model.get("causalgym") or {}
+    methods = g.get("methods") or [*METHODS, "vanilla"]
+    das = {**PAPER_DAS, **{k: v for k, v in (per_model.get("das") or {}).items() if v is not None},
+           **{k: v for k, v in (g.get("das") or {}).items() if v is not None}}
+    lam = g.get("probe_lam")
+    if lam is None:
+        lam = per_model.get("probe_lam", PAPER_PROBE_LAM.get(str(model.get("name")), 10.0))
+    try:
+        return GymSettings(
+            methods=list(methods), layers=g.get("layers"), regions=g.get("regions", "label"),
+            n_train=int(g.get("n_train", 200)), n_eval=int(g.get("n_eval", 50)),
+            train_seed=int(g.get("train_seed", 42)), eval_seed=int(g.get("eval_seed", 1)),
+            control=bool(g.get("control", True)), prepend_bos=bool(g.get("prepend_bos", True)),
+            probe_lam=float(lam), das=das, seed=int(cfg.get("seed", 0)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"bad causalgym config: {e}") from None
+
+
+def run(ctx: JobContext) -> pd.DataFrame:
+    cfg = ctx.cfg
+    g = cfg.get("causalgym") or {}
+    settings = settings_from_cfg(cfg)
+    path = Path(g.get("templates") or DEFAULT_TEMPLATES)
+    templates = load_templates(path if path.is_absolute() else ctx.data_root / path, int(g.get("template_index", 0)))
+    names = list(g.get("tasks") or templates)
+    unknown = [t for t in names if t not in templates]
+    if unknown:
+        raise ConfigError(f"unknown causalgym.tasks {unknown}; choose from {sorted(templates)}")
+    model_cfg = expand_model_cfg(cfg["model"], ctx.data_root)
+    if str(cfg.get("device", "auto")) != "auto" and str(model_cfg.get("device", "auto")) == "auto":
+        model_cfg["device"] = cfg["device"]  # device=cuda puts the model (and every intervention) on the GPU
+    adapter = ctx.adapter(model_cfg)
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        rows.extend(run_gym_task(adapter, templates[name], settings, progress=ctx.progress, timings=ctx.timings))
+        log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
+    table = pd.DataFrame(rows)
+    table.insert(0, "model", adapter.name)
+    table["device"] = str(adapter.device)
+    return table
+
+
+# ---------------------------------------------------------------------------------- aggregation
+
+
+def _grid(part: pd.DataFrame) -> np.ndarray:
+    """(layers × regions) AvgOdds table of one task/method/condition (NaN where not a site)."""
+    return part.pivot_table(index="layer", columns="region_idx", values="odds", aggfunc="mean").to_numpy()
+
+
+def overall_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model × task × method (× seed): overall odds, selectivity, accuracies and cost."""
+    keys = [k for k in ("model", "cg_task", "method", "seed") if k in table]
+    out = []
+    for key, part in table.groupby(keys, sort=True):
+        rec = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        task = part[part["condition"] == "task"]
+        if task.empty:
+            continue
+        tgrid = task.pivot_table(index="layer", columns="region_idx", values="odds", aggfunc="mean")
+        rec["overall_odds"] = overall_odds(tgrid.to_numpy())
+        control = part[part["condition"] == "control"]
+        rec["selectivity"] = float("nan")
+        rec["control_overall_odds"] = float("nan")
+        if not control.empty:
+            cgrid = control.pivot_table(index="layer", columns="region_idx", values="odds",
+                                        aggfunc="mean").reindex_like(tgrid)
+            rec["control_overall_odds"] = overall_odds(cgrid.to_numpy())
+            rec["selectivity"] = selectivity(tgrid.to_numpy(), cgrid.to_numpy())
+        rec["max_iia"] = float(task["iia"].max())
+        rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
+        rec["probe_accuracy"] = float(task["probe_accuracy"].mean()) if task["probe_accuracy"].notna().any() else np.nan
+        rec["seconds"] = float((part["fit_s"] + part["eval_s"]).sum())
+        rec["n_sites"] = len(task)
+        out.append(rec)
+    return pd.DataFrame(out)
+
+
+def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
+    """Method × model means over tasks (the paper's Table 1), plus the same over capable tasks."""
+    if overall.empty:
+        return overall
+    rows = []
+    for (model, method), part in overall.groupby(["model", "method"], sort=True):
+        capable = part[part["task_accuracy"] >= CAPABLE_ACCURACY]
+        rows.append({
+            "model": model, "method": method, "n_tasks": part["cg_task"].nunique(),
+            "overall_odds": part["overall_odds"].mean(), "selectivity": part["selectivity"].mean(),
+            "n_capable_tasks": capable["cg_task"].nunique(),
+            "capable_overall_odds": capable["overall_odds"].mean() if len(capable) else np.nan,
+            "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
+            "seconds": part["seconds"].sum(),
+        })
+    return pd.DataFrame(rows)
+
+
+def report(table: pd.DataFrame, out_dir: Path) -> None:
+    out_dir = Path(out_dir)
+    overall = overall_table(table)
+    write_table(overall, out_dir / "causalgym_overall")
+    write_table(summary_table(overall), out_dir / "causalgym_summary")
+    task_rows = table[table["condition"] == "task"]
+    for (model, name), part in task_rows.groupby(["model", "cg_task"], sort=True):
+        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name}")
+    for model, part in task_rows.groupby("model", sort=True):
+        _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
+
+
+def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
+    methods = [m for m in [*METHODS, "vanilla"] if m in set(part["method"])]
+    fig, axes = new_figure(len(methods), width=3.2, height=3.2)
+    regions = part.drop_duplicates("region_idx").sort_values("region_idx")
+    vmax = float(np.nanmax(np.abs(part["odds"].to_numpy()))) or 1.0
+    for ax, method in zip(axes, methods):
+        grid = part[part["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
+                                                          aggfunc="mean")
+        im = ax.imshow(grid.to_numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", origin="lower")
+        ax.set_xticks(range(grid.shape[1]), [regions.set_index("region_idx").loc[c, "region"] for c in grid.columns],
+                      rotation=60, fontsize=6)
+        ax.set_yticks(range(grid.shape[0]), grid.index.tolist(), fontsize=7)
+        ax.set(title=method, xlabel="region", ylabel="layer")
+    fig.colorbar(im, ax=axes[-1], shrink=0.8, label="AvgOdds")
+    fig.suptitle(title, fontsize=9)
+    save(fig, path)
+
+
+def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
+    """Max-over-regions AvgOdds per layer, averaged over tasks, one line per method (paper Fig. 7)."""
+    fig, axes = new_figure(1)
+    ax = axes[0]
+    per = part.groupby(["cg_task", "method", "layer"])["odds"].max().groupby(["method", "layer"]).mean()
+    for method in [m for m in [*METHODS, "vanilla"] if m in per.index.get_level_values(0)]:
+        s = per.loc[method]
+        ax.plot(s.index, s.values, marker="o", label=method)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel="max-over-regions AvgOdds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    save(fig, path)
