@@ -1,0 +1,462 @@
+"""The project's own tiny BERT (MLM) and GPT-NeoX (causal) models, trained on the agreement grammar.
+
+The demo must run fully offline, so the models are trained here the first time they are asked
+for and cached under a key that hashes everything that determines them. The saved directory is
+an ordinary Hugging Face checkpoint (``config.json``, ``model.safetensors``, tokenizer files), so
+the rest of cprobe loads it exactly like a downloaded model.
+
+Tokenizers are word-level: every grammar word is one token, so the verb slot is one position and
+"P(correct) vs P(wrong)" compares two token ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+from filelock import FileLock
+from safetensors import safe_open
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from cprobe.data.base import NONE, Dataset, Example
+from cprobe.data.grammar import GrammarConfig, generate, vocabulary
+from cprobe.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["bert", "neox"]
+# Bump when training code changes what a cached model contains; it is part of the cache key.
+VERSION = 1
+_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training.json")
+_BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_NEOX_SPECIAL = ("<|endoftext|>", "<|padding|>", "<|unk|>")
+_HELDOUT_SEED_OFFSET = 1_000_003  # held-out sentences come from a different grammar seed
+
+
+@dataclass(frozen=True)
+class TinyTrainConfig:
+    """Architecture and optimisation of a tiny model (part of the cache key)."""
+
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    intermediate: int = 512
+    max_positions: int = 64
+    dropout: float = 0.0
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup: float = 0.05  # fraction of steps
+    mask_prob: float = 0.15  # BERT: standard random masking rate
+    verb_mask_prob: float = 0.75  # BERT: share of sentences with only the verb masked
+    agreement_weight: float = 1.0  # BERT: weight of the logistic correct-vs-wrong loss at a masked verb
+    eval_sentences: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "intermediate", "max_positions", "steps", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"tiny.{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ConfigError(f"tiny.hidden ({self.hidden}) must be divisible by tiny.heads ({self.heads})")
+        for name in ("dropout", "warmup", "mask_prob", "verb_mask_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"tiny.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.lr <= 0 or self.eval_sentences < 1 or self.agreement_weight < 0:
+            raise ConfigError("tiny.lr must be > 0, tiny.eval_sentences >= 1 and tiny.agreement_weight >= 0")
+
+
+def cache_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_sentences: Sequence[str] = ()) -> str:
+    """Hash of everything that determines the trained model."""
+    spec = {
+        "kind": kind,
+        "grammar": asdict(grammar),
+        "train": asdict(train),
+        "extra": list(extra_sentences),
+        "version": VERSION,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_tiny_model(
+    kind: Kind,
+    grammar: GrammarConfig,
+    train: TinyTrainConfig,
+    cache_dir: Path,
+    extra_sentences: Sequence[str] = (),
+    progress: bool = True,
+) -> Path:
+    """Directory of the tiny ``kind`` model for these configs, training and caching it on first use.
+
+    Safe under concurrency (a file lock makes one job train while others wait) and under crashes
+    (training writes a temp dir that is renamed into place; an incomplete dir is rebuilt).
+    """
+    if kind not in ("bert", "neox"):
+        raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = cache_key(kind, grammar, train, extra_sentences)
+    name = f"tiny-{kind}-{key}"
+    out = cache_dir / name
+    if _is_complete(out, key):
+        return out
+    with FileLock(str(cache_dir / f"{name}.lock")):
+        if _is_complete(out, key):  # another job finished it while we waited
+            return out
+        if out.exists():
+            log.warning("rebuilding incomplete tiny model dir %s", out)
+            shutil.rmtree(out)
+        for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
+        try:
+            _build(kind, grammar, train, list(extra_sentences), key, tmp, progress)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def agreement_accuracy(model_dir: Path, examples: Dataset | Sequence[Example]) -> float:
+    """Fraction of examples where the saved model prefers the correct verb form over the wrong one."""
+    config = AutoConfig.from_pretrained(model_dir)
+    auto = AutoModelForMaskedLM if config.model_type == "bert" else AutoModelForCausalLM
+    model = auto.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    exs = examples.examples if isinstance(examples, Dataset) else tuple(examples)
+    return float(_preferences(model, tokenizer, exs).float().mean())
+
+
+# --- tokenizers -------------------------------------------------------------------------------
+
+
+def _words(sentences: Sequence[str]) -> set[str]:
+    pre = pre_tokenizers.Whitespace()
+    return {piece for s in sentences for piece, _ in pre.pre_tokenize_str(s)}
+
+
+def build_tokenizer(kind: Kind, words: Sequence[str], max_length: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over ``words`` in the BERT or GPT-NeoX convention."""
+    special = _BERT_SPECIAL if kind == "bert" else _NEOX_SPECIAL
+    vocab = {tok: i for i, tok in enumerate([*special, *sorted(set(words) - set(special))])}
+    unk = "[UNK]" if kind == "bert" else "<|unk|>"
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if kind == "bert":
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]",
+            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+        )
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+            model_max_length=max_length,
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+        )
+    # BOS is prepended so the first word is predicted from context, as in GPT-style LMs.
+    eos = "<|endoftext|>"
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{eos} $A", pair=f"{eos} $A {eos} $B", special_tokens=[(eos, vocab[eos])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=eos,
+        eos_token=eos,
+        unk_token=unk,
+        pad_token="<|padding|>",
+        model_max_length=max_length,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+# --- training ---------------------------------------------------------------------------------
+
+
+def _build(
+    kind: Kind,
+    grammar: GrammarConfig,
+    train: TinyTrainConfig,
+    extra: list[str],
+    key: str,
+    out: Path,
+    progress: bool,
+) -> None:
+    data = generate(grammar)
+    seen = {e.words for e in data.examples}
+    heldout_cfg = replace(grammar, seed=grammar.seed + _HELDOUT_SEED_OFFSET, n_sentences=train.eval_sentences)
+    heldout = [e for e in generate(heldout_cfg).examples if e.words not in seen]
+
+    grammar_words = vocabulary(grammar)
+    split = [w for w in grammar_words if _words([w]) != {w}]
+    if split:
+        raise ValueError(f"grammar words are not single pre-tokens: {split}")
+    tokenizer = build_tokenizer(kind, sorted(set(grammar_words) | _words(extra)), train.max_positions)
+
+    sentences = [" ".join(e.words) for e in data.examples] + extra
+    ids = tokenizer(sentences)["input_ids"]
+    if kind == "neox":
+        ids = [[*seq, tokenizer.eos_token_id] for seq in ids]
+    too_long = max(len(seq) for seq in ids)
+    if too_long > train.max_positions:
+        raise ConfigError(
+            f"a training sentence has {too_long} tokens > tiny.max_positions={train.max_positions}; raise it"
+        )
+    # The verb slot's token position: words are single tokens and [CLS]/BOS comes first.
+    verb_pos = [e.target + 1 for e in data.examples] + [-1] * len(extra)
+    pad = [-1] * len(extra)
+    forms = (
+        tokenizer.convert_tokens_to_ids([e.correct for e in data.examples]) + pad,
+        tokenizer.convert_tokens_to_ids([e.wrong for e in data.examples]) + pad,
+    )
+
+    torch.manual_seed(train.seed)
+    model = _init_model(kind, tokenizer, train)
+    # The matrices are tiny: intra-op threads cost more than they gain (5x slower on a busy 2-core box).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress)
+        seconds = time.perf_counter() - start
+    finally:
+        torch.set_num_threads(threads)
+
+    model.eval()
+    prefs = _preferences(model, tokenizer, heldout)
+    attractor = torch.tensor([e.props["z_e"] != NONE for e in heldout])
+    mismatch = torch.tensor([e.props["z_e"] not in (NONE, e.props["z_c"]) for e in heldout])
+    report = {
+        "kind": kind,
+        "key": key,
+        "version": VERSION,
+        "train_seconds": round(seconds, 2),
+        "heldout_examples": len(heldout),
+        "heldout_accuracy": float(prefs.float().mean()),
+        "heldout_attractor_accuracy": float(prefs[attractor].float().mean()),
+        "heldout_mismatch_accuracy": float(prefs[mismatch].float().mean()),
+        "n_train_sentences": len(sentences),
+        "vocab_size": len(tokenizer),
+        "grammar": asdict(grammar),
+        "train": asdict(train),
+    }
+    log.info(
+        "tiny %s trained in %.1fs: held-out agreement %.3f (attractors %.3f, mismatched attractors %.3f)",
+        kind,
+        seconds,
+        report["heldout_accuracy"],
+        report["heldout_attractor_accuracy"],
+        report["heldout_mismatch_accuracy"],
+    )
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(report, indent=2))  # written last: marks completion
+
+
+def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrainConfig) -> PreTrainedModel:
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=train.hidden,
+        num_hidden_layers=train.layers,
+        num_attention_heads=train.heads,
+        intermediate_size=train.intermediate,
+        max_position_embeddings=train.max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    if kind == "bert":
+        config = BertConfig(
+            **common,
+            hidden_dropout_prob=train.dropout,
+            attention_probs_dropout_prob=train.dropout,
+            # Tied input/output embeddings keep tiny BERT on a long plateau where it ignores the
+            # subject's number (52% agreement after 1500 steps); untied it learns in ~100 steps.
+            tie_word_embeddings=False,
+        )
+        return BertForMaskedLM(config)
+    config = GPTNeoXConfig(
+        **common,
+        hidden_dropout=train.dropout,
+        attention_dropout=train.dropout,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return GPTNeoXForCausalLM(config)
+
+
+def _train(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    kind: Kind,
+    ids: list[list[int]],
+    verb_pos: list[int],
+    forms: tuple[list[int], list[int]],
+    train: TinyTrainConfig,
+    progress: bool,
+) -> None:
+    """AdamW with warm-up + cosine decay; BERT adds a pairwise agreement loss at masked verbs.
+
+    The MLM loss alone leaves tiny BERT at chance on agreement for some seeds (a long plateau);
+    the logistic loss on logit(correct) - logit(wrong) makes escaping it reliable.
+    """
+    correct_ids, wrong_ids = torch.tensor(forms[0]), torch.tensor(forms[1])
+    positions_all = torch.tensor(verb_pos)
+    gen = torch.Generator().manual_seed(train.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=train.lr, weight_decay=train.weight_decay)
+    warm = max(1, int(train.warmup * train.steps))
+
+    def schedule(step: int) -> float:  # linear warm-up, cosine decay to zero
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, train.steps - warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    order = torch.randperm(len(ids), generator=gen)
+    cursor = 0
+    model.train()
+    bar = tqdm(range(train.steps), desc=f"training tiny {kind}", disable=not progress, leave=False)
+    for _ in bar:
+        if cursor + train.batch_size > len(order):
+            order, cursor = torch.randperm(len(ids), generator=gen), 0
+        batch = order[cursor : cursor + train.batch_size].tolist()
+        cursor += train.batch_size
+        input_ids, attention = _pad([ids[i] for i in batch], tokenizer.pad_token_id)
+        if kind == "neox":
+            labels = input_ids.masked_fill(attention == 0, -100)
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        else:
+            positions = positions_all[batch]
+            input_ids, labels, verb_only = _mask(input_ids, attention, positions, tokenizer, train, gen)
+            out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+            loss = out.loss
+            rows = verb_only.nonzero(as_tuple=True)[0]
+            if train.agreement_weight > 0 and len(rows):
+                at = out.logits[rows, positions[rows]]
+                idx = [batch[i] for i in rows.tolist()]
+                margin = at.gather(1, correct_ids[idx, None]) - at.gather(1, wrong_ids[idx, None])
+                loss = loss + train.agreement_weight * torch.nn.functional.softplus(-margin).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+
+
+def _pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        input_ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+    return input_ids, attention
+
+
+def _mask(
+    input_ids: Tensor,
+    attention: Tensor,
+    verb_pos: Tensor,
+    tokenizer: PreTrainedTokenizerFast,
+    train: TinyTrainConfig,
+    gen: torch.Generator,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per sentence: only the verb slot masked (``verb_mask_prob``), else standard 80/10/10 masking.
+
+    Keeping the two apart matters: random masks on top of the verb mask hide the subject often
+    enough that tiny BERT stays at chance on agreement for 500+ steps.
+    """
+    special = torch.isin(input_ids, torch.tensor(tokenizer.all_special_ids)) | (attention == 0)
+    rows = torch.arange(len(input_ids))
+    verb_only = (verb_pos >= 0) & (torch.rand(len(input_ids), generator=gen) < train.verb_mask_prob)
+    verb = torch.zeros_like(special)
+    verb[rows[verb_only], verb_pos[verb_only]] = True
+    chosen = (torch.rand(input_ids.shape, generator=gen) < train.mask_prob) & ~special & ~verb_only[:, None]
+    labels = input_ids.masked_fill(~(chosen | verb), -100)
+    masked = input_ids.clone()
+    roll = torch.rand(input_ids.shape, generator=gen)
+    masked[(chosen & (roll < 0.8)) | verb] = tokenizer.mask_token_id
+    random_tok = chosen & (roll >= 0.8) & (roll < 0.9) & ~verb
+    masked[random_tok] = torch.randint(len(tokenizer), (int(random_tok.sum()),), generator=gen)
+    return masked, labels, verb_only
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+
+def _preferences(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], batch_size: int = 256
+) -> Tensor:
+    """Bool per example: logit(correct) > logit(wrong) at the verb slot (mask or next token)."""
+    masked = model.config.model_type == "bert"
+    out = []
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            if masked:
+                texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) for e in chunk]
+            else:
+                texts = [" ".join(e.prefix) for e in chunk]
+            enc = tokenizer(texts, padding=True, return_tensors="pt")
+            logits = model(**enc).logits
+            if masked:
+                rows, pos = (enc["input_ids"] == tokenizer.mask_token_id).nonzero(as_tuple=True)
+            else:
+                rows, pos = torch.arange(len(chunk)), enc["attention_mask"].sum(1) - 1
+            at = logits[rows, pos]
+            good = torch.tensor([_token_id(tokenizer, e.correct) for e in chunk])
+            bad = torch.tensor([_token_id(tokenizer, e.wrong) for e in chunk])
+            idx = torch.arange(len(chunk))
+            out.append(at[idx, good] > at[idx, bad])
+    return torch.cat(out)
+
+
+def _token_id(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
+    tid = tokenizer.convert_tokens_to_ids(word)
+    if tid is None or tid == tokenizer.unk_token_id:
+        raise DataError(f"verb {word!r} is not in the tiny model's vocabulary; add it via extra_sentences")
+    return tid
+
+
+def _is_complete(path: Path, key: str) -> bool:
+    """True when ``path`` holds a fully written model for ``key`` (else it is rebuilt)."""
+    if not all((path / f).is_file() for f in _FILES):
+        return False
+    try:
+        if json.loads((path / "training.json").read_text()).get("key") != key:
+            return False
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            return len(list(f.keys())) > 0
+    except Exception:  # any unreadable file means a corrupt dir
+        return False
