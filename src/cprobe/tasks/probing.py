@@ -88,6 +88,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         maj = part.groupby("layer")["majority"].mean()
         ax.plot(maj.index, maj.values, "k--", lw=1, label="majority")
         ax.set(title=f"{prop}", xlabel="layer (0 = embeddings)", ylabel="test accuracy", ylim=(0, 1.02))
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save(fig, out_dir / "accuracy_by_layer.png")
