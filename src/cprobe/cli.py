@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cprobe import __version__
-from cprobe.errors import CprobeError
+from cprobe.errors import CprobeError, JobAborted
 
 app = typer.Typer(
     add_completion=False,
@@ -41,6 +41,10 @@ def user_errors() -> Iterator[None]:
         return
     try:
         yield
+    except typer.Exit:
+        raise
+    except JobAborted as e:
+        _fail(_one_line(str(e.error)))
     except CprobeError as e:
         _fail(_one_line(str(e)))
     except KeyboardInterrupt:

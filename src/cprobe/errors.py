@@ -21,3 +21,12 @@ class DataError(CprobeError):
 
 class ModelLoadError(CprobeError):
     """A model that is neither cached, local, nor reachable."""
+
+
+class JobAborted(BaseException):
+    """A single run's user-facing error, carried past Hydra's own error logging to the CLI
+    (a BaseException, so Hydra's ``except Exception`` does not log it with its overrides)."""
+
+    def __init__(self, error: CprobeError) -> None:
+        super().__init__(str(error))
+        self.error = error

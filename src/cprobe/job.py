@@ -71,7 +71,7 @@ class JobContext:
         if key not in _ADAPTER:
             _ADAPTER.clear()
             t0 = time.perf_counter()
-            _ADAPTER[key] = load_adapter(model_cfg, self.cache_root)
+            _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress)
             self.timings["load_model_s"] = time.perf_counter() - t0
         return _ADAPTER[key]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from cprobe.errors import CprobeError
+from cprobe.errors import CprobeError, JobAborted
 from cprobe.job import JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
 from cprobe.paths import cache_dir, data_dir
 
@@ -63,4 +63,6 @@ def run_job(cfg: DictConfig) -> None:
         if multirun:
             log.error("job failed: %s", msg)  # keep the sweep going; the CLI exits non-zero at the end
             return
+        if isinstance(e, CprobeError):
+            raise JobAborted(e) from None
         raise

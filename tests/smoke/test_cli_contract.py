@@ -118,3 +118,12 @@ def test_cache_info_and_clear(tmp_path):
     assert not (tmp_path / "activations" / "abc").exists()
     r = runner.invoke(app, ["cache", "clear", "bogus", "--yes"], env=env)
     assert r.exit_code == 1
+
+
+@pytest.mark.parametrize("launcher,target", [
+    ("local_parallel", "JoblibLauncher"), ("slurm", "SlurmLauncher"), ("submitit_local", "LocalLauncher"),
+])
+def test_launcher_presets_compose(launcher, target):
+    r = cli("run", "+experiment=sva_tiny", f"hydra/launcher={launcher}", "--cfg", "hydra")
+    assert r.returncode == 0, r.stderr
+    assert target in r.stdout

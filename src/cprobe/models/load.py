@@ -31,7 +31,20 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_path(cfg: Mapping[str, Any], cache_root: Path) -> str:
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub's host accepts a TCP connection: without it, downloads only retry for a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
     source = cfg.get("source", "hub")
     if source == "tiny":
@@ -50,7 +63,7 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path) -> str:
             raise ConfigError(f"bad model.tiny.train config: {e}") from None
         return str(ensure_tiny_model(
             t["kind"], grammar_config(t.get("grammar")), train,
-            cache_root / "models", extra_sentences=tuple(t.get("extra_sentences", ())),
+            cache_root / "models", extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress,
         ))
     if source == "package":
         spec = importlib.util.find_spec(cfg["package"])
@@ -67,9 +80,13 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path) -> str:
     raise ConfigError(f"unknown model source {source!r}; choose from ['hub', 'package', 'tiny']")
 
 
-def load_adapter(cfg: Mapping[str, Any], cache_root: Path) -> ModelAdapter:
+def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True) -> ModelAdapter:
     """Build a :class:`ModelAdapter` from a ``model`` config node (see ``conf/model/*.yaml``)."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
 
     kind = cfg.get("kind", "mlm")
     if kind not in _KINDS:
@@ -78,7 +95,7 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path) -> ModelAdapter:
     if dtype_name not in _DTYPES:
         raise ConfigError(f"unknown dtype {dtype_name!r}; choose from ['bfloat16', 'float32'] (fp16 on CPU is slow)")
     device = resolve_device(str(cfg.get("device", "auto")))
-    path = resolve_path(cfg, cache_root)
+    path = resolve_path(cfg, cache_root, progress)
     auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel}[kind]
     kw = dict(revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
     local = Path(path).is_dir()
@@ -93,7 +110,7 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path) -> ModelAdapter:
         try:
             tok, model = _load(local_only=True)  # cached or local: never touch the network
         except OSError:
-            if local or _offline():
+            if local or _offline() or not _hub_reachable():
                 raise
             os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "15")  # unreachable hub: fail in seconds, not minutes
             tok, model = _load(local_only=False)

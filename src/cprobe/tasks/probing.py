@@ -52,14 +52,21 @@ def run(ctx: JobContext) -> pd.DataFrame:
     for p in props:
         if p not in ex.dataset.properties:
             raise ConfigError(f"property {p!r} not in dataset {ex.dataset.name!r}; it has {list(ex.dataset.properties)}")
-    jobs = [(p, l, n) for p in props for l in layers for n in probes]
+    labels: dict[str, tuple[list[str], np.ndarray]] = {}
+    for prop in props:
+        values = ex.dataset.values(prop)
+        if len(values) < 2:
+            log.warning("skipping property %s: %s has %s value(s) other than 'none'", prop, ex.dataset.name,
+                        len(values))
+            continue
+        labels[prop] = (values, ex.dataset.labels(prop, values))
+    jobs = [(p, l, n) for p in labels for l in layers for n in probes]
     rows, t0 = [], time.perf_counter()
     for prop, layer, pname in tqdm(jobs, desc="probes", disable=not ctx.progress or None):
-        values = ex.dataset.values(prop)
-        y = ex.dataset.labels(prop, values)
+        values, y = labels[prop]
         tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
-        if len(values) < 2 or len(tr) == 0 or len(te) == 0:
-            log.warning("skipping %s at layer %d: fewer than 2 values or empty split", prop, layer)
+        if len(tr) == 0 or len(te) == 0:
+            log.warning("skipping %s at layer %d: empty train or test split", prop, layer)
             continue
         X = ex.acts[layer]
         yt = torch.from_numpy(y)
