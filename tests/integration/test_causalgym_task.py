@@ -88,7 +88,6 @@ def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template
 
 def test_vanilla_at_layer0_equals_running_the_source(adapter, template, table):
     ev = tokenize_pairs(adapter.tok, make_splits(template, 8, 4).eval, prepend_bos=True)
-    r = template.region_names.index("{subject}")
     # Subjects are one token each, so the pair differs at exactly that position.
     assert torch.equal(ev.base_pos[:, r], ev.source_pos[:, r])
     labels = [(ev.base_label_ids, ev.source_label_ids)]
@@ -107,7 +106,6 @@ def test_control_rows_score_the_dog_give_labels(adapter, template, table):
     ev = tokenize_pairs(adapter.tok, control_pairs(make_splits(template, 8, 4).eval), prepend_bos=True)
     dog, give = (adapter.tok(w, add_special_tokens=False)["input_ids"][0] for w in CONTROL_LABELS)
     assert set(ev.base_label_ids.tolist()) == {dog, give} and dog != give
-    r = template.region_names.index("{subject}")
     labels = [(ev.base_label_ids, ev.source_label_ids)]
     _, (clean_src,) = read_sites(adapter, ev.source_ids, ev.source_mask, ev.source_pos, ev.source_last, [0], labels)
     _, (clean_base,) = read_sites(adapter, ev.base_ids, ev.base_mask, ev.base_pos, ev.base_last, [0], labels)
@@ -159,3 +157,51 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     overall = pd.read_csv(tmp_path / "run" / "causalgym_overall.csv")
     assert set(overall["method"]) == {"das", "probe", "mean", "random"}
     assert overall["selectivity"].notna().all()
+
+
+# ---------------------------------------------------------------------------------- beyond the paper
+
+ORACLE = {"name": "mlp", "n_layers": [1], "widths": [16], "lrs": [1e-2], "epochs": 3}
+
+
+@pytest.fixture(scope="module")
+def rel_table(adapter, template) -> pd.DataFrame:
+    s = _settings(methods=["mean", "random", "vanilla"], layers=[1], control=False, reliability=True,
+                  oracle_probe=ORACLE, random_draws=3)
+    return pd.DataFrame(run_gym_task(adapter, template, s))
+
+
+def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_source(adapter, template, rel_table):
+    from cprobe.causalgym.runner import fit_oracle
+    from cprobe.metrics.reliability import counterfactual_completeness
+
+    assert {"completeness", "oracle_accuracy", "oracle_selectivity", "n_directions"} <= set(rel_table.columns)
+    assert rel_table["completeness"].between(0, 1).all() and rel_table["oracle_accuracy"].between(0, 1).all()
+    assert rel_table["oracle_selectivity"].isna().all()  # no non-targeted property in the templates
+    # Vanilla writes the source vector: completeness = the oracle's P(source class | f(s)).
+    splits = make_splits(template, 8, 4)
+    tr, ev = (tokenize_pairs(adapter.tok, p, prepend_bos=True) for p in (splits.train, splits.eval))
+    base_tr, _ = read_sites(adapter, tr.base_ids, tr.base_mask, tr.base_pos, tr.base_last, [1])
+    src_ev, _ = read_sites(adapter, ev.source_ids, ev.source_mask, ev.source_pos, ev.source_last, [1])
+    oracle = fit_oracle(base_tr[1][:, r], tr.base_class, _settings(oracle_probe=ORACLE))
+    expected = counterfactual_completeness(oracle.predict_proba(src_ev[1][:, r]), ev.source_class).mean().item()
+    got = rel_table.query("method == 'vanilla' and region == '{subject}'")["completeness"].item()
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_random_draws_average_several_directions(rel_table):
+    rnd = rel_table[rel_table["method"] == "random"]
+    assert (rnd["n_directions"] == 3).all() and rnd["odds_draw_sd"].notna().all()
+    assert (rel_table.loc[rel_table["method"] != "random", "n_directions"] == 1).all()
+
+
+def test_overall_completeness_averages_decodable_sites_only():
+    rows = pd.DataFrame({
+        "model": "m", "cg_task": "t", "method": "mean", "condition": "task", "layer": [1, 1, 2, 2],
+        "region_idx": [0, 1, 0, 1], "odds": [1.0, 2.0, 3.0, 4.0], "iia": 1.0, "task_accuracy": 1.0,
+        "probe_accuracy": np.nan, "fit_s": 0.0, "eval_s": 0.0, "oracle_accuracy": [0.95, 0.5, 1.0, 0.9],
+        "completeness": [0.8, 0.1, 0.6, 0.4], "oracle_selectivity": np.nan,
+    })
+    rec = cg_task.overall_table(rows).iloc[0]
+    assert rec["completeness"] == pytest.approx((0.8 + 0.6 + 0.4) / 3) and rec["n_decodable_sites"] == 3
+    assert np.isnan(rec["oracle_selectivity"]) and rec["overall_odds"] == pytest.approx(3.0)

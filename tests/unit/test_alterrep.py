@@ -11,15 +11,6 @@ from cprobe.interventions.inlp import INLP, fit_linear_classifier
 from tests.unit.test_inlp import gaussian_classes
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_alpha_zero_equals_inlp_exactly() -> None:
     X, z = gaussian_classes(400, 12)
     alter = AlterRep(3, alpha=0.0).fit(X, z)

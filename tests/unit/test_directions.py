@@ -150,3 +150,14 @@ def test_das_first_step_has_zero_learning_rate() -> None:
     DAS(seed=5).fit(forward, h_source, target, callback=lambda step, a: seen.append(a))
     torch.testing.assert_close(seen[0], _random_unit(32, seed=5))  # warm-up starts from lr = 0
     assert not torch.allclose(seen[1], seen[0])
+
+
+def test_random_direction_overlap_with_a_fixed_feature_is_one_over_d_on_average() -> None:
+    """Why the random baseline's odds is not exactly 0: a 1-D DII along a random unit ``a`` moves a
+    fixed feature u by (a·u)², whose mean is 1/d (≈ vanilla/d in odds), with a χ²₁ spread per draw."""
+    d = 128
+    u = torch.zeros(d)
+    u[0] = 1.0
+    overlap = torch.stack([(RandomDirection(seed=s).fit(torch.zeros(1, d)).a @ u) ** 2 for s in range(4000)])
+    assert overlap.mean().item() == pytest.approx(1 / d, rel=0.1)
+    assert overlap.std().item() == pytest.approx(np.sqrt(2) / d, rel=0.15)  # χ²₁/d: sd √2/d

@@ -32,15 +32,6 @@ ATTACKS: dict[str, Factory] = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors gain nothing from threads, and on a shared 2-core box they thrash."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def mlp(d: int, k: int, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(d, 32), nn.Tanh(), nn.Linear(32, k))

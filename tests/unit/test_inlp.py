@@ -9,15 +9,6 @@ from cprobe.errors import ConfigError
 from cprobe.interventions.inlp import INLP, fit_linear_classifier
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def gaussian_classes(n: int, d: int, k: int = 2, sep: float = 6.0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Gaussian classes with a shared anisotropic covariance (decaying spectrum, like LM states)
     and means at distance ``sep / 2`` from the origin along random directions."""

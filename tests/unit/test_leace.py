@@ -12,15 +12,6 @@ from cprobe.interventions.leace import LEACE
 from tests.unit.test_inlp import gaussian_classes
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("k", [2, 3])
 def test_matches_concept_erasure(k: int) -> None:
     X, z = gaussian_classes(800, 20, k)

@@ -10,15 +10,6 @@ from cprobe.interventions.mean_diff import MeanDiff
 from tests.unit.test_inlp import gaussian_classes
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_hand_case() -> None:
     X = torch.tensor([[-1.0, 1.0], [-1.0, -1.0], [3.0, 1.0], [3.0, -1.0]])
     z = torch.tensor([0, 0, 1, 1])  # μ0 = (−1, 0), μ1 = (3, 0)

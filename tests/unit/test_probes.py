@@ -12,15 +12,6 @@ from cprobe.probes.mlp import MLPProbe
 from tests.unit.test_inlp import gaussian_classes
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def xor_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Quadrant labels: not linearly separable, easy for an MLP."""
     X = torch.rand(n, 2, generator=torch.Generator().manual_seed(seed)) * 2 - 1

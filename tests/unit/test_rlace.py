@@ -11,15 +11,6 @@ from cprobe.interventions.rlace import RLACE, project_fantope
 from tests.unit.test_inlp import gaussian_classes
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny solves slow down badly with intra-op threads on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_fantope_projection() -> None:
     g = torch.Generator().manual_seed(0)
     A = torch.randn(8, 8, generator=g)

@@ -6,6 +6,12 @@ the base row's site vector and the prediction is read at the base's last token. 
 reads every layer at every region; each (site, direction) is then one batched forward over the
 eval set, shared by the task and the control labels (inputs are the same; only the scored label
 ids differ). DAS is trained per site and per condition (task / control), as in the reference.
+
+Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base
+train activations to predict the targeted property (the task's label type, e.g. singular/plural),
+and each direction's intervened eval vectors are scored by counterfactual completeness (Canby et
+al. 2024, eq. 1: the oracle's probability of the source's class). The agreement templates vary no
+other typed property, so there is no non-targeted property and oracle selectivity is NaN.
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cprobe.causalgym.dii import dii_edit, vanilla_edit
+from cprobe.causalgym.dii import dii, dii_edit, vanilla_edit
 from cprobe.causalgym.templates import (Splits, TaskTemplate, TokenizedPairs, control_pairs, make_splits,
                                         tokenize_pairs)
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.metrics.odds import iia, log_odds_ratio, task_accuracy
+from cprobe.metrics.reliability import counterfactual_completeness
 from cprobe.models.adapter import Encoded, ModelAdapter
 
 log = logging.getLogger("cprobe")
@@ -35,6 +42,8 @@ log = logging.getLogger("cprobe")
 METHODS = ("das", "probe", "mean", "lda", "pca", "kmeans", "random")
 """The paper's seven direction methods; ``vanilla`` (whole-vector swap) may be added."""
 CONDITIONS = ("task", "control")
+DEFAULT_ORACLE = {"name": "mlp", "n_layers": [1], "widths": [256], "lrs": [1e-3, 1e-2], "epochs": 8}
+"""A small grid for the per-site oracle (cheap: 400 train vectors per site)."""
 
 
 @dataclass
@@ -53,6 +62,9 @@ class GymSettings:
     probe_lam: float = 10.0
     das: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    random_draws: int = 1  # random: mean over this many independent directions per site (paper: 1)
+    reliability: bool = False  # oracle-probe completeness per direction (beyond the paper)
+    oracle_probe: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ORACLE))
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m != "vanilla" and m not in DIRECTIONS]
@@ -60,6 +72,8 @@ class GymSettings:
             raise ConfigError(f"unknown causalgym method(s) {bad}; choose from {[*sorted(DIRECTIONS), 'vanilla']}")
         if self.n_train < 1 or self.n_eval < 1:
             raise ConfigError("causalgym.n_train and causalgym.n_eval must be >= 1")
+        if self.random_draws < 1:
+            raise ConfigError("causalgym.random_draws must be >= 1")
 
 
 def resolve_layers(spec: Any, n_layers: int) -> list[int]:
@@ -178,6 +192,13 @@ def _check_labels(tok: Any, tp: TokenizedPairs, what: str) -> None:
                     what, tok.unk_token)
 
 
+def fit_oracle(X: Tensor, y: Tensor, settings: GymSettings):
+    """The site's oracle probe for the targeted property (the base class), from ``settings.oracle_probe``."""
+    from cprobe.probes import build_probe
+
+    return build_probe({**settings.oracle_probe, "seed": settings.seed}).fit(X.float(), y)
+
+
 def _build_direction(method: str, settings: GymSettings, site_seed: int):
     cls = DIRECTIONS.get(method)
     if method == "das":
@@ -245,20 +266,32 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
         hs_ev = src_ev[layer][ok_ev, region]
         ev_args = (ev.base_ids[ok_ev], ev.base_mask[ok_ev], ev.base_pos[ok_ev, region], ev.base_last[ok_ev], layer, hs_ev)
         site_labels = [(yb[ok_ev], ys[ok_ev]) for yb, ys in labels]
+        oracle, oracle_acc = None, float("nan")
+        if settings.reliability and len(torch.unique(y_tr)) == 2:
+            t_or = time.perf_counter()
+            oracle = fit_oracle(X_tr, y_tr, settings)
+            oracle_acc = oracle.score(X_ev, y_ev)
+            cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
         for method in settings.methods:
             # One direction for both conditions, except DAS (trained on each condition's labels).
-            dirs: dict[str, Tensor | None] = {}
+            # ``random`` with random_draws > 1 scores several independent directions and averages.
+            dirs: dict[str, list[Tensor | None]] = {}
             probe_acc = float("nan")
             degenerate = False
             t_fit = time.perf_counter()
             if method == "vanilla":
-                dirs = {c: None for c in conditions}
+                dirs = {c: [None] for c in conditions}
             elif method == "das":
                 for c in conditions:
                     das = _build_direction("das", settings, 0)
                     fwd = das_forward(adapter, tr, ok_tr, region, layer)
                     das.fit(fwd, src_tr[layer][ok_tr, region].to(adapter.device), tr_target[c][ok_tr])
-                    dirs[c] = das.a
+                    dirs[c] = [das.a]
+            elif method == "random":
+                site_seed = settings.seed * 100_003 + 1000 * layer + region
+                draws = [DIRECTIONS.get("random")(seed=site_seed + 7_919 * k).fit(X_tr).a
+                         for k in range(settings.random_draws)]
+                dirs = {c: draws for c in conditions}
             else:
                 if method in ("probe", "mean", "lda") and len(torch.unique(y_tr)) < 2:
                     continue
@@ -278,25 +311,38 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
                     # so score a random one and flag the site.
                     log.debug("%s at layer %d region %d: %s; using a random direction", method, layer, region, err)
                     a, degenerate = DIRECTIONS.get("random")(seed=site_seed).fit(X_tr).a, True
-                dirs = {c: a for c in conditions}
+                dirs = {c: [a] for c in conditions}
             fit_s = time.perf_counter() - t_fit
             t_ev = time.perf_counter()
-            if method == "das":
-                res = {c: intervene(adapter, *ev_args, dirs[c], site_labels)[k] for k, c in enumerate(conditions)}
-            else:
-                out = intervene(adapter, *ev_args, dirs[conditions[0]], site_labels)
-                res = dict(zip(conditions, out))
+            # Per condition: a list (one per direction) of (per-item odds, IIA, per-item completeness).
+            scored: dict[str, list[tuple[Tensor, float, float]]] = {c: [] for c in conditions}
+            shared = method != "das"  # every condition uses the same directions: one forward each
+            for c in conditions[:1] if shared else conditions:
+                for a in dirs[c]:
+                    out = intervene(adapter, *ev_args, a, site_labels)
+                    comp = float("nan")
+                    if oracle is not None:
+                        h_new = hs_ev if a is None else dii(X_ev, hs_ev, a.to(X_ev.device, torch.float32))
+                        p_hat = oracle.predict_proba(h_new)
+                        comp = float(counterfactual_completeness(p_hat, ev.source_class[ok_ev]).mean())
+                    for k, c2 in enumerate(conditions):
+                        if shared or c2 == c:
+                            cb, cs = clean_by[c2][0][ok_ev], clean_by[c2][1][ok_ev]
+                            scored[c2].append((log_odds_ratio(cb, cs, *out[k]), iia(*out[k]), comp))
             eval_s = time.perf_counter() - t_ev
             cost[method] = cost.get(method, 0.0) + fit_s + eval_s
             for c in conditions:
-                cb, cs = clean_by[c][0][ok_ev], clean_by[c][1][ok_ev]
-                ib, is_ = res[c]
-                odds = log_odds_ratio(cb, cs, ib, is_)
+                res = scored[c]
                 rows.append({
                     "cg_task": template.name, "condition": c, "method": method, "layer": layer,
-                    "region": template.region_names[region], "region_idx": region, "odds": float(odds.mean()),
-                    "iia": iia(ib, is_), "probe_accuracy": probe_acc, "task_accuracy": acc,
-                    "n_train": len(ok_tr), "n_eval": len(ok_ev), "degenerate": degenerate,
+                    "region": template.region_names[region], "region_idx": region,
+                    "odds": float(np.mean([float(o.mean()) for o, _, _ in res])),
+                    "odds_draw_sd": (float(np.std([float(o.mean()) for o, _, _ in res])) if len(res) > 1
+                                     else float("nan")),
+                    "iia": float(np.mean([i for _, i, _ in res])), "probe_accuracy": probe_acc, "task_accuracy": acc,
+                    "oracle_accuracy": oracle_acc, "completeness": float(np.mean([x for _, _, x in res])),
+                    "oracle_selectivity": float("nan"),  # no non-targeted property in the templates
+                    "n_train": len(ok_tr), "n_eval": len(ok_ev), "degenerate": degenerate, "n_directions": len(res),
                     "fit_s": fit_s / len(conditions), "eval_s": eval_s / len(conditions),
                 })
     if timings is not None:

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from cprobe.causalgym.corpus import DEFAULT_TEMPLATES, expand_model_cfg
-from cprobe.causalgym.runner import METHODS, GymSettings, run_gym_task
+from cprobe.causalgym.runner import DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
 from cprobe.causalgym.templates import load_templates
 from cprobe.errors import ConfigError
 from cprobe.job import JobContext
@@ -29,6 +29,8 @@ log = logging.getLogger("cprobe")
 
 CAPABLE_ACCURACY = 0.9
 """Tasks the model can do (un-intervened accuracy at least this) get their own summary."""
+DECODABLE_ACCURACY = 0.9
+"""Sites whose oracle probe reaches this eval accuracy count for the overall completeness."""
 
 
 # The paper's probe penalty λ per model (App. C; reference ``probe_mapping``), used when neither
@@ -57,6 +59,8 @@ def settings_from_cfg(cfg: dict) -> GymSettings:
             train_seed=int(g.get("train_seed", 42)), eval_seed=int(g.get("eval_seed", 1)),
             control=bool(g.get("control", True)), prepend_bos=bool(g.get("prepend_bos", True)),
             probe_lam=float(lam), das=das, seed=int(cfg.get("seed", 0)),
+            random_draws=int(g.get("random_draws") or 1), reliability=bool(g.get("reliability", False)),
+            oracle_probe=dict(g.get("oracle_probe") or DEFAULT_ORACLE),
         )
     except (TypeError, ValueError) as e:
         raise ConfigError(f"bad causalgym config: {e}") from None
@@ -114,6 +118,7 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
                                         aggfunc="mean").reindex_like(tgrid)
             rec["control_overall_odds"] = overall_odds(cgrid.to_numpy())
             rec["selectivity"] = selectivity(tgrid.to_numpy(), cgrid.to_numpy())
+        rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
         rec["probe_accuracy"] = float(task["probe_accuracy"].mean()) if task["probe_accuracy"].notna().any() else np.nan
@@ -121,6 +126,18 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec["n_sites"] = len(task)
         out.append(rec)
     return pd.DataFrame(out)
+
+
+def _reliability(task: pd.DataFrame) -> dict[str, float]:
+    """Beyond the paper: mean counterfactual completeness over the sites where the oracle decodes the
+    property (eval accuracy >= DECODABLE_ACCURACY); a site-average, as the reliability study averages
+    over test embeddings. Oracle selectivity is NaN (no non-targeted property in the templates)."""
+    if "completeness" not in task or task["completeness"].isna().all():
+        return {"completeness": np.nan, "oracle_selectivity": np.nan, "n_decodable_sites": 0}
+    ok = task[task["oracle_accuracy"] >= DECODABLE_ACCURACY]
+    return {"completeness": float(ok["completeness"].mean()) if len(ok) else np.nan,
+            "oracle_selectivity": float(ok["oracle_selectivity"].mean()) if len(ok) else np.nan,
+            "n_decodable_sites": int(len(ok))}
 
 
 def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
@@ -136,6 +153,8 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             "n_capable_tasks": capable["cg_task"].nunique(),
             "capable_overall_odds": capable["overall_odds"].mean() if len(capable) else np.nan,
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
+            "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
+            "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
             "seconds": part["seconds"].sum(),
         })
     return pd.DataFrame(rows)
