@@ -42,8 +42,9 @@ clean-outputs: ## remove outputs/ runs and sweeps (never the activation/model ca
 GRID_EXP ?= sva_tiny_reliability
 GRID_DIR ?= outputs/sweeps/$(GRID_EXP)/paper_grid
 GRID_METHODS ?= leace inlp rlace alterrep mean_diff fgsm pgd autoattack
-reliability-grid: $(STAMP) ## every method's paper grid into one sweep dir (GRID_EXP=..., GRID_DIR=...), then aggregate
+GRID_EXTRA ?=
+reliability-grid: $(STAMP) ## every method's paper grid into one sweep dir (GRID_EXP=, GRID_DIR=, GRID_EXTRA=overrides), then aggregate
 	for m in $(GRID_METHODS); do \
-	  $(BIN)/cprobe run +experiment=$(GRID_EXP) +sweep=reliability_$$m hydra.sweep.dir=$(GRID_DIR) progress=false || exit 1; \
+	  $(BIN)/cprobe run +experiment=$(GRID_EXP) +sweep=reliability_$$m $(GRID_EXTRA) hydra.sweep.dir=$(GRID_DIR) progress=false || exit 1; \
 	done
 	$(BIN)/cprobe collect $(GRID_DIR)

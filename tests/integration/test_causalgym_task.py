@@ -88,6 +88,7 @@ def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template
 
 def test_vanilla_at_layer0_equals_running_the_source(adapter, template, table):
     ev = tokenize_pairs(adapter.tok, make_splits(template, 8, 4).eval, prepend_bos=True)
+    r = template.region_names.index("{subject}")
     # Subjects are one token each, so the pair differs at exactly that position.
     assert torch.equal(ev.base_pos[:, r], ev.source_pos[:, r])
     labels = [(ev.base_label_ids, ev.source_label_ids)]
@@ -179,6 +180,7 @@ def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_sourc
     assert rel_table["completeness"].between(0, 1).all() and rel_table["oracle_accuracy"].between(0, 1).all()
     assert rel_table["oracle_selectivity"].isna().all()  # no non-targeted property in the templates
     # Vanilla writes the source vector: completeness = the oracle's P(source class | f(s)).
+    r = template.region_names.index("{subject}")
     splits = make_splits(template, 8, 4)
     tr, ev = (tokenize_pairs(adapter.tok, p, prepend_bos=True) for p in (splits.train, splits.eval))
     base_tr, _ = read_sites(adapter, tr.base_ids, tr.base_mask, tr.base_pos, tr.base_last, [1])

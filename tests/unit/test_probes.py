@@ -94,3 +94,33 @@ def test_build_probe_from_config() -> None:
 def test_config_errors(cfg: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build_probe(cfg)
+
+
+def test_accuracy_ties_go_to_the_lower_validation_loss() -> None:
+    """On separable data every lr reaches 100%; the best-trained (most confident) probe must win, not the
+    first grid point (a barely trained probe's soft outputs would inflate nullifying completeness)."""
+    from cprobe.probes.linear import LinearProbe
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randint(0, 2, (400,), generator=g)
+    X = torch.randn(400, 8, generator=g)
+    X[:, 0] += 10.0 * (2 * z - 1)  # a wide margin: every learning rate separates it
+    probe = LinearProbe(lrs=(1e-2, 1e-1), epochs=8).fit(X, z)
+    accs = [acc for _, acc in probe.grid_results]
+    assert accs[0] == accs[1] == 1.0
+    assert probe.best_params["lr"] == 1e-1
+    assert probe.predict_proba(X).max(-1).values.mean() > 0.95
+
+
+@pytest.mark.parametrize("cfg", [{"name": "linear", "lrs": [0.01], "epochs": 3},
+                                 {"name": "mlp", "n_layers": [2], "widths": [16], "lrs": [0.01], "epochs": 3}])
+def test_save_load_roundtrip_without_pickle(tmp_path, cfg) -> None:
+    from cprobe.probes.linear import load_probe, save_probe
+
+    X, z = gaussian_classes(200, 6, k=3)
+    probe = build_probe(cfg).fit(X, z)
+    save_probe(probe, tmp_path / "p.safetensors")
+    assert (tmp_path / "p.safetensors").read_bytes()[:8] != b"\x80\x04\x95"  # not a pickle
+    again = load_probe(build_probe(cfg), tmp_path / "p.safetensors")
+    torch.testing.assert_close(again.predict_proba(X), probe.predict_proba(X))
+    assert again.best_params == probe.best_params and again.n_classes == 3

@@ -29,10 +29,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cprobe.causalgym.dii import dii, dii_edit, vanilla_edit
-from cprobe.causalgym.templates import (Splits, TaskTemplate, TokenizedPairs, control_pairs, make_splits,
-                                        tokenize_pairs)
+from cprobe.causalgym.templates import (
+    Splits,
+    TaskTemplate,
+    TokenizedPairs,
+    control_pairs,
+    make_splits,
+    tokenize_pairs,
+)
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
+from cprobe.extract import resolve_layers as extract_resolve_layers
 from cprobe.metrics.odds import iia, log_odds_ratio, task_accuracy
 from cprobe.metrics.reliability import counterfactual_completeness
 from cprobe.models.adapter import Encoded, ModelAdapter
@@ -77,22 +84,11 @@ class GymSettings:
 
 
 def resolve_layers(spec: Any, n_layers: int) -> list[int]:
-    """Adapter layers (0 = embeddings … L) from a config value."""
+    """Adapter layers (0 = embeddings … L): null/'blocks' = the block outputs 1..L (the paper's
+    layers), else as everywhere in cprobe ('all', 'last', ints; see :func:`cprobe.extract.resolve_layers`)."""
     if spec is None or spec == "blocks":
         return list(range(1, n_layers + 1))
-    if spec == "all":
-        return list(range(n_layers + 1))
-    if spec == "last":
-        return [n_layers]
-    items = [spec] if isinstance(spec, int) else list(spec)
-    try:
-        out = sorted({int(l) % (n_layers + 1) if int(l) < 0 else int(l) for l in items})
-    except (TypeError, ValueError):
-        raise ConfigError(f"causalgym.layers must be null, 'blocks', 'all', 'last' or a list of ints; got {spec!r}") from None
-    bad = [l for l in out if not 0 <= l <= n_layers]
-    if bad:
-        raise ConfigError(f"causalgym.layers {bad} out of range: valid layers are 0 (embeddings) … {n_layers}")
-    return out
+    return extract_resolve_layers(spec, n_layers)
 
 
 def resolve_regions(spec: Any, template: TaskTemplate) -> list[int]:

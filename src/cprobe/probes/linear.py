@@ -7,8 +7,10 @@ Training is plain mini-batch Adam on cross-entropy with whole tensors kept on th
 from __future__ import annotations
 
 import itertools
+import json
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -40,7 +42,7 @@ def check_training_args(epochs: int, batch_size: int, weight_decay: float, val_f
 
 
 class GridSearchProbe(Probe):
-    """Fits one module per grid point and keeps the best by validation accuracy (first on ties).
+    """Fits one module per grid point and keeps the best by validation accuracy (lower validation loss on ties).
 
     Subclasses give the grid (``_grid``) and build a module for a grid point (``_build``).
     After ``fit``: ``module``, ``best_params``, ``val_accuracy`` and ``grid_results``
@@ -104,7 +106,7 @@ class GridSearchProbe(Probe):
             y_val = y_val.to(device=device, dtype=torch.long)  # type: ignore[union-attr]
         k = int(max(y.max(), y_val.max())) + 1
         d = X.shape[1]
-        self.n_classes = k
+        self.n_classes, self.d = k, d
 
         best: tuple[float, dict[str, Any], nn.Module] | None = None
         self.grid_results: list[tuple[dict[str, Any], float]] = []
@@ -117,13 +119,45 @@ class GridSearchProbe(Probe):
             with torch.enable_grad():
                 self._train(module, X, y, params["lr"], gen)
             with torch.inference_mode():
-                acc = (module(X_val).argmax(-1) == y_val).float().mean().item()
+                logits = module(X_val)
+                acc = (logits.argmax(-1) == y_val).float().mean().item()
+                loss = nn.functional.cross_entropy(logits, y_val).item()
             self.grid_results.append((params, acc))
-            if best is None or acc > best[0]:
-                best = (acc, params, module)
+            # Best validation accuracy; ties (common: many points reach 100%) go to the lower validation
+            # loss, i.e. the better-trained, more confident probe, not to whichever came first.
+            if best is None or (acc, -loss) > (best[0], -best[1]):
+                best = (acc, loss, params, module)
         assert best is not None  # the grid is checked non-empty at construction
-        self.val_accuracy, self.best_params, self.module = best
+        self.val_accuracy, _, self.best_params, self.module = best
         return self
+
+
+def save_probe(probe: GridSearchProbe, path: Path) -> None:
+    """A fitted probe as safetensors: weights + its grid point and sizes as metadata (no pickle)."""
+    from safetensors.torch import save
+
+    from cprobe.cache import atomic_write_bytes
+
+    meta = {"best_params": json.dumps(probe.best_params), "n_classes": str(probe.n_classes),
+            "d": str(probe.d), "val_accuracy": repr(probe.val_accuracy)}
+    state = {k: v.detach().cpu().contiguous() for k, v in probe.module.state_dict().items()}
+    atomic_write_bytes(path, save(state, metadata=meta))
+
+
+def load_probe(probe: GridSearchProbe, path: Path) -> GridSearchProbe:
+    """Fill an unfitted ``probe`` (built from the same config) with the weights saved at ``path``."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    params, k, d = json.loads(meta["best_params"]), int(meta["n_classes"]), int(meta["d"])
+    module = probe._build(d, k, params)
+    module.load_state_dict(load_file(path))
+    device = torch.device(probe.device) if probe.device else torch.device("cpu")
+    probe.module, probe.best_params, probe.n_classes, probe.d = module.to(device).eval(), params, k, d
+    probe.val_accuracy = float(meta["val_accuracy"])
+    return probe
 
 
 @PROBES.register("linear")
