@@ -7,7 +7,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from cprobe.cache import ActivationCache
@@ -95,7 +94,3 @@ def extract(adapter: ModelAdapter, ds: Dataset, layers: Sequence[int], position:
     log.info("activations for %s × %s (%d items, layers %s): %s in %.1fs", adapter.name, ds.name, len(ds),
              layers, "cache hit" if hit else "extracted", time.perf_counter() - t0)
     return Extraction(ds, acts, scores if want else None, cands, dropped, hit, time.perf_counter() - t0)
-
-
-def labels_tensor(ds: Dataset, prop: str, values: Sequence[str]) -> Tensor:
-    return torch.from_numpy(ds.labels(prop, values))

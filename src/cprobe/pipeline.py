@@ -36,7 +36,6 @@ def run_job(cfg: DictConfig) -> None:
     if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not cfg.get("force", False):
         log.info("job already done with the same config (%s); skipping — pass force=true to redo it", out_dir)
         return
-    task = tasks.run_task(str(cfg.task))
     ctx = JobContext(
         cfg=plain, out_dir=out_dir,
         data_root=Path(plain["paths"]["data_dir"]) if plain["paths"].get("data_dir") else data_dir(),
@@ -47,7 +46,7 @@ def run_job(cfg: DictConfig) -> None:
     t0 = time.time()
     write_status(out_dir, state="running", config_hash=h, started=t0, task=str(cfg.task))
     try:
-        table = task(ctx)
+        table = tasks.run_task(str(cfg.task))(ctx)
         table["task"] = str(cfg.task)
         table["seed"] = int(cfg.seed)
         results.write_table(table, out_dir / "metrics")
@@ -55,7 +54,7 @@ def run_job(cfg: DictConfig) -> None:
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=str(cfg.task), rows=len(table), timings=ctx.timings)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
-    except (CprobeError, Exception) as e:
+    except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         write_status(out_dir, state="failed", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=str(cfg.task), error=msg,
