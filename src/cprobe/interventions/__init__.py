@@ -7,7 +7,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from cprobe.errors import ConfigError
-from cprobe.interventions import alterrep, autoattack, fgsm, inlp, leace, mean_diff, pgd, rlace  # noqa: F401
+from cprobe.interventions import (  # noqa: F401
+    alterrep,
+    autoattack,
+    fgsm,
+    inlp,
+    leace,
+    mean_diff,
+    pgd,
+    rlace,
+)
 from cprobe.interventions.base import INTERVENTIONS, Intervention
 
 

@@ -83,6 +83,15 @@ def _orthonormal_extension(Q: Tensor, V: Tensor, tol: float = 1e-4) -> tuple[Ten
     return torch.stack(basis, 1), kept
 
 
+def prepare_rank_fit(X: Tensor, z: Tensor, rank: int, device: str | None) -> tuple[Tensor, Tensor, int]:
+    """Checks ``rank <= d`` and moves (X, z) to the fitting device: (X float32, z, number of classes)."""
+    d = X.shape[1]
+    if rank > d:
+        raise ConfigError(f"rank {rank} exceeds the embedding size {d}; choose rank <= {d}")
+    dev = torch.device(device) if device else X.device
+    return X.to(device=dev, dtype=torch.float32), z.to(dev), n_classes_of(z)
+
+
 @INTERVENTIONS.register("inlp")
 class INLP(Intervention):
     """Nullifying: ``transform(X) = X P`` with P the projection onto the classifiers' nullspace.
@@ -109,13 +118,8 @@ class INLP(Intervention):
         self.device = device
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
-        d = X.shape[1]
-        if self.rank > d:
-            raise ConfigError(f"rank {self.rank} exceeds the embedding size {d}; choose rank <= {d}")
-        k = n_classes_of(z)
-        device = torch.device(self.device) if self.device else X.device
-        Xd = X.to(device=device, dtype=torch.float32)
-        zd = z.to(device)
+        Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)
+        d, device = Xd.shape[1], Xd.device
         Q = Xd.new_zeros(d, 0)
         dirs: list[Tensor] = []
         biases: list[Tensor] = []

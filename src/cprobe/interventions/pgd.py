@@ -16,7 +16,13 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS
-from cprobe.interventions.gbi import GradientIntervention, input_grad, keep_best, project_linf, targeted_ce
+from cprobe.interventions.gbi import (
+    GradientIntervention,
+    input_grad,
+    keep_best,
+    project_linf,
+    targeted_ce,
+)
 
 
 @INTERVENTIONS.register("pgd")

@@ -18,7 +18,10 @@ from tqdm.auto import tqdm
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS, Intervention
-from cprobe.interventions.inlp import fit_linear_classifier, n_classes_of
+from cprobe.interventions.inlp import (
+    fit_linear_classifier,
+    prepare_rank_fit,
+)
 
 
 def project_fantope(A: Tensor, rank: int, iters: int = 60) -> Tensor:
@@ -100,13 +103,8 @@ class RLACE(Intervention):
         return (pred == z).float().mean().item()
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
-        n, d = X.shape
-        if self.rank > d:
-            raise ConfigError(f"rank {self.rank} exceeds the embedding size {d}; choose rank <= {d}")
-        k = n_classes_of(z)
-        device = torch.device(self.device) if self.device else X.device
-        Xd = X.to(device=device, dtype=torch.float32)
-        zd = z.to(device)
+        Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)
+        (n, d), device = Xd.shape, Xd.device
         self.n_classes = k
         if self.rank == 0:
             self.P = torch.eye(d, device=device)
