@@ -33,6 +33,7 @@ from cprobe.metrics.reliability import (
     reliability,
     selectivity,
 )
+from cprobe.models.load import resolve_device
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe, build_probe
 from cprobe.probes.linear import load_probe, save_probe
@@ -122,7 +123,7 @@ def run(ctx: JobContext) -> pd.DataFrame:
     for s in ("oracle", "intervention", "test"):
         if s not in splits:
             raise ConfigError(f"the reliability task needs oracle/intervention/test splits; got {list(splits)}")
-    dev = _device(cfg)
+    dev = resolve_device(str(cfg.get("device", "auto")))
     X = ex.acts[layer].float()
     values = {p: data.values(p) for p in (target, *others)}
     labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
@@ -223,13 +224,6 @@ def _probe_cfg(cfg: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     if name not in probes:
         raise ConfigError(f"reliability probe {name!r} is not configured; probe= has {sorted(probes)} (use probe=all)")
     return probes[name]
-
-
-def _device(cfg: Mapping[str, Any]) -> torch.device:
-    d = cfg.get("device", "auto")
-    if d == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(d)
 
 
 _KIND_ORDER = {"counterfactual": 0, "nullifying": 1}
