@@ -64,14 +64,20 @@ class JobContext:
         return ActivationCache(self.cache_root, enabled=bool(self.cfg.get("cache", {}).get("enabled", True)))
 
     def adapter(self, model_cfg: Mapping[str, Any]):
-        """Load (or reuse, within this process) the model: consecutive sweep jobs share it."""
+        """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
+
+        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``.
+        """
         from cprobe.models.load import load_adapter
 
+        device = str(self.cfg.get("device", "auto"))
+        if device != "auto" and str(model_cfg.get("device", "auto")) == "auto":
+            model_cfg = {**model_cfg, "device": device}
         key = json.dumps(model_cfg, sort_keys=True, default=str)
         if key not in _ADAPTER:
             _ADAPTER.clear()
             t0 = time.perf_counter()
-            _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress)
+            _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress, self.data_root)
             self.timings["load_model_s"] = time.perf_counter() - t0
         return _ADAPTER[key]
 

@@ -44,7 +44,8 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True) -> str:
+def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
+                 data_root: Path | None = None) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
     source = cfg.get("source", "hub")
     if source == "tiny":
@@ -56,7 +57,7 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
             from cprobe.causalgym.corpus import expand_model_cfg
             from cprobe.paths import data_dir
 
-            t = expand_model_cfg(cfg, data_dir())["tiny"]
+            t = expand_model_cfg(cfg, data_root or data_dir())["tiny"]
         try:
             train = TinyTrainConfig(**(t.get("train") or {}))
         except TypeError as e:
@@ -80,7 +81,8 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     raise ConfigError(f"unknown model source {source!r}; choose from ['hub', 'package', 'tiny']")
 
 
-def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True) -> ModelAdapter:
+def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
+                 data_root: Path | None = None) -> ModelAdapter:
     """Build a :class:`ModelAdapter` from a ``model`` config node (see ``conf/model/*.yaml``)."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -95,7 +97,7 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     if dtype_name not in _DTYPES:
         raise ConfigError(f"unknown dtype {dtype_name!r}; choose from ['bfloat16', 'float32'] (fp16 on CPU is slow)")
     device = resolve_device(str(cfg.get("device", "auto")))
-    path = resolve_path(cfg, cache_root, progress)
+    path = resolve_path(cfg, cache_root, progress, data_root)
     auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel}[kind]
     kw = dict(revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
     local = Path(path).is_dir()

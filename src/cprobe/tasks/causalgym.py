@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cprobe.causalgym.corpus import DEFAULT_TEMPLATES, expand_model_cfg
+from cprobe.causalgym.corpus import DEFAULT_TEMPLATES
 from cprobe.causalgym.runner import DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
 from cprobe.causalgym.templates import load_templates
 from cprobe.errors import ConfigError
@@ -76,10 +76,7 @@ def run(ctx: JobContext) -> pd.DataFrame:
     unknown = [t for t in names if t not in templates]
     if unknown:
         raise ConfigError(f"unknown causalgym.tasks {unknown}; choose from {sorted(templates)}")
-    model_cfg = expand_model_cfg(cfg["model"], ctx.data_root)
-    if str(cfg.get("device", "auto")) != "auto" and str(model_cfg.get("device", "auto")) == "auto":
-        model_cfg["device"] = cfg["device"]  # device=cuda puts the model (and every intervention) on the GPU
-    adapter = ctx.adapter(model_cfg)
+    adapter = ctx.adapter(cfg["model"])  # device=cuda puts the model (and every intervention) on the GPU
     rows = []
     for name in names:
         t0 = time.perf_counter()

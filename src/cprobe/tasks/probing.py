@@ -18,9 +18,8 @@ from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError
 from cprobe.extract import extract, resolve_layers
-
-from cprobe.plots import new_figure, save
 from cprobe.job import JobContext, probe_config
+from cprobe.plots import new_figure, save
 from cprobe.probes import build_probe
 
 log = logging.getLogger("cprobe")
