@@ -9,9 +9,9 @@ given positions and lets the rest of the model run, so read → write round-trip
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -19,10 +19,16 @@ from tqdm.auto import tqdm
 
 from cprobe.data.base import Example
 from cprobe.errors import ConfigError, DataError
+from cprobe.models.edits import EditSpec, Replace
+from cprobe.models.readouts import Readout
+from cprobe.models.sites import Batch, Site
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cprobe.models.formatters import Formatter
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["mlm", "causal", "encoder"]
+Kind = Literal["mlm", "causal", "encoder", "classifier"]
 Edit = Callable[[Tensor], Tensor]
 
 # Where the blocks and the final norm live, by ``config.model_type``; others are found generically.
@@ -38,6 +44,18 @@ _BLOCKS = {
     "gemma": "layers",
 }
 _FINAL_NORMS = ("final_layer_norm", "ln_f", "norm")
+
+
+@dataclass
+class RunOutput:
+    """What one pass returns: the hidden states read at each site (n, d) and the readout's scores (n, k)."""
+
+    acts: dict[Site, Tensor]
+    scores: Tensor | None
+
+
+class _Stop(Exception):
+    """Raised by the deepest read hook when nothing after it is needed (no readout): ends the forward early."""
 
 
 @dataclass
@@ -314,3 +332,164 @@ class ModelAdapter:
             cid = torch.tensor([candidates[i] for i in idx.tolist()], device=self.device)
             out[idx] = lp.gather(1, cid).cpu()
         return out
+
+    # ----------------------------------------------------------------- the one entry point
+    def hook_point(self, site: Site) -> tuple[nn.Module, bool]:
+        """(module, is_pre_hook) whose output (input, for a pre-hook) is the site's tensor (n, T, d)."""
+        if not 0 <= site.layer <= self.n_layers:
+            raise ConfigError(f"layer {site.layer} out of range for {self.name}: valid layers are 0 (embeddings) "
+                              f"… {self.n_layers}")
+        if site.layer == 0:
+            return self._blocks[0], True
+        if site.layer == self.n_layers and self._final_norm is not None and site.stream == "resid":
+            return self._final_norm, False
+        return self._blocks[site.layer - 1], False
+
+    def run(self, batch: Batch, read: Sequence[Site] = (), edits: Mapping[Site, Edit] | None = None,
+            readout: Readout | None = None, grad: bool = False) -> RunOutput:
+        """One forward pass over ``batch``: apply every edit at its site, read every ``read`` site (after the
+        edits at that site), and score the output with ``readout``.
+
+        ``edits`` are bound to this batch (see :meth:`EditSpec.bind`): each receives the (n, d) site vectors
+        of all rows and returns their new values; rows whose position is absent (−1) are left unchanged and
+        read as zeros. With ``grad`` the pass is differentiable in whatever the edits close over (DAS);
+        otherwise it runs under ``torch.inference_mode``. Tensors come back on the model's device.
+        """
+        edits = dict(edits or {})
+        if readout is not None and self.kind == "encoder":
+            raise ConfigError(f"model {self.name!r} has no output head; it can be read but not scored")
+        points: dict[tuple[int, bool], tuple[nn.Module, bool, list[Site], list[Site]]] = {}
+
+        def point(s: Site) -> tuple[nn.Module, bool, list[Site], list[Site]]:
+            module, pre = self.hook_point(s)
+            return points.setdefault((id(module), pre), (module, pre, [], []))
+
+        for s in edits:
+            point(s)[2].append(s)
+        for s in dict.fromkeys(read):  # read after the edits at the same site: what the model sees
+            point(s)[3].append(s)
+        dev = self.device
+        batch = batch.to(dev)
+        acts: dict[Site, Tensor] = {}
+        order = [k for k in points]
+        depth = {k: self._depth(points[k][0], points[k][1]) for k in order}
+        last_read = max((k for k in order if points[k][3]), key=depth.__getitem__, default=None)
+        stop_early = readout is None and not grad and last_read is not None and all(
+            depth[k] <= depth[last_read] for k in order)
+
+        def make(key):
+            _module, _pre, edit_sites, read_sites = points[key]
+
+            def patch(h: Tensor) -> Tensor:
+                n = h.shape[0]
+                rows = torch.arange(n, device=h.device)
+                for s in edit_sites:
+                    pos = batch.position(s.position)
+                    ok = pos >= 0
+                    new = edits[s](h[rows, pos.clamp(min=0)])
+                    h = h.index_put((rows[ok], pos[ok]), new[ok].to(h.dtype))
+                for s in read_sites:
+                    pos = batch.position(s.position)
+                    v = h[rows, pos.clamp(min=0)]
+                    acts[s] = torch.where((pos >= 0)[:, None], v, torch.zeros_like(v))
+                if stop_early and key == last_read:
+                    raise _Stop
+                return h
+            return patch
+
+        handles = [self._register(points[k][0], points[k][1], make(k)) for k in order]
+        res = None
+        try:
+            with torch.enable_grad() if grad else torch.inference_mode():
+                try:
+                    res = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **batch.extra)
+                except _Stop:
+                    pass
+                scores = readout.scores(res.logits, batch) if readout is not None else None
+        finally:
+            for h in handles:
+                h.remove()
+        return RunOutput({s: acts[s] for s in read}, scores)
+
+    def _depth(self, module: nn.Module, pre: bool) -> int:
+        if pre:
+            return 0
+        for i, b in enumerate(self._blocks):
+            if b is module:
+                return i + 1
+        return self.n_layers + 1  # the final norm
+
+    @staticmethod
+    def _register(module: nn.Module, pre: bool, patch: Callable[[Tensor], Tensor]):
+        if pre:
+            def pre_hook(_m, args, kwargs):
+                if args:
+                    return (patch(args[0]), *args[1:]), kwargs
+                kwargs = dict(kwargs)
+                kwargs["hidden_states"] = patch(kwargs["hidden_states"])
+                return args, kwargs
+            return module.register_forward_pre_hook(pre_hook, with_kwargs=True)
+
+        def hook(_m, _inp, output):
+            if isinstance(output, tuple):
+                return (patch(output[0]), *output[1:])
+            if isinstance(output, Tensor):
+                return patch(output)
+            output[0] = patch(output[0])  # ModelOutput-like
+            return output
+        return module.register_forward_hook(hook)
+
+    def map(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
+            edits: Mapping[Site, EditSpec] | None = None, readout: Readout | None = None,
+            desc: str | None = None) -> RunOutput:
+        """:meth:`run` over a whole item list in length-sorted batches; outputs in input order, float32 on CPU.
+
+        Edits are :class:`EditSpec` over the whole list (bound per batch). Replacing the last layer's state at
+        the prediction position and scoring it needs only the LM head: that case skips the model.
+        """
+        edits = dict(edits or {})
+        n = len(items)
+        if self._head_only(read, edits, readout, formatter):
+            return self._map_head(n, edits, readout)  # type: ignore[arg-type]
+        order = sorted(range(n), key=lambda i: formatter.length(items[i]), reverse=True)
+        chunks = [order[i: i + self.batch_size] for i in range(0, n, self.batch_size)]
+        acts: dict[Site, Tensor] = {s: torch.zeros(n, self.hidden_size) for s in read}
+        scores: Tensor | None = None
+        for chunk in tqdm(chunks, desc=desc, disable=desc is None or None, leave=False):
+            rows = torch.tensor(chunk, dtype=torch.long)
+            batch = formatter([items[i] for i in chunk], self, rows)
+            out = self.run(batch, read, {s: e.bind(rows) for s, e in edits.items()}, readout)
+            for s, v in out.acts.items():
+                acts[s][rows] = v.float().cpu()
+            if out.scores is not None:
+                if scores is None:
+                    scores = torch.zeros((n, *out.scores.shape[1:]), dtype=out.scores.dtype)
+                scores[rows] = out.scores.cpu()
+        return RunOutput(acts, scores)
+
+    def _head_only(self, read: Sequence[Site], edits: Mapping[Site, EditSpec], readout: Readout | None,
+                   formatter: Formatter) -> bool:
+        if read or readout is None or not readout.at_position or self._head is None or len(edits) != 1:
+            return False
+        (site, spec), = edits.items()
+        pred = getattr(formatter, "pred_position", None)
+        return (isinstance(spec, Replace) and site.layer == self.n_layers and site.stream == "resid"
+                and pred is not None and site.position == pred)
+
+    @torch.inference_mode()
+    def _map_head(self, n: int, edits: Mapping[Site, EditSpec], readout: Readout) -> RunOutput:
+        (spec,) = edits.values()
+        assert isinstance(spec, Replace) and self._head is not None
+        scores: Tensor | None = None
+        step = 4 * self.batch_size
+        for s in range(0, n, step):
+            rows = torch.arange(s, min(s + step, n))
+            v = spec.vectors[rows].to(self.device, self.dtype)
+            logits = self._head(v)[:, None, :]  # (n, 1, V): one "token" at position 0
+            batch = Batch(torch.zeros(len(rows), 1, dtype=torch.long), torch.ones(len(rows), 1, dtype=torch.long),
+                          {"head": torch.zeros(len(rows), dtype=torch.long)}, rows, pred="head")
+            out = readout.scores(logits, batch).cpu()
+            if scores is None:
+                scores = torch.zeros((n, *out.shape[1:]), dtype=out.dtype)
+            scores[rows] = out
+        return RunOutput({}, scores)

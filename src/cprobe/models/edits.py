@@ -1,0 +1,93 @@
+"""Edits: what an intervention does to the site vectors of a batch during a forward pass.
+
+An :data:`Edit` maps the base rows' site vectors (n, d) to their new values (n, d). An :class:`EditSpec`
+holds per-item data for a whole item list and *binds* to a batch's rows (pyvene's intervention over a
+base and an optional source, with the site kept as data):
+
+- :class:`Replace`: set the site to given vectors (the reliability study's write-back);
+- :class:`Interchange`: the 1-D distributed interchange intervention (DII) along a unit direction ``a``,
+  ``f*(b, s) = f(b) + ((f(s) − f(b))·a) a`` (CausalGym eq. 11), or the vanilla whole-vector swap when
+  ``a`` is None;
+- :class:`Apply`: the same function for every row (a fitted eraser's transform, a steering vector).
+
+Edits are computed in float32 and cast back, so half-precision models keep precision; they are
+differentiable in whatever they close over (DAS trains its direction through :class:`Interchange`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+Edit = Callable[[Tensor], Tensor]
+"""Maps the base rows' site vectors (n, d) to their intervened values (n, d)."""
+
+
+def dii(h_base: Tensor, h_source: Tensor, a: Tensor) -> Tensor:
+    """``h_base + ((h_source − h_base)·a) a`` row-wise; ``a`` (d,) must be unit-norm.
+
+    Differentiable in all three arguments; leading dimensions broadcast.
+    """
+    coef = ((h_source - h_base) * a).sum(-1, keepdim=True)
+    return h_base + coef * a
+
+
+def vanilla(h_base: Tensor, h_source: Tensor) -> Tensor:
+    """The source activation itself (the base is ignored, kept for a common signature)."""
+    return h_source.expand_as(h_base)
+
+
+def dii_edit(h_source: Tensor, a: Tensor) -> Edit:
+    """A hook-ready edit applying the 1-D DII with fixed source rows ``h_source`` (n, d)."""
+    return lambda h_base: dii(h_base.float(), h_source.to(h_base.device).float(),
+                              a.to(h_base.device).float()).to(h_base.dtype)
+
+
+def vanilla_edit(h_source: Tensor) -> Edit:
+    """A hook-ready edit replacing the base rows with ``h_source`` (n, d)."""
+    return lambda h_base: vanilla(h_base, h_source.to(h_base.device, h_base.dtype))
+
+
+class EditSpec(ABC):
+    """Per-item edit data for a whole item list; :meth:`bind` gives the edit for a batch's rows."""
+
+    @abstractmethod
+    def bind(self, rows: Tensor) -> Edit:
+        """The edit for the batch whose rows are ``rows`` (indices into the item list)."""
+
+
+@dataclass
+class Replace(EditSpec):
+    """Set the site of item i to ``vectors[i]`` (N, d)."""
+
+    vectors: Tensor
+
+    def bind(self, rows: Tensor) -> Edit:
+        v = self.vectors[rows.to(self.vectors.device)]
+        return lambda h: v.to(h.device, h.dtype)
+
+
+@dataclass
+class Interchange(EditSpec):
+    """DII of item i with source vector ``source[i]`` (N, d) along unit ``direction`` (d,); the vanilla
+    swap (the whole source vector) when ``direction`` is None."""
+
+    source: Tensor
+    direction: Tensor | None = None
+
+    def bind(self, rows: Tensor) -> Edit:
+        s = self.source[rows.to(self.source.device)]
+        return vanilla_edit(s) if self.direction is None else dii_edit(s, self.direction)
+
+
+@dataclass
+class Apply(EditSpec):
+    """The same row-wise function for every row (e.g. a fitted intervention's ``transform``)."""
+
+    fn: Edit
+
+    def bind(self, rows: Tensor) -> Edit:
+        return lambda h: self.fn(h.float()).to(h.dtype)

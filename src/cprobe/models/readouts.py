@@ -1,0 +1,146 @@
+"""Readouts: what a model's output is read as, one (n, k) tensor per batch.
+
+- :class:`CandidateTokens`: log-probabilities (over the whole vocabulary) of per-row candidate tokens at
+  the prediction position — the agreement studies' (correct, wrong) verbs, CausalGym's (y_b, y_s) labels;
+- :class:`Verbaliser`: the same with one fixed set of label words for every row (an LM used as a
+  classifier through a prompt);
+- :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
+- :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
+- :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C).
+
+"Task accuracy" is a readout method (:meth:`Readout.accuracy`). A readout's :meth:`spec` enters the
+activation-cache key, so cached scores are never read back under another readout.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from cprobe.errors import ConfigError
+from cprobe.models.sites import Batch
+
+
+class Readout(ABC):
+    """Scores of each row of a batch from the model's logits."""
+
+    name: ClassVar[str]
+    at_position: ClassVar[bool] = True
+    """True when the readout reads token logits at the batch's prediction position (LM heads)."""
+
+    def spec(self) -> dict[str, Any]:
+        """A JSON-able identity for cache keys."""
+        return {"readout": self.name}
+
+    @abstractmethod
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        """(n, k) scores from the model's logits for ``batch``: (n, T, V) for LMs, (n, C) for classifiers."""
+
+    def predict(self, scores: Tensor) -> Tensor:
+        """The predicted column per row."""
+        return scores.argmax(-1)
+
+    def accuracy(self, scores: Tensor, gold: Tensor | None = None) -> float:
+        """Share of rows whose best-scored column is ``gold`` (column 0 when None: "the correct candidate")."""
+        if scores.numel() == 0:
+            raise ConfigError("accuracy of an empty set of rows is undefined")
+        gold = torch.zeros(len(scores), dtype=torch.long) if gold is None else gold.to(torch.long).cpu()
+        return float((self.predict(scores.cpu()) == gold).float().mean())
+
+
+def logits_at(logits: Tensor, batch: Batch) -> Tensor:
+    """Token logits (n, V) at each row's prediction position."""
+    pos = batch.pred_positions().to(logits.device)
+    if bool((pos < 0).any()):
+        raise ConfigError("some rows have no prediction position")
+    return logits[torch.arange(len(pos), device=logits.device), pos]
+
+
+class CandidateTokens(Readout):
+    """Log-probs (n, k) of per-item candidate token ids ``ids`` (N, k) at the prediction position."""
+
+    name = "candidates"
+
+    def __init__(self, ids: Tensor | Sequence[Sequence[int]]) -> None:
+        self.ids = torch.as_tensor(ids, dtype=torch.long)
+        if self.ids.ndim != 2 or self.ids.shape[1] < 1:
+            raise ConfigError(f"candidate ids must be (n_items, k), got shape {tuple(self.ids.shape)}")
+
+    def spec(self) -> dict[str, Any]:
+        # the ids are a function of the items and the tokenizer, both already in the cache key
+        return {"readout": self.name, "k": int(self.ids.shape[1])}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        lp = logits_at(logits, batch).float().log_softmax(-1)
+        ids = self.ids[batch.rows.to(self.ids.device)].to(lp.device)
+        return lp.gather(1, ids)
+
+
+class Verbaliser(CandidateTokens):
+    """Log-probs of fixed label words (one token id per class) at the prediction position."""
+
+    name = "verbaliser"
+
+    def __init__(self, label_ids: Sequence[int]) -> None:
+        self.label_ids = [int(i) for i in label_ids]
+        if len(self.label_ids) < 2:
+            raise ConfigError("a verbaliser needs at least two label words")
+        super().__init__([self.label_ids])
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "label_ids": self.label_ids}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        lp = logits_at(logits, batch).float().log_softmax(-1)
+        return lp[:, torch.tensor(self.label_ids, device=lp.device)]
+
+
+class Vocabulary(Readout):
+    """The full log-distribution (n, V) at the prediction position."""
+
+    name = "vocabulary"
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        return logits_at(logits, batch).float().log_softmax(-1)
+
+
+class TopK(Readout):
+    """Ids (n, k) of the ``k`` most probable tokens at the prediction position, best first."""
+
+    name = "topk"
+
+    def __init__(self, k: int = 10) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise ConfigError(f"top-k needs an integer k >= 1, got {k!r}")
+        self.k = k
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "k": self.k}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        return logits_at(logits, batch).float().topk(self.k, dim=-1).indices
+
+    def predict(self, scores: Tensor) -> Tensor:
+        return scores[:, 0]
+
+    def accuracy(self, scores: Tensor, gold: Tensor | None = None) -> float:
+        """P@1: share of rows whose top token is the gold token id."""
+        if gold is None:
+            raise ConfigError("top-k accuracy needs the gold token ids")
+        return float((scores[:, 0].cpu() == gold.cpu()).float().mean())
+
+
+class ClassHead(Readout):
+    """A sequence classifier's class log-probabilities (n, C)."""
+
+    name = "class_head"
+    at_position = False
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        if logits.ndim != 2:
+            raise ConfigError("the class_head readout needs a sequence-classification model (logits (n, C))")
+        return logits.float().log_softmax(-1)
