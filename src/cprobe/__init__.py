@@ -1,3 +1,58 @@
-"""cprobe: a config-driven causal-probing workbench for language models."""
+"""cprobe: a config-driven causal-probing workbench for language models.
+
+The estimators are importable from the package top for use in a notebook, e.g.::
+
+    from cprobe import LEACE, INLP, LinearProbe
+    eraser = LEACE().fit(X, z)          # X: (n, d) float tensor, z: (n,) int64 class ids
+    X_erased = eraser.transform(X)
+    LinearProbe(seed=0).fit(X_erased, z).score(X_erased, z)   # ~ majority rate
+
+Names resolve lazily (``cprobe --help`` must not import torch).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    # interventions on activations (Canby et al. 2024)
+    "INLP": "cprobe.interventions.inlp",
+    "RLACE": "cprobe.interventions.rlace",
+    "LEACE": "cprobe.interventions.leace",
+    "AlterRep": "cprobe.interventions.alterrep",
+    "MeanDiff": "cprobe.interventions.mean_diff",
+    "FGSM": "cprobe.interventions.fgsm",
+    "PGD": "cprobe.interventions.pgd",
+    "AutoAttack": "cprobe.interventions.autoattack",
+    # direction finders (Arora et al. 2024)
+    "DAS": "cprobe.directions.das",
+    # probes
+    "LinearProbe": "cprobe.probes.linear",
+    "MLPProbe": "cprobe.probes.mlp",
+    # registries
+    "INTERVENTIONS": "cprobe.interventions",
+    "DIRECTIONS": "cprobe.directions",
+    "PROBES": "cprobe.probes",
+    # the model entry point and its vocabulary
+    "ModelAdapter": "cprobe.models.adapter",
+    "Site": "cprobe.models.sites",
+    "load_adapter": "cprobe.models.load",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cprobe' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
