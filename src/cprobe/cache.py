@@ -1,10 +1,12 @@
-"""Content-addressed activation cache: one safetensors file per layer, atomic and lock-protected.
+"""Content-addressed caches under ``$CPROBE_CACHE_DIR``: activations (one checksummed safetensors file per
+tensor), and the listing/clearing of every cache kind.
 
-Key = hash(model fingerprint, dtype, dataset fingerprint, position rule, CACHE_VERSION). Layers are
-separate files, so a layer sweep or a second probe reuses what an earlier job extracted, and a
-request for new layers only extracts those. Two jobs of a parallel sweep asking for the same entry
-serialize on a file lock; the second finds the files and reads them. A file that fails to load or
-has the wrong shape is treated as missing and rebuilt.
+Activation entries are keyed by a hash of what determines them (model fingerprint, dtype, the items'
+fingerprint, the formatter and readout specs, CACHE_VERSION). Inside an entry every tensor (a site's (n, d)
+activations, the readout's scores) is its own file, so a layer sweep or a second probe reuses what an earlier
+job extracted and a request for new sites extracts only those. Two jobs of a parallel sweep asking for the
+same entry serialize on a file lock; the second finds the files. A file that fails to load, fails its
+checksum or has the wrong length is treated as missing and rebuilt.
 """
 
 from __future__ import annotations
@@ -12,20 +14,26 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from filelock import FileLock
+
+from cprobe.io import atomic_save_tensors, atomic_write_bytes, load_tensors
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: per-tensor files with checksums, keyed by site and readout
 ACTS = "activations"
+
+CACHE_KINDS: dict[str, str] = {
+    ACTS: "extracted hidden states and readout scores",
+    "models": "self-trained and fine-tuned models",
+    "probes": "fitted probes (reliability oracles and interventional probes)",
+}
+"""Every subdirectory of the cache root that cprobe writes, with what it holds."""
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
@@ -33,82 +41,50 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_save_tensors(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    from safetensors.torch import save
-
-    atomic_write_bytes(path, save({k: v.contiguous() for k, v in tensors.items()}))
-
-
-def load_tensors(path: Path) -> dict[str, torch.Tensor] | None:
-    """Tensors from a safetensors file, or None if it is missing or corrupt."""
-    from safetensors.torch import load_file
-
-    if not path.is_file():
-        return None
-    try:
-        return load_file(path)
-    except Exception as e:  # corrupt/truncated file: rebuild rather than crash
-        log.warning("cache file %s is unreadable (%s); rebuilding it", path, e)
-        return None
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
 class ActivationCache:
-    """Per-key directory ``<root>/activations/<key>/`` with ``layer_<l>.safetensors``, ``scores.safetensors``
-    and ``meta.json``."""
+    """Per-key directory ``<root>/activations/<key>/`` with ``<tensor name>.safetensors`` and ``meta.json``."""
 
     def __init__(self, root: Path, enabled: bool = True) -> None:
-        self.root = root / ACTS
+        self.root = Path(root) / ACTS
         self.enabled = enabled
 
     def get_or_compute(
-        self, fields: Mapping[str, Any], layers: Sequence[int], n: int,
-        compute: Callable[[list[int]], tuple[dict[int, torch.Tensor], torch.Tensor | None]],
-        want_scores: bool = True,
-    ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None, bool]:
-        """Return ({layer: (n, d)}, candidate logits (n, 2) or None, hit), computing only missing layers
-        (and the task scores when ``want_scores`` and they are not cached yet)."""
+        self, fields: Mapping[str, Any], names: Sequence[str], n: int,
+        compute: Callable[[list[str]], Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], bool]:
+        """({name: tensor with n rows}, hit): cached tensors, computing only the missing names.
+
+        ``compute(missing)`` returns at least the missing tensors (it may return more; extras are stored).
+        """
+        names = list(dict.fromkeys(names))
         if not self.enabled:
-            acts, scores = compute(list(layers))
-            return acts, scores, False
+            out = compute(names)
+            return {k: out[k] for k in names}, False
         d = self.root / cache_key(fields)
         d.mkdir(parents=True, exist_ok=True)
         with FileLock(str(d) + ".lock"):
-            have = {l: t for l in layers if (t := self._layer(d, l, n)) is not None}
-            scores_t = load_tensors(d / "scores.safetensors")
-            scores = scores_t.get("logits") if scores_t else None
-            if scores is not None and scores.shape[0] != n:
-                scores = None
-            missing = [l for l in layers if l not in have]
-            hit = not missing and (scores is not None or not want_scores)
-            if not hit:
-                acts, new_scores = compute(missing or [min(layers)])
-                for l, t in acts.items():
-                    atomic_save_tensors(d / f"layer_{l}.safetensors", {"h": t})
-                    have.setdefault(l, t)
-                if new_scores is not None:
-                    atomic_save_tensors(d / "scores.safetensors", {"logits": new_scores})
-                    scores = new_scores
+            have = {k: t for k in names if (t := self._read(d, k, n)) is not None}
+            missing = [k for k in names if k not in have]
+            if missing:
+                new = compute(missing)
+                for k, t in new.items():
+                    if t.shape[0] != n:
+                        raise RuntimeError(f"extraction returned {t.shape[0]} rows for {k}, expected {n}")
+                    atomic_save_tensors(d / f"{_safe(k)}.safetensors", {"t": t})
+                    have.setdefault(k, t)
                 atomic_write_bytes(d / "meta.json", json.dumps({**fields, "n": n}, indent=1, default=str).encode())
-            return {l: have[l] for l in layers}, scores, hit
+            return {k: have[k] for k in names}, not missing
 
     @staticmethod
-    def _layer(d: Path, layer: int, n: int) -> torch.Tensor | None:
-        t = load_tensors(d / f"layer_{layer}.safetensors")
-        if t is None or "h" not in t or t["h"].ndim != 2 or t["h"].shape[0] != n:
+    def _read(d: Path, name: str, n: int) -> Any:
+        t = load_tensors(d / f"{_safe(name)}.safetensors")
+        if t is None or "t" not in t or t["t"].shape[0] != n:
             return None
-        return t["h"]
+        return t["t"]
 
 
 def _size(p: Path) -> int:
@@ -116,30 +92,44 @@ def _size(p: Path) -> int:
 
 
 def cache_entries(root: Path) -> Iterator[tuple[str, str, int, str]]:
-    """(kind, name, bytes, description) for every activation entry and trained tiny model."""
-    for d in sorted((root / ACTS).glob("*/")) if (root / ACTS).is_dir() else []:
-        try:
-            meta = json.loads((d / "meta.json").read_text())
-            desc = f"{meta.get('model')} × {meta.get('dataset')} n={meta.get('n')} position={meta.get('position')}"
-        except (OSError, ValueError):
-            desc = "(incomplete)"
-        layers = len(list(d.glob("layer_*.safetensors")))
-        yield "activations", d.name, _size(d), f"{desc} layers={layers}"
-    for d in sorted((root / "models").glob("*/")) if (root / "models").is_dir() else []:
-        if d.name.startswith("."):
+    """(kind, name, bytes, description) for every entry of every cache kind."""
+    root = Path(root)
+    for kind in CACHE_KINDS:
+        base = root / kind
+        if not base.is_dir():
             continue
-        yield "model", d.name, _size(d), ""
+        for entry in sorted(base.iterdir()):
+            if entry.name.startswith(".") or entry.suffix == ".lock":
+                continue
+            yield kind, entry.name, _size(entry), _describe(kind, entry)
+
+
+def _describe(kind: str, entry: Path) -> str:
+    try:
+        if kind == ACTS:
+            meta = json.loads((entry / "meta.json").read_text())
+            tensors = len(list(entry.glob("*.safetensors")))
+            return (f"{meta.get('model')} × {meta.get('dataset')} n={meta.get('n')} "
+                    f"{meta.get('formatter', meta.get('position', ''))} tensors={tensors}")
+        if kind == "models":
+            report = json.loads((entry / "training.json").read_text())
+            return ", ".join(f"{k}={report[k]}" for k in ("kind", "heldout_accuracy", "dev_macro_f1") if k in report)
+    except (OSError, ValueError):
+        return "(incomplete)"
+    return ""
 
 
 def clear_cache(root: Path, what: str = "all") -> int:
+    """Delete the entries of one cache kind (or all); returns how many entries were removed."""
+    kinds = list(CACHE_KINDS) if what == "all" else [what]
     n = 0
-    for sub in ((ACTS, "models") if what == "all" else (what,)):
-        p = root / sub
+    for kind in kinds:
+        p = Path(root) / kind
         if p.is_dir():
             for child in p.iterdir():
                 if child.is_dir():
                     shutil.rmtree(child)
                 else:
                     child.unlink()
-                n += 1
+                n += not child.name.endswith(".lock")
     return n

@@ -34,14 +34,21 @@ def groups() -> list[str]:
 
 
 def describe(path: Path) -> str:
-    """The first comment line that is not a Hydra directive."""
+    """The first sentence of the file's leading comment (Hydra directives skipped), never cut mid-sentence."""
+    lines = []
     for line in path.read_text().splitlines():
         s = line.strip()
-        if s.startswith("#") and not s.startswith("# @package"):
-            return s.lstrip("# ").strip()
-        if s and not s.startswith("#"):
+        if s.startswith("# @package"):
+            continue
+        if not s.startswith("#"):
             break
-    return ""
+        lines.append(s.lstrip("#").strip())
+    text = " ".join(x for x in lines if x)
+    for end in (". ", "; "):
+        at = text.find(end)
+        if 0 < at < len(text) - 2:
+            return text[: at + 1].rstrip(";") + ("" if end == ". " else "")
+    return text
 
 
 def describe_group(group: str) -> Iterator[tuple[str, str]]:

@@ -48,7 +48,12 @@ def user_errors() -> Iterator[None]:
     except CprobeError as e:
         _fail(_one_line(str(e)))
     except KeyboardInterrupt:
-        _fail("interrupted")
+        typer.secho("interrupted (status.json of the running job says so; rerun the same command to resume)",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(130) from None
+    except BrokenPipeError:  # `cprobe list | head`
+        sys.stderr.close()
+        raise typer.Exit(0) from None
     except Exception as e:  # Hydra/OmegaConf config errors and the like
         mod = type(e).__module__
         if mod.startswith(("hydra", "omegaconf")):
@@ -56,28 +61,37 @@ def user_errors() -> Iterator[None]:
         _fail(f"{type(e).__name__}: {_one_line(str(e))} (rerun with CPROBE_DEBUG=1 for the traceback)")
 
 
+SMOKE_ENV = "CPROBE_SMOKE"
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help=(
         "Run an experiment; every Hydra override and flag passes through: "
         "`cprobe run +experiment=sva_tiny`, `cprobe run -m +experiment=sva_tiny probe=linear,mlp`, "
-        "`--cfg job`, `--info`, `hydra/launcher=joblib`. A bare `experiment=x` means `+experiment=x`."
+        "`--cfg job`, `--info`, `hydra/launcher=local_parallel`. A bare `experiment=x` means `+experiment=x`."
     ),
 )
 def run(
     ctx: typer.Context,
-    smoke: Annotated[bool, typer.Option("--smoke", help="Append +debug=smoke (tiny sizes, for CI).")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help="Append +debug=smoke (tiny sizes, for CI); "
+                                        f"also set by the environment variable {SMOKE_ENV}=1.")] = False,
 ) -> None:
     from cprobe import _hydra
     from cprobe.paths import config_dir
 
+    if not ctx.args and not smoke:
+        typer.echo(ctx.get_help())
+        typer.echo("\nnothing to run: pick an experiment, e.g. `cprobe run +experiment=sva_tiny` "
+                   "(`cprobe list experiment` shows them)", err=True)
+        raise typer.Exit(2)
     argv, notes = _hydra.normalise(ctx.args)
     for n in notes:
         typer.echo(n, err=True)
-    if smoke:
+    if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:
         argv.append("+debug=smoke")
     with user_errors():
-        from cprobe import callbacks, pipeline
+        from cprobe import callbacks, pipeline  # noqa: F401  (pipeline registers the config resolvers)
 
         os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer
         callbacks.reset()
@@ -98,11 +112,15 @@ def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. m
 
 
 @app.command(help="Aggregate a run or sweep directory into one table (CSV, Parquet, Markdown, figures).")
-def collect(directory: Annotated[Path, typer.Argument(help="Run or sweep output directory.")]) -> None:
+def collect(
+    directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest).")],
+    partial: Annotated[bool, typer.Option("--partial", help="Aggregate the finished jobs even if others failed or "
+                                          "have not finished (they are listed as warnings).")] = False,
+) -> None:
     with user_errors():
-        from cprobe.results import collect as do_collect
+        from cprobe.pipeline import collect as do_collect
 
-        out = do_collect(directory)
+        out = do_collect(directory, partial=partial)
         typer.echo(f"wrote {out}")
 
 
@@ -129,32 +147,35 @@ def version() -> None:
     typer.echo(f"python {sys.version.split()[0]}")
 
 
-@cache_app.command("info", help="List cache entries (activations, trained tiny models) and their sizes.")
+@cache_app.command("info", help="List every cache entry (activations, models, probes) and its size.")
 def cache_info() -> None:
-    from cprobe.cache import cache_entries
+    from cprobe.cache import CACHE_KINDS, cache_entries
     from cprobe.paths import cache_dir
 
     with user_errors():
         root = cache_dir()
         typer.echo(f"cache dir: {root}")
-        total = 0
+        sizes = {k: 0 for k in CACHE_KINDS}
         for kind, name, size, desc in cache_entries(root):
-            total += size
-            typer.echo(f"  {kind:<12} {name:<20} {size / 2**20:9.1f} MiB  {desc}")
-        typer.echo(f"total: {total / 2**20:.1f} MiB")
+            sizes[kind] += size
+            typer.echo(f"  {kind:<12} {name:<26} {size / 2**20:9.1f} MiB  {desc}")
+        for kind, what in CACHE_KINDS.items():
+            typer.echo(f"{kind}: {sizes[kind] / 2**20:.1f} MiB ({what})")
+        typer.echo(f"total: {sum(sizes.values()) / 2**20:.1f} MiB")
 
 
-@cache_app.command("clear", help="Delete cache entries (all, or only activations/models).")
+@cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, probes).")
 def cache_clear(
-    what: Annotated[str, typer.Argument(help="all | activations | models")] = "all",
+    what: Annotated[str, typer.Argument(help="all | activations | models | probes")] = "all",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
-    from cprobe.cache import clear_cache
+    from cprobe.cache import CACHE_KINDS, clear_cache
     from cprobe.paths import cache_dir
 
     with user_errors():
-        if what not in ("all", "activations", "models"):
-            raise CprobeError(f"unknown cache kind {what!r}; choose from ['activations', 'all', 'models']")
+        kinds = ["all", *CACHE_KINDS]
+        if what not in kinds:
+            raise CprobeError(f"unknown cache kind {what!r}; choose from {kinds}")
         if not yes and not typer.confirm(f"delete {what} under {cache_dir()}?"):
             raise typer.Exit(1)
         n = clear_cache(cache_dir(), what)

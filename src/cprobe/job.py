@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cprobe.cache import ActivationCache, atomic_write_bytes
+from cprobe.cache import ActivationCache
+from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ _ADAPTER: dict[str, Any] = {}
 
 @dataclass
 class JobContext:
-    """What a task needs besides its config: where to write, where data and caches live."""
+    """What a task needs besides its config: where to write, where data and caches live, what to warn about."""
 
     cfg: dict[str, Any]
     out_dir: Path
@@ -58,10 +59,27 @@ class JobContext:
     cache_root: Path
     progress: bool = True
     timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def cache(self) -> ActivationCache:
         return ActivationCache(self.cache_root, enabled=bool(self.cfg.get("cache", {}).get("enabled", True)))
+
+    @property
+    def seed(self) -> int:
+        return int(self.cfg["seed"])
+
+    @property
+    def device(self) -> str | None:
+        """The job's device for probes and estimators (None: follow the data)."""
+        d = str(self.cfg.get("device", "auto"))
+        return None if d == "auto" else d
+
+    def warn(self, message: str) -> None:
+        """A loud warning: logged now, and recorded in the job's tables and status.json."""
+        log.warning(message)
+        if message not in self.warnings:
+            self.warnings.append(message)
 
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
@@ -81,14 +99,13 @@ class JobContext:
             self.timings["load_model_s"] = time.perf_counter() - t0
         return _ADAPTER[key]
 
+    def probe(self, probe_cfg: Mapping[str, Any]):
+        """An unfitted probe from its config, with the job's seed and device."""
+        from cprobe.probes import PROBES
+
+        return PROBES.build(probe_cfg, seed=self.seed, device=self.device)
+
 
 def quiet_workers() -> bool:
     """Progress bars off in parallel launcher workers (interleaved bars are noise)."""
     return os.environ.get("CPROBE_NO_PROGRESS", "") not in ("", "0")
-
-
-def probe_config(cfg: Mapping[str, Any], probe_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """A probe's config with the job's ``probe_patch`` (e.g. debug=smoke's tiny grids), seed and device."""
-    patch = (cfg.get("probe_patch") or {}).get(probe_cfg.get("name"), {})
-    device = cfg.get("device", "auto")
-    return {**probe_cfg, **patch, "seed": int(cfg["seed"]), "device": None if device == "auto" else device}

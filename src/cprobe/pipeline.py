@@ -1,22 +1,165 @@
-"""The Hydra task function: config -> task -> metric table, with resume and failure records."""
+"""The Hydra task function: config -> validated job -> task -> metric table, with resume and failure records.
+
+Order of work in :func:`run_job`: resolve and validate the whole config (:func:`prepare`: the schema, the
+task's typed config, every probe/intervention constructor, the model's layer count read from its config
+file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
+gives byte-identical tables) and ``timings.json``, and the task's report. A config error in a single run
+leaves no run directory behind; in a sweep it is recorded in the job's ``status.json`` and the sweep goes on.
+"""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from cprobe.errors import CprobeError, JobAborted
-from cprobe.job import JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
+from cprobe.config import parse
+from cprobe.errors import ConfigError, CprobeError, JobAborted
+from cprobe.job import STATUS, JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
 from cprobe.paths import cache_dir, data_dir
 
 log = logging.getLogger("cprobe")
 
-# "_k=v,..." for run dir names, or "" without overrides (registered wherever run_job is unpickled).
-OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{s}" if s else "", replace=True)
+def _cwd() -> str:
+    import os
+
+    return os.getcwd()
+
+
+def dir_suffix(overrides: str, limit: int = 100) -> str:
+    """``_k=v,...`` for run dir names (or ""): path-like values shortened to their file name, characters that
+    would make sub-directories replaced, long names cut with a stable hash."""
+    import hashlib
+
+    if not overrides:
+        return ""
+    items = []
+    for item in overrides.split(","):
+        k, sep, v = item.partition("=")
+        if "/" in v or "\\" in v:
+            v = Path(v.rstrip("/\\")).name or v
+        items.append(f"{k}{sep}{v}")
+    name = ",".join(items).replace("/", "~").replace("\\", "~").replace(" ", "")
+    if len(name) > limit:
+        name = name[: limit - 9] + "~" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+    return name
+
+
+# Resolvers the configs use (registered wherever run_job is unpickled, i.e. in launcher workers too).
+OmegaConf.register_new_resolver("cprobe_cwd", _cwd, replace=True)  # paths.root_dir: the launch directory, without HydraConfig
+OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
+OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{dir_suffix(s)}" if s else "", replace=True)
+
+
+@dataclass(frozen=True)
+class CacheKeys:
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The top-level keys of a job config (each task adds its own node, named after the task)."""
+
+    name: str = "default"
+    task: str = "probing"
+    seed: int = 0
+    device: str = "auto"
+    layers: Any = "all"
+    position: str = "target"
+    progress: bool = True
+    force: bool = False
+    cache: CacheKeys = field(default_factory=CacheKeys)
+    paths: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    dataset: dict | None = None
+    probe: dict | None = None
+    intervention: dict | None = None
+    split: dict | None = None
+
+
+@dataclass
+class Job:
+    """A validated job: the plain config, the task module and its typed config."""
+
+    cfg: dict[str, Any]
+    keys: JobKeys
+    task: Any  # the task module
+    task_cfg: Any  # its Config dataclass instance
+
+
+def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: Path | None = None) -> Job:
+    """Validate a resolved job config completely, without loading a model or data; raise ConfigError."""
+    from cprobe.tasks import TASK_MODULES, task_module
+
+    task_names = TASK_MODULES.names()
+    known = {f for f in JobKeys.__dataclass_fields__} | set(task_names)
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {unknown}; known keys: {sorted(known)} "
+                          "(a `+key=value` override adds a new key: check its spelling)")
+    keys = parse(JobKeys, {k: v for k, v in cfg.items() if k not in task_names}, "")
+    if keys.seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
+    module = task_module(keys.task)
+    for other in task_names:  # other tasks' nodes (e.g. +debug=smoke sizes them all) are checked, not used
+        if other in cfg and other != keys.task:
+            parse(task_module(other).Config, cfg[other], other)
+    task_cfg = parse(module.Config, cfg.get(keys.task), keys.task)
+    job = Job(dict(cfg), keys, module, task_cfg)
+    _validate_common(job)
+    if hasattr(module, "validate"):
+        module.validate(job)
+    if cache_root is not None and getattr(module, "USES_LAYERS", True):
+        from cprobe.extract import resolve_layers
+        from cprobe.models.load import peek_n_layers
+
+        n = peek_n_layers(keys.model, cache_root, data_root)
+        if n is not None:
+            resolve_layers(keys.layers, n)
+    return job
+
+
+def _validate_common(job: Job) -> None:
+    from cprobe.extract import check_layers_spec
+    from cprobe.models.formatters import check_word_position
+    from cprobe.models.load import check_device, parse_model_config
+
+    keys = job.keys
+    check_device(keys.device)
+    parse_model_config(keys.model)
+    if getattr(job.task, "USES_LAYERS", True):
+        check_layers_spec(keys.layers)
+        check_word_position(keys.position)
+    if keys.dataset is not None and getattr(job.task, "USES_DATASET", True):
+        from cprobe.data.registry import split_config
+
+        split_config(keys.dataset)
+    if keys.split is not None and getattr(job.task, "USES_DATASET", True):
+        from cprobe.data.splits import check_split_spec
+
+        check_split_spec(keys.split)
+    for name, pc in (keys.probe or {}).items():
+        from cprobe.probes import PROBES
+
+        if not isinstance(pc, Mapping):
+            raise ConfigError(f"probe.{name} must be a probe config (a mapping with a 'name')")
+        PROBES.build(pc, seed=keys.seed)
+
+
+def _plain(cfg: DictConfig) -> dict[str, Any]:
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:  # interpolation / resolver errors
+        raise ConfigError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
+    assert isinstance(plain, dict)
+    return plain
 
 
 def run_job(cfg: DictConfig) -> None:
@@ -24,44 +167,100 @@ def run_job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from cprobe import tasks, results
-
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(plain, dict)
+    fresh = not (out_dir / STATUS).exists()
+    t0 = time.time()
+    try:
+        plain = _plain(cfg)
+        cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
+        data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
+        job = prepare(plain, cache_root, data_root)
+    except CprobeError as e:
+        if not multirun and fresh:  # a config error leaves nothing behind
+            _remove_run_dir(out_dir)
+            raise JobAborted(e) from None
+        _fail(out_dir, e, t0, str(cfg.get("task", "?")), None, multirun)
+        return
     h = config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
     prev = read_status(out_dir)
-    if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not cfg.get("force", False):
+    if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not job.keys.force:
         log.info("job already done with the same config (%s); skipping — pass force=true to redo it", out_dir)
         return
-    ctx = JobContext(
-        cfg=plain, out_dir=out_dir,
-        data_root=Path(plain["paths"]["data_dir"]) if plain["paths"].get("data_dir") else data_dir(),
-        cache_root=Path(plain["paths"]["cache_dir"]) if plain["paths"].get("cache_dir") else cache_dir(),
-        progress=bool(cfg.get("progress", True)) and not quiet_workers(),
-    )
-    seed_everything(int(cfg.seed))
-    t0 = time.time()
-    write_status(out_dir, state="running", config_hash=h, started=t0, task=str(cfg.task))
+    if prev and prev.get("state") == "done" and prev.get("config_hash") != h:
+        log.info("%s holds a finished job with a different config; running again", out_dir)
+    ctx = JobContext(cfg=plain, out_dir=out_dir, data_root=data_root, cache_root=cache_root,
+                     progress=job.keys.progress and not quiet_workers())
+    seed_everything(job.keys.seed)
+    write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task)
     try:
-        table = tasks.run_task(str(cfg.task))(ctx)
-        table["task"] = str(cfg.task)
-        table["seed"] = int(cfg.seed)
-        results.write_table(table, out_dir / "metrics")
-        results.report(table, out_dir)
+        table = job.task.run(ctx, job.task_cfg)
+        table["task"] = job.keys.task
+        table["seed"] = job.keys.seed
+        if ctx.warnings:
+            table["warnings"] = "; ".join(ctx.warnings)
+        from cprobe import results
+
+        results.write_job(table, out_dir)
+        report(table, out_dir)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
-                     task=str(cfg.task), rows=len(table), timings=ctx.timings)
+                     task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
-    except Exception as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        write_status(out_dir, state="failed", config_hash=h, started=t0, duration_s=time.time() - t0,
-                     task=str(cfg.task), error=msg,
-                     traceback=None if isinstance(e, CprobeError) else traceback.format_exc())
-        if multirun:
-            log.error("job failed: %s", msg)  # keep the sweep going; the CLI exits non-zero at the end
-            return
-        if isinstance(e, CprobeError):
-            raise JobAborted(e) from None
+    except KeyboardInterrupt:
+        write_status(out_dir, state="interrupted", config_hash=h, started=t0, duration_s=time.time() - t0,
+                     task=job.keys.task)
         raise
+    except Exception as e:
+        _fail(out_dir, e, t0, job.keys.task, h, multirun)
+
+
+def _remove_run_dir(out_dir: Path) -> None:
+    from cprobe.callbacks import LATEST
+
+    shutil.rmtree(out_dir, ignore_errors=True)
+    link = out_dir.parent / LATEST
+    if link.is_symlink() and not link.exists():
+        link.unlink(missing_ok=True)
+    try:
+        out_dir.parent.rmdir()  # outputs/runs/<name>/ when this was its only run
+    except OSError:
+        pass
+
+
+def _fail(out_dir: Path, e: Exception, t0: float, task: str, h: str | None, multirun: bool) -> None:
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    write_status(out_dir, state="failed", config_hash=h, started=t0, duration_s=time.time() - t0, task=task,
+                 error=msg, traceback=None if isinstance(e, CprobeError) else traceback.format_exc())
+    if multirun:
+        log.error("job failed: %s", msg)  # keep the sweep going; the CLI exits non-zero at the end
+        return
+    if isinstance(e, CprobeError):
+        raise JobAborted(e) from None
+    raise e
+
+
+def report(table: Any, out_dir: Path) -> None:
+    """Task-specific summaries and figures for one job or an aggregated sweep."""
+    from cprobe.tasks import task_module
+
+    for task, part in table.groupby("task"):
+        task_module(str(task)).report(part, out_dir)
+
+
+def collect(directory: Path, partial: bool = False) -> Path:
+    """Aggregate every finished job below ``directory`` into ``results.*`` + the tasks' reports.
+
+    Unfinished or failed jobs are named in the error; with ``partial`` they are skipped with a warning.
+    """
+    from cprobe import results
+
+    table, problems = results.gather(Path(directory))
+    if problems and not partial:
+        raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
+                          + ("; …" if len(problems) > 5 else "") + " — rerun them, or pass --partial to aggregate the rest")
+    for p in problems:
+        log.warning("not aggregated: %s", p)
+    out = results.write_results(table, Path(directory))
+    report(table, Path(directory))
+    return out

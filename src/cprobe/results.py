@@ -1,25 +1,37 @@
-"""Metric tables (CSV + Parquet + Markdown, written atomically) and sweep aggregation."""
+"""Metric tables (CSV + Parquet + Markdown, written atomically), per-job timings, and sweep gathering.
+
+A job's ``metrics.*`` hold what it measured and nothing that varies between identical runs: timing columns
+(``*_s``, ``seconds``) and provenance columns (where a probe came from) go to ``timings.csv`` beside them, so
+the same config and seed give byte-identical metric tables.
+"""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 from pathlib import Path
 
 import pandas as pd
 
-from cprobe.cache import atomic_write_bytes
-from cprobe.errors import CprobeError
+from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
 RESULTS = "results"
+METRICS = "metrics"
+TIMINGS = "timings"
+VOLATILE = ("probe_source",)
+
+
+def is_volatile(column: str) -> bool:
+    """A column that records how long something took or where it came from, not what was measured."""
+    return column.endswith("_s") or column in ("seconds", *VOLATILE)
 
 
 def write_table(df: pd.DataFrame, stem: Path) -> None:
     """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
     leaves the previous tables (or none), never a half-written one."""
-    import io
-
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
     blobs = {".parquet": buf.getvalue(), ".csv": df.to_csv(index=False).encode(), ".md": to_markdown(df).encode()}
@@ -31,12 +43,24 @@ def to_markdown(df: pd.DataFrame) -> str:
     return df.to_markdown(index=False, floatfmt=".4f") + "\n"
 
 
-def report(table: pd.DataFrame, out_dir: Path) -> None:
-    """Task-specific summaries and figures for one job or an aggregated sweep."""
-    from cprobe.tasks import task_module
+def split_volatile(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(metrics, timings): the timing/provenance columns apart, each with the row index as ``row``."""
+    vol = [c for c in table.columns if is_volatile(c)]
+    metrics = table.drop(columns=vol)
+    for c in metrics.columns:  # float64 everywhere: float32 prints 0.635 as 0.6349999904632568
+        if pd.api.types.is_float_dtype(metrics[c]):
+            metrics[c] = metrics[c].astype("float64")
+    timings = table[vol].copy()
+    timings.insert(0, "row", range(len(table)))
+    return metrics, timings
 
-    for task, part in table.groupby("task"):
-        task_module(str(task)).report(part, out_dir)
+
+def write_job(table: pd.DataFrame, out_dir: Path) -> None:
+    """A job's ``metrics.*`` and, when it has timing columns, ``timings.csv``."""
+    metrics, timings = split_volatile(table.reset_index(drop=True))
+    write_table(metrics, out_dir / METRICS)
+    if timings.shape[1] > 1:
+        atomic_write_bytes(out_dir / f"{TIMINGS}.csv", timings.to_csv(index=False).encode())
 
 
 def _job_overrides(job_dir: Path) -> dict[str, str]:
@@ -54,23 +78,40 @@ def _job_overrides(job_dir: Path) -> dict[str, str]:
     return out
 
 
-def collect(directory: Path) -> Path:
-    """Concatenate every job's ``metrics.parquet`` below ``directory`` into ``results.*`` + figures."""
-    directory = Path(directory)
+def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
+    """(every finished job's metrics concatenated, descriptions of jobs that are not done).
+
+    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory``.
+    """
+    from cprobe.errors import CprobeError
+
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
-    frames = []
-    for f in sorted(directory.rglob("metrics.parquet")):
-        df = pd.read_parquet(f)
-        job = f.parent
+    jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
+        f"{METRICS}.parquet")})
+    frames, problems = [], []
+    for job in jobs:
+        rel = str(job.relative_to(directory)) if job != directory else "."
+        try:
+            status = json.loads((job / "status.json").read_text())
+        except (OSError, ValueError):
+            status = {"state": "done" if (job / f"{METRICS}.parquet").is_file() else "unknown"}
+        if status.get("state") != "done" or not (job / f"{METRICS}.parquet").is_file():
+            problems.append(f"{rel} is {status.get('state', 'unknown')}"
+                            + (f" ({status['error']})" if status.get("error") else ""))
+            continue
+        df = pd.read_parquet(job / f"{METRICS}.parquet")
         for k, v in _job_overrides(job).items():
             df[k] = v
-        df["job"] = str(job.relative_to(directory)) if job != directory else "."
+        df["job"] = rel
         frames.append(df)
     if not frames:
-        raise CprobeError(f"no metrics.parquet under {directory}; did the jobs finish? (see their status.json)")
-    table = pd.concat(frames, ignore_index=True)
+        raise CprobeError(f"no finished job under {directory}"
+                          + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
+    return pd.concat(frames, ignore_index=True), problems
+
+
+def write_results(table: pd.DataFrame, directory: Path) -> Path:
     write_table(table, directory / RESULTS)
-    report(table, directory)
-    log.info("aggregated %d job(s), %d rows into %s", len(frames), len(table), directory / "results.csv")
+    log.info("aggregated %d job(s), %d rows into %s", table["job"].nunique(), len(table), directory / "results.csv")
     return directory / f"{RESULTS}.csv"

@@ -52,10 +52,12 @@ def test_unknown_hub_model_fails_fast(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"kind": "seq2seq"}, "unknown model kind"),
-    ({"dtype": "float16"}, "unknown dtype"),
-    ({"source": "ftp"}, "unknown model source"),
-    ({"device": "tpu"}, "unknown device"),
+    ({"kind": "seq2seq"}, r"model.kind='seq2seq' is not one of \['mlm', 'causal', 'encoder', 'classifier'\]"),
+    ({"dtype": "float16"}, r"model.dtype='float16' is not one of"),
+    ({"source": "ftp"}, r"model.source='ftp' is not one of \['hub', 'package', 'tiny'\]"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"batch_size": 0}, "model.batch_size must be >= 1"),
+    ({"batchsize": 8}, r"unknown key\(s\) \['batchsize'\] under model"),
 ])
 def test_bad_model_config(tmp_path, cfg, match):
     with pytest.raises(ConfigError, match=match):
@@ -84,3 +86,22 @@ def test_real_minilm_from_package(tmp_path):
 def test_missing_package_model(tmp_path):
     with pytest.raises(ModelLoadError, match="pip install no-such-pkg"):
         load_adapter({"name": "m", "source": "package", "package": "no_such_pkg", "kind": "encoder"}, tmp_path)
+
+
+def test_empty_model_dir_says_what_is_missing(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(ModelLoadError, match=r"has no config.json \(it holds nothing\); point model.path at a"):
+        load_adapter({"name": "x", "path": str(tmp_path / "m"), "kind": "mlm", "device": "cpu"}, tmp_path)
+
+
+def test_corrupt_weights_name_the_path(tmp_path):
+    from tests.conftest import make_random_model
+
+    model, tok = make_random_model("bert")
+    d = tmp_path / "ckpt"
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    w = d / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:200])
+    with pytest.raises(ModelLoadError, match=f"cannot load model 'x' from {d}.*corrupt or truncated"):
+        load_adapter({"name": "x", "path": str(d), "kind": "mlm", "device": "cpu"}, tmp_path)

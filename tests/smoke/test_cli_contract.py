@@ -56,17 +56,47 @@ def test_bare_experiment_is_accepted():
     assert "treating 'experiment=sva_tiny' as '+experiment=sva_tiny'" in r.stderr
 
 
+BAD_INPUTS = [
+    (["model=nope"], "nope"),
+    (["no_such_key=1"], "no_such_key"),
+    (["+layer=2"], "unknown config key(s) ['layer']; known keys:"),
+    (["seed=-1"], "seed must be a non-negative integer"),
+    (["seed=abc"], "seed must be an integer, got 'abc'"),
+    (["model.batch_size=0"], "model.batch_size must be >= 1"),
+    (["layers=[]"], "layers=[] selects no layer"),
+    (["layers=9"], "out of range: this model has layers 0 (embeddings) … 4"),
+    (["position=word:x"], "unknown position rule 'word:x'"),
+    (["device=tpu"], "unknown device 'tpu'"),
+    (["model.dtype=float16"], "model.dtype='float16' is not one of"),
+    (["probe.linear.lrs=[-0.1]"], "lrs values must be positive numbers"),
+    (["+probing.propertys=[z_c]"], "unknown key(s) ['propertys'] under probing"),
+    (["split.fractions.train=0.9"], "split fractions must be positive numbers summing to 1"),
+]
+
+
 @pytest.mark.parametrize("args,needle", [
-    (["+experiment=sva_tiny", "model=nope"], "nope"),
-    (["+experiment=sva_tiny", "no_such_key=1"], "no_such_key"),
-    (["+experiment=does_not_exist"], "does_not_exist"),
+    *BAD_INPUTS,
+    (["task=reliability", "intervention=pgd", "intervention.eps=-1"], "eps must be a finite number > 0"),
+    (["task=reliability", "intervention=inlp", "intervention.rank=-1"], "rank must be a non-negative integer"),
 ])
-def test_bad_override_is_one_line_exit_1(args, needle):
-    r = cli("run", *args)
-    assert r.returncode == 1
+def test_bad_input_is_one_line_exit_1_and_leaves_no_run_dir(tmp_path, args, needle):
+    extra = ["split=reliability", "probe=all"] if "task=reliability" in args else []
+    r = cli("run", "+experiment=sva_tiny", *args, *extra, f"paths.output_root={tmp_path}")
+    assert r.returncode == 1, r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+    assert not any(p.is_file() for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+
+
+def test_unknown_experiment_is_one_line():
+    r = cli("run", "+experiment=does_not_exist")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "does_not_exist" in r.stderr
+
+
+def test_run_without_arguments_prints_help():
+    r = cli("run")
+    assert r.returncode == 2 and "Usage" in r.stdout and "nothing to run" in r.stderr
 
 
 def test_info_passes_through():
@@ -104,7 +134,7 @@ def test_collect_on_missing_dir_is_one_line(tmp_path):
     r = runner.invoke(app, ["collect", str(tmp_path / "nope")])
     assert r.exit_code == 1 and "not a directory" in r.output
     r = runner.invoke(app, ["collect", str(tmp_path)])
-    assert r.exit_code == 1 and "no metrics.parquet" in r.output
+    assert r.exit_code == 1 and "no finished job" in r.output
 
 
 def test_cache_info_and_clear(tmp_path):

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from cprobe.data.base import Dataset, Example
-from cprobe.data.generic import load_generic
 from cprobe.data.lgd import load_lgd, verb_number
 from cprobe.data.marvin_linzen import load_marvin_linzen, parse_condition
 from cprobe.data.registry import load_dataset, stratified_sample
@@ -90,29 +89,110 @@ def test_marvin_linzen_real_files():
     assert all(e.words[e.target - 1] in ("guard", "guards") or e.props["z_e"] != "none" for e in prep[:50])
 
 
+def _generic(path, **kw):
+    return load_dataset({"name": "mine", "type": "generic", "path": str(path), **kw}, path.parent)
+
+
+COLS = {"sentence": "sentence", "correct": "good", "wrong": "bad"}
+
+
 def test_generic_tsv_with_mask_and_props(tmp_path):
     f = tmp_path / "mine.tsv"
     f.write_text("sentence\tgood\tbad\tsubj\n"
                  "the dog ***mask*** here\tis\tare\tsg\n"
                  "the dogs ***mask*** here\tare\tis\tpl\n")
-    ds = load_generic(f, {"sentence": "sentence", "correct": "good", "wrong": "bad"}, {"z_c": "subj"})
+    ds = _generic(f, columns=COLS, properties={"z_c": "subj"})
     assert [e.sentence() for e in ds.examples] == ["the dog is here", "the dogs are here"]
     assert ds.values("z_c") == ["pl", "sg"] and list(ds.labels("z_c")) == [1, 0]
+    assert ds.source == "mine.tsv"  # recorded relative to the data dir
 
 
 def test_generic_jsonl_target_column_and_errors(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"s": "the dog barks", "t": 2, "c": "barks", "w": "bark", "n": ""}) + "\n")
     cols = {"sentence": "s", "target": "t", "correct": "c", "wrong": "w"}
-    ds = load_generic(f, cols, {"z_c": "n"})
+    ds = _generic(f, columns=cols, properties={"z_c": "n"})
     assert ds.examples[0].props["z_c"] == "none"
     with pytest.raises(ConfigError, match="must map"):
-        load_generic(f, {"sentence": "s"}, {})
+        _generic(f, columns={"sentence": "s"})
     with pytest.raises(DataError, match=r"mine.jsonl:1: missing column"):
-        load_generic(f, {**cols, "correct": "nope"}, {})
+        _generic(f, columns={**cols, "correct": "nope"})
     f.write_text(json.dumps({"s": "the dog barks", "t": 2, "c": "barks", "w": "bark"}) + "\n[1]\n")
     with pytest.raises(DataError, match=r"mine.jsonl:2"):
-        load_generic(f, cols, {})
+        _generic(f, columns=cols)
+
+
+def test_generic_paired_rows_layout(tmp_path):
+    """A grammatical and an ungrammatical row per item, paired by a key; the slot is the differing word."""
+    f = tmp_path / "pairs.csv"
+    f.write_text("pair,ok,text,num\n"
+                 "p1,1,the keys to the cabinet are here,pl\n"
+                 "p1,0,the keys to the cabinet is here,pl\n"
+                 "p2,0,the key to the cabinets are here,sg\n"
+                 "p2,1,the key to the cabinets is here,sg\n")
+    ds = _generic(f, columns={"sentence": "text"}, pair_by="pair", label="ok", properties={"z_c": "num"})
+    ex = {e.id: e for e in ds.examples}
+    assert (ex["mine-p1"].target, ex["mine-p1"].correct, ex["mine-p1"].wrong) == (5, "are", "is")
+    assert (ex["mine-p2"].correct, ex["mine-p2"].wrong, ex["mine-p2"].props["z_c"]) == ("is", "are", "sg")
+    f.write_text("pair,ok,text\np1,1,the keys are here\np2,0,the key are here\n")
+    with pytest.raises(DataError, match=r"pairs.csv:2: pair='p1' has no wrong row"):
+        _generic(f, columns={"sentence": "text"}, pair_by="pair", label="ok")
+    f.write_text("pair,ok,text\np1,yes,the keys are here\n")
+    with pytest.raises(DataError, match="neither of dataset.label_values"):
+        _generic(f, columns={"sentence": "text"}, pair_by="pair", label="ok")
+
+
+def test_generic_tab_extension_quoting_and_end_markers(tmp_path):
+    """A .tab file written by pandas' defaults (quoted fields with quotes and tabs) loses no sentence, and
+    tokenised text with <eos> end markers is stripped."""
+    pd = pytest.importorskip("pandas")
+    rows = [{"sentence": f'he said " the {n} ***mask*** here " <eos>', "good": v, "bad": w, "subj": z}
+            for n, v, w, z in [("dog", "is", "are", "sg"), ("dogs", "are", "is", "pl")] * 205]
+    rows = [{**r, "sentence": r["sentence"].replace("the", f"the{i}", 1)} for i, r in enumerate(rows)]
+    rows[3]["sentence"] = rows[3]["sentence"].replace("said", "said\tquietly")
+    f = tmp_path / "pandas.tab"
+    pd.DataFrame(rows).to_csv(f, sep="\t", index=False)
+    ds = _generic(f, columns=COLS, properties={"z_c": "subj"}, strip_tokens=["<eos>"])
+    assert len(ds) == 410 and ds.examples[0].words[-1] == '"'
+    assert "<eos>" not in {w for e in ds.examples for w in e.words}
+    with pytest.raises(DataError):  # literal reading of the same file cannot split it right
+        _generic(f, columns=COLS, quoting="none")
+
+
+def test_non_utf8_file_names_the_line(tmp_path):
+    f = tmp_path / "latin1.tsv"
+    f.write_bytes("sentence\tgood\tbad\nthe dog ***mask*** here\tis\tare\nthe caf\xe9 ***mask*** ok\tis\tare\n"
+                  .encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.tsv:3: not valid UTF-8 \(byte 0xe9\)"):
+        _generic(f, columns=COLS)
+
+
+def test_correct_equal_to_wrong_is_a_data_error(tmp_path):
+    f = tmp_path / "same.tsv"
+    f.write_text("sentence\tgood\tbad\nthe dog ***mask*** here\tis\tis\n")
+    with pytest.raises(DataError, match=r"same.tsv:2: the correct and wrong forms are identical \('is'\)"):
+        _generic(f, columns=COLS)
+
+
+def test_duplicates_are_rejected_or_dropped_with_a_note(tmp_path):
+    f = tmp_path / "dups.tsv"
+    f.write_text("sentence\tgood\tbad\tid\n" + "the dog ***mask*** here\tis\tare\ta\n"
+                 "the cat ***mask*** here\tis\tare\tb\n" + "the dog ***mask*** here\tis\tare\tc\n")
+    with pytest.raises(DataError, match=r"1 duplicated sentence\(s\), e.g. 'mine-4'.*dataset.duplicates=drop"):
+        _generic(f, columns=COLS)
+    ds = _generic(f, columns=COLS, duplicates="drop")
+    assert [e.id for e in ds.examples] == ["mine-2", "mine-3"] and "dropped 1 duplicated" in ds.notes[0]
+    f.write_text("sentence\tgood\tbad\tid\nthe dog ***mask*** here\tis\tare\ta\n"
+                 "the cat ***mask*** here\tis\tare\ta\n")
+    with pytest.raises(DataError, match="duplicated id"):
+        _generic(f, columns={**COLS, "id": "id"})
+
+
+def test_dataset_config_keys_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['colums'\] for dataset type 'generic'"):
+        load_dataset({"type": "generic", "path": "x.tsv", "colums": {}}, tmp_path)
+    with pytest.raises(ConfigError, match="dataset.max_examples='many' must be an integer or null"):
+        load_dataset({"type": "synthetic", "max_examples": "many"}, tmp_path)
 
 
 def test_empty_dataset_is_a_clear_error():

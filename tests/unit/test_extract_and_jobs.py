@@ -2,36 +2,40 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 import torch
 
 from cprobe.cache import ActivationCache
 from cprobe.data.base import Dataset, Example
-from cprobe.errors import CprobeError, ConfigError
-from cprobe.extract import extract, filter_single_token, resolve_layers, task_accuracy
-from cprobe.job import config_hash, probe_config, read_status, write_status
+from cprobe.errors import ConfigError, CprobeError
+from cprobe.extract import agreement_items, extract, resolve_layers, task_accuracy
+from cprobe.job import config_hash, read_status, write_status
 from cprobe.models.adapter import ModelAdapter
-from cprobe.results import collect, write_table
+from cprobe.pipeline import collect
+from cprobe.results import write_job, write_table
 from tests.conftest import make_random_model
 
 
 @pytest.mark.parametrize("spec,expected", [
-    ("all", [0, 1, 2, 3]), ("last", [3]), (2, [2]), (-1, [3]), ([0, -1, 0], [0, 3]),
+    ("all", [0, 1, 2, 3]), ("last", [3]), ("blocks", [1, 2, 3]), (2, [2]), (-1, [3]), ([0, -1, 0], [0, 3]),
 ])
 def test_resolve_layers(spec, expected):
     assert resolve_layers(spec, 3) == expected
 
 
-@pytest.mark.parametrize("spec", [7, [0, 9], "middle", -9])
-def test_resolve_layers_rejects(spec):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("spec,match", [(7, "out of range"), ([0, 9], "out of range"), ("middle", "use 'all'"),
+                                        (-9, "out of range"), ([], "selects no layer"), (True, "use 'all'")])
+def test_resolve_layers_rejects(spec, match):
+    with pytest.raises(ConfigError, match=match):
         resolve_layers(spec, 3)
 
 
 def test_task_accuracy_hand_computed():
-    logits = torch.tensor([[2.0, 1.0], [0.0, 3.0], [5.0, -1.0], [1.0, 1.0]])
-    assert task_accuracy(logits) == 0.5  # ties count as wrong: P(correct) must exceed P(wrong)
+    scores = torch.tensor([[2.0, 1.0], [0.0, 3.0], [5.0, -1.0], [1.0, 1.0]])
+    assert task_accuracy(scores) == 0.5  # ties count as wrong: P(correct) must exceed P(wrong)
     assert task_accuracy(None) is None
 
 
@@ -43,23 +47,34 @@ def _dataset():
     return Dataset("d", tuple(ex), ("z_c", "z_e"))
 
 
-def test_filter_single_token_drops_and_counts():
+def test_agreement_items_drop_and_count_unscorable_items():
     model, tok = make_random_model("bert")
     ad = ModelAdapter(model, tok, "mlm", "m")
-    ds, cands, dropped = filter_single_token(ad, _dataset())
-    assert dropped == 1 and len(ds) == 6 and cands[0] == (ad.candidate_id("is"), ad.candidate_id("are"))
+    ds, cands, dropped = agreement_items(ad, _dataset())
+    assert dropped == {"verb forms not single tokens": 1} and len(ds) == 6
+    assert cands[0].tolist() == [ad.candidate_id("is"), ad.candidate_id("are")]
 
 
-def test_extract_uses_cache_second_time(tmp_path):
+def test_sentences_longer_than_the_model_are_dropped_not_crashed():
+    model, tok = make_random_model("bert")  # 64 positions
+    ad = ModelAdapter(model, tok, "mlm", "m")
+    assert ad.max_length == 64
+    long = Example("long", tuple(["the"] * 80 + ["author", "is", "here"]), 81, "is", "are", {"z_c": "sg"})
+    ds = Dataset("d", (*_dataset().examples[:6], long), ("z_c", "z_e"))
+    kept, _, dropped = agreement_items(ad, ds)
+    assert len(kept) == 6 and dropped == {"longer than the model's 64 positions": 1}
+
+
+def test_extract_uses_cache_second_time_and_scores_are_log_probs(tmp_path):
     model, tok = make_random_model("gpt_neox")
     ad = ModelAdapter(model, tok, "causal", "m")
     cache = ActivationCache(tmp_path)
     a = extract(ad, _dataset(), [1, 3], "target", cache, progress=False)
     b = extract(ad, _dataset(), [3, 1], "target", cache, progress=False)
-    assert not a.cache_hit and b.cache_hit and a.dropped == 1
+    assert not a.cache_hit and b.cache_hit and a.n_dropped == 1
     torch.testing.assert_close(a.acts[3], b.acts[3])
-    torch.testing.assert_close(a.cand_logits, b.cand_logits)
-    assert 0.0 <= b.task_accuracy <= 1.0
+    torch.testing.assert_close(a.scores, b.scores)
+    assert (a.scores < 0).all()  # log-probabilities over the whole vocabulary
 
 
 def test_status_roundtrip_and_config_hash(tmp_path):
@@ -72,27 +87,60 @@ def test_status_roundtrip_and_config_hash(tmp_path):
     assert config_hash({"a": 1}) != config_hash({"a": 2})
 
 
-def test_probe_config_applies_patch_seed_device():
-    cfg = {"seed": 3, "device": "auto", "probe_patch": {"mlp": {"epochs": 1}}}
-    assert probe_config(cfg, {"name": "mlp", "epochs": 8}) == {"name": "mlp", "epochs": 1, "seed": 3, "device": None}
-    assert probe_config(cfg, {"name": "linear"})["name"] == "linear"
-
-
-def test_write_table_and_collect(tmp_path):
-    rows = {"task": ["probing"] * 2, "model": ["m", "m"], "layer": [0, 1], "property": ["z_c"] * 2,
+def _rows():
+    return {"task": ["probing"] * 2, "model": ["m", "m"], "layer": [0, 1], "property": ["z_c"] * 2,
             "probe": ["linear"] * 2, "accuracy": [0.5, 0.9], "majority": [0.5, 0.5]}
-    for job in ("probe=a", "probe=b"):
-        d = tmp_path / job
-        write_table(pd.DataFrame(rows), d / "metrics")
-        (d / ".hydra").mkdir()
-        (d / ".hydra" / "overrides.yaml").write_text(f"- {job}\n- +experiment=x\n")
+
+
+def test_metric_tables_are_byte_identical_across_runs_timings_kept_apart(tmp_path):
+    t1 = pd.DataFrame({**_rows(), "fit_s": [1.0, 2.0], "probe_source": ["fit", "fit"]})
+    t2 = pd.DataFrame({**_rows(), "fit_s": [7.0, 9.0], "probe_source": ["disk", "disk"]})
+    write_job(t1, tmp_path / "a")
+    write_job(t2, tmp_path / "b")
+    for f in ("metrics.csv", "metrics.md"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    assert "fit_s" not in pd.read_csv(tmp_path / "a" / "metrics.csv")
+    assert pd.read_csv(tmp_path / "b" / "timings.csv")["fit_s"].tolist() == [7.0, 9.0]
+
+
+def test_metrics_are_float64(tmp_path):
+    t = pd.DataFrame({"accuracy": torch.tensor([0.635], dtype=torch.float32).numpy(), "majority": [0.635]})
+    write_job(t, tmp_path)
+    back = pd.read_parquet(tmp_path / "metrics.parquet")
+    assert back["accuracy"].dtype == "float64"
+
+
+def _job(tmp_path, name, state="done"):
+    d = tmp_path / name
+    write_table(pd.DataFrame(_rows()), d / "metrics")
+    (d / ".hydra").mkdir()
+    (d / ".hydra" / "overrides.yaml").write_text(f"- {name}\n- +experiment=x\n")
+    write_status(d, state=state, error="boom" if state == "failed" else None)
+    return d
+
+
+def test_collect_aggregates_finished_jobs_with_overrides(tmp_path):
+    _job(tmp_path, "probe=a")
+    _job(tmp_path, "probe=b")
     out = collect(tmp_path)
     t = pd.read_csv(out)
     assert len(t) == 4 and set(t["override.probe"]) == {"a", "b"} and set(t["override.experiment"]) == {"x"}
     assert (tmp_path / "results.md").read_text().startswith("|")
     assert (tmp_path / "accuracy_by_layer.png").stat().st_size > 1000
-    with pytest.raises(CprobeError):
-        collect(tmp_path / "probe=a" / ".hydra")
+
+
+def test_collect_names_unfinished_jobs_and_needs_partial(tmp_path):
+    _job(tmp_path, "probe=a")
+    _job(tmp_path, "probe=b", state="failed")
+    d = tmp_path / "probe=c"
+    d.mkdir()
+    write_status(d, state="running")
+    with pytest.raises(CprobeError, match=r"2 job\(s\) not done: probe=b is failed \(boom\); probe=c is running"):
+        collect(tmp_path)
+    t = pd.read_csv(collect(tmp_path, partial=True))
+    assert set(t["job"]) == {"probe=a"}
+    with pytest.raises(CprobeError, match="not a directory"):
+        collect(tmp_path / "nope")
 
 
 def test_no_partial_table_on_failure(tmp_path, monkeypatch):
@@ -106,3 +154,8 @@ def test_no_partial_table_on_failure(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         write_table(df, tmp_path / "metrics")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_status_json_is_json(tmp_path):
+    write_status(tmp_path, state="interrupted", started=1.0)
+    assert json.loads((tmp_path / "status.json").read_text())["state"] == "interrupted"

@@ -115,7 +115,7 @@ def test_accuracy_ties_go_to_the_lower_validation_loss() -> None:
 @pytest.mark.parametrize("cfg", [{"name": "linear", "lrs": [0.01], "epochs": 3},
                                  {"name": "mlp", "n_layers": [2], "widths": [16], "lrs": [0.01], "epochs": 3}])
 def test_save_load_roundtrip_without_pickle(tmp_path, cfg) -> None:
-    from cprobe.probes.linear import load_probe, save_probe
+    from cprobe.probes.grid import load_probe, save_probe
 
     X, z = gaussian_classes(200, 6, k=3)
     probe = build_probe(cfg).fit(X, z)

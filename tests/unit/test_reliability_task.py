@@ -10,18 +10,16 @@ import torch
 
 from cprobe.errors import ConfigError
 from cprobe.metrics.reliability import (
+    aggregate_selectivity,
     counterfactual_completeness,
+    counterfactual_targets,
+    oracle_informative,
     reliability,
+    score_intervention,
     selectivity,
 )
 from cprobe.probes import build_probe
-from cprobe.tasks.reliability import (
-    _memo_probe,
-    aggregate_selectivity,
-    counterfactual_targets,
-    report,
-    table1,
-)
+from cprobe.tasks.reliability import _memo_probe, report, table1
 
 NAN = float("nan")
 
@@ -142,12 +140,84 @@ def test_memo_probe_disk_cache_round_trip(tmp_path):
     cfg = {"name": "linear", "lrs": [0.1], "epochs": 2, "batch_size": 16, "seed": 0}
     key = {"test": "memo", "probe": cfg}
     rel._MEMO.clear()
-    p1, src1 = _memo_probe(key, cfg, X, y, tmp_path)
-    p2, src2 = _memo_probe(key, cfg, X, y, tmp_path)
+    p1, src1 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
+    p2, src2 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
     rel._MEMO.clear()
-    p3, src3 = _memo_probe(key, cfg, X, y, tmp_path)
+    p3, src3 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
     assert (src1, src2, src3) == ("fit", "memory", "disk")
     assert p2 is p1 and p3 is not p1
     assert torch.equal(p3.predict_proba(X), p1.predict_proba(X))
     rel._MEMO.clear()
     assert math.isclose(build_probe(cfg).fit(X, y).score(X, y), p1.score(X, y))
+
+
+class _Nearest:
+    """An oracle with known probabilities: class c with probability 0.9 for the rows nearest centroid c."""
+
+    def __init__(self, centroids: torch.Tensor) -> None:
+        self.centroids = centroids
+
+    def predict_proba(self, X: torch.Tensor) -> torch.Tensor:
+        c = torch.cdist(X, self.centroids).argmin(1)
+        k = len(self.centroids)
+        p = torch.full((len(X), k), 0.1 / (k - 1))
+        p[torch.arange(len(X)), c] = 0.9
+        return p
+
+
+def _toy():
+    """Z_c on axis 0, Z_e on axis 1; four rows, one per (z_c, z_e) cell."""
+    zc = torch.tensor([0, 0, 1, 1])
+    ze = torch.tensor([0, 1, 0, 1])
+    X = torch.stack([zc.float() * 2 - 1, ze.float() * 2 - 1], 1)
+    oracles = {"z_c": _Nearest(torch.tensor([[-1.0, 0.0], [1.0, 0.0]])),
+               "z_e": _Nearest(torch.tensor([[0.0, -1.0], [0.0, 1.0]]))}
+    return X, zc, ze, oracles
+
+
+def test_identity_intervention_is_perfectly_selective_and_leaves_the_task_unchanged():
+    X, zc, ze, oracles = _toy()
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X.clone(), 1 - zc, {"z_e": torch.ones(4, dtype=torch.bool)},
+                             task_acc_before=0.75, task_acc_after=0.75)
+    assert out["selectivity"] == pytest.approx(1.0) and out["selectivity_z_e"] == pytest.approx(1.0)
+    assert out["delta_task_acc"] == 0.0
+    assert out["completeness"] == pytest.approx(0.1)  # the oracle still gives the goal z' only 0.1
+
+
+def test_centroid_swap_has_known_completeness_and_keeps_z_e():
+    """Moving every row to the other Z_c centroid (axis 0 flipped, axis 1 kept): C = P(z') = 0.9, S = 1."""
+    X, zc, ze, oracles = _toy()
+    X_new = X * torch.tensor([-1.0, 1.0])
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X_new, 1 - zc, {"z_e": torch.ones(4, dtype=torch.bool)})
+    assert out["completeness"] == pytest.approx(0.9) and out["selectivity"] == pytest.approx(1.0)
+    assert out["reliability"] == pytest.approx(2 * 0.9 / 1.9)
+    assert "delta_task_acc" not in out
+
+
+def test_selectivity_compares_the_intervened_with_the_original_states():
+    """An intervention that also flips Z_e: P̂ = (0.1, 0.9) vs P = (0.9, 0.1): δ = 0.8, m = 0.9, s = 1 − 0.8/0.9."""
+    X, zc, ze, oracles = _toy()
+    out = score_intervention(oracles, "z_c", ["z_e"], X, -X, 1 - zc, {"z_e": torch.ones(4, dtype=torch.bool)})
+    assert out["selectivity"] == pytest.approx(1 - 0.8 / 0.9)
+
+
+def test_nullifying_completeness_and_rows_where_z_e_does_not_apply():
+    X, zc, ze, oracles = _toy()
+    applies = torch.tensor([True, False, True, False])
+    X_new = X * torch.tensor([0.0, 1.0])  # on the Z_c boundary: both centroids equally near, argmin picks 0
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X_new, None, {"z_e": applies})
+    # p̂ = (0.9, 0.1) for every row: 1 − 2·δ(p̂, U) = 1 − 2·0.4 = 0.2
+    assert out["completeness"] == pytest.approx(0.2)
+    assert out["selectivity"] == pytest.approx(1.0)
+
+
+def test_delta_task_acc_is_accuracy_before_minus_after():
+    X, zc, ze, oracles = _toy()
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X, 1 - zc, {"z_e": torch.ones(4, dtype=torch.bool)},
+                             task_acc_before=0.98, task_acc_after=0.18)
+    assert out["delta_task_acc"] == pytest.approx(0.80)  # the intervention broke agreement: positive
+
+
+def test_oracle_at_chance_is_flagged():
+    assert oracle_informative(0.90, 0.50) and not oracle_informative(0.51, 0.50)
+    assert not oracle_informative(0.635, 0.635)

@@ -39,7 +39,7 @@ from cprobe.causalgym.templates import (
 )
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.extract import resolve_layers as extract_resolve_layers
+from cprobe.extract import resolve_layers
 from cprobe.metrics.odds import iia, log_odds_ratio, task_accuracy
 from cprobe.metrics.reliability import counterfactual_completeness
 from cprobe.models.adapter import Encoded, ModelAdapter
@@ -58,7 +58,7 @@ class GymSettings:
     """What to run for one task (built from the ``causalgym`` config node)."""
 
     methods: Sequence[str] = (*METHODS, "vanilla")
-    layers: Any = None  # None/'blocks' = 1..L, 'all' = 0..L, or ints (negative from the end)
+    layers: Any = "blocks"  # 'blocks' = 1..L (the paper's layers), 'all' = 0..L, 'last', or ints
     regions: Any = "label"  # 'label' = from the first label region on, 'all', or names / indices
     n_train: int = 200
     n_eval: int = 50
@@ -81,14 +81,6 @@ class GymSettings:
             raise ConfigError("causalgym.n_train and causalgym.n_eval must be >= 1")
         if self.random_draws < 1:
             raise ConfigError("causalgym.random_draws must be >= 1")
-
-
-def resolve_layers(spec: Any, n_layers: int) -> list[int]:
-    """Adapter layers (0 = embeddings … L): null/'blocks' = the block outputs 1..L (the paper's
-    layers), else as everywhere in cprobe ('all', 'last', ints; see :func:`cprobe.extract.resolve_layers`)."""
-    if spec is None or spec == "blocks":
-        return list(range(1, n_layers + 1))
-    return extract_resolve_layers(spec, n_layers)
 
 
 def resolve_regions(spec: Any, template: TaskTemplate) -> list[int]:

@@ -50,6 +50,8 @@ class Dataset:
     name: str
     examples: tuple[Example, ...]
     properties: tuple[str, ...]
+    source: str = ""  # where the examples came from (a file under the data dir, or "built-in")
+    notes: tuple[str, ...] = ()  # what loading changed (e.g. duplicates dropped), for the log and the tables
 
     def __post_init__(self) -> None:
         if not self.examples:
@@ -70,7 +72,11 @@ class Dataset:
         return np.array([index.get(e.props.get(prop, NONE), -1) for e in self.examples], dtype=np.int64)
 
     def subset(self, idx: Iterable[int], name: str | None = None) -> Dataset:
-        return Dataset(name or self.name, tuple(self.examples[i] for i in idx), self.properties)
+        return Dataset(name or self.name, tuple(self.examples[i] for i in idx), self.properties, self.source,
+                       self.notes)
+
+    def with_notes(self, *notes: str) -> Dataset:
+        return Dataset(self.name, self.examples, self.properties, self.source, (*self.notes, *notes))
 
     def fingerprint(self) -> str:
         """Content hash of the exact ordered examples (the activation-cache key uses it)."""

@@ -26,7 +26,7 @@ def load_lgd(path: Path, name: str = "lgd") -> Dataset:
     """Read ``lgd_subset.tsv``; props: z_c (from the verb pair), z_e = none (unknown), n_attractors."""
     require_file(path, name)
     examples, unknown = [], 0
-    for line, row in read_rows(path, "tsv"):
+    for line, row in read_rows(path, "tsv", quoting="none"):
         try:
             words = tuple(row["sentence"].split())
             target = int(row["verb_index"])
@@ -44,4 +44,4 @@ def load_lgd(path: Path, name: str = "lgd") -> Dataset:
                                 {"z_c": number, "z_e": NONE, "n_attractors": str(n_attr)}))
     if unknown:
         log.info("lgd: dropped %d rows whose verb pair does not reveal the subject number", unknown)
-    return Dataset(name, tuple(examples), ("z_c", "z_e", "n_attractors"))
+    return Dataset(name, tuple(examples), ("z_c", "z_e", "n_attractors"), source=str(path))

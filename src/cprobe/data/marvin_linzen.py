@@ -66,4 +66,4 @@ def load_marvin_linzen(root: Path, tasks: Sequence[str] = TASKS, name: str = "ma
                 f"ml-{task}-{line}", tuple(good), t, good[t], bad_s[t],
                 {"z_c": nums[0], "z_e": z_e, "n_attractors": str(int(z_e != NONE)), "task": task},
             ))
-    return Dataset(name, tuple(examples), ("z_c", "z_e", "n_attractors", "task"))
+    return Dataset(name, tuple(examples), ("z_c", "z_e", "n_attractors", "task"), source=str(root))

@@ -1,19 +1,56 @@
-"""Dataset config -> :class:`Dataset` (the ``dataset`` config group)."""
+"""Dataset config -> :class:`Dataset` (the ``dataset`` config group).
+
+Every dataset type declares the keys its config may hold (a dataclass, parsed with unknown keys rejected);
+:func:`load_dataset` then applies the checks every dataset gets: unique ids, no item whose correct and wrong
+forms are identical, duplicated sentences dropped or rejected (``duplicates: drop|error`` — a duplicate would
+sit in two splits), and the seeded stratified ``max_examples`` subsample.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
+from cprobe.config import parse
 from cprobe.data.base import Dataset
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
-Loader = Callable[[Mapping[str, Any], Path], Dataset]
-DATASETS: Registry[Loader] = Registry("dataset type")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DatasetCommon:
+    """Keys every dataset config may hold."""
+
+    name: str = "dataset"
+    type: str | None = None
+    max_examples: int | None = None
+    stratify: str | None = "z_c"
+    seed: int = 0
+    duplicates: Literal["error", "drop"] = "error"
+
+
+@dataclass(frozen=True)
+class DatasetType:
+    loader: Callable[[Any, Path, str], Dataset]
+    config: type  # the type-specific keys (a dataclass)
+
+
+DATASETS: Registry[DatasetType] = Registry("dataset type")
+
+
+def register(name: str, config: type):
+    def deco(fn: Callable[[Any, Path, str], Dataset]) -> Callable[[Any, Path, str], Dataset]:
+        DATASETS.register(name)(DatasetType(fn, config))
+        return fn
+    return deco
 
 
 def grammar_config(d: Mapping[str, Any] | None):
@@ -29,56 +66,146 @@ def grammar_config(d: Mapping[str, Any] | None):
         raise ConfigError(f"bad grammar config: {e}") from None
 
 
-@DATASETS.register("synthetic")
-def _synthetic(cfg: Mapping[str, Any], _root: Path) -> Dataset:
+@dataclass(frozen=True)
+class SyntheticKeys:
+    grammar: dict = field(default_factory=dict)
+
+
+@register("synthetic", SyntheticKeys)
+def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
     from cprobe.data.grammar import generate
 
-    return generate(grammar_config(cfg.get("grammar")))
+    ds = generate(grammar_config(cfg.grammar))
+    return replace(ds, name=name, source="built-in (cprobe.data.grammar)")
 
 
-@DATASETS.register("lgd")
-def _lgd(cfg: Mapping[str, Any], root: Path) -> Dataset:
+@dataclass(frozen=True)
+class FileKeys:
+    path: str = ""
+
+
+@register("lgd", FileKeys)
+def _lgd(cfg: FileKeys, root: Path, name: str) -> Dataset:
     from cprobe.data.lgd import load_lgd
 
-    return load_lgd(root / cfg.get("path", "lgd_agreement/lgd_subset.tsv"), cfg.get("name", "lgd"))
+    return load_lgd(root / (cfg.path or "lgd_agreement/lgd_subset.tsv"), name)
 
 
-@DATASETS.register("marvin_linzen")
-def _ml(cfg: Mapping[str, Any], root: Path) -> Dataset:
+@dataclass(frozen=True)
+class MarvinLinzenKeys:
+    path: str = "marvin_linzen"
+    tasks: list[str] | None = None
+
+
+@register("marvin_linzen", MarvinLinzenKeys)
+def _ml(cfg: MarvinLinzenKeys, root: Path, name: str) -> Dataset:
     from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
 
-    return load_marvin_linzen(root / cfg.get("path", "marvin_linzen"), tuple(cfg.get("tasks") or TASKS),
-                              cfg.get("name", "marvin_linzen"))
+    return load_marvin_linzen(root / cfg.path, tuple(cfg.tasks or TASKS), name)
 
 
-@DATASETS.register("generic")
-def _generic(cfg: Mapping[str, Any], root: Path) -> Dataset:
+def _generic_config() -> type:
+    from cprobe.data.generic import GenericConfig
+
+    return GenericConfig
+
+
+@register("generic", _generic_config())
+def _generic(cfg: Any, root: Path, name: str) -> Dataset:
     from cprobe.data.generic import load_generic
 
-    if not cfg.get("path"):
-        raise ConfigError("generic dataset: set dataset.path to your TSV/CSV/JSONL file")
-    path = Path(cfg["path"]).expanduser()
-    return load_generic(path if path.is_absolute() else root / path, cfg.get("columns", {}),
-                        cfg.get("properties", {}), cfg.get("format", "auto"),
-                        cfg.get("mask_marker", "***mask***"), cfg.get("name", "generic"))
+    if not cfg.path:
+        raise ConfigError("generic dataset: set dataset.path to your TSV/CSV/JSONL file (see conf/dataset/generic.yaml)")
+    path = Path(cfg.path).expanduser()
+    return load_generic(path if path.is_absolute() else root / path, cfg, name)
 
 
-@DATASETS.register("combined")
-def _combined(cfg: Mapping[str, Any], root: Path) -> Dataset:
-    parts = [load_dataset(p, root) for p in cfg.get("parts", [])]
+@dataclass(frozen=True)
+class CombinedKeys:
+    parts: list[dict] = field(default_factory=list)
+
+
+@register("combined", CombinedKeys)
+def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
+    parts = [load_dataset(p, root) for p in cfg.parts]
     if not parts:
         raise ConfigError("combined dataset: list its parts under dataset.parts")
     props = tuple(dict.fromkeys(p for d in parts for p in d.properties))
-    return Dataset(cfg.get("name", "combined"), tuple(e for d in parts for e in d.examples), props)
+    return Dataset(name, tuple(e for d in parts for e in d.examples), props,
+                  source=" + ".join(d.source for d in parts), notes=tuple(n for d in parts for n in d.notes))
+
+
+def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, Any]:
+    """Validate a dataset config node: (common keys, the type, its type-specific keys)."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"dataset must be a config mapping, got {cfg!r}")
+    kind = cfg.get("type", cfg.get("name"))
+    dtype = DATASETS.get(str(kind))
+    common_names = {f.name for f in fields(DatasetCommon)}
+    specific_names = {f.name for f in fields(dtype.config)}
+    unknown = sorted(set(cfg) - common_names - specific_names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} for dataset type {kind!r}; known keys: "
+                          f"{sorted(common_names | specific_names)}")
+    common = parse(DatasetCommon, {k: v for k, v in cfg.items() if k in common_names}, "dataset")
+    specific = parse(dtype.config, {k: v for k, v in cfg.items() if k in specific_names}, "dataset")
+    return common, dtype, specific
 
 
 def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:
-    """Load, then optionally subsample to ``max_examples`` (stratified by ``stratify``, seeded)."""
-    ds = DATASETS.get(str(cfg.get("type", cfg.get("name"))))(cfg, root)
-    limit = cfg.get("max_examples")
-    if limit is not None and len(ds) > int(limit):
-        ds = ds.subset(sorted(stratified_sample(ds, int(limit), cfg.get("stratify", "z_c"), int(cfg.get("seed", 0)))))
+    """Load, check, de-duplicate, then optionally subsample to ``max_examples`` (stratified, seeded)."""
+    common, dtype, specific = split_config(cfg)
+    ds = dtype.loader(specific, Path(root), common.name)
+    ds = replace(ds, source=relative_source(ds.source, Path(root)))
+    ds = check_items(ds, common.duplicates)
+    if common.max_examples is not None:
+        if common.max_examples < 1:
+            raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
+        if len(ds) > common.max_examples:
+            ds = ds.subset(sorted(stratified_sample(ds, common.max_examples, common.stratify, common.seed)))
     return ds
+
+
+def check_items(ds: Dataset, duplicates: str = "error") -> Dataset:
+    """Unique ids; correct != wrong; duplicated sentences (same words and slot) dropped or rejected."""
+    ids = Counter(e.id for e in ds.examples)
+    dup_ids = [i for i, c in ids.items() if c > 1]
+    if dup_ids:
+        raise DataError(f"dataset {ds.name!r} ({ds.source}): {len(dup_ids)} duplicated id(s), e.g. {dup_ids[0]!r}; "
+                        "ids must be unique")
+    same = [e.id for e in ds.examples if e.correct == e.wrong]
+    if same:
+        raise DataError(f"dataset {ds.name!r} ({ds.source}): {len(same)} item(s) whose correct and wrong forms are "
+                        f"identical, e.g. {same[0]!r}")
+    seen: dict[tuple, int] = {}
+    keep, dups = [], []
+    for i, e in enumerate(ds.examples):
+        key = (e.words, e.target)
+        if key in seen:
+            first = ds.examples[seen[key]]
+            if (first.correct, first.wrong, dict(first.props)) != (e.correct, e.wrong, dict(e.props)):
+                raise DataError(f"dataset {ds.name!r}: items {first.id!r} and {e.id!r} are the same sentence with "
+                                "different labels or verb forms; fix the data")
+            dups.append(e.id)
+            continue
+        seen[key] = i
+        keep.append(i)
+    if not dups:
+        return ds
+    if duplicates == "error":
+        raise DataError(f"dataset {ds.name!r} ({ds.source}): {len(dups)} duplicated sentence(s), e.g. {dups[0]!r}; a "
+                        "duplicate would sit in two splits. Remove them, or set dataset.duplicates=drop")
+    note = f"dropped {len(dups)} duplicated sentence(s) of {ds.name} (kept the first of each)"
+    log.warning(note)
+    return ds.subset(keep).with_notes(note)
+
+
+def relative_source(source: str, root: Path) -> str:
+    """A file under the data dir as a path relative to it (stable across machines); others unchanged."""
+    try:
+        return str(Path(source).resolve().relative_to(root.resolve()))
+    except (ValueError, OSError):
+        return source
 
 
 def stratified_sample(ds: Dataset, n: int, prop: str | None, seed: int) -> list[int]:

@@ -14,6 +14,25 @@ from cprobe.data.base import Dataset
 from cprobe.errors import ConfigError
 
 
+def check_split_spec(spec: Mapping) -> None:
+    """Model- and data-free checks of a ``split`` config node."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"split must be a mapping with 'fractions', got {spec!r}")
+    unknown = sorted(set(spec) - {"fractions", "stratify", "independent"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under split; known keys: ['fractions', 'independent', 'stratify']")
+    fractions = spec.get("fractions") or {}
+    if (not isinstance(fractions, Mapping) or not fractions
+            or any(not isinstance(f, (int, float)) or isinstance(f, bool) or f <= 0 for f in fractions.values())
+            or abs(sum(fractions.values()) - 1) > 1e-6):
+        raise ConfigError(f"split fractions must be positive numbers summing to 1, got {dict(fractions) if isinstance(fractions, Mapping) else fractions}")
+    for name, pair in (spec.get("independent") or {}).items():
+        if name not in fractions:
+            raise ConfigError(f"split.independent names {name!r}, which is not among {list(fractions)}")
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigError(f"split.independent.{name} must be [target, other], got {pair!r}")
+
+
 def split_indices(ds: Dataset, fractions: Mapping[str, float], stratify: str | None, seed: int
                   ) -> dict[str, np.ndarray]:
     """Partition example indices by ``fractions`` (summing to 1), stratified by a property."""
@@ -53,6 +72,7 @@ def decorrelate(ds: Dataset, idx: np.ndarray, target: str, other: str, seed: int
 
 def make_splits(ds: Dataset, spec: Mapping, seed: int) -> dict[str, np.ndarray]:
     """``spec``: {fractions: {name: f}, stratify: prop, independent: {split: [target, other]}}."""
+    check_split_spec(spec)
     out = split_indices(ds, spec["fractions"], spec.get("stratify"), seed)
     for name, pair in (spec.get("independent") or {}).items():
         if name not in out:

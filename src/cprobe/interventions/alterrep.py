@@ -32,6 +32,7 @@ class AlterRep(Intervention):
     """Counterfactual: ``transform(X, z_target)``; ``inlp_kwargs`` go to :class:`INLP`."""
 
     kind = "counterfactual"
+    forwards_kwargs_to = (INLP,)
 
     def __init__(self, rank: int, alpha: float = 1.0, **inlp_kwargs: object) -> None:
         if alpha < 0:

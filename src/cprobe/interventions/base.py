@@ -24,6 +24,8 @@ class Intervention(ABC):
     """
 
     kind: ClassVar[Kind]
+    needs_probe: ClassVar[bool] = False
+    """True when the intervention attacks a fitted classifier: ``use_probe(probe)`` replaces ``fit`` (GBIs)."""
 
     @abstractmethod
     def fit(self, X: Tensor, z: Tensor) -> Self:

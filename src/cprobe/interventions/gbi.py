@@ -91,6 +91,7 @@ class GradientIntervention(Intervention):
     """
 
     kind: ClassVar[Kind] = "counterfactual"
+    needs_probe: ClassVar[bool] = True
 
     def __init__(
         self,

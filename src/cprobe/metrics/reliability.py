@@ -8,6 +8,9 @@ mask marked rows as not applicable).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
@@ -73,3 +76,68 @@ def reliability(completeness: float | Tensor, selectivity: float | Tensor) -> fl
     if isinstance(completeness, Tensor) or isinstance(selectivity, Tensor):
         return r.float()
     return float(r)
+
+
+def counterfactual_targets(z: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Every (row, z′ ≠ z) pair: returns (row indices, targets); for k = 2 each row once.
+
+    Scoring the k − 1 copies of a row and averaging them is the paper's per-embedding
+    average over counterfactual values (§3); every row keeps equal weight in C, S and ΔTask.
+    """
+    if k < 2:
+        raise ConfigError(f"a counterfactual intervention needs a property with >= 2 values, got k={k}")
+    rows = torch.arange(len(z)).repeat_interleave(k - 1)
+    offsets = torch.arange(1, k).repeat(len(z))
+    return rows, (z[rows] + offsets) % k
+
+
+def aggregate_selectivity(parts: Mapping[str, Tensor]) -> tuple[float, dict[str, float]]:
+    """Eq. 3 aggregated as in the paper: s(ĥ) = mean over the non-targeted properties that apply to
+    that row (NaN = not applicable, e.g. Z_e = none), then S = mean over rows with at least one.
+
+    Returns (S, per-property means). A property that applies to no row is an error, never skipped.
+    """
+    if not parts:
+        raise ConfigError("selectivity needs at least one non-targeted property (reliability.others)")
+    empty = [p for p, s in parts.items() if not torch.isfinite(s).any()]
+    if empty:
+        raise ConfigError(f"non-targeted propert{'ies' if len(empty) > 1 else 'y'} {empty} apply to no test row; "
+                          "selectivity cannot be computed (use more data or drop them from reliability.others)")
+    per_prop = {p: torch.nanmean(s.double()).item() for p, s in parts.items()}
+    per_row = torch.nanmean(torch.stack([s.double() for s in parts.values()], 1), 1)  # NaN where none applies
+    return torch.nanmean(per_row).item(), per_prop
+
+
+class Oracle(Protocol):
+    def predict_proba(self, X: Tensor) -> Tensor: ...
+
+
+def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Sequence[str], X_orig: Tensor,
+                       X_new: Tensor, z_goal: Tensor | None, applies: Mapping[str, Tensor],
+                       task_acc_before: float | None = None, task_acc_after: float | None = None) -> dict[str, float]:
+    """Completeness, selectivity (overall and per non-targeted property), reliability and ΔTask Acc of one
+    intervention, from the oracles' distributions on the original and the intervened test states.
+
+    ``X_orig``/``X_new`` (n, d): the scored rows before and after the intervention (for a counterfactual
+    method one row per (test embedding, z′) pair, ``z_goal`` (n,) holding z′; ``None`` for a nullifying one).
+    ``applies[p]`` (n,) marks the rows where property p is defined. ΔTask Acc = accuracy before − after
+    (Canby et al. §4: the drop in the model's own task accuracy when the intervened states are fed back).
+    """
+    p_hat = oracles[target].predict_proba(X_new)
+    per_row = counterfactual_completeness(p_hat, z_goal) if z_goal is not None else nullifying_completeness(p_hat)
+    comp = per_row.double().mean().item()
+    parts = {p: selectivity(oracles[p].predict_proba(X_new), oracles[p].predict_proba(X_orig), applies[p])
+             for p in others}
+    sel, sel_parts = aggregate_selectivity(parts)
+    out = {"completeness": comp, "selectivity": sel, "reliability": float(reliability(comp, sel)),
+           **{f"selectivity_{p}": v for p, v in sel_parts.items()}}
+    if task_acc_before is not None and task_acc_after is not None:
+        out.update(task_acc_before=task_acc_before, task_acc_after=task_acc_after,
+                   delta_task_acc=task_acc_before - task_acc_after)
+    return out
+
+
+def oracle_informative(accuracy: float, majority: float, margin: float = 0.02) -> bool:
+    """Whether an oracle beats always predicting the majority class by more than ``margin``: selectivity
+    measured with an oracle at chance cannot tell a selective intervention from a destructive one."""
+    return accuracy > majority + margin

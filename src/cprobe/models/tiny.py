@@ -26,10 +26,8 @@ from typing import Literal
 
 import torch
 from filelock import FileLock
-from safetensors import safe_open
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
-from tqdm.auto import tqdm
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -47,6 +45,9 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import MANIFEST, verify_manifest, write_manifest
+from cprobe.models.sites import pad
+from cprobe.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ Kind = Literal["bert", "neox"]
 # Bump when training code changes what a cached model contains; it is part of the cache key.
 VERSION = 1
 _FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "training.json")
+_CHECKED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")  # in checksums.json
 _BERT_SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _NEOX_SPECIAL = ("<|endoftext|>", "<|padding|>", "<|unk|>")
 _HELDOUT_SEED_OFFSET = 1_000_003  # held-out sentences come from a different grammar seed
@@ -281,7 +283,8 @@ def _build(
     )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "training.json").write_text(json.dumps(report, indent=2))  # written last: marks completion
+    (out / "training.json").write_text(json.dumps(report, indent=2))
+    write_manifest(out, list(_CHECKED))  # written last: marks completion
 
 
 def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrainConfig) -> PreTrainedModel:
@@ -344,13 +347,12 @@ def _train(
     order = torch.randperm(len(ids), generator=gen)
     cursor = 0
     model.train()
-    bar = tqdm(range(train.steps), desc=f"training tiny {kind}", disable=not progress, leave=False)
-    for _ in bar:
+    for _ in track(range(train.steps), f"training tiny {kind}", progress):
         if cursor + train.batch_size > len(order):
             order, cursor = torch.randperm(len(ids), generator=gen), 0
         batch = order[cursor : cursor + train.batch_size].tolist()
         cursor += train.batch_size
-        input_ids, attention = _pad([ids[i] for i in batch], tokenizer.pad_token_id)
+        input_ids, attention = pad([ids[i] for i in batch], tokenizer.pad_token_id)
         if kind == "neox":
             labels = input_ids.masked_fill(attention == 0, -100)
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
@@ -370,17 +372,6 @@ def _train(
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-
-
-def _pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    width = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(seqs), width), dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-    return input_ids, attention
 
 
 def _mask(
@@ -449,14 +440,23 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
     return tid
 
 
+def training_report(path: Path) -> dict:
+    """The ``training.json`` of a trained tiny model (held-out accuracies, cost, configs)."""
+    return json.loads((Path(path) / "training.json").read_text())
+
+
 def _is_complete(path: Path, key: str) -> bool:
-    """True when ``path`` holds a fully written model for ``key`` (else it is rebuilt)."""
+    """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
     if not all((path / f).is_file() for f in _FILES):
         return False
     try:
         if json.loads((path / "training.json").read_text()).get("key") != key:
             return False
-        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-            return len(list(f.keys())) > 0
-    except Exception:  # any unreadable file means a corrupt dir
+    except (OSError, ValueError):
         return False
+    problem = verify_manifest(path)
+    if problem is not None:
+        if (path / MANIFEST).is_file():
+            log.warning("tiny model %s: %s; rebuilding it", path, problem)
+        return False
+    return True

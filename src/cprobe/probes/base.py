@@ -41,7 +41,7 @@ class Probe(ABC):
 
     def score(self, X: Tensor, y: Tensor) -> float:
         """Accuracy on (X, y)."""
-        return (self.predict(X) == y.cpu()).float().mean().item()
+        return float((self.predict(X) == y.cpu()).double().mean())
 
 
 PROBES: Registry[type[Probe]] = Registry("probe")

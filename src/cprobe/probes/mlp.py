@@ -14,7 +14,7 @@ from torch import nn
 
 from cprobe.errors import ConfigError
 from cprobe.probes.base import PROBES
-from cprobe.probes.linear import GridSearchProbe, check_grid_axis, product_grid
+from cprobe.probes.grid import GridSearchProbe, check_grid_axis, product_grid
 
 
 def make_mlp(d: int, k: int, n_layers: int, width: int) -> nn.Sequential:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,39 +42,67 @@ PAPER_PROBE_LAM = {"pythia_14m": 10.0, "pythia_31m": 1e2, "pythia_70m": 1e3, "py
 PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1}
 
 
-def settings_from_cfg(cfg: dict) -> GymSettings:
+@dataclass(frozen=True)
+class DASKeys:
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    warmup: float | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """The ``causalgym:`` node (layers come from the top-level ``layers``, e.g. ``blocks``)."""
+
+    templates: str = DEFAULT_TEMPLATES  # relative to the data dir
+    template_index: int = 0
+    tasks: list[str] | None = None  # None = every task of the templates file
+    methods: list[str] = field(default_factory=lambda: [*METHODS, "vanilla"])
+    regions: Any = "label"
+    n_train: int = 200
+    n_eval: int = 50
+    train_seed: int = 42
+    eval_seed: int = 1
+    control: bool = True
+    prepend_bos: bool = True
+    probe_lam: float | None = None
+    das: DASKeys = field(default_factory=DASKeys)
+    random_draws: int = 5
+    reliability: bool = True
+    oracle_probe: dict = field(default_factory=lambda: dict(DEFAULT_ORACLE))
+
+
+def validate(job: Any) -> None:
+    settings_from_cfg(job.cfg, job.task_cfg)
+
+
+def settings_from_cfg(cfg: dict, g: Config) -> GymSettings:
     """The experiment's ``causalgym`` node; ``null`` DAS/probe values fall back to the model config's
     ``causalgym`` node (per-model tuning, as the paper's λ per model), then to the paper's values."""
-    g = cfg.get("causalgym") or {}
     model = cfg.get("model") or {}
     per_model = model.get("causalgym") or {}
-    methods = g.get("methods") or [*METHODS, "vanilla"]
     das = {**PAPER_DAS, **{k: v for k, v in (per_model.get("das") or {}).items() if v is not None},
-           **{k: v for k, v in (g.get("das") or {}).items() if v is not None}}
-    lam = g.get("probe_lam")
+           **{k: v for k, v in vars(g.das).items() if v is not None}}
+    lam = g.probe_lam
     if lam is None:
         lam = per_model.get("probe_lam", PAPER_PROBE_LAM.get(str(model.get("name")), 10.0))
     try:
         return GymSettings(
-            methods=list(methods), layers=g.get("layers"), regions=g.get("regions", "label"),
-            n_train=int(g.get("n_train", 200)), n_eval=int(g.get("n_eval", 50)),
-            train_seed=int(g.get("train_seed", 42)), eval_seed=int(g.get("eval_seed", 1)),
-            control=bool(g.get("control", True)), prepend_bos=bool(g.get("prepend_bos", True)),
-            probe_lam=float(lam), das=das, seed=int(cfg.get("seed", 0)),
-            random_draws=int(g.get("random_draws") or 1), reliability=bool(g.get("reliability", False)),
-            oracle_probe=dict(g.get("oracle_probe") or DEFAULT_ORACLE),
+            methods=list(g.methods), layers=cfg.get("layers", "blocks"), regions=g.regions,
+            n_train=g.n_train, n_eval=g.n_eval, train_seed=g.train_seed, eval_seed=g.eval_seed,
+            control=g.control, prepend_bos=g.prepend_bos, probe_lam=float(lam), das=das, seed=int(cfg.get("seed", 0)),
+            random_draws=g.random_draws, reliability=g.reliability, oracle_probe=dict(g.oracle_probe),
         )
     except (TypeError, ValueError) as e:
         raise ConfigError(f"bad causalgym config: {e}") from None
 
 
-def run(ctx: JobContext) -> pd.DataFrame:
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
-    g = cfg.get("causalgym") or {}
-    settings = settings_from_cfg(cfg)
-    path = Path(g.get("templates") or DEFAULT_TEMPLATES)
-    templates = load_templates(path if path.is_absolute() else ctx.data_root / path, int(g.get("template_index", 0)))
-    names = list(g.get("tasks") or templates)
+    settings = settings_from_cfg(cfg, config)
+    path = Path(config.templates)
+    templates = load_templates(path if path.is_absolute() else ctx.data_root / path, config.template_index)
+    names = list(config.tasks or templates)
     unknown = [t for t in names if t not in templates]
     if unknown:
         raise ConfigError(f"unknown causalgym.tasks {unknown}; choose from {sorted(templates)}")

@@ -7,22 +7,47 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from tqdm.auto import tqdm
+from torch import Tensor
 
+from cprobe.data.base import Dataset
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
-from cprobe.job import JobContext, probe_config
+from cprobe.job import JobContext
 from cprobe.plots import new_figure, save
-from cprobe.probes import build_probe
+from cprobe.progress import track
+from cprobe.probes import Probe
 
 log = logging.getLogger("cprobe")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The ``probing:`` node."""
+
+    properties: list[str] = field(default_factory=lambda: ["z_c", "z_e"])
+
+
+def validate(job: Any) -> None:
+    if not job.keys.probe:
+        raise ConfigError("no probe configured; choose one with probe=linear|mlp|all")
+    if job.keys.dataset is None or job.keys.split is None:
+        raise ConfigError("the probing task needs dataset= and split= (e.g. split=probing)")
+    fractions = job.keys.split.get("fractions", {})
+    missing = [s for s in ("train", "test") if s not in fractions]
+    if missing:
+        raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(fractions)}")
+    if not job.task_cfg.properties:
+        raise ConfigError("probing.properties is empty; list the dataset properties to probe, e.g. [z_c]")
 
 
 def majority_baseline(y_train: np.ndarray, y_test: np.ndarray) -> float:
@@ -30,53 +55,65 @@ def majority_baseline(y_train: np.ndarray, y_test: np.ndarray) -> float:
     return float((y_test == np.bincount(y_train).argmax()).mean())
 
 
-def run(ctx: JobContext) -> pd.DataFrame:
+def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Label arrays of the properties that can be probed (two or more values besides "none").
+
+    A property with a single value is skipped with a loud warning; none left is an error.
+    """
+    for p in props:
+        if p not in ds.properties:
+            raise ConfigError(f"property {p!r} not in dataset {ds.name!r}; it has {list(ds.properties)}")
+    labels: dict[str, tuple[list[str], np.ndarray]] = {}
+    for prop in props:
+        values = ds.values(prop)
+        if len(values) < 2:
+            ctx.warn(f"skipping property {prop}: {ds.name} has {len(values)} value(s) other than 'none' ({values})")
+            continue
+        labels[prop] = (values, ds.labels(prop, values))
+    if not labels:
+        raise DataError(f"no property of {props} has two or more values in {ds.name!r}; nothing to probe")
+    return labels
+
+
+def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Fit on the train split (selecting hyperparameters on the validation split when there is one), score on
+    test; rows whose label is "none" (−1) are left out of every split."""
+    tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
+    if len(tr) == 0 or len(te) == 0:
+        raise DataError("empty train or test split after dropping 'none' labels")
+    yt = torch.from_numpy(y)
+    probe.fit(X[tr], yt[tr], *((X[va], yt[va]) if va is not None and len(va) else ()))
+    return {"accuracy": probe.score(X[te], yt[te]), "majority": majority_baseline(y[tr], y[te]),
+            "n_train": len(tr), "n_val": 0 if va is None else len(va), "n_test": len(te),
+            "best_params": str(getattr(probe, "best_params", ""))}
+
+
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
     adapter = ctx.adapter(cfg["model"])
     ds = load_dataset(cfg["dataset"], ctx.data_root)
+    for note in ds.notes:
+        ctx.warn(note)
     layers = resolve_layers(cfg["layers"], adapter.n_layers)
     ex = extract(adapter, ds, layers, cfg["position"], ctx.cache, progress=ctx.progress)
+    for reason, n in ex.dropped.items():
+        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
     ctx.timings["extract_s"] = ex.seconds
     task_acc = ex.task_accuracy
-    log.info("%s task accuracy on %s: %s (%d items dropped: verb forms not single tokens)", adapter.name,
-             ex.dataset.name, "n/a (no LM head)" if task_acc is None else f"{task_acc:.4f}", ex.dropped)
-    splits = make_splits(ex.dataset, cfg["split"], int(cfg["seed"]))
-    for name in ("train", "test"):
-        if name not in splits:
-            raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(splits)}")
-    probes = cfg.get("probe") or {}
-    if not probes:
-        raise ConfigError("no probe configured; choose one with probe=linear|mlp|all")
-    props = list(cfg["properties"])
-    for p in props:
-        if p not in ex.dataset.properties:
-            raise ConfigError(f"property {p!r} not in dataset {ex.dataset.name!r}; it has {list(ex.dataset.properties)}")
-    labels: dict[str, tuple[list[str], np.ndarray]] = {}
-    for prop in props:
-        values = ex.dataset.values(prop)
-        if len(values) < 2:
-            log.warning("skipping property %s: %s has %s value(s) other than 'none'", prop, ex.dataset.name,
-                        len(values))
-            continue
-        labels[prop] = (values, ex.dataset.labels(prop, values))
+    log.info("%s task accuracy on %s: %s", adapter.name, ex.dataset.name,
+             "n/a (no LM head)" if task_acc is None else f"{task_acc:.4f}")
+    splits = make_splits(ex.dataset, cfg["split"], ctx.seed)
+    labels = property_labels(ex.dataset, list(config.properties), ctx)
+    probes = cfg["probe"]
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
     rows, t0 = [], time.perf_counter()
-    for prop, layer, pname in tqdm(jobs, desc="probes", disable=not ctx.progress or None):
+    for prop, layer, pname in track(jobs, "probes", ctx.progress):
         values, y = labels[prop]
-        tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
-        if len(tr) == 0 or len(te) == 0:
-            log.warning("skipping %s at layer %d: empty train or test split", prop, layer)
-            continue
-        X = ex.acts[layer]
-        yt = torch.from_numpy(y)
-        probe = build_probe(probe_config(cfg, probes[pname]))
-        probe.fit(X[tr], yt[tr], *((X[va], yt[va]) if va is not None and len(va) else ()))
+        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits)
         rows.append({
-            "model": adapter.name, "dataset": ex.dataset.name, "layer": layer, "property": prop, "probe": pname,
-            "accuracy": probe.score(X[te], yt[te]), "majority": majority_baseline(y[tr], y[te]),
-            "n_train": len(tr), "n_test": len(te), "n_classes": len(values),
-            "best_params": str(getattr(probe, "best_params", "")), "task_accuracy": task_acc,
-            "n_dropped": ex.dropped,
+            "model": adapter.name, "dataset": ex.dataset.name, "dataset_source": ex.dataset.source,
+            "layer": layer, "position": cfg["position"], "property": prop, "probe": pname, **scores,
+            "n_classes": len(values), "task_accuracy": task_acc, "n_dropped": ex.n_dropped,
         })
     ctx.timings["probes_s"] = time.perf_counter() - t0
     return pd.DataFrame(rows)

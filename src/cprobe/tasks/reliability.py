@@ -2,8 +2,9 @@
 reliability against oracle probes, and ΔTask Acc by feeding the intervened states back.
 
 One job = one intervention at one hyperparameter setting (a sweep runs a grid). Oracle probes and the
-interventional probe shared by gradient attacks are memoised per process, so consecutive jobs of a
-sweep (basic launcher) train them once; activations come from the shared cache.
+interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
+safetensors), so the jobs of a sweep train them once; activations come from the shared cache. The scoring
+itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +24,74 @@ from torch import Tensor
 
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers, task_accuracy
-from cprobe.interventions import build_intervention
-from cprobe.interventions.gbi import GradientIntervention
-from cprobe.job import JobContext, probe_config
+from cprobe.interventions import INTERVENTIONS, Intervention
+from cprobe.job import JobContext
 from cprobe.metrics.reliability import (
-    counterfactual_completeness,
-    nullifying_completeness,
-    reliability,
-    selectivity,
+    counterfactual_targets,
+    oracle_informative,
+    score_intervention,
 )
-from cprobe.models.load import resolve_device
+from cprobe.models.edits import Replace
+from cprobe.models.formatters import AgreementFormatter
+from cprobe.models.readouts import CandidateTokens
+from cprobe.models.sites import Site
 from cprobe.plots import new_figure, save
-from cprobe.probes import Probe, build_probe
-from cprobe.probes.linear import load_probe, save_probe
+from cprobe.probes import Probe
+from cprobe.probes.grid import load_probe, save_probe
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
 
 _MEMO: dict[str, Probe] = {}
-_PROBE_CACHE_VERSION = 2  # 2: grid ties broken by validation loss; safetensors files
+_PROBE_CACHE_VERSION = 3  # 3: checksummed files
 
 
-def _memo_probe(key: Mapping[str, Any], cfg: Mapping[str, Any], X: Tensor, y: Tensor,
+@dataclass(frozen=True)
+class Config:
+    """The ``reliability:`` node."""
+
+    target: str = "z_c"
+    others: list[str] = field(default_factory=lambda: ["z_e"])
+    oracle_probe: str = "mlp"  # a key of `probe` (probe=all has linear and mlp)
+    interventional_probe: str = "mlp"  # the probe gradient attacks attack (never the oracle object)
+    cache_probes: bool = True  # fitted oracle/interventional probes also cached on disk (CPROBE_CACHE_DIR)
+    chance_margin: float = 0.02  # an oracle within this of its majority rate is flagged "at chance"
+
+
+def validate(job: Any) -> None:
+    rc: Config = job.task_cfg
+    if job.keys.intervention is None:
+        raise ConfigError("the reliability task needs an intervention: intervention=inlp|rlace|alterrep|leace|"
+                          "mean_diff|fgsm|pgd|autoattack")
+    icfg = dict(job.keys.intervention)
+    hparam = icfg.pop("hparam", None)
+    if hparam is not None and hparam not in icfg:
+        raise ConfigError(f"intervention.hparam={hparam!r} is not a key of the intervention config {sorted(icfg)}")
+    INTERVENTIONS.build(icfg, seed=job.keys.seed)
+    if rc.target in rc.others:
+        raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
+    if not rc.others:
+        raise ConfigError("reliability.others is empty: selectivity needs at least one non-targeted property")
+    for role in ("oracle_probe", "interventional_probe"):
+        name = getattr(rc, role)
+        if name not in (job.keys.probe or {}):
+            raise ConfigError(f"reliability.{role}={name!r} is not configured; probe= has "
+                              f"{sorted(job.keys.probe or {})} (use probe=all)")
+    if job.keys.dataset is None or job.keys.split is None:
+        raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
+    fractions = job.keys.split.get("fractions", {})
+    missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
+    if missing:
+        raise ConfigError(f"the reliability task needs oracle/intervention/test splits; split.fractions has "
+                          f"{list(fractions)}")
+
+
+def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
                 cache_dir: Path | None = None) -> tuple[Probe, str]:
-    """Fit ``build_probe(cfg)`` on (X, y) once per key: per process, and on disk when ``cache_dir`` is set
-    (every method's sweep is its own process, so the disk copy saves refitting the oracles 8 times).
+    """Fit ``probe`` on (X, y) once per key: per process, and on disk when ``cache_dir`` is set (every method's
+    sweep is its own process, so the disk copy saves refitting the oracles 8 times).
 
     Returns (probe, where it came from: "fit", "memory" or "disk").
     """
@@ -57,113 +100,96 @@ def _memo_probe(key: Mapping[str, Any], cfg: Mapping[str, Any], X: Tensor, y: Te
         return _MEMO[k], "memory"
     path = cache_dir / f"{hashlib.sha256(k.encode()).hexdigest()[:24]}.safetensors" if cache_dir else None
     if path is not None and path.is_file():
-        try:
-            _MEMO[k] = load_probe(build_probe(cfg), path)
-            return _MEMO[k], "disk"
-        except Exception as e:  # noqa: BLE001 - a stale or torn file: refit and overwrite it
-            log.warning("ignoring unreadable cached probe %s (%s)", path, e)
-    probe = build_probe(cfg).fit(X, y)
+        loaded = load_probe(probe, path)
+        if loaded is not None:
+            _MEMO[k] = loaded
+            return loaded, "disk"
+    probe = probe.fit(X, y)
     _MEMO[k] = probe
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         save_probe(probe, path)
     return probe, "fit"
 
 
-def counterfactual_targets(z: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Every (row, z′ ≠ z) pair: returns (row indices, targets); for k = 2 each row once.
-
-    Scoring the k − 1 copies of a row and averaging them is the paper's per-embedding
-    average over counterfactual values (§3); every row keeps equal weight in C, S and ΔTask.
-    """
-    if k < 2:
-        raise ConfigError(f"a counterfactual intervention needs a property with >= 2 values, got k={k}")
-    rows = torch.arange(len(z)).repeat_interleave(k - 1)
-    offsets = torch.arange(1, k).repeat(len(z))
-    return rows, (z[rows] + offsets) % k
+def _majority(y_train: Tensor, y_test: Tensor) -> float:
+    return float((y_test == torch.bincount(y_train).argmax()).double().mean())
 
 
-def aggregate_selectivity(parts: Mapping[str, Tensor]) -> tuple[float, dict[str, float]]:
-    """Eq. 3 aggregated as in the paper: s(ĥ) = mean over the non-targeted properties that apply to
-    that row (NaN = not applicable, e.g. Z_e = none), then S = mean over rows with at least one.
-
-    Returns (S, per-property means). A property that applies to no row is an error, never skipped.
-    """
-    if not parts:
-        raise ConfigError("selectivity needs at least one non-targeted property (reliability.others)")
-    empty = [p for p, s in parts.items() if not torch.isfinite(s).any()]
-    if empty:
-        raise ConfigError(f"non-targeted propert{'ies' if len(empty) > 1 else 'y'} {empty} apply to no test row; "
-                          "selectivity cannot be computed (use more data or drop them from reliability.others)")
-    per_prop = {p: torch.nanmean(s).item() for p, s in parts.items()}
-    per_row = torch.nanmean(torch.stack(list(parts.values()), 1), 1)  # NaN where no property applies
-    return torch.nanmean(per_row).item(), per_prop
-
-
-def run(ctx: JobContext) -> pd.DataFrame:
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     t_job = time.perf_counter()
     cfg = ctx.cfg
-    rcfg = cfg["reliability"]
     adapter = ctx.adapter(cfg["model"])
     ds = load_dataset(cfg["dataset"], ctx.data_root)
+    for note in ds.notes:
+        ctx.warn(note)
     layers = resolve_layers(cfg["layers"], adapter.n_layers)
     if len(layers) != 1:
         raise ConfigError(f"the reliability task takes one layer per job (got {layers}); sweep layers with -m")
     layer = layers[0]
     ex = extract(adapter, ds, [layer], cfg["position"], ctx.cache, progress=ctx.progress)
+    for reason, n in ex.dropped.items():
+        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
     data = ex.dataset
-    target, others = rcfg["target"], list(rcfg["others"])
-    if target in others:
-        raise ConfigError(f"reliability.others must not contain the target {target!r}")
+    target, others = config.target, list(config.others)
     for p in (target, *others):
         if p not in data.properties:
             raise ConfigError(f"property {p!r} not in dataset {data.name!r}; it has {list(data.properties)}")
-    seed = int(cfg["seed"])
+    seed = ctx.seed
     splits = make_splits(data, cfg["split"], seed)
-    for s in ("oracle", "intervention", "test"):
-        if s not in splits:
-            raise ConfigError(f"the reliability task needs oracle/intervention/test splits; got {list(splits)}")
-    dev = resolve_device(str(cfg.get("device", "auto")))
     X = ex.acts[layer].float()
     values = {p: data.values(p) for p in (target, *others)}
+    for p, v in values.items():
+        if len(v) < 2:
+            raise DataError(f"property {p!r} has {len(v)} value(s) other than 'none' in {data.name!r} ({v}); "
+                            "the reliability study needs two or more")
     labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
+    dev = ctx.device or ("cuda" if torch.cuda.is_available() else "cpu")
     memo_base = {"acts": [adapter.name, data.fingerprint(), layer, cfg["position"]], "seed": seed,
                  "split": cfg["split"]}
-    probe_dir = (ctx.cache_root / "reliability_probes"
-                 if rcfg.get("cache_probes", True) and cfg.get("cache", {}).get("enabled", True) else None)
+    probe_dir = ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
+        else None
 
     # Oracle probes: oracle split only, original embeddings only, one per property.
     t0 = time.perf_counter()
     oracles: dict[str, Probe] = {}
     sources: dict[str, str] = {}
+    te = splits["test"]
+    oracle_info: dict[str, Any] = {}
     for p in values:
         idx = splits["oracle"][labels[p][splits["oracle"]].numpy() >= 0]
-        pc = probe_config(cfg, _probe_cfg(cfg, rcfg["oracle_probe"]))
+        pc = cfg["probe"][config.oracle_probe]
         oracles[p], sources[f"oracle_{p}"] = _memo_probe(
-            {**memo_base, "oracle": p, "probe": pc}, pc, X[idx].to(dev), labels[p][idx].to(dev), probe_dir)
+            {**memo_base, "oracle": p, "probe": pc}, ctx.probe(pc), X[idx].to(dev), labels[p][idx].to(dev), probe_dir)
+        ok = labels[p][te] >= 0
+        acc = oracles[p].score(X[te][ok], labels[p][te][ok])
+        majority = _majority(labels[p][idx], labels[p][te][ok])
+        informative = oracle_informative(acc, majority, config.chance_margin)
+        oracle_info.update({f"oracle_acc_{p}": acc, f"oracle_majority_{p}": majority,
+                            f"oracle_informative_{p}": informative})
+        if not informative:
+            ctx.warn(f"the {p} oracle is at chance on {adapter.name} layer {layer} (accuracy {acc:.3f} vs majority "
+                     f"{majority:.3f}): {'completeness' if p == target else 'selectivity'} is not meaningful")
     t_oracle = time.perf_counter() - t0
 
-    te = splits["test"]
     X_te, z_te = X[te], labels[target][te]
     if (z_te < 0).any():
         raise ConfigError(f"the target {target!r} must be defined for every item (some are {target}=none)")
     k = len(values[target])
     icfg = dict(cfg["intervention"])
     hparam = icfg.pop("hparam", None)
-    if hparam is not None and hparam not in icfg:
-        raise ConfigError(f"intervention.hparam={hparam!r} is not a key of the intervention config {sorted(icfg)}")
     name = icfg["name"]
-    method = build_intervention(icfg)
+    method: Intervention = INTERVENTIONS.build(icfg, seed=seed, device=ctx.device)
     inter = splits["intervention"]
     z_inter = labels[target][inter]
     t0 = time.perf_counter()
-    if isinstance(method, GradientIntervention):
+    if method.needs_probe:
         # The interventional probe: intervention split, its own object (never an oracle).
-        pc = probe_config(cfg, _probe_cfg(cfg, rcfg["interventional_probe"]))
+        pc = cfg["probe"][config.interventional_probe]
         probe, sources["interventional"] = _memo_probe(
-            {**memo_base, "interventional": target, "probe": pc}, pc, X[inter].to(dev), z_inter.to(dev), probe_dir)
+            {**memo_base, "interventional": target, "probe": pc}, ctx.probe(pc), X[inter].to(dev), z_inter.to(dev),
+            probe_dir)
         assert all(probe is not o for o in oracles.values())
-        method.use_probe(probe)
+        method.use_probe(probe)  # type: ignore[attr-defined]
     else:
         method.fit(X[inter].to(dev), z_inter.to(dev))
     t_fit = time.perf_counter() - t0
@@ -177,53 +203,37 @@ def run(ctx: JobContext) -> pd.DataFrame:
         X_new = method.transform(X_te.to(dev)).float().cpu()
     t_apply = time.perf_counter() - t0
 
-    # Completeness on every (test row, goal) pair; selectivity per row over the applicable others.
-    p_hat = oracles[target].predict_proba(X_new)
-    comp = (counterfactual_completeness(p_hat, z_goal) if z_goal is not None
-            else nullifying_completeness(p_hat)).mean().item()
-    X_orig = X_te[rows]
-    parts = {p: selectivity(oracles[p].predict_proba(X_new), oracles[p].predict_proba(X_orig),
-                            labels[p][te][rows] >= 0) for p in others}
-    sel, sel_parts = aggregate_selectivity(parts)
-
     # ΔTask Acc: the same (test row, goal) items before and after writing the intervened states back.
     t0 = time.perf_counter()
     acc_before = acc_after = None
-    if ex.cand_logits is not None:
+    if ex.scores is not None:
         items = te[rows.numpy()]
-        acc_before = task_accuracy(ex.cand_logits[items])
-        lp = adapter.write([data.examples[i] for i in items], layer, X_new, [ex.candidates[i] for i in items],
-                           cfg["position"], desc="write-back" if ctx.progress else None)
-        acc_after = task_accuracy(lp)
+        acc_before = task_accuracy(ex.scores[items])
+        written = adapter.map([data.examples[i] for i in items], AgreementFormatter((cfg["position"],)),
+                              edits={Site(layer, cfg["position"]): Replace(X_new)},
+                              readout=CandidateTokens(ex.candidates[items]),
+                              desc="write-back" if ctx.progress else None)
+        acc_after = task_accuracy(written.scores)
     t_task = time.perf_counter() - t0
 
+    scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
+                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after)
     hval = icfg.get(hparam) if hparam else None
     row = {
-        "model": adapter.name, "dataset": data.name, "layer": layer, "method": name,
-        "kind": method.kind, "hparam": hparam, "hparam_value": None if hval is None else float(hval),
-        "completeness": comp, "selectivity": sel, "reliability": float(reliability(comp, sel)),
-        "task_acc_before": acc_before, "task_acc_after": acc_after,
-        "delta_task_acc": None if acc_before is None else acc_before - acc_after,
-        **{f"oracle_acc_{p}": oracles[p].score(X_te[labels[p][te] >= 0], labels[p][te][labels[p][te] >= 0])
-           for p in values},
-        **{f"selectivity_{p}": v for p, v in sel_parts.items()},
-        "oracle_probe": rcfg["oracle_probe"],
+        "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
+        "position": cfg["position"], "method": name, "kind": method.kind, "hparam": hparam,
+        "hparam_value": None if hval is None else float(hval), **scores,
+        "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
+        **oracle_info, "oracle_probe": config.oracle_probe,
         "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
         "device": str(dev), "probe_source": ",".join(f"{k_}={v}" for k_, v in sources.items()),
         **{f"fit_{a}": getattr(method, a) for a in ("epochs_run", "probe_accuracy") if hasattr(method, a)},
         "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "task_s": t_task,
         "job_s": time.perf_counter() - t_job,
     }
-    log.info("%s %s=%s: C=%.3f S=%.3f R=%.3f ΔTask=%s (%.1fs)", name, hparam, hval, comp, sel,
-             row["reliability"], row["delta_task_acc"], row["job_s"])
+    log.info("%s %s=%s: C=%.3f S=%.3f R=%.3f ΔTask=%s (%.1fs)", name, hparam, hval, scores["completeness"],
+             scores["selectivity"], scores["reliability"], scores.get("delta_task_acc"), row["job_s"])
     return pd.DataFrame([row])
-
-
-def _probe_cfg(cfg: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    probes = cfg.get("probe") or {}
-    if name not in probes:
-        raise ConfigError(f"reliability probe {name!r} is not configured; probe= has {sorted(probes)} (use probe=all)")
-    return probes[name]
 
 
 _KIND_ORDER = {"counterfactual": 0, "nullifying": 1}
@@ -245,7 +255,7 @@ def table1(table: pd.DataFrame) -> pd.DataFrame:
     best = best.sort_values([*keys[:-1], "_kind", "reliability"], ascending=[True] * (len(keys) - 1) + [True, False])
     cols = [*keys, "kind", "x_opt", "completeness", "selectivity", "reliability", "task_acc_before",
             "task_acc_after", "delta_task_acc", *sorted(c for c in t.columns if c.startswith("oracle_acc_")),
-            "hparam", "hparam_value"]
+            "selectivity_valid", "hparam", "hparam_value"]
     return best[[c for c in cols if c in best.columns]].reset_index(drop=True)
 
 

@@ -1,0 +1,166 @@
+"""Grid-search training shared by the probes, and fitted probes saved/loaded as checksummed safetensors.
+
+Training is plain mini-batch Adam on cross-entropy with whole tensors kept on the device (no DataLoader, no
+per-sample Python); every grid point is scored by validation accuracy, ties going to the lower validation loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+from torch import Tensor, nn
+
+from cprobe.errors import ConfigError, DataError
+from cprobe.probes.base import Probe
+
+
+def check_grid_axis(name: str, values: Sequence[Any], positive: bool = True) -> tuple[Any, ...]:
+    """A non-empty tuple of (by default strictly positive) grid values, else ConfigError."""
+    values = tuple(values) if isinstance(values, Sequence) and not isinstance(values, str) else (values,)
+    if not values:
+        raise ConfigError(f"{name} grid is empty; give at least one value")
+    if positive and any(not isinstance(v, int | float) or v <= 0 for v in values):
+        raise ConfigError(f"{name} values must be positive numbers, got {list(values)}")
+    return values
+
+
+def check_training_args(epochs: int, batch_size: int, weight_decay: float, val_fraction: float) -> None:
+    if epochs < 1:
+        raise ConfigError(f"epochs must be >= 1, got {epochs}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if weight_decay < 0:
+        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
+
+
+class GridSearchProbe(Probe):
+    """Fits one module per grid point and keeps the best by validation accuracy (lower validation loss on ties).
+
+    Subclasses give the grid (``_grid``) and build a module for a grid point (``_build``).
+    After ``fit``: ``module``, ``best_params``, ``val_accuracy`` and ``grid_results``
+    (each grid point with its validation accuracy).
+    """
+
+    def __init__(
+        self,
+        epochs: int,
+        batch_size: int,
+        weight_decay: float,
+        val_fraction: float,
+        seed: int,
+        device: str | None,
+    ) -> None:
+        check_training_args(epochs, batch_size, weight_decay, val_fraction)
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.device = device
+
+    @abstractmethod
+    def _grid(self) -> list[dict[str, Any]]:
+        """The grid points, each a dict with at least ``lr``."""
+
+    @abstractmethod
+    def _build(self, d: int, k: int, params: Mapping[str, Any]) -> nn.Module:
+        """A fresh module for d-dimensional inputs and k classes at one grid point."""
+
+    def _split(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        n_val = max(1, round(self.val_fraction * len(X)))
+        if n_val >= len(X):
+            raise DataError(f"{len(X)} rows are too few to hold out a validation split")
+        perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
+        return X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
+
+    def _train(self, module: nn.Module, X: Tensor, y: Tensor, lr: float, gen: torch.Generator) -> None:
+        opt = torch.optim.Adam(module.parameters(), lr=lr, weight_decay=self.weight_decay)
+        loss_fn = nn.CrossEntropyLoss()
+        module.train()
+        for _ in range(self.epochs):
+            for idx in torch.randperm(len(X), generator=gen).to(X.device).split(self.batch_size):
+                opt.zero_grad(set_to_none=True)
+                loss_fn(module(X[idx]), y[idx]).backward()
+                opt.step()
+        module.eval()
+
+    def fit(self, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None) -> Self:
+        if (X_val is None) != (y_val is None):
+            raise DataError("pass both X_val and y_val, or neither")
+        if X.ndim != 2 or y.shape != (len(X),):
+            raise DataError(f"X must be (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
+        device = torch.device(self.device) if self.device else X.device
+        X, y = X.to(device=device, dtype=torch.float32), y.to(device=device, dtype=torch.long)
+        if X_val is None:
+            X, y, X_val, y_val = self._split(X, y)
+        else:
+            X_val = X_val.to(device=device, dtype=torch.float32)
+            y_val = y_val.to(device=device, dtype=torch.long)  # type: ignore[union-attr]
+        k = int(max(y.max(), y_val.max())) + 1
+        d = X.shape[1]
+        self.n_classes, self.d = k, d
+
+        best: tuple[float, dict[str, Any], nn.Module] | None = None
+        self.grid_results: list[tuple[dict[str, Any], float]] = []
+        for params in self._grid():
+            gen = torch.Generator().manual_seed(self.seed)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed)
+                module = self._build(d, k, params)
+            module = module.to(device)
+            with torch.enable_grad():
+                self._train(module, X, y, params["lr"], gen)
+            with torch.inference_mode():
+                logits = module(X_val)
+                acc = (logits.argmax(-1) == y_val).double().mean().item()
+                loss = nn.functional.cross_entropy(logits, y_val).item()
+            self.grid_results.append((params, acc))
+            # Best validation accuracy; ties (common: many points reach 100%) go to the lower validation
+            # loss, i.e. the better-trained, more confident probe, not to whichever came first.
+            if best is None or (acc, -loss) > (best[0], -best[1]):
+                best = (acc, loss, params, module)
+        assert best is not None  # the grid is checked non-empty at construction
+        self.val_accuracy, _, self.best_params, self.module = best
+        return self
+
+
+def save_probe(probe: GridSearchProbe, path: Path) -> None:
+    """A fitted probe as checksummed safetensors: weights + its grid point and sizes as metadata (no pickle)."""
+    from cprobe.io import atomic_save_tensors
+
+    meta = {"best_params": json.dumps(probe.best_params), "n_classes": str(probe.n_classes),
+            "d": str(probe.d), "val_accuracy": repr(probe.val_accuracy)}
+    atomic_save_tensors(path, probe.module.state_dict(), meta)
+
+
+def load_probe(probe: GridSearchProbe, path: Path) -> GridSearchProbe | None:
+    """Fill an unfitted ``probe`` (built from the same config) with the weights saved at ``path``; None when
+    the file is missing, unreadable or fails its checksum (the caller refits)."""
+    from cprobe.io import load_tensors, read_metadata
+
+    state = load_tensors(path)
+    if state is None:
+        return None
+    meta = read_metadata(path)
+    params, k, d = json.loads(meta["best_params"]), int(meta["n_classes"]), int(meta["d"])
+    module = probe._build(d, k, params)
+    module.load_state_dict(state)
+    device = torch.device(probe.device) if probe.device else torch.device("cpu")
+    probe.module, probe.best_params, probe.n_classes, probe.d = module.to(device).eval(), params, k, d
+    probe.val_accuracy = float(meta["val_accuracy"])
+    return probe
+
+
+def product_grid(**axes: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """All combinations of the axes as dicts, in row-major order."""
+    names = list(axes)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
