@@ -157,3 +157,60 @@ def test_launcher_presets_compose(launcher, target):
     r = cli("run", "+experiment=sva_tiny", f"hydra/launcher={launcher}", "--cfg", "hydra")
     assert r.returncode == 0, r.stderr
     assert target in r.stdout
+
+
+def _status(d: Path) -> dict:
+    import json
+
+    try:
+        return json.loads((d / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
+    import signal
+
+    exe = Path(sys.executable).with_name("cprobe")
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", f"hydra.run.dir={run_dir}"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.time() + 240
+    while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    assert _status(run_dir)["state"] == "interrupted"
+    assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_resume_skips_only_a_done_job_with_the_same_config(tmp_path):
+    base = ["run", "+experiment=sva_tiny", "--smoke", "probe=linear", "layers=last", f"hydra.run.dir={tmp_path}"]
+    assert cli(*base).returncode == 0
+    first = _status(tmp_path)
+    again = cli(*base)
+    assert again.returncode == 0 and "skipping" in again.stderr + again.stdout
+    changed = cli(*base, "seed=1")
+    assert changed.returncode == 0 and "different config; running again" in changed.stderr + changed.stdout
+    assert _status(tmp_path)["config_hash"] != first["config_hash"] and _status(tmp_path)["state"] == "done"
+
+
+def test_explicit_probe_overrides_win_over_presets_and_cfg_job_shows_them():
+    r = cli("run", "+experiment=sva_tiny", "--smoke", "probe.mlp.lrs=[0.1]", "--cfg", "job")
+    assert r.returncode == 0, r.stderr
+    import yaml
+
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["probe"]["mlp"]["lrs"] == [0.1] and cfg["probe"]["mlp"]["widths"] == [64]  # smoke preset elsewhere
+    r = cli("run", "+experiment=sva_tiny", "probe=linear", "--smoke", "--cfg", "job")
+    assert list(yaml.safe_load(r.stdout)["probe"]) == ["linear"]  # the command line's probe choice wins
+
+
+def test_tiny_model_below_its_gate_is_an_error(tmp_path):
+    r = cli("run", "+experiment=sva_tiny", "--smoke", "model.tiny.gate=1.01", f"paths.output_root={tmp_path}")
+    assert r.returncode == 1 and "below its gate 1.01 (model.tiny.gate)" in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1

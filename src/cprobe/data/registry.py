@@ -117,7 +117,9 @@ def _generic(cfg: Any, root: Path, name: str) -> Dataset:
     if not cfg.path:
         raise ConfigError("generic dataset: set dataset.path to your TSV/CSV/JSONL file (see conf/dataset/generic.yaml)")
     path = Path(cfg.path).expanduser()
-    return load_generic(path if path.is_absolute() else root / path, cfg, name)
+    if not path.is_absolute() and not path.exists():
+        path = root / path  # relative: the current directory first, then the data dir
+    return load_generic(path, cfg, name)
 
 
 @dataclass(frozen=True)

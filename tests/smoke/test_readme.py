@@ -1,0 +1,83 @@
+"""The README is an executable spec: every `cprobe` command line in its ```bash blocks runs exactly as written,
+in README order, from one empty working directory, at smoke size (CPROBE_SMOKE=1).
+
+A trailing `# needs: hub` marks a command that needs a model download: it must fail fast with the one-line
+instructions. `# needs: slurm` marks a command that needs a SLURM cluster: its first sweep point must compose
+with the SLURM launcher (`--cfg hydra`, which Hydra accepts only without `-m`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def readme_commands(text: str) -> list[tuple[str, str | None]]:
+    """(command line, needs-annotation) for every line starting with `cprobe ` inside ```bash blocks."""
+    out, in_bash = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_bash = line.strip() == "```bash"
+            continue
+        if in_bash and line.startswith("cprobe "):
+            needs = re.search(r"#\s*needs:\s*(\w+)", line)
+            out.append((line, needs.group(1) if needs else None))
+    return out
+
+
+COMMANDS = readme_commands((REPO / "README.md").read_text())
+
+
+def test_the_readme_has_commands_of_every_kind():
+    kinds = {c.split()[1] for c, _ in COMMANDS}
+    assert {"run", "list", "data", "collect", "cache", "version"} <= kinds
+    assert any(" -m " in c for c, _ in COMMANDS) and {n for _, n in COMMANDS} >= {None, "hub", "slurm"}
+
+
+SHARED_CACHE = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("readme_cwd")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """A cache of its own (the README clears it), seeded with the suite's trained tiny models."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("readme_cache")
+    if (SHARED_CACHE / "models").is_dir():
+        shutil.copytree(SHARED_CACHE / "models", d / "models", ignore=shutil.ignore_patterns("*.lock", ".*"))
+    return d
+
+
+@pytest.mark.parametrize("command,needs", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_readme_command(command, needs, workdir, cache_dir):
+    argv = shlex.split(command, comments=True)
+    exe = Path(sys.executable).with_name("cprobe")
+    env = {**os.environ, "CPROBE_SMOKE": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
+           "CPROBE_CACHE_DIR": str(cache_dir)}
+    if needs == "slurm":
+        argv = [a if "=" not in a else a.split(",")[0] for a in argv if a not in ("-m", "--multirun")]
+        argv += ["--cfg", "hydra"]
+    r = subprocess.run([str(exe), *argv[1:]], capture_output=True, text=True, cwd=workdir, env=env, timeout=1500)
+    if needs == "hub":
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert "huggingface-cli download" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        return
+    assert r.returncode == 0, f"`{command}` failed:\n{r.stderr[-4000:]}"
+    assert "Traceback" not in r.stderr
+    assert "\r" not in r.stderr, "progress bars in a non-terminal log"
+    if needs == "slurm":
+        assert "SlurmLauncher" in r.stdout
