@@ -44,10 +44,20 @@ def describe(path: Path) -> str:
             break
         lines.append(s.lstrip("#").strip())
     text = " ".join(x for x in lines if x)
-    for end in (". ", "; "):
-        at = text.find(end)
-        if 0 < at < len(text) - 2:
-            return text[: at + 1].rstrip(";") + ("" if end == ". " else "")
+    return first_sentence(text)
+
+
+_ABBREVIATIONS = ("et al.", "e.g.", "i.e.", "vs.", "cf.", "etc.", "Fig.", "Figs.", "App.", "eq.", "No.")
+
+
+def first_sentence(text: str) -> str:
+    """Text up to the first full stop that ends a sentence (not an abbreviation, not inside parentheses)."""
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "." and depth == 0 and (i + 1 == len(text) or text[i + 1] == " "):
+            if not any(text[: i + 1].endswith(a) for a in _ABBREVIATIONS):
+                return text[: i + 1]
     return text
 
 

@@ -48,6 +48,16 @@ def test_demo_sva_tiny_meets_acceptance(tmp_path):
     assert r2.returncode == 0 and "skipping" in r2.stderr + r2.stdout
 
 
+def test_same_seed_gives_byte_identical_metric_tables(tmp_path):
+    for out in ("a", "b"):
+        r = cprobe("run", "+experiment=sva_tiny", "--smoke", "layers=[2,4]", f"paths.output_root={tmp_path / out}",
+                   cwd=REPO)
+        assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (_run_dir(tmp_path / o) for o in ("a", "b"))
+    for f in ("metrics.csv", "metrics.md"):
+        assert (a / f).read_bytes() == (b / f).read_bytes()
+
+
 def test_multirun_two_probes_one_table_and_shared_activations(tmp_path):
     r = cprobe("run", "-m", "+experiment=sva_tiny", "probe=linear,mlp", "--smoke",
                f"hydra.sweep.dir={tmp_path}", cwd=REPO)
@@ -82,8 +92,10 @@ def test_minilm_on_lgd_offline(tmp_path):
     assert t["task_accuracy"].isna().all()  # no LM head: n/a
     assert set(t["property"]) == {"z_c"} and sorted(t["layer"]) == [0, 6]
     assert t["n_dropped"].eq(0).all() and t["n_train"].eq(360).all()
-    # MiniLM (a contrastive sentence encoder) encodes subject number only weakly at [MASK]: no worse than chance
-    assert (t["accuracy"] >= t["majority"] - 0.05).all(), t[["layer", "accuracy", "majority"]]
+    assert t["dataset_source"].eq("lgd_agreement/lgd_subset.tsv").all()
+    assert t["warnings"].str.contains("skipping property z_e").all()  # the skip is in the table too
+    # the majority baseline is the train-majority rate on test: LGD is 63.5% singular subjects
+    assert t["majority"].between(0.6, 0.67).all(), t["majority"]
 
 
 def test_missing_hub_model_fails_fast_with_instructions(tmp_path):

@@ -1,0 +1,122 @@
+"""Probing task wiring, run-dir names, progress logging, catalog descriptions, corrupt cached probes/models."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cprobe.catalog import describe
+from cprobe.data.base import Dataset, Example
+from cprobe.errors import DataError
+from cprobe.job import JobContext
+from cprobe.pipeline import dir_suffix
+from cprobe.progress import track
+from cprobe.tasks.probing import fit_and_score, majority_baseline, property_labels
+
+
+def test_majority_baseline_hand_computed():
+    # train majority is class 1 (3 of 4); test has 2 of 5 ones -> 0.4 (argmin would give 0.6)
+    assert majority_baseline(np.array([1, 1, 0, 1]), np.array([0, 1, 0, 1, 0])) == pytest.approx(0.4)
+
+
+class _SpyProbe:
+    """Records what fit received; predicts class 0."""
+
+    def fit(self, X, y, X_val=None, y_val=None):
+        self.fit_args = (X, y, X_val, y_val)
+        return self
+
+    def score(self, X, y):
+        return float((y == 0).double().mean())
+
+
+def test_fit_and_score_selects_on_the_validation_split_and_scores_on_test():
+    X = torch.arange(20, dtype=torch.float32)[:, None]
+    y = np.array([0, 1] * 10)
+    y[3] = -1  # "none": left out everywhere
+    splits = {"train": np.arange(0, 10), "val": np.arange(10, 15), "test": np.arange(15, 20)}
+    probe = _SpyProbe()
+    row = fit_and_score(probe, X, y, splits)
+    _, ytr, Xva, yva = probe.fit_args
+    assert len(ytr) == 9 and Xva is not None and Xva[:, 0].tolist() == [10, 11, 12, 13, 14]
+    assert (row["n_train"], row["n_val"], row["n_test"]) == (9, 5, 5)
+    assert row["accuracy"] == pytest.approx(2 / 5) and row["majority"] == pytest.approx(2 / 5)
+
+
+def _ctx(tmp_path) -> JobContext:
+    return JobContext(cfg={"seed": 0}, out_dir=tmp_path, data_root=tmp_path, cache_root=tmp_path)
+
+
+def _ds(z_e: str) -> Dataset:
+    ex = tuple(Example(str(i), ("a", "b"), 1, "b", "c", {"z_c": "sg" if i % 2 else "pl", "z_e": z_e}) for i in range(6))
+    return Dataset("d", ex, ("z_c", "z_e"))
+
+
+def test_single_valued_property_is_skipped_loudly_and_none_left_is_an_error(tmp_path):
+    ctx = _ctx(tmp_path)
+    labels = property_labels(_ds("none"), ["z_c", "z_e"], ctx)
+    assert list(labels) == ["z_c"] and "skipping property z_e" in ctx.warnings[0]
+    with pytest.raises(DataError, match="nothing to probe"):
+        property_labels(_ds("sg"), ["z_e"], _ctx(tmp_path))
+
+
+def test_run_dir_suffix_is_short_and_has_no_paths():
+    assert dir_suffix("probe=mlp,seed=3") == "probe=mlp,seed=3"
+    assert dir_suffix("dataset.path=/home/me/data/agreement.tsv,layers=2") == "dataset.path=agreement.tsv,layers=2"
+    long = dir_suffix(",".join(f"model.tiny.train.key{i}=value{i}" for i in range(20)))
+    assert len(long) <= 100 and "/" not in long and long == dir_suffix(",".join(
+        f"model.tiny.train.key{i}=value{i}" for i in range(20)))  # stable
+
+
+def test_progress_logs_one_line_periodically_when_not_a_terminal(caplog):
+    with caplog.at_level(logging.INFO, logger="cprobe"):
+        assert list(track(range(3), "probes", every_s=0.0)) == [0, 1, 2]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["probes: 1/3 done (0 s)", "probes: 2/3 done (0 s)", "probes: 3/3 done (0 s)"]
+
+
+def test_list_descriptions_are_whole_sentences(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("# @package _global_\n# The reliability study on the tiny BERT, with the\n# paper's grids. More.\nname: x\n")
+    assert describe(f) == "The reliability study on the tiny BERT, with the paper's grids."
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    for path in conf.rglob("*.yaml"):
+        d = describe(path)
+        assert not d or d.count("(") == d.count(")"), (path, d)
+
+
+def test_corrupt_cached_probe_is_refit(tmp_path):
+    from cprobe.probes import build_probe
+    from cprobe.tasks import reliability as rel
+
+    X = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
+    y = (X[:, 0] > 0).long()
+    cfg = {"name": "linear", "lrs": [0.1], "epochs": 2, "batch_size": 16, "seed": 0}
+    rel._MEMO.clear()
+    rel._memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
+    (f,) = tmp_path.glob("*.safetensors")
+    data = bytearray(f.read_bytes())
+    data[-2] ^= 0x01
+    f.write_bytes(bytes(data))
+    rel._MEMO.clear()
+    _, source = rel._memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
+    assert source == "fit"
+    rel._MEMO.clear()
+
+
+def test_tiny_model_dir_with_a_flipped_bit_is_not_complete(tmp_path):
+    from cprobe.io import write_manifest
+    from cprobe.models.tiny import _FILES, _is_complete
+
+    for name in _FILES:
+        (tmp_path / name).write_bytes(b"x" * 32)
+    (tmp_path / "training.json").write_text(json.dumps({"key": "k"}))
+    write_manifest(tmp_path, ["config.json", "model.safetensors"])
+    assert _is_complete(tmp_path, "k") and not _is_complete(tmp_path, "other")
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 31 + b"y")
+    assert not _is_complete(tmp_path, "k")
