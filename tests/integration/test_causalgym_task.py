@@ -147,7 +147,7 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     env = {**os.environ, "CPROBE_CACHE_DIR": str(tmp_path / "cache"), "CPROBE_DATA_DIR": str(SHARED_DATA),
            "OMP_NUM_THREADS": "1"}
     cmd = [str(Path(sys.executable).parent / "cprobe"), "run", "+experiment=causalgym", f"hydra.run.dir={tmp_path / 'run'}",
-           "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8", "causalgym.n_eval=4", "causalgym.layers=[1,2]",
+           "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8", "causalgym.n_eval=4", "layers=[1,2]",
            "causalgym.methods=[das,probe,mean,random]", "model.tiny.train.steps=30", "+model.tiny.train.layers=2",
            "model.tiny.grammar.n_sentences=300", "model.tiny.causalgym_corpus.n_per_task=50",
            "model.tiny.causalgym_corpus.tasks=[agr_sv_num_pp]", "progress=false", "device=cpu"]
