@@ -207,3 +207,36 @@ def test_overall_completeness_averages_decodable_sites_only():
     rec = cg_task.overall_table(rows).iloc[0]
     assert rec["completeness"] == pytest.approx((0.8 + 0.6 + 0.4) / 3) and rec["n_decodable_sites"] == 3
     assert np.isnan(rec["oracle_selectivity"]) and rec["overall_odds"] == pytest.approx(3.0)
+
+
+def test_summary_averages_capable_tasks_separately():
+    """Table 1 means over every task, and over the tasks the model can do (accuracy ≥ 0.9) only."""
+    overall = pd.DataFrame({
+        "model": "m", "method": "das", "cg_task": ["a", "b", "c"], "task_accuracy": [0.95, 0.5, 0.9],
+        "overall_odds": [2.0, 8.0, 4.0], "selectivity": [1.0, 0.0, 0.5], "completeness": np.nan,
+        "oracle_selectivity": np.nan, "seconds": 1.0})
+    row = cg_task.summary_table(overall).iloc[0]
+    assert row["n_tasks"] == 3 and row["overall_odds"] == pytest.approx(14 / 3)
+    assert row["n_capable_tasks"] == 2
+    assert row["capable_overall_odds"] == pytest.approx(3.0) and row["capable_selectivity"] == pytest.approx(0.75)
+
+
+def test_das_is_trained_toward_each_conditions_source_label(adapter, template, monkeypatch):
+    """DAS's target is y_s of the source input; the control condition retrains DAS on the control labels."""
+    from cprobe.directions.das import DAS
+
+    seen = []
+    real_fit = DAS.fit
+
+    def spy(self, forward, h_source, target, callback=None):
+        seen.append(target.clone())
+        return real_fit(self, forward, h_source, target, callback)
+
+    monkeypatch.setattr(DAS, "fit", spy)
+    splits = make_splits(template, 8, 4, 0, 1)
+    run_gym_task(adapter, template, _settings(methods=["das"], layers=[1], regions=[0]), splits=splits)
+    tr = tokenize_pairs(adapter.tok, splits.train)
+    tr_c = tokenize_pairs(adapter.tok, control_pairs(splits.train))
+    assert len(seen) == 2
+    assert torch.equal(seen[0], tr.source_label_ids) and not torch.equal(seen[0], tr.base_label_ids)
+    assert torch.equal(seen[1], tr_c.source_label_ids)

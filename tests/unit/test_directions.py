@@ -161,3 +161,25 @@ def test_random_direction_overlap_with_a_fixed_feature_is_one_over_d_on_average(
     overlap = torch.stack([(RandomDirection(seed=s).fit(torch.zeros(1, d)).a @ u) ** 2 for s in range(4000)])
     assert overlap.mean().item() == pytest.approx(1 / d, rel=0.1)
     assert overlap.std().item() == pytest.approx(np.sqrt(2) / d, rel=0.15)  # χ²₁/d: sd √2/d
+
+
+@pytest.mark.parametrize("lam", [0.5, 10.0])
+def test_probe_minimises_log_loss_plus_half_lambda_squared_norm(lam):
+    """CausalGym eq. 13: Σ log-loss + (λ/2)‖w‖² (intercept unpenalised), i.e. scikit-learn's C = 1/λ.
+
+    At the optimum the gradient X̃ᵀ(p − y) + λw vanishes; with C = λ it would be X̃ᵀ(p − y) + w/λ instead.
+    """
+    from cprobe.directions.probe import Probe
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(200, 4, generator=g, dtype=torch.float64)
+    y = (X[:, 0] + 0.5 * X[:, 1] + 0.8 * torch.randn(200, generator=g, dtype=torch.float64) > 0).long()
+    probe = Probe(lam=lam, max_iter=20_000).fit(X, y)
+    w, b = probe.model_.coef_[0], probe.model_.intercept_[0]
+    Xn, yn = X.numpy(), y.numpy()
+    p = 1 / (1 + np.exp(-(Xn @ w + b)))
+    grad_w = Xn.T @ (p - yn) + lam * w
+    grad_b = (p - yn).sum()
+    # SAGA stops at tol 1e-4: a few % of the penalty term; the C = λ optimum is off by |λ − 1/λ|·‖w‖.
+    assert np.abs(grad_w).max() < 0.05 * lam * np.abs(w).max() and abs(grad_b) < 1e-2
+    assert torch.allclose(probe.a.double().cpu(), torch.from_numpy(w / np.linalg.norm(w)), atol=1e-6)

@@ -16,7 +16,8 @@ from cprobe.errors import DataError
 from cprobe.job import JobContext
 from cprobe.pipeline import dir_suffix
 from cprobe.progress import track
-from cprobe.tasks.probing import fit_and_score, majority_baseline, property_labels
+from cprobe.metrics.baselines import majority_baseline
+from cprobe.tasks.probing import fit_and_score, property_labels
 
 
 def test_majority_baseline_hand_computed():
@@ -120,3 +121,10 @@ def test_tiny_model_dir_with_a_flipped_bit_is_not_complete(tmp_path):
     assert _is_complete(tmp_path, "k") and not _is_complete(tmp_path, "other")
     (tmp_path / "model.safetensors").write_bytes(b"x" * 31 + b"y")
     assert not _is_complete(tmp_path, "k")
+
+
+def test_majority_baseline_takes_tensors_and_the_reliability_oracles_use_it():
+    assert majority_baseline(torch.tensor([2, 2, 0]), torch.tensor([2, 0, 0, 0])) == pytest.approx(0.25)
+    import cprobe.tasks.reliability as rel
+
+    assert rel.majority_baseline is majority_baseline

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
@@ -48,11 +49,6 @@ def validate(job: Any) -> None:
         raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(fractions)}")
     if not job.task_cfg.properties:
         raise ConfigError("probing.properties is empty; list the dataset properties to probe, e.g. [z_c]")
-
-
-def majority_baseline(y_train: np.ndarray, y_test: np.ndarray) -> float:
-    """Accuracy on test of always predicting the most frequent training class."""
-    return float((y_test == np.bincount(y_train).argmax()).mean())
 
 
 def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str, tuple[list[str], np.ndarray]]:

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
@@ -111,10 +112,6 @@ def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
     return probe, "fit"
 
 
-def _majority(y_train: Tensor, y_test: Tensor) -> float:
-    return float((y_test == torch.bincount(y_train).argmax()).double().mean())
-
-
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     t_job = time.perf_counter()
     cfg = ctx.cfg
@@ -162,7 +159,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             {**memo_base, "oracle": p, "probe": pc}, ctx.probe(pc), X[idx].to(dev), labels[p][idx].to(dev), probe_dir)
         ok = labels[p][te] >= 0
         acc = oracles[p].score(X[te][ok], labels[p][te][ok])
-        majority = _majority(labels[p][idx], labels[p][te][ok])
+        majority = majority_baseline(labels[p][idx], labels[p][te][ok])
         informative = oracle_informative(acc, majority, config.chance_margin)
         oracle_info.update({f"oracle_acc_{p}": acc, f"oracle_majority_{p}": majority,
                             f"oracle_informative_{p}": informative})
