@@ -240,3 +240,22 @@ def test_das_is_trained_toward_each_conditions_source_label(adapter, template, m
     assert len(seen) == 2
     assert torch.equal(seen[0], tr.source_label_ids) and not torch.equal(seen[0], tr.base_label_ids)
     assert torch.equal(seen[1], tr_c.source_label_ids)
+
+
+def test_probe_lambda_follows_the_reference_per_model_and_errors_when_unknown():
+    """λ = 1/C as the reference's picked probe: 410m uses Probe¹ (1e5), other Pythias Probe⁰; a model outside the
+    table needs an explicit λ (no silent λ = 10)."""
+    from cprobe.errors import ConfigError
+
+    def lam(name, **kw):
+        g = cg_task.Config(**kw) if kw else cg_task.Config()
+        return cg_task.settings_from_cfg({"model": {"name": name}}, g).probe_lam
+
+    assert lam("pythia_14m") == 10.0 and lam("pythia_70m") == 1e3 and lam("pythia_160m") == 1e4
+    assert lam("pythia_410m") == 1e5 and lam("pythia_1_4b") == 1e5 and lam("pythia_6_9b") == 1e6
+    with pytest.raises(ConfigError, match="no probe λ for model 'gpt2'"):
+        lam("gpt2")
+    assert lam("gpt2", probe_lam=3.0) == 3.0
+    assert lam("gpt2", methods=["das", "mean"]) == 1.0  # no probe: nothing to tune
+    for name in cg_task.PAPER_PROBE_LAMS:
+        assert (REPO / "conf" / "model" / f"{name}.yaml").is_file()

@@ -183,3 +183,22 @@ def test_probe_minimises_log_loss_plus_half_lambda_squared_norm(lam):
     # SAGA stops at tol 1e-4: a few % of the penalty term; the C = λ optimum is off by |λ − 1/λ|·‖w‖.
     assert np.abs(grad_w).max() < 0.05 * lam * np.abs(w).max() and abs(grad_b) < 1e-2
     assert torch.allclose(probe.a.double().cpu(), torch.from_numpy(w / np.linalg.norm(w)), atol=1e-6)
+
+
+def test_das_uses_the_orthogonal_parametrisation_by_default(monkeypatch) -> None:
+    """As pyvene's rotate layer: the trained parameter is the orthogonal map's, not a raw vector, and the
+    direction is unit at every step; the "normalize" option gives a different trajectory from the same start."""
+    import torch.nn.utils.parametrizations as P
+
+    calls = []
+    real = P.orthogonal
+    monkeypatch.setattr(P, "orthogonal", lambda m, *a, **k: calls.append(m.weight.shape) or real(m, *a, **k))
+    _, forward, h_source, target, _ = _toy_model(seed=1)
+    norms: list[float] = []
+    ortho = DAS(seed=0).fit(forward, h_source, target, callback=lambda s, a: norms.append(float(a.norm())))
+    assert calls == [torch.Size([32, 1])]
+    assert max(abs(x - 1) for x in norms) < 1e-5
+    plain = DAS(seed=0, parametrization="normalize").fit(forward, h_source, target)
+    assert not torch.allclose(ortho.a, plain.a, atol=1e-3)
+    with pytest.raises(ValueError, match="parametrization"):
+        DAS(parametrization="cayley")

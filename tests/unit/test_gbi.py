@@ -277,3 +277,26 @@ def test_transform_input_errors() -> None:
 def test_registered_as_counterfactual() -> None:
     for name, cls in (("fgsm", FGSM), ("pgd", PGD), ("autoattack", AutoAttack)):
         assert INTERVENTIONS.get(name) is cls and cls.kind == "counterfactual"
+
+
+def test_pgd_returns_the_last_iterate_by_default_and_the_best_on_request() -> None:
+    """The paper's attack returns x_T (three hand-rolled sign steps, clipped to the ε-ball); ``best`` keeps,
+    per row, the iterate that reached z' first / had the lowest loss, which differs on some rows."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3)
+    X = torch.randn(40, 6)
+    z_target = torch.randint(0, 3, (40,))
+    kw = dict(eps=0.5, steps=3, step_size=0.4, random_start=False)
+    last = PGD.from_module(lin, 3, **kw).transform(X, z_target)
+    # hand-rolled: x_{t+1} = clip(x_t − α·sign(∇CE), x ± ε), three times; the last one is returned
+    x = X.clone()
+    for _ in range(3):
+        x.requires_grad_(True)
+        loss = torch.nn.functional.cross_entropy(lin(x), z_target, reduction="sum")
+        (g,) = torch.autograd.grad(loss, x)
+        x = torch.max(torch.min(x.detach() - 0.4 * g.sign(), X + 0.5), X - 0.5)
+    torch.testing.assert_close(last, x)
+    best = PGD.from_module(lin, 3, select="best", **kw).transform(X, z_target)
+    assert not torch.equal(best, last)  # some rows are better at an earlier iterate
+    with pytest.raises(ConfigError, match="select"):
+        PGD(0.1, select="first")

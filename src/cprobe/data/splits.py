@@ -55,16 +55,20 @@ def split_indices(ds: Dataset, fractions: Mapping[str, float], stratify: str | N
 
 
 def decorrelate(ds: Dataset, idx: np.ndarray, target: str, other: str, seed: int) -> np.ndarray:
-    """Subsample ``idx`` so that ``target`` is uniform within every value of ``other`` (independence)."""
+    """The largest subsample of ``idx`` (up to rounding) in which ``target`` is independent of ``other``
+    while keeping ``target``'s prior: within every value of ``other``, ``target`` takes the proportions π it
+    has over all of ``idx`` (Canby et al. ask for Z_c ⟂ Z_e, not for balanced classes)."""
     rng = np.random.default_rng(seed)
     t = np.array([ds.examples[i].props.get(target, "none") for i in idx])
     o = np.array([ds.examples[i].props.get(other, "none") for i in idx])
+    values, counts = np.unique(t, return_counts=True)
+    prior = counts / counts.sum()
     keep: list[int] = []
     for ov in np.unique(o):
-        cells = [np.flatnonzero((o == ov) & (t == tv)) for tv in np.unique(t)]
-        m = min(len(c) for c in cells)
-        for c in cells:
-            keep += rng.choice(c, m, replace=False).tolist()
+        cells = [np.flatnonzero((o == ov) & (t == tv)) for tv in values]
+        size = min(len(c) / p for c, p in zip(cells, prior))  # rows this value of `other` can keep
+        for c, p in zip(cells, prior):
+            keep += rng.choice(c, min(len(c), int(round(size * p))), replace=False).tolist()
     if not keep:
         raise ConfigError(f"cannot make {target} independent of {other}: some combination never occurs")
     return np.sort(idx[np.array(keep)])

@@ -25,7 +25,10 @@ Forward = Callable[[Edit, Tensor], Tensor]
 
 @DIRECTIONS.register("das")
 class DAS(Direction):
-    """Rank-1 DAS: Adam on an unnormalised vector ``v``, using ``a = v/‖v‖`` in every forward.
+    """Rank-1 DAS. ``parametrization="orthogonal"`` (default) is the reference's (pyvene's rotate layer):
+    ``a`` is the single column of a (d, 1) matrix under torch's orthogonal parametrisation
+    (Householder), so Adam moves the underlying parameter and ``a`` stays a unit vector;
+    ``"normalize"`` (cprobe ≤ 0.3) runs Adam on a raw vector ``v`` and uses ``v/‖v‖``.
 
     Defaults are the paper's: lr 5e-3, batch 4, 1 epoch (100 steps on 400 items), linear
     warm-up over the first 10% of steps from 0, then linear decay to 0. Batches are taken in
@@ -35,10 +38,13 @@ class DAS(Direction):
     causal = True
 
     def __init__(self, lr: float = 5e-3, batch_size: int = 4, epochs: int = 1,
-                 warmup: float = 0.1, seed: int = 0) -> None:
+                 warmup: float = 0.1, seed: int = 0, parametrization: str = "orthogonal") -> None:
         if lr <= 0 or batch_size < 1 or epochs < 1 or not 0 <= warmup < 1:
             raise ValueError("DAS needs lr > 0, batch_size >= 1, epochs >= 1 and 0 <= warmup < 1")
+        if parametrization not in ("orthogonal", "normalize"):
+            raise ValueError(f"unknown parametrization {parametrization!r}; choose from ['normalize', 'orthogonal']")
         self.lr, self.batch_size, self.epochs, self.warmup, self.seed = lr, batch_size, epochs, warmup, seed
+        self.parametrization = parametrization
 
     def fit(
         self,
@@ -59,11 +65,26 @@ class DAS(Direction):
         h_source = h_source.detach().float()
         target = target.to(h_source.device)
         g = torch.Generator().manual_seed(self.seed)
-        v = torch.nn.Parameter(unit(torch.randn(d, generator=g)).to(h_source.device))
+        init = unit(torch.randn(d, generator=g)).to(h_source.device)
+        if self.parametrization == "orthogonal":
+            rotate = torch.nn.Linear(1, d, bias=False).to(h_source.device)  # weight (d, 1)
+            with torch.no_grad():
+                rotate.weight.copy_(init[:, None])
+            torch.nn.utils.parametrizations.orthogonal(rotate)
+            params = list(rotate.parameters())
+
+            def direction() -> Tensor:
+                return rotate.weight[:, 0]
+        else:
+            v = torch.nn.Parameter(init)
+            params = [v]
+
+            def direction() -> Tensor:
+                return unit(v)
         per_epoch = math.ceil(n / self.batch_size)
         total = per_epoch * self.epochs
         warm = self.warmup * total
-        optimizer = torch.optim.Adam([v], lr=self.lr)
+        optimizer = torch.optim.Adam(params, lr=self.lr)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / (total - warm))
         )
@@ -71,7 +92,7 @@ class DAS(Direction):
         for step in range(total):
             start = (step % per_epoch) * self.batch_size
             idx = torch.arange(start, min(start + self.batch_size, n))
-            scores = forward(dii_edit(h_source[idx.to(h_source.device)], unit(v)), idx)
+            scores = forward(dii_edit(h_source[idx.to(h_source.device)], direction()), idx)
             loss = -torch.log_softmax(scores.float(), -1).gather(1, target[idx.to(target.device), None]).mean()
             optimizer.zero_grad()
             loss.backward()
@@ -79,6 +100,8 @@ class DAS(Direction):
             schedule.step()
             self.losses.append(loss.item())
             if callback is not None:
-                callback(step, unit(v.detach()))
-        self.a = unit(v.detach())
+                with torch.no_grad():
+                    callback(step, direction().detach().clone())
+        with torch.no_grad():
+            self.a = unit(direction().detach().clone())
         return self

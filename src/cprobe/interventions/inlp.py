@@ -5,6 +5,12 @@ the nullspace of every classifier found so far. ``rank`` counts removed directio
 iteration for binary Z, one per one-vs-rest row (k per iteration) for k > 2, as in the
 original's LinearSVC loop; the last iteration keeps only its largest-norm rows so exactly
 ``rank`` directions go.
+
+The classifier is the reference's: scikit-learn's ``LogisticRegression()`` objective at its default C = 1
+(penalty ½‖w‖² against the summed log-loss), solved to its optimum by Newton's method
+(:mod:`cprobe.interventions.logistic`). ``l2`` instead sets a per-sample penalty (mean log-loss +
+l2/2 ‖w‖²; cprobe ≤ 0.3 used l2 = 1e-3, i.e. C ≈ 0.2 on 4.5k rows), which makes the regularisation
+independent of the sample size.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from torch import Tensor
 
 from cprobe.errors import ConfigError, DataError
 from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.logistic import fit_logistic, l2_for_C
 
 
 def n_classes_of(z: Tensor) -> int:
@@ -28,36 +35,6 @@ def n_classes_of(z: Tensor) -> int:
     if z.unique().numel() < 2:
         raise DataError("labels contain a single class; an intervention needs at least two")
     return int(z.max()) + 1
-
-
-def fit_linear_classifier(
-    X: Tensor, y: Tensor, n_classes: int, l2: float = 1e-3, max_iter: int = 100
-) -> tuple[Tensor, Tensor]:
-    """L2-regularised logistic regression by full-batch L-BFGS: returns (W, b).
-
-    Binary labels give one row (positive side = class 1); k > 2 gives k one-vs-rest rows,
-    fitted jointly since their objectives are independent. Deterministic: zero init.
-    """
-    rows = 1 if n_classes == 2 else n_classes
-    X = X.double()  # float64: late INLP iterations chase a tiny residual class signal
-    target = y.double()[:, None] if n_classes == 2 else torch.nn.functional.one_hot(y, n_classes).double()
-    W = torch.zeros(rows, X.shape[1], device=X.device, dtype=X.dtype, requires_grad=True)
-    b = torch.zeros(rows, device=X.device, dtype=X.dtype, requires_grad=True)
-    opt = torch.optim.LBFGS(
-        [W, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-12, line_search_fn="strong_wolfe"
-    )
-
-    def closure() -> Tensor:
-        opt.zero_grad()
-        logits = torch.addmm(b, X, W.T)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target, reduction="sum") / len(X)
-        loss = loss + 0.5 * l2 * W.square().sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    return W.detach().float(), b.detach().float()
 
 
 def _orthonormal_extension(Q: Tensor, V: Tensor, tol: float = 1e-4) -> tuple[Tensor, Tensor]:
@@ -105,29 +82,35 @@ class INLP(Intervention):
 
     kind = "nullifying"
 
-    def __init__(self, rank: int, l2: float = 1e-3, max_iter: int = 100, device: str | None = None) -> None:
+    def __init__(self, rank: int, C: float = 1.0, l2: float | None = None, max_iter: int = 100,
+                 device: str | None = None) -> None:
         if not isinstance(rank, int) or rank < 0:
             raise ConfigError(f"rank must be a non-negative integer, got {rank!r}")
-        if l2 < 0:
-            raise ConfigError(f"l2 must be >= 0, got {l2}")
+        if not isinstance(C, int | float) or C <= 0:
+            raise ConfigError(f"C must be a positive number, got {C!r}")
+        if l2 is not None and (not isinstance(l2, int | float) or l2 < 0):
+            raise ConfigError(f"l2 must be a number >= 0 (or null to use C), got {l2!r}")
         if max_iter < 1:
             raise ConfigError(f"max_iter must be >= 1, got {max_iter}")
         self.rank = rank
+        self.C = C
         self.l2 = l2
         self.max_iter = max_iter
         self.device = device
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
         Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)
-        d, device = Xd.shape[1], Xd.device
+        Xd = Xd.double()  # late iterations chase a small residual class signal
+        (n, d), device = Xd.shape, Xd.device
+        l2 = self.l2 if self.l2 is not None else l2_for_C(self.C, n)
         Q = Xd.new_zeros(d, 0)
         dirs: list[Tensor] = []
         biases: list[Tensor] = []
         classes: list[Tensor] = []
         row_class = torch.arange(k, device=device) if k > 2 else torch.ones(1, dtype=torch.long, device=device)
         while Q.shape[1] < self.rank:
-            P = torch.eye(d, device=device) - Q @ Q.T
-            W, b = fit_linear_classifier(Xd @ P, zd, k, self.l2, self.max_iter)
+            P = torch.eye(d, device=device, dtype=Xd.dtype) - Q @ Q.T
+            W, b = fit_logistic(Xd @ P, zd, k, l2, self.max_iter)
             W = W @ P  # the part outside the current nullspace never touched the projected data
             norms = W.norm(dim=1)
             order = norms.argsort(descending=True)[: self.rank - Q.shape[1]]
@@ -148,10 +131,11 @@ class INLP(Intervention):
             classes.append(row_class[order])
             Q = torch.cat([Q, new], 1)
         self.n_classes = k
-        self.directions = torch.cat(dirs) if dirs else Xd.new_zeros(0, d)
-        self.biases = torch.cat(biases) if biases else Xd.new_zeros(0)
+        # fitted in float64; kept in float32 like the activations they apply to
+        self.directions = (torch.cat(dirs) if dirs else Xd.new_zeros(0, d)).float()
+        self.biases = (torch.cat(biases) if biases else Xd.new_zeros(0)).float()
         self.row_classes = torch.cat(classes) if classes else torch.zeros(0, dtype=torch.long, device=device)
-        self.P = torch.eye(d, device=device) - Q @ Q.T
+        self.P = (torch.eye(d, device=device, dtype=Xd.dtype) - Q @ Q.T).float()
         return self
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:

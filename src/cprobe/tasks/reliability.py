@@ -224,7 +224,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         **oracle_info, "oracle_probe": config.oracle_probe,
         "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
         "device": str(dev), "probe_source": ",".join(f"{k_}={v}" for k_, v in sources.items()),
-        **{f"fit_{a}": getattr(method, a) for a in ("epochs_run", "probe_accuracy") if hasattr(method, a)},
+        **{f"fit_{a}": getattr(method, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(method, a)},
         "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "task_s": t_task,
         "job_s": time.perf_counter() - t_job,
     }

@@ -1,0 +1,1 @@
+"""Shared data for benchmarks and reference comparisons (not used by the studies themselves)."""
