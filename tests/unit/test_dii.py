@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cprobe.causalgym.dii import dii, dii_edit, vanilla, vanilla_edit
+from cprobe.models.edits import dii, dii_edit, vanilla, vanilla_edit
 
 
 def _unit(d: int, seed: int) -> torch.Tensor:

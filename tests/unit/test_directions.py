@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from cprobe.causalgym.dii import Edit, dii_edit
+from cprobe.models.edits import Edit, dii_edit
 from cprobe.directions import DIRECTIONS
 from cprobe.directions.das import DAS
 from cprobe.directions.lda import LDA

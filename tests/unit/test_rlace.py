@@ -105,3 +105,43 @@ def test_bad_hyperparameters() -> None:
         RLACE(1, lr=-0.1)
     with pytest.raises(ConfigError, match="eval_every"):
         RLACE(1, eval_every=0)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_gradient_and_predictor_step_equal_autograd_and_torch_sgd(k: int) -> None:
+    """A Bᵀ = ∂(−loss)/∂P of the predictor's loss on X(I − P); the predictor step = torch SGD with weight decay."""
+    g = torch.Generator().manual_seed(k)
+    d, n = 7, 16
+    xb = torch.randn(n, d, generator=g, dtype=torch.float64)
+    yb = torch.randint(0, k, (n,), generator=g)
+    rows = 1 if k == 2 else k
+    W, b = torch.randn(rows, d, generator=g, dtype=torch.float64), torch.randn(rows, generator=g, dtype=torch.float64)
+    P0 = 0.1 * torch.randn(d, d, generator=g, dtype=torch.float64)
+    P0 = (P0 + P0.T) / 2
+    state = LowRankFantope(P0, 2)
+    P = state.dense().clone().requires_grad_(True)
+    logits = (xb - xb @ P) @ W.T + b
+    loss_fn = torch.nn.BCEWithLogitsLoss() if k == 2 else torch.nn.CrossEntropyLoss()
+    target = yb.double() if k == 2 else yb
+    (grad,) = torch.autograd.grad(-loss_fn(logits[:, 0] if k == 2 else logits, target), P)
+    A, B = RLACE._gradient(W, b, xb, state.erase(xb), target, k == 2)
+    assert torch.allclose(A @ B.T, grad, atol=1e-12)
+
+    lin = torch.nn.Linear(d, rows).double()
+    with torch.no_grad():
+        lin.weight.copy_(W)
+        lin.bias.copy_(b)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, weight_decay=0.01)
+    out = lin(state.erase(xb))
+    loss_fn(out[:, 0] if k == 2 else out, target).backward()
+    opt.step()
+    RLACE(1, lr=0.1, weight_decay=0.01)._predictor_step(W, b, state, xb, target, k == 2)
+    assert torch.allclose(W, lin.weight, atol=1e-12) and torch.allclose(b, lin.bias, atol=1e-12)
+
+
+def test_reference_restatement_projects_eigenvalues_like_cprobe() -> None:
+    from cprobe.bench.reference import _fantope_eigenvalues
+
+    lam = torch.tensor([1.2, 0.6, -1.0, 0.3], dtype=torch.float64)
+    ours = (lam - fantope_shift(lam, 1)).clamp(0, 1).numpy()
+    assert np.allclose(_fantope_eigenvalues(lam.numpy(), 1, iters=60), ours, atol=1e-9)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cprobe.causalgym.dii import dii, dii_edit, vanilla_edit
+from cprobe.models.edits import dii, dii_edit, vanilla_edit
 from cprobe.causalgym.templates import (
     Splits,
     TaskTemplate,

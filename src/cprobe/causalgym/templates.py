@@ -15,7 +15,6 @@ pseudo-cleft sentence is in train, so no stricter rule can be met).
 
 from __future__ import annotations
 
-import bisect
 import json
 import random
 import re
@@ -28,6 +27,8 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import DataError
+from cprobe.models.formatters import encode_regions
+from cprobe.models.sites import pad
 
 # Split after every "}", before every " {", and before a "{" not preceded by a space: each
 # variable (with its leading space) becomes its own region.
@@ -347,11 +348,11 @@ def tokenize_pairs(
         pairs = [p for p in pairs if p.base_label not in multi and p.source_label not in multi]
         if not pairs:
             raise DataError(f"every pair has a multi-token label {list(multi)}")
-    base = [_encode_regions(tokenizer, p.base, bos) for p in pairs]
-    source = [_encode_regions(tokenizer, p.source, bos) for p in pairs]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    base_ids, base_mask = _pad([ids for ids, _ in base], pad)
-    source_ids, source_mask = _pad([ids for ids, _ in source], pad)
+    base = [encode_regions(tokenizer, p.base, bos) for p in pairs]
+    source = [encode_regions(tokenizer, p.source, bos) for p in pairs]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    base_ids, base_mask = pad([ids for ids, _ in base], pad_id)
+    source_ids, source_mask = pad([ids for ids, _ in source], pad_id)
     return TokenizedPairs(
         pairs=list(pairs),
         base_ids=base_ids,
@@ -369,31 +370,3 @@ def tokenize_pairs(
         region_names=pairs[0].region_names,
         multi_token_labels=multi,
     )
-
-
-def _encode_regions(tokenizer: Any, regions: Sequence[str], bos: list[int]) -> tuple[list[int], list[int]]:
-    """Token ids of the joined regions and, per region, the index of its last token (or -1).
-
-    A token belongs to the region holding its last character; whitespace-only tokens with
-    empty (trimmed) offsets belong to none.
-    """
-    starts, at = [], 0
-    for region in regions:
-        starts.append(at)
-        at += len(region)
-    enc = tokenizer("".join(regions), add_special_tokens=False, return_offsets_mapping=True)
-    last = [-1] * len(regions)
-    for t, (s, e) in enumerate(enc["offset_mapping"]):
-        if e > s:
-            last[bisect.bisect_right(starts, e - 1) - 1] = t + len(bos)
-    return bos + list(enc["input_ids"]), last
-
-
-def _pad(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask

@@ -1,6 +1,6 @@
 """The direction-finding interface (CausalGym §4.2): each method proposes one unit vector ``a``.
 
-The 1-D DII (``cprobe.causalgym.dii``) is invariant to the sign of ``a``, so methods only
+The 1-D DII (``cprobe.models.edits``) is invariant to the sign of ``a``, so methods only
 promise a unit-norm direction. Most methods are fitted on base activations ``X`` (n, d) with
 the base class ids ``y`` (n,) of the train set (``fit(X, y)``); DAS (``causal = True``) is
 instead trained through the frozen model (see ``cprobe.directions.das``).

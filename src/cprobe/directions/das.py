@@ -16,7 +16,7 @@ from typing import Self
 import torch
 from torch import Tensor
 
-from cprobe.causalgym.dii import Edit, dii_edit
+from cprobe.models.edits import Edit, dii_edit
 from cprobe.directions.base import DIRECTIONS, Direction, unit
 
 Forward = Callable[[Edit, Tensor], Tensor]

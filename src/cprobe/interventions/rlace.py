@@ -69,13 +69,6 @@ def project_fantope(A: Tensor, rank: int) -> Tensor:
     return (V * clipped) @ V.T
 
 
-def round_to_projection(P_relaxed: Tensor, rank: int) -> Tensor:
-    """I − V Vᵀ with V the top-``rank`` eigenvectors of the relaxed P: the hard eraser."""
-    _, V = torch.linalg.eigh((P_relaxed + P_relaxed.T) / 2)
-    top = V[:, V.shape[1] - rank :]
-    return torch.eye(P_relaxed.shape[0], device=P_relaxed.device, dtype=P_relaxed.dtype) - top @ top.T
-
-
 class LowRankFantope:
     """P = c·I + V diag(m) Vᵀ (V orthonormal d × q) on the Fantope of rank ``rank``."""
 

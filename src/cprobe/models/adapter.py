@@ -286,24 +286,7 @@ class ModelAdapter:
             new = edit(h[rows, site]).to(h.dtype)
             return h.index_put((rows, site), new)
 
-        if pre:
-            def pre_hook(_m, args, kwargs):
-                if args:
-                    return (patch(args[0]), *args[1:]), kwargs
-                key = "hidden_states"
-                kwargs = dict(kwargs)
-                kwargs[key] = patch(kwargs[key])
-                return args, kwargs
-            return module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-
-        def hook(_m, _inp, output):
-            if isinstance(output, tuple):
-                return (patch(output[0]), *output[1:])
-            if isinstance(output, Tensor):
-                return patch(output)
-            output[0] = patch(output[0])  # ModelOutput-like
-            return output
-        return module.register_forward_hook(hook)
+        return self._register(module, pre, patch)
 
     def forward_with_edit(self, enc: Encoded, layer: int, edit: Edit, site: Tensor | None = None) -> Tensor:
         """Log-probs (n, V) at the prediction positions after replacing hidden_states[layer][row, site]
