@@ -13,11 +13,15 @@ import pandas as pd
 import pytest
 import torch
 
-from cprobe.causalgym.runner import GymSettings, intervene, read_sites, run_gym_task
-from cprobe.causalgym.templates import (CONTROL_LABELS, Splits, TaskTemplate, control_pairs, make_splits,
-                                        tokenize_pairs)
+from cprobe.causalgym.runner import GymSettings, run_gym_task
+from cprobe.causalgym.templates import (CONTROL_LABELS, Splits, TaskTemplate, control_pairs, label_token_ids,
+                                        make_splits, pair_items)
 from cprobe.metrics.odds import selectivity
 from cprobe.models.adapter import ModelAdapter
+from cprobe.models.edits import Interchange
+from cprobe.models.formatters import RegionFormatter
+from cprobe.models.readouts import CandidateTokens
+from cprobe.models.sites import Site
 from cprobe.tasks import causalgym as cg_task
 from tests.conftest import REPO, SHARED_DATA, needs_shared
 
@@ -29,8 +33,9 @@ SPEC = {
     "labels": {"singular": ["is", "was"], "plural": ["are", "were"]},
     "variables": {"subject": {"singular": ["author", "guard"], "plural": ["authors", "guards"]}, "object": OBJECTS},
 }
-COLUMNS = {"cg_task", "condition", "method", "layer", "region", "region_idx", "odds", "iia", "probe_accuracy",
-           "task_accuracy", "n_train", "n_eval", "degenerate", "fit_s", "eval_s"}
+COLUMNS = {"cg_task", "condition", "method", "layer", "paper_layer", "stream", "region", "region_idx", "odds", "iia",
+           "probe_accuracy", "probe_lam", "task_accuracy", "capable", "unknown_labels", "n_train", "n_eval",
+           "degenerate", "fit_s", "eval_s"}
 ALL_METHODS = ["das", "probe", "mean", "lda", "pca", "kmeans", "random", "vanilla"]
 
 
@@ -56,8 +61,23 @@ def adapter() -> ModelAdapter:
 
 
 def _settings(**kw) -> GymSettings:
-    base = dict(methods=ALL_METHODS, n_train=8, n_eval=4, das={"lr": 0.05}, probe_lam=1.0)
+    base = dict(methods=ALL_METHODS, n_train=8, n_eval=4, das={"lr": 0.05}, probe_lams=(1.0,))
     return GymSettings(**{**base, **kw})
+
+
+class Side:
+    """What the core reads of one side (base or source) of some pairs at one site: acts and label scores."""
+
+    def __init__(self, adapter, pairs, layer: int, region: int, side: str = "base", stream: str = "block") -> None:
+        items = pair_items(pairs)[0 if side == "base" else 1]
+        ids, _ = label_token_ids(adapter.tok, [lab for p in pairs for lab in (p.base_label, p.source_label)])
+        self.items, self.fmt, self.site = items, RegionFormatter(prepend_bos=True), Site(layer, f"region:{region}",
+                                                                                          stream)
+        self.readout = CandidateTokens([[ids[p.base_label], ids[p.source_label]] for p in pairs])
+        out = adapter.map(items, self.fmt, read=[self.site], readout=self.readout)
+        self.acts, self.scores = out.acts[self.site], out.scores
+        self.positions = self.fmt(items, adapter, torch.arange(len(items))).positions[f"region:{region}"]
+        self.label_ids = self.readout.ids
 
 
 @pytest.fixture(scope="module")
@@ -87,30 +107,25 @@ def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template
 
 
 def test_vanilla_at_layer0_equals_running_the_source(adapter, template, table):
-    ev = tokenize_pairs(adapter.tok, make_splits(template, 8, 4).eval, prepend_bos=True)
+    pairs = make_splits(template, 8, 4).eval
     r = template.region_names.index("{subject}")
+    base, src = Side(adapter, pairs, 0, r), Side(adapter, pairs, 0, r, "source")
     # Subjects are one token each, so the pair differs at exactly that position.
-    assert torch.equal(ev.base_pos[:, r], ev.source_pos[:, r])
-    labels = [(ev.base_label_ids, ev.source_label_ids)]
-    src, (clean_src,) = read_sites(adapter, ev.source_ids, ev.source_mask, ev.source_pos, ev.source_last, [0], labels)
-    _, (clean_base,) = read_sites(adapter, ev.base_ids, ev.base_mask, ev.base_pos, ev.base_last, [0], labels)
-    (swapped,) = intervene(adapter, ev.base_ids, ev.base_mask, ev.base_pos[:, r], ev.base_last, 0, src[0][:, r], None,
-                           labels)
-    torch.testing.assert_close(swapped[0], clean_src[0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(swapped[1], clean_src[1], atol=1e-5, rtol=0)
-    expected = ((clean_base[0] - clean_base[1]) + (clean_src[1] - clean_src[0])).mean().item()
+    assert torch.equal(base.positions, src.positions)
+    swapped = adapter.map(base.items, base.fmt, edits={base.site: Interchange(src.acts)}, readout=base.readout).scores
+    torch.testing.assert_close(swapped, src.scores, atol=1e-5, rtol=0)
+    expected = ((base.scores[:, 0] - base.scores[:, 1]) + (src.scores[:, 1] - src.scores[:, 0])).mean().item()
     row = table.query("method == 'vanilla' and condition == 'task' and layer == 0 and region == '{subject}'")
     assert row["odds"].item() == pytest.approx(expected, abs=1e-5)
 
 
 def test_control_rows_score_the_dog_give_labels(adapter, template, table):
-    ev = tokenize_pairs(adapter.tok, control_pairs(make_splits(template, 8, 4).eval), prepend_bos=True)
+    pairs = control_pairs(make_splits(template, 8, 4).eval)
+    r = template.region_names.index("{subject}")
+    base, src = Side(adapter, pairs, 0, r), Side(adapter, pairs, 0, r, "source")
     dog, give = (adapter.tok(w, add_special_tokens=False)["input_ids"][0] for w in CONTROL_LABELS)
-    assert set(ev.base_label_ids.tolist()) == {dog, give} and dog != give
-    labels = [(ev.base_label_ids, ev.source_label_ids)]
-    _, (clean_src,) = read_sites(adapter, ev.source_ids, ev.source_mask, ev.source_pos, ev.source_last, [0], labels)
-    _, (clean_base,) = read_sites(adapter, ev.base_ids, ev.base_mask, ev.base_pos, ev.base_last, [0], labels)
-    expected = ((clean_base[0] - clean_base[1]) + (clean_src[1] - clean_src[0])).mean().item()
+    assert set(base.label_ids[:, 0].tolist()) == {dog, give} and dog != give
+    expected = ((base.scores[:, 0] - base.scores[:, 1]) + (src.scores[:, 1] - src.scores[:, 0])).mean().item()
     row = table.query("method == 'vanilla' and condition == 'control' and layer == 0 and region == '{subject}'")
     assert row["odds"].item() == pytest.approx(expected, abs=1e-5)
     # Selectivity is the overall odds of the per-site difference task − control.
@@ -182,11 +197,11 @@ def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_sourc
     # Vanilla writes the source vector: completeness = the oracle's P(source class | f(s)).
     r = template.region_names.index("{subject}")
     splits = make_splits(template, 8, 4)
-    tr, ev = (tokenize_pairs(adapter.tok, p, prepend_bos=True) for p in (splits.train, splits.eval))
-    base_tr, _ = read_sites(adapter, tr.base_ids, tr.base_mask, tr.base_pos, tr.base_last, [1])
-    src_ev, _ = read_sites(adapter, ev.source_ids, ev.source_mask, ev.source_pos, ev.source_last, [1])
-    oracle = fit_oracle(base_tr[1][:, r], tr.base_class, _settings(oracle_probe=ORACLE))
-    expected = counterfactual_completeness(oracle.predict_proba(src_ev[1][:, r]), ev.source_class).mean().item()
+    base_tr, src_ev = Side(adapter, splits.train, 1, r), Side(adapter, splits.eval, 1, r, "source")
+    oracle = fit_oracle(base_tr.acts, torch.tensor([p.base_class for p in splits.train]),
+                        _settings(oracle_probe=ORACLE))
+    src_class = torch.tensor([p.source_class for p in splits.eval])
+    expected = counterfactual_completeness(oracle.predict_proba(src_ev.acts), src_class).mean().item()
     got = rel_table.query("method == 'vanilla' and region == '{subject}'")["completeness"].item()
     assert got == pytest.approx(expected, abs=1e-5)
 
@@ -235,27 +250,139 @@ def test_das_is_trained_toward_each_conditions_source_label(adapter, template, m
     monkeypatch.setattr(DAS, "fit", spy)
     splits = make_splits(template, 8, 4, 0, 1)
     run_gym_task(adapter, template, _settings(methods=["das"], layers=[1], regions=[0]), splits=splits)
-    tr = tokenize_pairs(adapter.tok, splits.train)
-    tr_c = tokenize_pairs(adapter.tok, control_pairs(splits.train))
+    tr = Side(adapter, splits.train, 1, 0).label_ids
+    tr_c = Side(adapter, control_pairs(splits.train), 1, 0).label_ids
     assert len(seen) == 2
-    assert torch.equal(seen[0], tr.source_label_ids) and not torch.equal(seen[0], tr.base_label_ids)
-    assert torch.equal(seen[1], tr_c.source_label_ids)
+    assert torch.equal(seen[0], tr[:, 1]) and not torch.equal(seen[0], tr[:, 0])
+    assert torch.equal(seen[1], tr_c[:, 1])
 
 
 def test_probe_lambda_follows_the_reference_per_model_and_errors_when_unknown():
-    """λ = 1/C as the reference's picked probe: 410m uses Probe¹ (1e5), other Pythias Probe⁰; a model outside the
-    table needs an explicit λ (no silent λ = 10)."""
+    """λ = 1/C as the paper's per-model table: models above 70m run both probes (Probe⁰, Probe¹; the summary keeps
+    the better); a model outside the table needs an explicit λ (no silent λ = 10)."""
     from cprobe.errors import ConfigError
 
     def lam(name, **kw):
         g = cg_task.Config(**kw) if kw else cg_task.Config()
-        return cg_task.settings_from_cfg({"model": {"name": name}}, g).probe_lam
+        return cg_task.settings_from_cfg({"model": {"name": name}}, g).probe_lams
 
-    assert lam("pythia_14m") == 10.0 and lam("pythia_70m") == 1e3 and lam("pythia_160m") == 1e4
-    assert lam("pythia_410m") == 1e5 and lam("pythia_1_4b") == 1e5 and lam("pythia_6_9b") == 1e6
+    assert lam("pythia_14m") == (10.0,) and lam("pythia_70m") == (1e3,) and lam("pythia_160m") == (1e4, 1e5)
+    assert lam("pythia_410m") == (1e4, 1e5) and lam("pythia_1_4b") == (1e5, 1e6) and lam("pythia_6_9b") == (1e6, 1e7)
     with pytest.raises(ConfigError, match="no probe λ for model 'gpt2'"):
         lam("gpt2")
-    assert lam("gpt2", probe_lam=3.0) == 3.0
-    assert lam("gpt2", methods=["das", "mean"]) == 1.0  # no probe: nothing to tune
+    assert lam("gpt2", probe_lam=3.0) == (3.0,) and lam("gpt2", probe_lam=[1.0, 10.0]) == (1.0, 10.0)
+    assert lam("gpt2", methods=["das", "mean"]) == (1.0,)  # no probe: nothing to tune
+    with pytest.raises(ConfigError, match="probe_lam"):
+        lam("gpt2", probe_lam=[])
     for name in cg_task.PAPER_PROBE_LAMS:
         assert (REPO / "conf" / "model" / f"{name}.yaml").is_file()
+    assert cg_task.PAPER_PROBE_LAM["pythia_410m"] == 1e5  # the reference's own pick (pick_better_probe)
+
+
+def test_two_probes_run_as_probe0_probe1_and_the_summary_keeps_the_better(adapter, template):
+    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["probe", "mean"], layers=[1],
+                                                                  probe_lams=(1.0, 1e4), control=False)))
+    assert set(rows["method"]) == {"probe0", "probe1", "mean"}
+    assert set(rows.loc[rows["method"] == "probe0", "probe_lam"]) == {1.0}
+    assert set(rows.loc[rows["method"] == "probe1", "probe_lam"]) == {1e4}
+    overall = pd.DataFrame({
+        "model": ["m"] * 4 + ["n"] * 2, "method": ["probe0", "probe0", "probe1", "probe1", "probe0", "probe1"],
+        "cg_task": ["a", "b", "a", "b", "a", "a"], "task_accuracy": 1.0, "capable": True,
+        "overall_odds": [1.0, 2.0, 3.0, 1.0, 5.0, 4.0], "selectivity": [0.5, 0.5, 0.1, 0.2, 1.0, 2.0],
+        "completeness": np.nan, "oracle_selectivity": np.nan, "seconds": 1.0})
+    summary = cg_task.summary_table(overall).set_index(["model", "method"])
+    # m: probe0 averages 1.5, probe1 2.0 -> probe1 (its selectivity too); n: probe0 5 > 4.
+    assert summary.loc[("m", "probe"), "probe_pick"] == "probe1"
+    assert summary.loc[("m", "probe"), "overall_odds"] == pytest.approx(2.0)
+    assert summary.loc[("m", "probe"), "selectivity"] == pytest.approx(0.15)
+    assert summary.loc[("n", "probe"), "probe_pick"] == "probe0"
+    assert summary.loc[("n", "probe"), "selectivity"] == pytest.approx(1.0)
+
+
+def test_table1_layout_is_method_by_model_with_odds_and_selectivity():
+    overall = pd.DataFrame({
+        "model": ["m", "m", "m", "n"], "method": ["das", "das", "mean", "das"], "cg_task": ["a", "b", "a", "a"],
+        "task_accuracy": [1.0, 0.5, 1.0, 1.0], "capable": [True, False, True, True],
+        "overall_odds": [2.0, 4.0, 1.0, 7.0], "selectivity": [1.0, 3.0, 0.5, 6.0], "completeness": np.nan,
+        "oracle_selectivity": np.nan, "seconds": 1.0})
+    summary = cg_task.summary_table(overall)
+    t1 = cg_task.table1(summary).set_index("method")
+    assert list(t1.columns) == ["m odds", "m sel", "n odds", "n sel"]
+    assert list(t1.index) == ["das", "mean", "(tasks averaged)"]  # the paper's method order
+    assert t1.loc["das", "m odds"] == pytest.approx(3.0) and t1.loc["das", "m sel"] == pytest.approx(2.0)
+    assert t1.loc["das", "n odds"] == pytest.approx(7.0) and np.isnan(t1.loc["mean", "n odds"])
+    assert t1.loc["(tasks averaged)", "m odds"] == 2
+    cap = cg_task.table1(summary, capable_only=True).set_index("method")
+    assert cap.loc["das", "m odds"] == pytest.approx(2.0) and cap.loc["(tasks averaged)", "m odds"] == 1
+
+
+def test_unknown_label_tokens_mark_the_task_not_capable_in_every_table(adapter, tmp_path):
+    spec = {**SPEC, "labels": {"singular": ["is"], "plural": ["zorbles"]}}  # not in the toy vocabulary
+    odd = TaskTemplate.from_spec("toy_unknown", spec)
+    rows = pd.DataFrame(run_gym_task(adapter, odd, _settings(methods=["mean"], layers=[1], control=False)))
+    assert not rows["capable"].any() and set(rows["unknown_labels"]) == {" zorbles"}
+    good = pd.DataFrame(run_gym_task(adapter, TaskTemplate.from_spec("toy_agr", SPEC),
+                                     _settings(methods=["mean"], layers=[1], control=False)))
+    good = good.assign(capable=True, task_accuracy=1.0)  # as if the toy model could do it
+    t = pd.concat([rows, good]).assign(model="toy")
+    overall = cg_task.overall_table(t).set_index("cg_task")
+    assert not overall.loc["toy_unknown", "capable"] and overall.loc["toy_agr", "capable"]
+    s = cg_task.summary_table(overall.reset_index()).iloc[0]
+    assert s["n_tasks"] == 2 and s["n_capable_tasks"] == 1
+    assert s["capable_overall_odds"] == pytest.approx(overall.loc["toy_agr", "overall_odds"])
+
+
+def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_norm(adapter, template):
+    L = adapter.n_layers
+    pairs = make_splits(template, 8, 4).eval
+    r = template.region_names.index("{object}")
+    block, resid = Side(adapter, pairs, L, r), Side(adapter, pairs, L, r, stream="resid")
+    norm = adapter.model.gpt_neox.final_layer_norm
+    with torch.no_grad():
+        torch.testing.assert_close(norm(block.acts), resid.acts, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(block.acts, resid.acts, atol=1e-3)
+    assert GymSettings().stream == "block" and cg_task.Config().stream == "block"
+    kw = dict(methods=["mean", "pca"], layers=[1, L], control=False)
+    rb = pd.DataFrame(run_gym_task(adapter, template, _settings(**kw))).set_index(["method", "layer", "region"])
+    rr = pd.DataFrame(run_gym_task(adapter, template, _settings(stream="resid", **kw))).set_index(
+        ["method", "layer", "region"])
+    assert set(rb["stream"]) == {"block"} and set(rr["stream"]) == {"resid"}
+    np.testing.assert_allclose(rb.xs(1, level="layer")["odds"], rr.xs(1, level="layer")["odds"], atol=1e-6)
+    assert not np.allclose(rb.xs(L, level="layer")["odds"], rr.xs(L, level="layer")["odds"], atol=1e-4)
+    assert (rb.reset_index()["paper_layer"] == rb.reset_index()["layer"] - 1).all()
+    with pytest.raises(Exception, match="stream"):
+        GymSettings(stream="mlp")
+
+
+def test_learned_directions_are_saved_as_safetensors_and_load_back(adapter, template, tmp_path):
+    dirs: dict = {}
+    run_gym_task(adapter, template, _settings(methods=["das", "mean", "random", "vanilla"], layers=[1], regions=[0],
+                                              random_draws=3), directions=dirs)
+    assert set(dirs) == {"toy_agr/task/das/L1/R0", "toy_agr/control/das/L1/R0", "toy_agr/task/mean/L1/R0",
+                         "toy_agr/task/random/L1/R0"}
+    assert dirs["toy_agr/task/random/L1/R0"].shape == (3, adapter.hidden_size)
+    torch.testing.assert_close(dirs["toy_agr/task/mean/L1/R0"].norm(), torch.tensor(1.0))
+    path = tmp_path / "directions.safetensors"
+    cg_task.save_directions(dirs, path, model="toy", stream="block")
+    back = cg_task.load_directions(path)
+    assert set(back) == set(dirs) and all(torch.equal(back[k], dirs[k]) for k in dirs)
+
+
+def test_heatmaps_are_readable(table, tmp_path, monkeypatch):
+    """Every text in the layer × region figure is at least 9 pt; one colour bar states its range; the task,
+    control and selectivity maps are all drawn; layer ticks are the paper's block numbers."""
+    figs = []
+    monkeypatch.setattr(cg_task, "_save_fig", lambda fig, path: figs.append(fig))
+    part = table.assign(model="toy")
+    cg_task._heatmaps(part, tmp_path / "h.png", "toy")
+    (fig,) = figs
+    fig.canvas.draw()
+    sizes = [t.get_fontsize() for t in fig.findobj(lambda o: hasattr(o, "get_fontsize") and hasattr(o, "get_text"))
+             if t.get_text()]
+    assert sizes and min(sizes) >= 9
+    titles = {ax.get_title() for ax in fig.axes if ax.get_title()}
+    assert {"das · task", "das · control", "das · selectivity"} <= titles
+    bars = [ax for ax in fig.axes if "scale ±" in ax.get_ylabel()]
+    assert len(bars) == 1
+    ax = next(a for a in fig.axes if a.get_title() == "das · task")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["emb", "0", "1"]

@@ -1,4 +1,5 @@
-"""CausalGym pair generation: shared fillers, swap doubling, disjoint eval, seeds, tokenisation."""
+"""CausalGym pair generation: shared fillers, swap doubling, disjoint eval, seeds; pairs as region items for the
+core's RegionFormatter (tokenisation, region ends), label token ids."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from cprobe.causalgym.templates import (
     load_task,
     load_templates,
     make_splits,
+    label_token_ids,
+    pair_items,
     sample_pairs,
-    tokenize_pairs,
 )
 from cprobe.errors import DataError
 
@@ -146,25 +148,39 @@ def tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
 
 
+def _format(tokenizer, items, bos: bool = False):
+    from types import SimpleNamespace
+
+    from cprobe.models.formatters import RegionFormatter
+
+    fake = SimpleNamespace(tok=tokenizer, name="toy")  # the formatter needs only the tokenizer
+    return RegionFormatter(prepend_bos=bos)(items, fake, torch.arange(len(items)))
+
+
 @pytest.mark.parametrize("bos", [False, True])
 def test_region_ends_align_with_tokens(toy: TaskTemplate, tokenizer, bos: bool) -> None:
     pairs = sample_pairs(toy, 6, seed=0)
-    tp = tokenize_pairs(tokenizer, pairs, prepend_bos=bos)
+    bases, sources = pair_items(pairs)
+    assert [it.text for it in bases] == [p.base_text for p in pairs] and bases[0].region_names == toy.region_names
+    assert [it.concepts["type"] for it in sources] == [p.source_type for p in pairs]
     shift = int(bos)
-    assert tp.base_pos.shape == (12, 5) and tp.region_names == toy.region_names
-    for i, p in enumerate(pairs):
-        for ids, mask, pos, regions in ((tp.base_ids, tp.base_mask, tp.base_pos, p.base),
-                                        (tp.source_ids, tp.source_mask, tp.source_pos, p.source)):
-            n = int(mask[i].sum())
-            assert (ids[i, 0] == tokenizer.bos_token_id) == bos
+    for items, side in ((bases, "base"), (sources, "source")):
+        batch = _format(tokenizer, items, bos)
+        pos = torch.stack([batch.positions[f"region:{r}"] for r in range(5)], 1)
+        assert pos.shape == (12, 5)
+        for i, p in enumerate(pairs):
+            regions = p.base if side == "base" else p.source
+            n = int(batch.attention_mask[i].sum())
+            assert (batch.input_ids[i, 0] == tokenizer.bos_token_id) == bos
             for r in range(5):
-                prefix = ids[i, shift: int(pos[i, r]) + 1].tolist()
+                prefix = batch.input_ids[i, shift: int(pos[i, r]) + 1].tolist()
                 assert tokenizer.decode(prefix) == "".join(regions[: r + 1])
-            assert int(pos[i, -1]) == n - 1
-        assert int(tp.base_last[i]) == int(tp.base_mask[i].sum()) - 1
-        assert tokenizer.decode([int(tp.base_label_ids[i])]) == p.base_label
-        assert tokenizer.decode([int(tp.source_label_ids[i])]) == p.source_label
-    torch.testing.assert_close(tp.base_class, torch.tensor([p.base_class for p in pairs]))
+            assert int(pos[i, -1]) == n - 1 == int(batch.positions["last"][i])
+    ids, multi = label_token_ids(tokenizer, [lab for p in pairs for lab in (p.base_label, p.source_label)])
+    assert multi == ()
+    for p in pairs:
+        assert tokenizer.decode([ids[p.base_label]]) == p.base_label
+        assert tokenizer.decode([ids[p.source_label]]) == p.source_label
 
 
 def test_empty_regions_get_no_position(tokenizer) -> None:
@@ -172,19 +188,19 @@ def test_empty_regions_get_no_position(tokenizer) -> None:
             "variables": {**SPEC["variables"], "det": ["The", ""],
                           "subject": {"sg": [" cat"], "pl": [" cats"]}}}
     pairs = [p for p in sample_pairs(TaskTemplate.from_spec("gap", spec), 20, 0) if p.base[0] == ""]
-    tp = tokenize_pairs(tokenizer, pairs)
-    assert pairs and (tp.base_pos[:, 0] == -1).all() and (tp.base_pos[:, 1] >= 0).all()
+    batch = _format(tokenizer, pair_items(pairs)[0])
+    assert pairs and (batch.positions["region:0"] == -1).all() and (batch.positions["region:1"] >= 0).all()
 
 
-def test_multi_token_labels_are_reported_and_droppable(toy: TaskTemplate, tokenizer) -> None:
+def test_multi_token_labels_are_reported_and_score_their_first_token(toy: TaskTemplate, tokenizer) -> None:
     pairs = sample_pairs(toy, 4, seed=0)
     odd = [replace(pairs[0], base_label=" xylophone"), *pairs[1:]]
-    tp = tokenize_pairs(tokenizer, odd)
-    assert tp.multi_token_labels == (" xylophone",) and len(tp) == 8
+    ids, multi = label_token_ids(tokenizer, [lab for p in odd for lab in (p.base_label, p.source_label)])
+    assert multi == (" xylophone",)
     first = tokenizer(" xylophone", add_special_tokens=False)["input_ids"]
-    assert len(first) > 1 and int(tp.base_label_ids[0]) == first[0]  # the paper scores the first token
-    kept = tokenize_pairs(tokenizer, odd, drop_multi_token=True)
-    assert len(kept) == 7 and " xylophone" not in {p.base_label for p in kept.pairs}
+    assert len(first) > 1 and ids[" xylophone"] == first[0]  # the paper scores the first token
+    with pytest.raises(DataError, match="no CausalGym pairs"):
+        pair_items([])
 
 
 @needs_data

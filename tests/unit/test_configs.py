@@ -50,3 +50,28 @@ def test_paper_defaults():
     le = _compose("intervention=leace")["intervention"]
     assert le["shrinkage"] and le["constrain_cov_trace"]
     assert cfg["intervention"]["name"] == "inlp"
+
+
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(name, tmp_path):
+    """Each experiment resolves and passes the whole pre-flight validation (no model or data loaded)."""
+    from cprobe.pipeline import prepare
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[f"+experiment={name}", "paths.data_dir=/nonexistent",
+                                           f"paths.cache_dir={tmp_path}"])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("paths", None)
+    job = prepare(plain)
+    assert job.keys.task == plain["task"]
+
+
+def test_offline_canby_setting_trains_on_attractor_agreement():
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=sva_marked_reliability"]))
+    assert cfg["model"]["tiny"]["grammar"]["attractor_agreement"] is True
+    assert cfg["dataset"]["grammar"]["attractor_agreement"] is True
+    assert cfg["reliability"]["target"] == "z_c" and cfg["reliability"]["others"] == ["z_e"]

@@ -126,3 +126,24 @@ def test_structure_mix_selects_templates_and_config_serialises():
 def test_bad_config_raises_config_error(kwargs):
     with pytest.raises(ConfigError):
         GrammarConfig(**kwargs)
+
+
+def test_attractor_agreement_marks_the_verb_with_the_attractor_number_only():
+    """The offline Canby setting: the main verb carries a second mark agreeing with the attractor (z_e); the wrong
+    form keeps that mark and flips only the subject number; sentences are otherwise those of the plain grammar."""
+    from cprobe.data.grammar import ATTRACTOR_MARKS, mark
+
+    cfg = GrammarConfig(n_sentences=600, seed=5, attractor_agreement=True)
+    marked, plain = generate(cfg), generate(dataclasses.replace(cfg, attractor_agreement=False))
+    vocab = set(vocabulary(cfg))
+    seen = Counter()
+    for m, p in zip(marked.examples, plain.examples):
+        z_e = m.props["z_e"]
+        assert m.props == p.props and m.target == p.target
+        assert m.correct == mark(p.correct, z_e) and m.wrong == mark(p.wrong, z_e)
+        assert m.words[m.target] == m.correct and m.words[: m.target] == p.words[: p.target]
+        assert set(m.words) <= vocab
+        seen[m.correct[-2:] if z_e != NONE else "none"] += 1
+    assert mark("is", "sg") == "is_s" and mark("are", "pl") == "are_p" and mark("is", NONE) == "is"
+    assert set(seen) == {*ATTRACTOR_MARKS.values(), "none"}
+    assert not any(w.endswith(("_s", "_p")) for w in vocabulary(GrammarConfig()))

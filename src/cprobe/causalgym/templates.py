@@ -23,12 +23,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
-from torch import Tensor
-
+from cprobe.data.items import TextItem
 from cprobe.errors import DataError
-from cprobe.models.formatters import encode_regions
-from cprobe.models.sites import pad
 
 # Split after every "}", before every " {", and before a "{" not preceded by a space: each
 # variable (with its leading space) becomes its own region.
@@ -290,83 +286,33 @@ def control_pairs(pairs: Sequence[Pair]) -> list[Pair]:
             for p in pairs]
 
 
-@dataclass(frozen=True)
-class TokenizedPairs:
-    """Right-padded token ids and the site positions of a list of pairs.
+def pair_items(pairs: Sequence[Pair]) -> tuple[list[TextItem], list[TextItem]]:
+    """The bases and the sources of ``pairs`` as region-aligned :class:`TextItem` lists (same order).
 
-    ``*_pos[i, r]`` is the index (in ``*_ids[i]``) of the last token of region ``r``, or -1
-    when the region is empty in that sentence (such sites are skipped). ``*_last`` is the
-    index of the last real token, where the next-token prediction is read. Label ids are the
-    first token of each label string; ``multi_token_labels`` lists labels longer than that.
-    """
-
-    pairs: list[Pair]
-    base_ids: Tensor
-    base_mask: Tensor
-    source_ids: Tensor
-    source_mask: Tensor
-    base_pos: Tensor
-    source_pos: Tensor
-    base_last: Tensor
-    source_last: Tensor
-    base_label_ids: Tensor
-    source_label_ids: Tensor
-    base_class: Tensor
-    source_class: Tensor
-    region_names: tuple[str, ...]
-    multi_token_labels: tuple[str, ...]
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-
-def tokenize_pairs(
-    tokenizer: Any,
-    pairs: Sequence[Pair],
-    prepend_bos: bool = False,
-    drop_multi_token: bool = False,
-) -> TokenizedPairs:
-    """Tokenise pairs with a HF *fast* tokenizer, locating region ends via offset mappings.
-
-    ``prepend_bos`` adds ``tokenizer.bos_token_id`` in front of every sentence when the
-    tokenizer has one (Pythia expects ``<|endoftext|>`` first). With ``drop_multi_token``,
-    pairs whose base or source label is not a single token are removed.
+    An item's ``concepts`` hold its label type, its ``outcome`` the next-token label; the model-side
+    tokenisation is :class:`cprobe.models.formatters.RegionFormatter`'s (positions ``region:r``, ``last``).
     """
     if not pairs:
-        raise DataError("no CausalGym pairs to tokenise")
-    if not getattr(tokenizer, "is_fast", False):
-        raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; offset mappings are needed "
-                        "to align regions (load it with use_fast=True)")
-    bos = [tokenizer.bos_token_id] if prepend_bos and tokenizer.bos_token_id is not None else []
-    label_ids: dict[str, list[int]] = {}
-    for label in {p.base_label for p in pairs} | {p.source_label for p in pairs}:
-        label_ids[label] = tokenizer(label, add_special_tokens=False)["input_ids"]
-        if not label_ids[label]:
+        raise DataError("no CausalGym pairs")
+
+    def item(i: int, side: str, regions: tuple[str, ...], type_: str, label: str) -> TextItem:
+        return TextItem(id=f"{i}.{side}", text="".join(regions), concepts={"type": type_}, outcome=label,
+                        regions=tuple(regions), region_names=pairs[0].region_names)
+
+    bases = [item(i, "base", p.base, p.base_type, p.base_label) for i, p in enumerate(pairs)]
+    sources = [item(i, "source", p.source, p.source_type, p.source_label) for i, p in enumerate(pairs)]
+    return bases, sources
+
+
+def label_token_ids(tokenizer: Any, labels: Iterable[str]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Each label's first token id (the reference scores the first token), and the labels longer than one token."""
+    ids: dict[str, int] = {}
+    multi = []
+    for label in sorted(set(labels)):
+        toks = tokenizer(label, add_special_tokens=False)["input_ids"]
+        if not toks:
             raise DataError(f"label {label!r} tokenises to nothing")
-    multi = tuple(sorted(lab for lab, ids in label_ids.items() if len(ids) > 1))
-    if drop_multi_token:
-        pairs = [p for p in pairs if p.base_label not in multi and p.source_label not in multi]
-        if not pairs:
-            raise DataError(f"every pair has a multi-token label {list(multi)}")
-    base = [encode_regions(tokenizer, p.base, bos) for p in pairs]
-    source = [encode_regions(tokenizer, p.source, bos) for p in pairs]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    base_ids, base_mask = pad([ids for ids, _ in base], pad_id)
-    source_ids, source_mask = pad([ids for ids, _ in source], pad_id)
-    return TokenizedPairs(
-        pairs=list(pairs),
-        base_ids=base_ids,
-        base_mask=base_mask,
-        source_ids=source_ids,
-        source_mask=source_mask,
-        base_pos=torch.tensor([pos for _, pos in base], dtype=torch.long),
-        source_pos=torch.tensor([pos for _, pos in source], dtype=torch.long),
-        base_last=base_mask.sum(1) - 1,
-        source_last=source_mask.sum(1) - 1,
-        base_label_ids=torch.tensor([label_ids[p.base_label][0] for p in pairs], dtype=torch.long),
-        source_label_ids=torch.tensor([label_ids[p.source_label][0] for p in pairs], dtype=torch.long),
-        base_class=torch.tensor([p.base_class for p in pairs], dtype=torch.long),
-        source_class=torch.tensor([p.source_class for p in pairs], dtype=torch.long),
-        region_names=pairs[0].region_names,
-        multi_token_labels=multi,
-    )
+        ids[label] = toks[0]
+        if len(toks) > 1:
+            multi.append(label)
+    return ids, tuple(multi)

@@ -11,7 +11,14 @@ known by construction rather than parsed:
 - ``structure``: the template name.
 
 Attractor numbers are sampled independently of the subject number, so ``z_c`` and ``z_e`` are
-balanced and (near) independent. Some structures put another noun *before* the subject
+balanced and (near) independent.
+
+With ``attractor_agreement`` the main verb also agrees with the attractor (a second, object-style
+agreement mark, as in languages with polypersonal agreement): ``is`` after "the author near the guards"
+becomes ``is_p`` (``is_s`` after a singular attractor; unmarked when there is none). The wrong form keeps
+the attractor mark and flips the subject number (``are_p``), so the task is still subject agreement, but
+a model must carry the attractor's number to the verb to predict it — the representation at the verb
+then encodes Z_e as BERT's does in Canby et al. (their Z_e oracle: 88%). Some structures put another noun *before* the subject
 (``intro_pp``, ``frame``, ``frame_pp``) so a probe that reads "the first noun" is not enough.
 """
 
@@ -77,9 +84,10 @@ class _Sentence:
 class _Builder:
     """Shared sampling helpers; one per ``generate`` call so the RNG stream is the only state."""
 
-    def __init__(self, rng: random.Random, nouns: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, rng: random.Random, nouns: Sequence[tuple[str, str]], attractor_agreement: bool = False) -> None:
         self.rng = rng
         self.nouns = nouns
+        self.attractor_agreement = attractor_agreement
 
     def number(self) -> str:
         return self.rng.choice((SG, PL))
@@ -112,7 +120,18 @@ class _Builder:
 
     def finish(self, before: list[str], z_c: str, z_e: str, n_attractors: int) -> _Sentence:
         correct, wrong, rest = self.main_verb(z_c)
+        if self.attractor_agreement:
+            correct, wrong = mark(correct, z_e), mark(wrong, z_e)
         return _Sentence([*before, correct, *rest], len(before), correct, wrong, z_c, z_e, n_attractors)
+
+
+ATTRACTOR_MARKS = {SG: "_s", PL: "_p"}
+"""The verb's attractor-agreement suffix (``attractor_agreement``); none when there is no attractor."""
+
+
+def mark(verb: str, z_e: str) -> str:
+    """``verb`` with the attractor-agreement mark for attractor number ``z_e`` (unchanged for ``none``)."""
+    return verb + ATTRACTOR_MARKS.get(z_e, "")
 
 
 def _simple(b: _Builder) -> _Sentence:
@@ -193,6 +212,7 @@ class GrammarConfig:
     seed: int = 0
     structures: tuple[tuple[str, float], ...] = field(default=DEFAULT_MIX)
     n_nouns: int = len(NOUNS)
+    attractor_agreement: bool = False  # the main verb also agrees with the attractor (see the module doc)
 
     def __post_init__(self) -> None:
         mix = self.structures.items() if isinstance(self.structures, Mapping) else self.structures
@@ -219,7 +239,7 @@ class GrammarConfig:
 def generate(cfg: GrammarConfig) -> Dataset:
     """``cfg.n_sentences`` labelled agreement sentences, deterministic given ``cfg``."""
     rng = random.Random(cfg.seed)
-    builder = _Builder(rng, NOUNS[: cfg.n_nouns])
+    builder = _Builder(rng, NOUNS[: cfg.n_nouns], cfg.attractor_agreement)
     names = [n for n, _ in cfg.structures]
     weights = [w for _, w in cfg.structures]
     examples = []
@@ -238,4 +258,7 @@ def vocabulary(cfg: GrammarConfig) -> list[str]:
     for pairs in (NOUNS[: cfg.n_nouns], COPULAS, PERFECT, TRANSITIVE, INTRANSITIVE, FRAME_VERBS):
         for pair in pairs:
             words.update(pair)
+    if cfg.attractor_agreement:
+        for pairs in (COPULAS, PERFECT, TRANSITIVE, INTRANSITIVE):
+            words.update(mark(v, z) for pair in pairs for v in pair for z in ATTRACTOR_MARKS)
     return sorted(words)

@@ -97,9 +97,12 @@ class TinyTrainConfig:
 
 def cache_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_sentences: Sequence[str] = ()) -> str:
     """Hash of everything that determines the trained model."""
+    g = asdict(grammar)
+    if not g["attractor_agreement"]:
+        del g["attractor_agreement"]  # models trained before the option existed keep their key
     spec = {
         "kind": kind,
-        "grammar": asdict(grammar),
+        "grammar": g,
         "train": asdict(train),
         "extra": list(extra_sentences),
         "version": VERSION,

@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from cprobe.causalgym.corpus import DEFAULT_TEMPLATES
-from cprobe.causalgym.runner import DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
+from cprobe.causalgym.runner import CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
 from cprobe.causalgym.templates import load_templates
 from cprobe.errors import ConfigError
 from cprobe.job import JobContext
@@ -29,15 +30,14 @@ from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
 
-CAPABLE_ACCURACY = 0.9
-"""Tasks the model can do (un-intervened accuracy at least this) get their own summary."""
 DECODABLE_ACCURACY = 0.9
 """Sites whose oracle probe reaches this eval accuracy count for the overall completeness."""
 
 
 # The paper's probe penalties λ per model (App. C, Tables 3–20: Probe⁰ / Probe¹; reference
-# ``probe_mapping``, C = 1/λ). The default λ is the probe the reference picks for Table 1
-# (``pick_better_probe``: Probe⁰ everywhere except 410m, Probe¹). Used when neither
+# ``probe_mapping``, C = 1/λ). Models above 70m run both probes (``probe0``, ``probe1``) and the summary
+# reports the better of the two as ``probe`` (Table 1's "better of two probes"; the reference's
+# ``pick_better_probe`` hard-codes Probe⁰ except for 410m, Probe¹ — REFERENCE_PICK). Used when neither
 # ``causalgym.probe_lam`` nor the model config's ``causalgym.probe_lam`` is set; other models must set one.
 PAPER_PROBE_LAMS = {"pythia_14m": (10.0,), "pythia_31m": (1e2,), "pythia_70m": (1e3,), "pythia_160m": (1e4, 1e5),
                     "pythia_410m": (1e4, 1e5), "pythia_1b": (1e5, 1e6), "pythia_1_4b": (1e5, 1e6),
@@ -70,7 +70,8 @@ class Config:
     eval_seed: int = 1
     control: bool = True
     prepend_bos: bool = True
-    probe_lam: float | None = None
+    probe_lam: Any = None  # λ, or a list of λs (one probe each; the summary keeps the better)
+    stream: str = "block"  # last layer: "block" = raw block output (reference), "resid" = after the final norm
     das: DASKeys = field(default_factory=DASKeys)
     random_draws: int = 5
     reliability: bool = True
@@ -90,18 +91,20 @@ def settings_from_cfg(cfg: dict, g: Config) -> GymSettings:
            **{k: v for k, v in vars(g.das).items() if v is not None}}
     lam = g.probe_lam
     if lam is None:
-        lam = per_model.get("probe_lam", PAPER_PROBE_LAM.get(str(model.get("name"))))
+        lam = per_model.get("probe_lam", PAPER_PROBE_LAMS.get(str(model.get("name"))))
     if lam is None:
         if "probe" in g.methods:
             raise ConfigError(
                 f"no probe λ for model {model.get('name')!r}: the paper tunes it per model (known: "
                 f"{sorted(PAPER_PROBE_LAM)}); set causalgym.probe_lam=<λ> (C = 1/λ), e.g. 1e4 for a ~160m model")
         lam = 1.0  # unused: no probe method
+    lams = list(lam) if isinstance(lam, (list, tuple)) else [lam]
     try:
         return GymSettings(
             methods=list(g.methods), layers=cfg.get("layers", "blocks"), regions=g.regions,
             n_train=g.n_train, n_eval=g.n_eval, train_seed=g.train_seed, eval_seed=g.eval_seed,
-            control=g.control, prepend_bos=g.prepend_bos, probe_lam=float(lam), das=das, seed=int(cfg.get("seed", 0)),
+            control=g.control, prepend_bos=g.prepend_bos, probe_lams=[float(x) for x in lams], stream=g.stream,
+            das=das, seed=int(cfg.get("seed", 0)),
             random_draws=g.random_draws, reliability=g.reliability, oracle_probe=dict(g.oracle_probe),
         )
     except (TypeError, ValueError) as e:
@@ -118,15 +121,46 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if unknown:
         raise ConfigError(f"unknown causalgym.tasks {unknown}; choose from {sorted(templates)}")
     adapter = ctx.adapter(cfg["model"])  # device=cuda puts the model (and every intervention) on the GPU
-    rows = []
+    rows: list[dict[str, Any]] = []
+    directions: dict[str, torch.Tensor] = {}
     for name in names:
         t0 = time.perf_counter()
-        rows.extend(run_gym_task(adapter, templates[name], settings, progress=ctx.progress, timings=ctx.timings))
+        rows.extend(run_gym_task(adapter, templates[name], settings, progress=ctx.progress, timings=ctx.timings,
+                                 directions=directions))
         log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
     table = pd.DataFrame(rows)
     table.insert(0, "model", adapter.name)
     table["device"] = str(adapter.device)
+    save_directions(directions, ctx.out_dir / DIRECTIONS_FILE, model=adapter.name, stream=settings.stream)
+    incapable = sorted(table.loc[~table["capable"].astype(bool), "cg_task"].unique()) if len(table) else []
+    if incapable:
+        ctx.warn(f"{len(incapable)} of {len(names)} tasks are beyond {adapter.name} (accuracy < {CAPABLE_ACCURACY} "
+                 f"or unknown label tokens): {', '.join(incapable)}; they are marked capable=false and the "
+                 "summary also reports the capable tasks alone")
     return table
+
+
+DIRECTIONS_FILE = "directions.safetensors"
+
+
+def save_directions(directions: dict[str, torch.Tensor], path: Path, **meta: str) -> None:
+    """Every learned unit direction (float32), keyed ``<task>/<condition>/<method>/L<layer>/R<region>``, as
+    safetensors (no pickle), written atomically; load with :func:`load_directions`."""
+    from safetensors.torch import save
+
+    from cprobe.cache import atomic_write_bytes
+
+    if not directions:
+        return
+    blob = save({k: v.contiguous() for k, v in directions.items()}, metadata={k: str(v) for k, v in meta.items()})
+    atomic_write_bytes(Path(path), blob)
+
+
+def load_directions(path: Path) -> dict[str, torch.Tensor]:
+    """The directions a CausalGym job saved (see :func:`save_directions`)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
 
 
 # ---------------------------------------------------------------------------------- aggregation
@@ -138,7 +172,7 @@ def _grid(part: pd.DataFrame) -> np.ndarray:
 
 
 def overall_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per model × task × method (× seed): overall odds, selectivity, accuracies and cost."""
+    """Per model × task × method (× seed): overall odds, selectivity, accuracies, capability and cost."""
     keys = [k for k in ("model", "cg_task", "method", "seed") if k in table]
     out = []
     for key, part in table.groupby(keys, sort=True):
@@ -159,6 +193,11 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
+        rec["capable"] = bool(task["capable"].iloc[0]) if "capable" in task else (
+            rec["task_accuracy"] >= CAPABLE_ACCURACY)
+        rec["unknown_labels"] = str(task["unknown_labels"].iloc[0]) if "unknown_labels" in task else ""
+        rec["probe_lam"] = float(task["probe_lam"].iloc[0]) if "probe_lam" in task else np.nan
+        rec["stream"] = str(task["stream"].iloc[0]) if "stream" in task else "resid"
         rec["probe_accuracy"] = float(task["probe_accuracy"].mean()) if task["probe_accuracy"].notna().any() else np.nan
         rec["seconds"] = float((part["fit_s"] + part["eval_s"]).sum())
         rec["n_sites"] = len(task)
@@ -178,13 +217,23 @@ def _reliability(task: pd.DataFrame) -> dict[str, float]:
             "n_decodable_sites": int(len(ok))}
 
 
+def _capable(part: pd.DataFrame) -> pd.DataFrame:
+    flag = part["capable"].astype(bool) if "capable" in part else part["task_accuracy"] >= CAPABLE_ACCURACY
+    return part[flag]
+
+
 def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
-    """Method × model means over tasks (the paper's Table 1), plus the same over capable tasks."""
+    """Method × model means over tasks (the paper's Table 1), plus the same over the capable tasks.
+
+    Where a model ran two probes (``probe0``/``probe1``, the paper's Probe⁰/Probe¹), a ``probe`` row
+    repeats the better of the two by overall odds over all tasks (Table 1's "better of two probes");
+    ``probe_pick`` names it.
+    """
     if overall.empty:
         return overall
     rows = []
     for (model, method), part in overall.groupby(["model", "method"], sort=True):
-        capable = part[part["task_accuracy"] >= CAPABLE_ACCURACY]
+        capable = _capable(part)
         rows.append({
             "model": model, "method": method, "n_tasks": part["cg_task"].nunique(),
             "overall_odds": part["overall_odds"].mean(), "selectivity": part["selectivity"].mean(),
@@ -193,8 +242,48 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
-            "seconds": part["seconds"].sum(),
+            "probe_pick": "", "seconds": part["seconds"].sum(),
         })
+    out = pd.DataFrame(rows)
+    picks = []
+    for model, part in out.groupby("model", sort=True):
+        probes = part[part["method"].isin(["probe0", "probe1"])]
+        if len(probes) == 2:
+            best = probes.sort_values(["overall_odds", "method"], ascending=[False, True]).iloc[0].copy()
+            best["probe_pick"] = str(best["method"])
+            best["method"] = "probe"
+            picks.append(best)
+    if picks:
+        out = pd.concat([out, pd.DataFrame(picks)], ignore_index=True)
+    order = {m: i for i, m in enumerate(METHOD_ORDER)}
+    return out.sort_values(["model", "method"], key=lambda c: c.map(order).fillna(99) if c.name == "method" else c,
+                           kind="stable").reset_index(drop=True)
+
+
+METHOD_ORDER = ("das", "probe", "probe0", "probe1", "mean", "pca", "kmeans", "lda", "random", "vanilla")
+"""Row order of the paper's tables (Table 1: DAS, Probe, Mean, PCA, k-means, LDA, Random, Vanilla)."""
+
+
+def table1(summary: pd.DataFrame, capable_only: bool = False) -> pd.DataFrame:
+    """The paper's Table 1 layout: one row per method, per model an odds and a selectivity column
+    (``<model> odds``, ``<model> sel``); ``capable_only`` averages the capable tasks alone."""
+    if summary.empty:
+        return summary
+    odds, sel = ("capable_overall_odds", "capable_selectivity") if capable_only else ("overall_odds", "selectivity")
+    models = sorted(summary["model"].unique())
+    methods = [m for m in METHOD_ORDER if m in set(summary["method"])]
+    methods += sorted(set(summary["method"]) - set(methods))
+    rows = []
+    for method in methods:
+        rec: dict[str, Any] = {"method": method}
+        for model in models:
+            hit = summary[(summary["model"] == model) & (summary["method"] == method)]
+            rec[f"{model} odds"] = float(hit[odds].iloc[0]) if len(hit) else np.nan
+            rec[f"{model} sel"] = float(hit[sel].iloc[0]) if len(hit) else np.nan
+        rows.append(rec)
+    tasks = summary.groupby("model")["n_capable_tasks" if capable_only else "n_tasks"].max()
+    rows.append({"method": "(tasks averaged)", **{f"{m} odds": float(tasks[m]) for m in models},
+                 **{f"{m} sel": float(tasks[m]) for m in models}})
     return pd.DataFrame(rows)
 
 
@@ -202,42 +291,117 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     out_dir = Path(out_dir)
     overall = overall_table(table)
     write_table(overall, out_dir / "causalgym_overall")
-    write_table(summary_table(overall), out_dir / "causalgym_summary")
-    task_rows = table[table["condition"] == "task"]
-    for (model, name), part in task_rows.groupby(["model", "cg_task"], sort=True):
-        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name}")
-    for model, part in task_rows.groupby("model", sort=True):
+    summary = summary_table(overall)
+    write_table(summary, out_dir / "causalgym_summary")
+    write_table(table1(summary), out_dir / "causalgym_table1")
+    write_table(table1(summary, capable_only=True), out_dir / "causalgym_table1_capable")
+    for (model, name), part in table.groupby(["model", "cg_task"], sort=True):
+        acc = float(part["task_accuracy"].iloc[0])
+        cap = "" if (bool(part["capable"].iloc[0]) if "capable" in part else acc >= CAPABLE_ACCURACY) else \
+            " — NOT capable"
+        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
+    for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
         _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
 
 
+def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:
+    """Tick labels as the paper's (blocks 0..L−1; ``emb`` for the embeddings) and the axis label."""
+    stream = str(part["stream"].iloc[0]) if "stream" in part else "resid"
+    labels = ["emb" if l == 0 else str(l - 1) for l in layers]
+    return labels, "layer (as the paper: block 0…L−1" + (", last = block output)" if stream == "block"
+                                                         else ", last = after final norm)")
+
+
 def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
-    methods = [m for m in [*METHODS, "vanilla"] if m in set(part["method"])]
-    fig, axes = new_figure(len(methods), width=3.2, height=3.2)
-    regions = part.drop_duplicates("region_idx").sort_values("region_idx")
-    vmax = float(np.nanmax(np.abs(part["odds"].to_numpy()))) or 1.0
-    for ax, method in zip(axes, methods):
-        grid = part[part["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
-                                                          aggfunc="mean")
-        im = ax.imshow(grid.to_numpy(), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", origin="lower")
-        ax.set_xticks(range(grid.shape[1]), [regions.set_index("region_idx").loc[c, "region"] for c in grid.columns],
-                      rotation=60, fontsize=6)
-        ax.set_yticks(range(grid.shape[0]), grid.index.tolist(), fontsize=7)
-        ax.set(title=method, xlabel="region", ylabel="layer")
-    fig.colorbar(im, ax=axes[-1], shrink=0.8, label="AvgOdds")
-    fig.suptitle(title, fontsize=9)
-    save(fig, path)
+    """Layer × region AvgOdds per method (columns) for the task, the control task and their difference
+    (selectivity) (rows), on one symmetric colour scale whose range the colour bar states."""
+    methods = [m for m in METHOD_ORDER if m in set(part["method"])] + sorted(set(part["method"]) - set(METHOD_ORDER))
+    task = part[part["condition"] == "task"]
+    grids: list[tuple[str, pd.DataFrame]] = []
+    control = part[part["condition"] == "control"]
+    for method in methods:
+        t = task[task["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
+                                                       aggfunc="mean")
+        grids.append((f"{method}\ntask", t))
+    if not control.empty:
+        for method in methods:
+            t = task[task["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
+                                                           aggfunc="mean")
+            c = control[control["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
+                                                                 aggfunc="mean").reindex_like(t)
+            grids.append((f"{method}\ncontrol", c))
+            grids.append((f"{method}\nselectivity", t - c))
+    n_rows = 1 if control.empty else 3
+    regions = part.drop_duplicates("region_idx").set_index("region_idx")["region"]
+    layers = sorted(part["layer"].unique())
+    n_reg = part["region_idx"].nunique()
+    cell_w, cell_h = max(2.4, 0.45 * n_reg + 1.2), max(2.0, 0.32 * len(layers) + 1.4)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(n_rows, len(methods), figsize=(cell_w * len(methods) + 1.2, cell_h * n_rows + 1.2),
+                             squeeze=False, sharex=True, sharey=True, layout="constrained")
+    values = np.concatenate([g.to_numpy(dtype=float).ravel() for _, g in grids]) if grids else np.zeros(1)
+    finite = values[np.isfinite(values)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    vmax = max(abs(lo), abs(hi)) or 1.0
+    ylabels, ylabel = _layer_labels(part, layers)
+    order = ["task", "control", "selectivity"]
+    im = None
+    for label, grid in grids:
+        method, kind = label.split("\n")
+        row, col = order.index(kind), methods.index(method)
+        ax = axes[row, col]
+        grid = grid.reindex(index=layers)
+        im = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto",
+                       origin="lower")
+        ax.set_xticks(range(grid.shape[1]), [str(regions.loc[c]) for c in grid.columns], rotation=60,
+                      ha="right", fontsize=9)
+        ax.set_yticks(range(len(layers)), ylabels, fontsize=9)
+        ax.set_title(f"{method} · {kind}", fontsize=10)
+        if col == 0:
+            ax.set_ylabel("layer", fontsize=9)
+        if row == n_rows - 1:
+            ax.set_xlabel("region", fontsize=9)
+    cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+    cb.set_label(f"AvgOdds (log odds ratio); scale ±{vmax:.2f}, data {lo:.2f} … {hi:.2f}", fontsize=9)
+    cb.ax.tick_params(labelsize=9)
+    fig.suptitle(f"{title}\n{ylabel}", fontsize=11)
+    _save_fig(fig, path)
+
+
+def _save_fig(fig, path: Path) -> None:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from cprobe.cache import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
     """Max-over-regions AvgOdds per layer, averaged over tasks, one line per method (paper Fig. 7)."""
-    fig, axes = new_figure(1)
+    fig, axes = new_figure(1, width=6.0, height=4.0)
     ax = axes[0]
     per = part.groupby(["cg_task", "method", "layer"])["odds"].max().groupby(["method", "layer"]).mean()
-    for method in [m for m in [*METHODS, "vanilla"] if m in per.index.get_level_values(0)]:
+    present = per.index.get_level_values(0)
+    for method in [m for m in METHOD_ORDER if m in present] + sorted(set(present) - set(METHOD_ORDER)):
         s = per.loc[method]
         ax.plot(s.index, s.values, marker="o", label=method)
+    layers = sorted(part["layer"].unique())
+    labels, xlabel = _layer_labels(part, layers)
+    ax.set_xticks(layers, labels, fontsize=9)
+    ax.tick_params(axis="y", labelsize=9)
     ax.axhline(0, color="k", lw=0.8)
-    ax.set(title=title, xlabel="layer (0 = embeddings)", ylabel="max-over-regions AvgOdds")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel("max-over-regions AvgOdds", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     save(fig, path)
