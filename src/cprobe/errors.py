@@ -23,6 +23,13 @@ class ModelLoadError(CprobeError):
     """A model that is neither cached, local, nor reachable."""
 
 
+class NotFittedError(CprobeError, AttributeError):
+    """An estimator used before ``fit`` (an AttributeError too, so ``hasattr`` keeps working)."""
+
+    def __init__(self, estimator: object, what: str = "fit") -> None:
+        super().__init__(f"{type(estimator).__name__} is not fitted yet: call {what} first")
+
+
 class JobAborted(BaseException):
     """A single run's user-facing error, carried past Hydra's own error logging to the CLI
     (a BaseException, so Hydra's ``except Exception`` does not log it with its overrides)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from cprobe.cache import atomic_write_bytes
+from cprobe.io import atomic_write_bytes
 
 
 def new_figure(ncols: int = 1, width: float = 5.0, height: float = 3.6):

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from cprobe.causalgym.runner import GymSettings, run_gym_task
-from cprobe.causalgym.templates import (CONTROL_LABELS, Splits, TaskTemplate, control_pairs, label_token_ids,
-                                        make_splits, pair_items)
-from cprobe.metrics.odds import selectivity
+from cprobe.data.causalgym import (CONTROL_LABELS, Splits, TaskTemplate, control_pairs, label_token_ids,
+                                        make_pair_splits, pair_items)
+from cprobe.metrics.odds import control_selectivity
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Interchange
 from cprobe.models.formatters import RegionFormatter
@@ -99,7 +99,7 @@ def test_long_table_has_every_site_method_and_condition(table, template):
 
 
 def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template):
-    splits = make_splits(template, 8, 4)
+    splits = make_pair_splits(template, 8, 4)
     same = [replace(p, source=p.base) for p in splits.eval]  # s = b; labels and classes unchanged
     rows = pd.DataFrame(run_gym_task(adapter, template, _settings(layers="all"), splits=Splits(splits.train, same)))
     assert set(rows["method"]) == set(ALL_METHODS)
@@ -107,7 +107,7 @@ def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template
 
 
 def test_vanilla_at_layer0_equals_running_the_source(adapter, template, table):
-    pairs = make_splits(template, 8, 4).eval
+    pairs = make_pair_splits(template, 8, 4).eval
     r = template.region_names.index("{subject}")
     base, src = Side(adapter, pairs, 0, r), Side(adapter, pairs, 0, r, "source")
     # Subjects are one token each, so the pair differs at exactly that position.
@@ -120,7 +120,7 @@ def test_vanilla_at_layer0_equals_running_the_source(adapter, template, table):
 
 
 def test_control_rows_score_the_dog_give_labels(adapter, template, table):
-    pairs = control_pairs(make_splits(template, 8, 4).eval)
+    pairs = control_pairs(make_pair_splits(template, 8, 4).eval)
     r = template.region_names.index("{subject}")
     base, src = Side(adapter, pairs, 0, r), Side(adapter, pairs, 0, r, "source")
     dog, give = (adapter.tok(w, add_special_tokens=False)["input_ids"][0] for w in CONTROL_LABELS)
@@ -135,7 +135,7 @@ def test_control_rows_score_the_dog_give_labels(adapter, template, table):
         grid = {c: part[part["condition"] == c].pivot_table(index="layer", columns="region_idx", values="odds")
                 for c in ("task", "control")}
         got = overall.set_index("method").loc[method, "selectivity"]
-        assert got == pytest.approx(selectivity(grid["task"].to_numpy(), grid["control"].to_numpy()))
+        assert got == pytest.approx(control_selectivity(grid["task"].to_numpy(), grid["control"].to_numpy()))
 
 
 def test_report_writes_tables_and_figures(table, tmp_path):
@@ -196,7 +196,7 @@ def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_sourc
     assert rel_table["oracle_selectivity"].isna().all()  # no non-targeted property in the templates
     # Vanilla writes the source vector: completeness = the oracle's P(source class | f(s)).
     r = template.region_names.index("{subject}")
-    splits = make_splits(template, 8, 4)
+    splits = make_pair_splits(template, 8, 4)
     base_tr, src_ev = Side(adapter, splits.train, 1, r), Side(adapter, splits.eval, 1, r, "source")
     oracle = fit_oracle(base_tr.acts, torch.tensor([p.base_class for p in splits.train]),
                         _settings(oracle_probe=ORACLE))
@@ -248,7 +248,7 @@ def test_das_is_trained_toward_each_conditions_source_label(adapter, template, m
         return real_fit(self, forward, h_source, target, callback)
 
     monkeypatch.setattr(DAS, "fit", spy)
-    splits = make_splits(template, 8, 4, 0, 1)
+    splits = make_pair_splits(template, 8, 4, 0, 1)
     run_gym_task(adapter, template, _settings(methods=["das"], layers=[1], regions=[0]), splits=splits)
     tr = Side(adapter, splits.train, 1, 0).label_ids
     tr_c = Side(adapter, control_pairs(splits.train), 1, 0).label_ids
@@ -334,7 +334,7 @@ def test_unknown_label_tokens_mark_the_task_not_capable_in_every_table(adapter, 
 
 def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_norm(adapter, template):
     L = adapter.n_layers
-    pairs = make_splits(template, 8, 4).eval
+    pairs = make_pair_splits(template, 8, 4).eval
     r = template.region_names.index("{object}")
     block, resid = Side(adapter, pairs, L, r), Side(adapter, pairs, L, r, stream="resid")
     norm = adapter.model.gpt_neox.final_layer_norm
@@ -386,3 +386,14 @@ def test_heatmaps_are_readable(table, tmp_path, monkeypatch):
     assert len(bars) == 1
     ax = next(a for a in fig.axes if a.get_title() == "das · task")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["emb", "0", "1"]
+
+
+def test_das_parametrization_is_a_config_key_checked_before_the_run():
+    from cprobe.errors import ConfigError
+
+    def das(**kw):
+        return cg_task.settings_from_cfg({"model": {"name": "pythia_14m"}}, cg_task.Config(das=cg_task.DASKeys(**kw))).das
+
+    assert das()["parametrization"] == "orthogonal" and das(parametrization="normalize")["parametrization"] == "normalize"
+    with pytest.raises(ConfigError, match="parametrization"):
+        das(parametrization="cayley")

@@ -38,9 +38,14 @@ def test_bf16_load(tmp_path):
     ad = load_adapter({"name": "b", "path": str(tmp_path), "kind": "mlm", "dtype": "bfloat16", "device": "cpu"},
                       tmp_path)
     assert ad.dtype == torch.bfloat16
-    states, logits = ad.read(EX, [ad.n_layers], candidates=[(ad.candidate_id("is"), ad.candidate_id("are"))],
-                             desc=None)
-    assert states[ad.n_layers].dtype == torch.float32 and logits.shape == (1, 2)
+    from cprobe.models.formatters import AgreementFormatter
+    from cprobe.models.readouts import CandidateTokens
+    from cprobe.models.sites import Site
+
+    site = Site(ad.n_layers)
+    out = ad.map(EX, AgreementFormatter(), read=[site],
+                 readout=CandidateTokens([[ad.candidate_id("is"), ad.candidate_id("are")]]))
+    assert out.acts[site].dtype == torch.float32 and out.scores.shape == (1, 2)
 
 
 def test_unknown_hub_model_fails_fast(tmp_path, monkeypatch):
@@ -77,10 +82,14 @@ def test_real_minilm_from_package(tmp_path):
                        "subdir": "model", "kind": "encoder", "device": "cpu"}, tmp_path)
     assert ad.kind == "encoder" and ad.n_layers == 6 and ad.hidden_size == 384
     ex = [Example("a", tuple("the author near the guards is here".split()), 5, "is", "are")]
-    states, logits = ad.read(ex, [0, 6], desc=None)
-    assert logits is None and states[6].shape == (1, 384)
-    with pytest.raises(ConfigError, match="no LM head"):
-        ad.forward_with_edit(ad.encode(ex), 6, lambda h: h)
+    from cprobe.models.formatters import AgreementFormatter
+    from cprobe.models.readouts import Vocabulary
+    from cprobe.models.sites import Site
+
+    out = ad.map(ex, AgreementFormatter(), read=[Site(0), Site(6)])
+    assert out.scores is None and out.acts[Site(6)].shape == (1, 384)
+    with pytest.raises(ConfigError, match="no output head"):
+        ad.map(ex, AgreementFormatter(), readout=Vocabulary())
 
 
 def test_missing_package_model(tmp_path):

@@ -204,3 +204,22 @@ def test_class_head_readout_on_a_sequence_classifier_reads_and_writes_any_layer(
     torch.testing.assert_close(same.scores, out.scores, atol=1e-5, rtol=1e-5)
     moved = ad.map(items, fmt, edits={Site(2, "cls"): Replace(torch.randn(2, 32) * 3)}, readout=ClassHead())
     assert not torch.allclose(moved.scores, out.scores)
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt_neox"])
+def test_site_is_the_mask_or_the_last_prefix_token(arch):
+    ad = _adapter(arch)
+    b = AgreementFormatter()(EXAMPLES[:1], ad, torch.tensor([0]))
+    ids, site = b.input_ids[0].tolist(), int(b.position("target")[0])
+    if arch == "bert":
+        assert ids[site] == ad.tok.mask_token_id
+    else:
+        assert ad.tok.convert_ids_to_tokens(ids[site]) == "guards"  # the last word of the prefix
+
+
+def test_a_layer_out_of_range_is_a_config_error():
+    from cprobe.errors import ConfigError
+
+    ad = _adapter("bert")
+    with pytest.raises(ConfigError, match="valid layers are 0"):
+        ad.map(EXAMPLES, AgreementFormatter(), read=[Site(99)])

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cprobe.causalgym.templates import (
+from cprobe.data.causalgym import (
     CONTROL_LABELS,
     TaskTemplate,
     control_pairs,
     load_task,
     load_templates,
-    make_splits,
+    make_pair_splits,
     label_token_ids,
     pair_items,
     sample_pairs,
@@ -89,7 +89,7 @@ def test_seeds_are_reproducible(toy: TaskTemplate) -> None:
 
 
 def test_eval_bases_are_never_train_sentences(toy: TaskTemplate) -> None:
-    train, eval_ = make_splits(toy, n_train=60, n_eval=20)
+    train, eval_ = make_pair_splits(toy, n_train=60, n_eval=20)
     assert (len(train), len(eval_)) == (120, 40)
     seen = {p.base_text for p in train}
     drawn = [p for i, p in enumerate(eval_) if i % 4 < 2]
@@ -100,11 +100,11 @@ def test_impossible_disjointness_is_an_error() -> None:
     spec = {**SPEC, "variables": {**SPEC["variables"], "det": ["The"], "place.noun": ["tree"], "place.adj": ["old"]}}
     tiny = TaskTemplate.from_spec("tiny", spec)  # only 6 sentences, all drawn into train
     with pytest.raises(DataError, match="tiny"):
-        make_splits(tiny, n_train=50, n_eval=5)
+        make_pair_splits(tiny, n_train=50, n_eval=5)
 
 
 def test_control_task_keeps_sentences_and_remaps_labels(toy: TaskTemplate) -> None:
-    task, control = make_splits(toy, 10, 5), make_splits(toy, 10, 5, control=True)
+    task, control = make_pair_splits(toy, 10, 5), make_pair_splits(toy, 10, 5, control=True)
     for p, c in zip(task.train + task.eval, control.train + control.eval, strict=True):
         assert (c.base, c.source, c.base_class) == (p.base, p.source, p.base_class)
         assert c.base_label == CONTROL_LABELS[p.base_class] and c.source_label == CONTROL_LABELS[p.source_class]
@@ -209,7 +209,7 @@ def test_all_29_benchmark_tasks_load_and_split() -> None:
     tasks = load_templates(SYNTAXGYM)
     assert len(tasks) == 29 and "agr_gender" in tasks and "filler_gap_subj" in tasks
     for name, task in tasks.items():
-        train, eval_ = make_splits(task)
+        train, eval_ = make_pair_splits(task)
         assert (len(train), len(eval_)) == (400, 100), name
         seen = {p.base_text for p in train}
         assert not any(p.base_text in seen for i, p in enumerate(eval_) if i % 4 < 2), name
@@ -220,13 +220,13 @@ def test_all_29_benchmark_tasks_load_and_split() -> None:
 @pytest.mark.shared
 def test_sampling_matches_the_reference_implementation() -> None:
     """First pairs of the authors' data.py with seed 42 (train split), copied from running it."""
-    train, _ = make_splits(load_task(SYNTAXGYM, "agr_sv_num_pp"))
+    train, _ = make_pair_splits(load_task(SYNTAXGYM, "agr_sv_num_pp"))
     assert train[0].base == ("The", " ministers", " near", " the", " executive")
     assert train[0].source == ("The", " athlete", " near", " the", " executive")
     assert (train[0].base_label, train[0].source_label) == (" have", " has")
     assert train[1].base == ("The", " authors", " in front of", " the", " secretary")
     assert (train[1].base_label, train[1].source_label) == (" are", " has")
-    gss, _ = make_splits(load_task(SYNTAXGYM, "gss_subord"))
+    gss, _ = make_pair_splits(load_task(SYNTAXGYM, "gss_subord"))
     assert gss[0].base == ("Since", " the", " scientists", " reviewed the contract")
     assert gss[0].source == ("", "The", " scientists", " reviewed the contract")
     assert (gss[0].base_label, gss[0].source_label) == (" they", ".")

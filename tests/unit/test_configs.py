@@ -75,3 +75,29 @@ def test_offline_canby_setting_trains_on_attractor_agreement():
     assert cfg["model"]["tiny"]["grammar"]["attractor_agreement"] is True
     assert cfg["dataset"]["grammar"]["attractor_agreement"] is True
     assert cfg["reliability"]["target"] == "z_c" and cfg["reliability"]["others"] == ["z_e"]
+
+
+GROUP_OPTIONS = [(g, p.stem) for g in ("model", "dataset", "split", "debug")
+                 for p in sorted((REPO / "conf" / g).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize(("group", "name"), GROUP_OPTIONS)
+def test_every_option_of_every_group_composes_and_validates(group, name, tmp_path):
+    """model / dataset / split / debug options: composed in-process and through the whole pre-flight check."""
+    from cprobe.pipeline import prepare
+
+    override = f"+{group}={name}" if group == "debug" else f"{group}={name}"
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        base = "sva_tiny" if (group, name) == ("split", "probing") else "sva_tiny_reliability"  # the task it serves
+        cfg = compose("config", overrides=[f"+experiment={base}", override, f"paths.cache_dir={tmp_path}"])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("paths", None)
+    prepare(plain)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf" / "sweep").glob("*.yaml")))
+def test_every_sweep_composes(name):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", f"+sweep={name}"],
+                      return_hydra_config=True)
+    assert cfg.hydra.sweeper.params or cfg.hydra.mode is not None

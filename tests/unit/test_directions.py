@@ -10,7 +10,7 @@ from cprobe.models.edits import Edit, dii_edit
 from cprobe.directions import DIRECTIONS
 from cprobe.directions.das import DAS
 from cprobe.directions.lda import LDA
-from cprobe.directions.mean_diff import MeanDiff
+from cprobe.directions.mean_diff import MeanDirection
 from cprobe.directions.random import RandomDirection
 from cprobe.errors import ConfigError
 
@@ -47,7 +47,7 @@ def test_mean_diff_hand_computed() -> None:
     X = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 4.0], [0.0, 2.0]])
     y = torch.tensor([0, 0, 1, 1])
     # μ1 − μ0 = (0, 3) − (2, 0) = (−2, 3)
-    torch.testing.assert_close(MeanDiff().fit(X, y).a, torch.tensor([-2.0, 3.0]) / 13**0.5)
+    torch.testing.assert_close(MeanDirection().fit(X, y).a, torch.tensor([-2.0, 3.0]) / 13**0.5)
 
 
 def test_lda_is_inverse_shared_covariance_times_mean_difference() -> None:
@@ -63,7 +63,7 @@ def test_lda_is_inverse_shared_covariance_times_mean_difference() -> None:
     a = LDA().fit(X, y).a.double().numpy()
     assert abs(a @ expected) == pytest.approx(1.0, abs=1e-5)
     # correlated noise: LDA and the plain mean difference disagree
-    assert abs(float(MeanDiff().fit(X, y).a.double() @ torch.from_numpy(expected))) < 0.99
+    assert abs(float(MeanDirection().fit(X, y).a.double() @ torch.from_numpy(expected))) < 0.99
 
 
 def test_probe_scores_and_accepts_lambda() -> None:
@@ -77,7 +77,7 @@ def test_probe_scores_and_accepts_lambda() -> None:
 def test_supervised_methods_reject_non_binary_labels() -> None:
     X, _, _ = _planted(n=12)
     with pytest.raises(ValueError, match="class ids"):
-        MeanDiff().fit(X, torch.arange(12) % 3)
+        MeanDirection().fit(X, torch.arange(12) % 3)
 
 
 def test_random_is_seeded_unit_and_nearly_orthogonal_in_high_dimension() -> None:

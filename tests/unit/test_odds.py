@@ -14,7 +14,7 @@ from cprobe.metrics.odds import (
     label_logprobs,
     log_odds_ratio,
     overall_odds,
-    selectivity,
+    control_selectivity,
     task_accuracy,
 )
 
@@ -67,7 +67,7 @@ def test_selectivity_differences_per_site_before_aggregating() -> None:
     task = np.array([[1.0, 3.0], [2.0, 5.0]])
     control = np.array([[0.0, 3.0], [1.0, 1.0]])
     # per-site diff [[1, 0], [1, 4]] → max 1, 4 → 2.5; difference of overalls would give 4 − 2 = 2
-    assert selectivity(task, control) == pytest.approx(2.5)
+    assert control_selectivity(task, control) == pytest.approx(2.5)
     assert overall_odds(task) - overall_odds(control) == pytest.approx(2.0)
     with pytest.raises(ValueError):
-        selectivity(task, control[:, :1])
+        control_selectivity(task, control[:, :1])

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +33,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from cprobe.causalgym.templates import Pair, Splits, TaskTemplate, control_pairs, label_token_ids, make_splits, pair_items
-from cprobe.data.items import TextItem
+from cprobe.data.causalgym import Pair, Splits, TaskTemplate, control_pairs, label_token_ids, make_pair_splits, pair_items
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
@@ -88,6 +87,12 @@ class GymSettings:
             raise ConfigError("causalgym.random_draws must be >= 1")
         if self.stream not in STREAMS:
             raise ConfigError(f"unknown causalgym.stream {self.stream!r}; choose from {list(STREAMS)}")
+        for m in self.methods:
+            if m != "vanilla" and DIRECTIONS.get(m).causal:  # the `das` settings configure the causal method(s)
+                try:
+                    DIRECTIONS.build({"name": m, **self.das}, seed=self.seed)
+                except ConfigError as e:
+                    raise ConfigError(f"bad causalgym.das: {e}") from None
         self.probe_lams = tuple(float(x) for x in self.probe_lams)
         if not self.probe_lams or min(self.probe_lams) <= 0:
             raise ConfigError(f"causalgym.probe_lam must be one λ > 0 or a list of them, got {list(self.probe_lams)}")
@@ -129,6 +134,12 @@ def das_forward(adapter: ModelAdapter, train: Batch, rows: Tensor, site: Site) -
     return forward
 
 
+def _fallback_direction(X: Tensor, seed: int) -> Tensor:
+    """A chance-level direction for a site where a method finds none (the registry's first chance baseline)."""
+    name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
+    return build_direction(name, {}, seed).fit(X).a
+
+
 def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
     unk = getattr(tok, "unk_token_id", None)
     return sorted(lab for lab, i in ids.items() if unk is not None and i == unk)
@@ -142,30 +153,26 @@ def fit_oracle(X: Tensor, y: Tensor, settings: GymSettings):
 
 
 def method_runs(settings: GymSettings) -> list[tuple[str, str, dict[str, Any]]]:
-    """(row label, direction name, constructor kwargs) per method run; ``probe`` with two λs (the paper's
+    """(row label, direction name, direction config) per method run; ``probe`` with two λs (the paper's
     Probe⁰ / Probe¹ for models above 70m) runs twice, as ``probe0`` and ``probe1``."""
     out = []
     for method in settings.methods:
-        if method == "probe" and len(settings.probe_lams) > 1:
+        if method == "vanilla":
+            out.append((method, method, {}))
+        elif method == "probe" and len(settings.probe_lams) > 1:
             out.extend((f"probe{k}", "probe", {"lam": lam}) for k, lam in enumerate(settings.probe_lams))
         elif method == "probe":
             out.append(("probe", "probe", {"lam": settings.probe_lams[0]}))
+        elif DIRECTIONS.get(method).causal:
+            out.append((method, method, dict(settings.das)))
         else:
             out.append((method, method, {}))
     return out
 
 
-def _build_direction(name: str, settings: GymSettings, site_seed: int, kwargs: dict[str, Any]):
-    cls = DIRECTIONS.get(name)
-    if name == "das":
-        return cls(**{"seed": settings.seed, **settings.das})
-    if name == "probe":
-        return cls(seed=settings.seed, **kwargs)
-    if name in ("kmeans",):
-        return cls(seed=settings.seed)
-    if name == "random":
-        return cls(seed=site_seed)
-    return cls()
+def build_direction(name: str, params: dict[str, Any], seed: int):
+    """One direction method from the registry's factory (``seed`` reaches constructors that take one)."""
+    return DIRECTIONS.build({"name": name, **params}, seed=seed)
 
 
 def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSettings,
@@ -182,7 +189,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
     if len(template.types) != 2:
         raise DataError(f"CausalGym task {template.name!r} is not binary; the methods need two classes")
     t_start = time.perf_counter()
-    splits = splits or make_splits(template, settings.n_train, settings.n_eval, settings.train_seed, settings.eval_seed)
+    splits = splits or make_pair_splits(template, settings.n_train, settings.n_eval, settings.train_seed, settings.eval_seed)
     conditions = list(CONDITIONS if settings.control else CONDITIONS[:1])
     # Control (§5.2): the same inputs scored on " dog"/" give" (only the label ids change).
     by_cond = {"task": splits}
@@ -266,27 +273,28 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
             degenerate = False
             t_fit = time.perf_counter()
             site_seed = settings.seed * 100_003 + 1000 * layer + region
-            if name == "vanilla":
+            cls = None if name == "vanilla" else DIRECTIONS.get(name)
+            if cls is None:  # the whole-vector swap: no direction
                 dirs = {c: [None] for c in conditions}
-            elif name == "das":
+            elif cls.causal:  # trained through the model, on each condition's labels
                 for c in conditions:
-                    das = _build_direction("das", settings, 0, kwargs)
+                    das = build_direction(name, kwargs, settings.seed)
                     das.fit(das_forward(adapter, train_batch, ok_tr, site),
                             src_tr[site][ok_tr].to(adapter.device), tr_target[c][ok_tr])
                     dirs[c] = [das.a]
-            elif name == "random":
-                draws = [DIRECTIONS.get("random")(seed=site_seed + 7_919 * k).fit(X_tr).a
+            elif cls.chance_baseline:
+                draws = [build_direction(name, kwargs, site_seed + 7_919 * k).fit(X_tr).a
                          for k in range(settings.random_draws)]
                 dirs = {c: draws for c in conditions}
             else:
-                if name in ("probe", "mean", "lda") and len(torch.unique(y_tr)) < 2:
+                if cls.supervised and len(torch.unique(y_tr)) < 2:
                     continue
                 try:
                     if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
                         raise ValueError("the train activations at this site are all equal")
                     with warnings.catch_warnings():  # LDA on near-collinear activations: harmless
                         warnings.simplefilter("ignore", RuntimeWarning)
-                        d = _build_direction(name, settings, site_seed, kwargs).fit(X_tr, y_tr)
+                        d = build_direction(name, kwargs, settings.seed).fit(X_tr, y_tr)
                     if hasattr(d, "score"):
                         probe_acc = d.score(X_ev, y_ev)
                     a = d.a
@@ -295,11 +303,12 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
                     # give no direction; the DII there has (almost) no effect along any direction,
                     # so score a random one and flag the site.
                     log.debug("%s at layer %d region %d: %s; using a random direction", name, layer, region, err)
-                    a, degenerate = DIRECTIONS.get("random")(seed=site_seed).fit(X_tr).a, True
+                    a, degenerate = _fallback_direction(X_tr, site_seed), True
                 dirs = {c: [a] for c in conditions}
             fit_s = time.perf_counter() - t_fit
+            causal = cls is not None and cls.causal
             if directions is not None:
-                for c in (conditions if name == "das" else conditions[:1]):
+                for c in (conditions if causal else conditions[:1]):
                     got = [x for x in dirs[c] if x is not None]
                     if got:
                         key = f"{template.name}/{c}/{label}/L{layer}/R{region}"
@@ -307,7 +316,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
             t_ev = time.perf_counter()
             # Per condition: a list (one per direction) of (per-item odds, IIA, per-item completeness).
             scored: dict[str, list[tuple[Tensor, float, float]]] = {c: [] for c in conditions}
-            shared = name != "das"  # every condition uses the same directions: one forward each
+            shared = not causal  # every condition uses the same directions: one forward each
             for c in conditions[:1] if shared else conditions:
                 for a in dirs[c]:
                     out = adapter.map(ev_items, fmt, edits={site: Interchange(hs_ev, a)}, readout=readout).scores

@@ -23,11 +23,24 @@ class Direction(ABC):
 
     a: Tensor
     causal: ClassVar[bool] = False
-    """True when ``fit`` needs the model (a forward callable) rather than activations and labels."""
+    """True when ``fit`` needs the model (a forward callable) rather than activations and labels; such a
+    direction is trained per condition (task / control labels), the others once per site."""
+    supervised: ClassVar[bool] = False
+    """True when ``fit`` needs both classes among the labels ``y`` (a site with one class gets no direction)."""
+    chance_baseline: ClassVar[bool] = False
+    """True for a chance-level baseline that ignores the data's labels: scored as the mean over several
+    independent draws (``random_draws``), each seeded per site."""
 
     @abstractmethod
     def fit(self, *args: Any, **kwargs: Any) -> Self:
         """Learn ``self.a``; returns ``self`` (scikit-learn style)."""
+
+    def __getattr__(self, name: str):
+        if name == "a":  # only reached when unset
+            from cprobe.errors import NotFittedError
+
+            raise NotFittedError(self, "fit")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 DIRECTIONS: Registry[type[Direction]] = Registry("direction method")

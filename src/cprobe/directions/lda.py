@@ -14,6 +14,8 @@ from cprobe.directions.base import DIRECTIONS, Direction, check_binary, from_num
 class LDA(Direction):
     """scikit-learn's LDA (SVD solver, as in the reference); the direction is its weight."""
 
+    supervised = True
+
     def fit(self, X: Tensor, y: Tensor) -> Self:
         check_binary(X, y)
         self.model_ = LinearDiscriminantAnalysis(n_components=1).fit(to_numpy(X), y.cpu().numpy())

@@ -10,8 +10,10 @@ from cprobe.directions.base import DIRECTIONS, Direction, check_binary, unit
 
 
 @DIRECTIONS.register("mean")
-class MeanDiff(Direction):
+class MeanDirection(Direction):
     """The line between the two class centroids; positive projection points to class 1."""
+
+    supervised = True
 
     def fit(self, X: Tensor, y: Tensor) -> Self:
         check_binary(X, y)

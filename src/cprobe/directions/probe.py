@@ -21,6 +21,8 @@ from cprobe.directions.base import DIRECTIONS, Direction, check_binary, from_num
 class Probe(Direction):
     """Logistic regression ``softmax(a·x + b)`` on base activations; ``a`` is the direction."""
 
+    supervised = True
+
     def __init__(self, lam: float = 1.0, max_iter: int = 1000, seed: int = 0) -> None:
         if lam <= 0:
             raise ValueError(f"probe lam must be > 0, got {lam}")

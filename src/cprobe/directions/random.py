@@ -14,6 +14,8 @@ from cprobe.directions.base import DIRECTIONS, Direction, unit
 class RandomDirection(Direction):
     """``g/‖g‖`` with ``g ~ N(0, I_d)``, drawn from a seeded CPU generator (device-independent)."""
 
+    chance_baseline = True
+
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 

@@ -134,6 +134,7 @@ class GradientIntervention(Intervention):
         # mutating the caller's probe.
         self.module_ = copy.deepcopy(module).eval().requires_grad_(False)
         self.n_classes_ = n_classes
+        self.fitted_ = True
         return self
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:

@@ -53,7 +53,7 @@ def overall_odds(table: ArrayLike | Tensor) -> float:
     return float(np.nanmax(arr, axis=1).mean())
 
 
-def selectivity(task: ArrayLike | Tensor, control: ArrayLike | Tensor) -> float:
+def control_selectivity(task: ArrayLike | Tensor, control: ArrayLike | Tensor) -> float:
     """§5.2: overall odds of the per-site difference task − control (not a difference of overalls)."""
     t, c = _as_array(task), _as_array(control)
     if t.shape != c.shape:

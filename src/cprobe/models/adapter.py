@@ -1,15 +1,19 @@
-"""One interface over masked and causal LMs: tokenize with word alignment, read and write hidden states.
+"""The one model entry point: :meth:`ModelAdapter.run` (one batch) and :meth:`ModelAdapter.map` (an item list)
+read any set of sites and apply any set of edits in one forward pass, scored by a readout.
 
+Tokenisation and site alignment are the formatters' (:mod:`cprobe.models.formatters`), what the output is
+read as the readouts' (:mod:`cprobe.models.readouts`), what an edit does :mod:`cprobe.models.edits`'.
 Layer convention (as HF ``output_hidden_states``): layer 0 is the embedding output, layer l ≥ 1 the
-output of block l, and the last layer is whatever HF reports last (for causal LMs with a final norm,
-that is the normed state the LM head reads). *Writing* at layer l replaces exactly that tensor at the
-given positions and lets the rest of the model run, so read → write round-trips are exact.
+output of block l; at the last layer of a model with a final norm the ``resid`` stream is the normed state
+the LM head reads and the ``block`` stream the raw block output (:class:`~cprobe.models.sites.Site`).
+*Writing* at a site replaces exactly that tensor at the given positions and lets the rest of the model run,
+so read → write round-trips are exact.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,9 +21,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from cprobe.data.base import Example
-from cprobe.errors import ConfigError, DataError
-from cprobe.models.edits import EditSpec, Replace
+from cprobe.errors import ConfigError
+from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import Batch, Site
 
@@ -29,7 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 Kind = Literal["mlm", "causal", "encoder", "classifier"]
-Edit = Callable[[Tensor], Tensor]
 
 # Where the blocks and the final norm live, by ``config.model_type``; others are found generically.
 _BLOCKS = {
@@ -56,16 +58,6 @@ class RunOutput:
 
 class _Stop(Exception):
     """Raised by the deepest read hook when nothing after it is needed (no readout): ends the forward early."""
-
-
-@dataclass
-class Encoded:
-    """A tokenized batch: right-padded ids, the read/write site and the prediction position per row."""
-
-    input_ids: Tensor  # (n, T)
-    attention_mask: Tensor  # (n, T)
-    site: Tensor  # (n,) token index read/written
-    pred: Tensor  # (n,) token index whose output predicts the target word
 
 
 def model_positions(config) -> int | None:
@@ -163,166 +155,6 @@ class ModelAdapter:
         """Token id of ``word`` as the next/masked word, or None when it is not a single token."""
         ids = self.tok.encode(" " + word, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
-
-    def _text(self, ex: Example) -> tuple[list[str], int]:
-        """Words fed to the model and the index of the word whose last token is the site."""
-        if self.kind == "causal":
-            if ex.target == 0:
-                raise DataError(f"example {ex.id}: a causal LM needs at least one word before the target")
-            return list(ex.prefix), ex.target - 1
-        words = list(ex.words)
-        if self.tok.mask_token is None:
-            raise ConfigError(f"model {self.name!r} has no mask token; use a causal LM or an MLM")
-        words[ex.target] = self.tok.mask_token
-        return words, ex.target
-
-    def encode(self, examples: Sequence[Example], position: str = "target") -> Encoded:
-        """Tokenize ``examples``; ``position`` is 'target' (mask / last prefix token), 'first',
-        or 'word:i' (last token of word i of the model input)."""
-        texts, sites, preds = [], [], []
-        word_spans: list[list[tuple[int, int]]] = []
-        for ex in examples:
-            words, target_word = self._text(ex)
-            spans, pos = [], 0
-            for w in words:
-                spans.append((pos, pos + len(w)))
-                pos += len(w) + 1
-            texts.append(" ".join(words))
-            word_spans.append(spans)
-            preds.append(target_word)
-            if position == "target":
-                sites.append(target_word)
-            elif position == "first":
-                sites.append(-1)
-            elif position.startswith("word:"):
-                i = int(position.split(":", 1)[1])
-                if not -len(words) <= i < len(words):
-                    raise DataError(f"example {ex.id}: position {position} but the input has {len(words)} words")
-                sites.append(i % len(words))
-            else:
-                raise ConfigError(f"unknown position rule {position!r}; choose from ['first', 'target', 'word:<i>']")
-        enc = self.tok(texts, return_offsets_mapping=True, padding=True, truncation=True,
-                       max_length=self.max_length, return_tensors="pt")
-        offsets = enc["offset_mapping"]
-        site_tok = torch.empty(len(texts), dtype=torch.long)
-        pred_tok = torch.empty(len(texts), dtype=torch.long)
-        for i in range(len(texts)):
-            last_tok = self._last_tokens(offsets[i], enc["attention_mask"][i], word_spans[i])
-            p = last_tok.get(preds[i])
-            if p is None:
-                raise DataError(f"example {examples[i].id}: target word was truncated (max_length={self.max_length})")
-            pred_tok[i] = p
-            site_tok[i] = 0 if sites[i] == -1 else last_tok[sites[i]]
-        return Encoded(enc["input_ids"], enc["attention_mask"], site_tok, pred_tok)
-
-    @staticmethod
-    def _last_tokens(offsets: Tensor, mask: Tensor, spans: list[tuple[int, int]]) -> dict[int, int]:
-        """Map word index -> index of its last token, via character offsets."""
-        out: dict[int, int] = {}
-        w = 0
-        for t in range(len(offsets)):
-            s, e = offsets[t].tolist()
-            if not mask[t] or e <= s:
-                continue  # padding or special token
-            while w < len(spans) and s >= spans[w][1]:
-                w += 1
-            if w < len(spans) and s < spans[w][1] and e > spans[w][0]:
-                out[w] = t
-        return out
-
-    def batches(self, examples: Sequence[Example], position: str = "target", desc: str | None = None,
-                ) -> Iterator[tuple[Tensor, Encoded]]:
-        """Length-sorted batches: yields (original indices, Encoded)."""
-        lengths = [len(e.words) for e in examples]
-        order = sorted(range(len(examples)), key=lambda i: lengths[i], reverse=True)
-        chunks = [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
-        for chunk in tqdm(chunks, desc=desc, disable=desc is None or None, leave=False):
-            yield torch.tensor(chunk), self.encode([examples[i] for i in chunk], position)
-
-    # ----------------------------------------------------------------- read
-    def _forward(self, enc: Encoded, **kw):
-        return self.model(input_ids=enc.input_ids.to(self.device),
-                          attention_mask=enc.attention_mask.to(self.device), **kw)
-
-    @torch.inference_mode()
-    def read(self, examples: Sequence[Example], layers: Sequence[int], position: str = "target",
-             candidates: Sequence[tuple[int, int]] | None = None, desc: str | None = "extract",
-             ) -> tuple[dict[int, Tensor], Tensor | None]:
-        """Hidden states (float32, CPU) at ``layers`` and the site of each example, in input order.
-
-        With ``candidates`` ((correct_id, wrong_id) per example) also returns their logits at the
-        prediction position, shape (n, 2) — the model's own task score from the same forward pass.
-        """
-        layers = self.check_layers(layers)
-        n = len(examples)
-        out = {l: torch.empty(n, self.hidden_size) for l in layers}
-        cand_logits = torch.empty(n, 2) if candidates is not None and self.kind != "encoder" else None
-        for idx, enc in self.batches(examples, position, desc):
-            res = self._forward(enc, output_hidden_states=True)
-            rows = torch.arange(len(idx), device=self.device)
-            site = enc.site.to(self.device)
-            for l in layers:
-                out[l][idx] = res.hidden_states[l][rows, site].float().cpu()
-            if cand_logits is not None:
-                logits = res.logits[rows, enc.pred.to(self.device)].float()
-                cid = torch.tensor([candidates[i] for i in idx.tolist()], device=self.device)
-                cand_logits[idx] = logits.gather(1, cid).cpu()
-        return out, cand_logits
-
-    # ----------------------------------------------------------------- write
-    def _hook_target(self, layer: int) -> tuple[nn.Module, bool]:
-        """(module, is_pre_hook) whose output (or input, for a pre-hook) is hidden_states[layer]."""
-        if layer == 0:
-            return self._blocks[0], True
-        if layer == self.n_layers and self._final_norm is not None:
-            return self._final_norm, False
-        return self._blocks[layer - 1], False
-
-    def _install(self, layer: int, site: Tensor, edit: Edit):
-        module, pre = self._hook_target(layer)
-
-        def patch(h: Tensor) -> Tensor:
-            rows = torch.arange(h.shape[0], device=h.device)
-            new = edit(h[rows, site]).to(h.dtype)
-            return h.index_put((rows, site), new)
-
-        return self._register(module, pre, patch)
-
-    def forward_with_edit(self, enc: Encoded, layer: int, edit: Edit, site: Tensor | None = None) -> Tensor:
-        """Log-probs (n, V) at the prediction positions after replacing hidden_states[layer][row, site]
-        by ``edit(original rows)``. Differentiable w.r.t. whatever ``edit`` closes over (no
-        inference_mode here); wrap in ``torch.inference_mode()`` when no gradient is needed."""
-        if self.kind == "encoder":
-            raise ConfigError(f"model {self.name!r} has no LM head; interventions cannot be scored on it")
-        self.check_layers([layer])
-        site = (enc.site if site is None else site).to(self.device)
-        handle = self._install(layer, site, edit)
-        try:
-            res = self._forward(enc)
-        finally:
-            handle.remove()
-        rows = torch.arange(enc.input_ids.shape[0], device=self.device)
-        return res.logits[rows, enc.pred.to(self.device)].float().log_softmax(-1)
-
-    @torch.inference_mode()
-    def write(self, examples: Sequence[Example], layer: int, vectors: Tensor, candidates: Sequence[tuple[int, int]],
-              position: str = "target", desc: str | None = None) -> Tensor:
-        """Candidate log-probs (n, 2) after setting hidden_states[layer] at each example's site to ``vectors``."""
-        out = torch.empty(len(examples), 2)
-        if layer == self.n_layers and self._head is not None and position == "target":
-            # Nothing runs after the last layer but the LM head: apply it directly (no re-encoding).
-            cid = torch.tensor(list(candidates), device=self.device)
-            for s in range(0, len(examples), 4 * self.batch_size):
-                v = vectors[s: s + 4 * self.batch_size].to(self.device, self.dtype)
-                lp = self._head(v).float().log_softmax(-1)
-                out[s: s + len(v)] = lp.gather(1, cid[s: s + len(v)]).cpu()
-            return out
-        for idx, enc in self.batches(examples, position, desc):
-            v = vectors[idx].to(self.device, self.dtype)
-            lp = self.forward_with_edit(enc, layer, lambda _h, v=v: v)
-            cid = torch.tensor([candidates[i] for i in idx.tolist()], device=self.device)
-            out[idx] = lp.gather(1, cid).cpu()
-        return out
 
     # ----------------------------------------------------------------- the one entry point
     def hook_point(self, site: Site) -> tuple[nn.Module, bool]:

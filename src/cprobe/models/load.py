@@ -167,41 +167,14 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     """The hub id or local directory to pass to ``from_pretrained``."""
     mc = parse_model_config(cfg)
     if mc.source == "tiny":
-        return str(_tiny(mc, cache_root, progress, data_root))
+        from cprobe.models.tiny import tiny_model_dir
+
+        return str(tiny_model_dir(mc.name, dict(mc.tiny or {}), cache_root, progress, data_root))
     if mc.source == "package":
         return str(_package_dir(mc))
     if not mc.path:
         raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
     return str(Path(mc.path).expanduser()) if Path(mc.path).expanduser().is_dir() else mc.path
-
-
-def _tiny(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> Path:
-    from cprobe.data.registry import grammar_config
-    from cprobe.models.tiny import TinyTrainConfig, ensure_tiny_model, training_report
-
-    t = dict(mc.tiny or {})
-    gate = t.pop("gate", 0.9)
-    if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
-        from cprobe.causalgym.corpus import expand_model_cfg
-        from cprobe.paths import data_dir
-
-        t = expand_model_cfg({"tiny": t}, data_root or data_dir())["tiny"]
-    unknown = sorted(set(t) - {"kind", "grammar", "train", "extra_sentences"})
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: ['extra_sentences', 'gate', 'grammar', "
-                          "'kind', 'train']")
-    try:
-        train = TinyTrainConfig(**(t.get("train") or {}))
-    except TypeError as e:
-        raise ConfigError(f"bad model.tiny.train config: {e}") from None
-    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, cache_root / "models",
-                            extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress)
-    acc = float(training_report(out)["heldout_accuracy"])
-    if acc < float(gate):
-        raise ModelLoadError(f"tiny model {mc.name!r} reached held-out agreement accuracy {acc:.3f}, below its gate "
-                             f"{float(gate):.2f} (model.tiny.gate); train longer (model.tiny.train.steps) or lower "
-                             "the gate")
-    return out
 
 
 def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,

@@ -44,7 +44,7 @@ from transformers import (
 
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
-from cprobe.errors import ConfigError, DataError
+from cprobe.errors import ConfigError, DataError, ModelLoadError
 from cprobe.io import MANIFEST, verify_manifest, write_manifest
 from cprobe.models.sites import pad
 from cprobe.progress import track
@@ -95,7 +95,7 @@ class TinyTrainConfig:
             raise ConfigError("tiny.lr must be > 0, tiny.eval_sentences >= 1 and tiny.agreement_weight >= 0")
 
 
-def cache_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_sentences: Sequence[str] = ()) -> str:
+def model_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_sentences: Sequence[str] = ()) -> str:
     """Hash of everything that determines the trained model."""
     g = asdict(grammar)
     if not g["attractor_agreement"]:
@@ -127,7 +127,7 @@ def ensure_tiny_model(
         raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    key = cache_key(kind, grammar, train, extra_sentences)
+    key = model_key(kind, grammar, train, extra_sentences)
     name = f"tiny-{kind}-{key}"
     out = cache_dir / name
     if _is_complete(out, key):
@@ -463,3 +463,33 @@ def _is_complete(path: Path, key: str) -> bool:
             log.warning("tiny model %s: %s; rebuilding it", path, problem)
         return False
     return True
+
+
+def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:
+    """The trained model directory for a ``model.tiny`` config node (trained and cached on first use), checked
+    against its ``gate`` (minimum held-out agreement accuracy)."""
+    from cprobe.data.registry import grammar_config
+
+    t = dict(tiny)
+    gate = t.pop("gate", 0.9)
+    if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
+        from cprobe.data.causalgym_corpus import expand_model_cfg
+        from cprobe.paths import data_dir
+
+        t = expand_model_cfg({"tiny": t}, data_root or data_dir())["tiny"]
+    unknown = sorted(set(t) - {"kind", "grammar", "train", "extra_sentences"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: ['extra_sentences', 'gate', 'grammar', "
+                          "'kind', 'train']")
+    try:
+        train = TinyTrainConfig(**(t.get("train") or {}))
+    except TypeError as e:
+        raise ConfigError(f"bad model.tiny.train config: {e}") from None
+    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, cache_root / "models",
+                            extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress)
+    acc = float(training_report(out)["heldout_accuracy"])
+    if acc < float(gate):
+        raise ModelLoadError(f"tiny model {name!r} reached held-out agreement accuracy {acc:.3f}, below its gate "
+                             f"{float(gate):.2f} (model.tiny.gate); train longer (model.tiny.train.steps) or lower "
+                             "the gate")
+    return out

@@ -24,6 +24,13 @@ class Probe(ABC):
     module: nn.Module
     n_classes: int
 
+    def __getattr__(self, name: str):
+        if name in ("module", "n_classes"):  # only reached when unset: not fitted (nor loaded) yet
+            from cprobe.errors import NotFittedError
+
+            raise NotFittedError(self, "fit(X, y)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @abstractmethod
     def fit(self, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None) -> Self:
         """Train (with hyperparameter selection on the validation split when given)."""

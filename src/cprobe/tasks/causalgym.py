@@ -19,12 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cprobe.causalgym.corpus import DEFAULT_TEMPLATES
+from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
 from cprobe.causalgym.runner import CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
-from cprobe.causalgym.templates import load_templates
+from cprobe.data.causalgym import load_templates
 from cprobe.errors import ConfigError
 from cprobe.job import JobContext
-from cprobe.metrics.odds import overall_odds, selectivity
+from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.plots import new_figure, save
 from cprobe.results import write_table
 
@@ -44,7 +44,7 @@ PAPER_PROBE_LAMS = {"pythia_14m": (10.0,), "pythia_31m": (1e2,), "pythia_70m": (
                     "pythia_2_8b": (1e5, 1e6), "pythia_6_9b": (1e6, 1e7)}
 REFERENCE_PICK = {"pythia_410m": 1}
 PAPER_PROBE_LAM = {m: lams[REFERENCE_PICK.get(m, 0)] for m, lams in PAPER_PROBE_LAMS.items()}
-PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1}
+PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1, "parametrization": "orthogonal"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class DASKeys:
     batch_size: int | None = None
     epochs: int | None = None
     warmup: float | None = None
+    parametrization: str | None = None  # orthogonal (the reference's, default) | normalize (cprobe <= 0.3)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def save_directions(directions: dict[str, torch.Tensor], path: Path, **meta: str
     safetensors (no pickle), written atomically; load with :func:`load_directions`."""
     from safetensors.torch import save
 
-    from cprobe.cache import atomic_write_bytes
+    from cprobe.io import atomic_write_bytes
 
     if not directions:
         return
@@ -189,7 +190,7 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
             cgrid = control.pivot_table(index="layer", columns="region_idx", values="odds",
                                         aggfunc="mean").reindex_like(tgrid)
             rec["control_overall_odds"] = overall_odds(cgrid.to_numpy())
-            rec["selectivity"] = selectivity(tgrid.to_numpy(), cgrid.to_numpy())
+            rec["selectivity"] = control_selectivity(tgrid.to_numpy(), cgrid.to_numpy())
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
@@ -377,7 +378,7 @@ def _save_fig(fig, path: Path) -> None:
 
     import matplotlib.pyplot as plt
 
-    from cprobe.cache import atomic_write_bytes
+    from cprobe.io import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")

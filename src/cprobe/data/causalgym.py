@@ -257,7 +257,7 @@ class Splits(NamedTuple):
     eval: list[Pair]
 
 
-def make_splits(
+def make_pair_splits(
     template: TaskTemplate,
     n_train: int = 200,
     n_eval: int = 50,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cprobe.causalgym.templates import CONTROL_LABELS, load_templates, make_splits, sample_pairs
+from cprobe.data.causalgym import CONTROL_LABELS, load_templates, make_pair_splits, sample_pairs
 from cprobe.errors import ConfigError
 
 DEFAULT_TEMPLATES = "causalgym/templates/syntaxgym.json"
@@ -32,7 +32,7 @@ def template_sentences(templates_path: str | Path, tasks: Sequence[str], n_per_t
     out: list[str] = []
     for i, name in enumerate(tasks):
         tmpl = all_tasks[name]
-        held = {p.base_text for p in make_splits(tmpl).eval}
+        held = {p.base_text for p in make_pair_splits(tmpl).eval}
         for p in sample_pairs(tmpl, n_per_task, seed + i, discard=held):
             if p.base_text not in held:
                 out.append(" ".join((p.base_text + p.base_label).split()))
