@@ -77,6 +77,7 @@ class JobKeys:
     force: bool = False
     cache: CacheKeys = field(default_factory=CacheKeys)
     paths: dict = field(default_factory=dict)
+    compute: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
     dataset: dict | None = None
     probe: dict | None = None

@@ -60,9 +60,16 @@ def adapter() -> ModelAdapter:
     return ModelAdapter(model, tok, "causal", "toy_neox", batch_size=8)
 
 
-def _settings(**kw) -> GymSettings:
-    base = dict(methods=ALL_METHODS, n_train=8, n_eval=4, das={"lr": 0.05}, probe_lams=(1.0,))
-    return GymSettings(**{**base, **kw})
+def _settings(layers="blocks", **kw) -> GymSettings:
+    """The task's own defaults (cg_task.Config) with a small test budget, resolved as a job does."""
+    base = dict(methods=ALL_METHODS, n_train=8, n_eval=4, das=cg_task.DASKeys(lr=0.05), probe_lam=1.0,
+                random_draws=1, reliability=False)
+    if "probe_lams" in kw:
+        kw["probe_lam"] = list(kw.pop("probe_lams"))
+    if isinstance(kw.get("das"), dict):
+        kw["das"] = cg_task.DASKeys(**kw["das"])
+    return cg_task.settings_from_cfg({"model": {"name": "toy"}, "layers": layers, "seed": 0},
+                                     cg_task.Config(**{**base, **kw}))
 
 
 class Side:
@@ -341,7 +348,7 @@ def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_
     with torch.no_grad():
         torch.testing.assert_close(norm(block.acts), resid.acts, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(block.acts, resid.acts, atol=1e-3)
-    assert GymSettings().stream == "block" and cg_task.Config().stream == "block"
+    assert cg_task.Config().stream == "block" and _settings().stream == "block"
     kw = dict(methods=["mean", "pca"], layers=[1, L], control=False)
     rb = pd.DataFrame(run_gym_task(adapter, template, _settings(**kw))).set_index(["method", "layer", "region"])
     rr = pd.DataFrame(run_gym_task(adapter, template, _settings(stream="resid", **kw))).set_index(
@@ -351,7 +358,7 @@ def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_
     assert not np.allclose(rb.xs(L, level="layer")["odds"], rr.xs(L, level="layer")["odds"], atol=1e-4)
     assert (rb.reset_index()["paper_layer"] == rb.reset_index()["layer"] - 1).all()
     with pytest.raises(Exception, match="stream"):
-        GymSettings(stream="mlp")
+        _settings(stream="mlp")
 
 
 def test_learned_directions_are_saved_as_safetensors_and_load_back(adapter, template, tmp_path):
@@ -397,3 +404,16 @@ def test_das_parametrization_is_a_config_key_checked_before_the_run():
     assert das()["parametrization"] == "orthogonal" and das(parametrization="normalize")["parametrization"] == "normalize"
     with pytest.raises(ConfigError, match="parametrization"):
         das(parametrization="cayley")
+
+
+def test_the_experiment_yaml_states_the_task_defaults():
+    """CausalGym's defaults live in one place (cg_task.Config); the experiment file shows the same values."""
+    import dataclasses
+
+    import yaml
+
+    node = yaml.safe_load((REPO / "conf" / "experiment" / "causalgym.yaml").read_text())["causalgym"]
+    defaults = dataclasses.asdict(cg_task.Config())
+    assert set(node) == set(defaults)
+    for key, value in node.items():
+        assert value == defaults[key], key

@@ -101,3 +101,16 @@ def test_every_sweep_composes(name):
         cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", f"+sweep={name}"],
                       return_hydra_config=True)
     assert cfg.hydra.sweeper.params or cfg.hydra.mode is not None
+
+
+@pytest.mark.parametrize(("compute", "device", "dtype"), [("auto", "auto", "float32"), ("cpu", "cpu", "float32"),
+                                                          ("gpu", "cuda", "float32"), ("gpu_bf16", "cuda", "bfloat16")])
+def test_compute_group_sets_the_one_device_and_the_model_dtype(compute, device, dtype):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=causalgym", f"compute={compute}"]),
+                                     resolve=True)
+    assert cfg["device"] == device and cfg["model"]["dtype"] == dtype
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["compute=gpu_bf16", "device=cpu", "model.dtype=float32"]),
+                                     resolve=True)
+    assert cfg["device"] == "cpu" and cfg["model"]["dtype"] == "float32"  # either can still be set alone

@@ -133,3 +133,23 @@ def test_direction_conformance(name):
     torch.testing.assert_close(fit("direction", build("direction", name), X, z).a, a)
     if type(est).supervised:  # a label-using method finds the planted separating coordinate
         assert abs(float(a[0])) > 0.5
+
+
+@pytest.mark.parametrize("name", ["leace", "mean_diff"])
+def test_streaming_update_equals_one_fit(name):
+    """update() over batches (uneven, one missing a class) gives the eraser/steerer of one fit on all rows."""
+    X, z = data(n=300, d=8)
+    X = X * torch.linspace(0.5, 3.0, 8) + 4.0  # off-centre, anisotropic: the merge of means matters
+    full = build("intervention", name).fit(X, z)
+    stream = build("intervention", name)
+    order = torch.argsort(z, stable=True)  # the first batch holds class 0 only
+    for chunk in torch.split(order, [50, 37, 113, 100]):
+        stream.update(X[chunk], z[chunk])
+    target = 1 - z if full.kind == "counterfactual" else None
+    torch.testing.assert_close(stream.transform(X, target), full.transform(X, target), atol=1e-4, rtol=1e-4)
+    if name == "leace":
+        torch.testing.assert_close(stream.P, full.P, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(stream.means, full.means)
+    stream.update(X[:10], z[:10])  # more data after use: the next transform re-solves
+    assert stream._stale

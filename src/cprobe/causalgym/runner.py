@@ -25,7 +25,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,26 +56,28 @@ DEFAULT_ORACLE = {"name": "mlp", "n_layers": [1], "widths": [256], "lrs": [1e-3,
 """A small grid for the per-site oracle (cheap: 400 train vectors per site)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GymSettings:
-    """What to run for one task (built from the ``causalgym`` config node)."""
+    """What to run for one task: the ``causalgym`` config node resolved against the model (per-model λ and DAS
+    budget) by :func:`cprobe.tasks.causalgym.settings_from_cfg`. No defaults here: they live in one place, the
+    task's :class:`cprobe.tasks.causalgym.Config` (and the experiment YAML, which a test keeps equal to it)."""
 
-    methods: Sequence[str] = (*METHODS, "vanilla")
-    layers: Any = "blocks"  # 'blocks' = 1..L (the paper's layers), 'all' = 0..L, 'last', or ints
-    regions: Any = "label"  # 'label' = from the first label region on, 'all', or names / indices
-    n_train: int = 200
-    n_eval: int = 50
-    train_seed: int = 42
-    eval_seed: int = 1
-    control: bool = True
-    prepend_bos: bool = True
-    probe_lams: Sequence[float] = (10.0,)  # one probe per λ (C = 1/λ); two = the paper's Probe⁰ / Probe¹
-    stream: str = "block"  # the last layer: the raw block output (the reference's) or "resid" (after the final norm)
-    das: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    random_draws: int = 1  # random: mean over this many independent directions per site (paper: 1)
-    reliability: bool = False  # oracle-probe completeness per direction (beyond the paper)
-    oracle_probe: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_ORACLE))
+    methods: Sequence[str]
+    layers: Any  # 'blocks' = 1..L (the paper's layers), 'all' = 0..L, 'last', or ints
+    regions: Any  # 'label' = from the first label region on, 'all', or names / indices
+    n_train: int
+    n_eval: int
+    train_seed: int
+    eval_seed: int
+    control: bool
+    prepend_bos: bool
+    probe_lams: Sequence[float]  # one probe per λ (C = 1/λ); two = the paper's Probe⁰ / Probe¹
+    stream: str  # the last layer: the raw block output (the reference's) or "resid" (after the final norm)
+    das: dict[str, Any]
+    seed: int
+    random_draws: int  # random: mean over this many independent directions per site (paper: 1)
+    reliability: bool  # oracle-probe completeness per direction (beyond the paper)
+    oracle_probe: dict[str, Any]
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m != "vanilla" and m not in DIRECTIONS]

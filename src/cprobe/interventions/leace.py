@@ -9,6 +9,10 @@ Defaults are concept-erasure's ``LeaceEraser.fit``: Σ_xx estimated with optimal
 scaled identity (Ledoit-Wolf-type, random-matrix-theory coefficients), and the projection mixed with the
 orthogonal one when it would increase the total variance (``constrain_cov_trace``). ``shrinkage=False,
 constrain_cov_trace=False`` gives the plain closed form with the unbiased sample covariance.
+
+Streaming (as concept-erasure's ``LeaceFitter``): ``update(X, z)`` merges a batch's moments (mean, co-moments
+Σ(x−μ)(x−μ)ᵀ and Σ(x−μ)(z−μ_z)ᵀ, Chan et al.'s pairwise update, float64), so activation sets larger than memory
+can be fitted batch by batch; the eraser is solved from the moments when first used. ``fit`` = one update.
 """
 
 from __future__ import annotations
@@ -41,15 +45,51 @@ class LEACE(Intervention):
         self.constrain_cov_trace = constrain_cov_trace
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
-        k = n_classes_of(z)
-        n, d = X.shape
-        x = X.double()
-        onehot = torch.nn.functional.one_hot(z.to(X.device), k).double()
-        mu = x.mean(0)
-        xc = x - mu
-        scatter = xc.T @ xc
+        n_classes_of(z)  # at least two classes among the labels
+        self._moments = None
+        return self.update(X, z)._solve()
+
+    def update(self, X: Tensor, z: Tensor) -> Self:
+        """Merge a batch into the running moments (any batch sizes; classes may be missing from a batch)."""
+        if X.ndim != 2 or z.shape != (X.shape[0],):
+            raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
+        if len(z) == 0:
+            return self
+        x = X.detach().double()
+        onehot = torch.nn.functional.one_hot(z.to(X.device).long(), int(z.max()) + 1).double()
+        m = getattr(self, "_moments", None)
+        if m is not None and onehot.shape[1] < m["mz"].shape[0]:
+            onehot = torch.nn.functional.pad(onehot, (0, m["mz"].shape[0] - onehot.shape[1]))
+        nb, mx, mz = len(x), x.mean(0), onehot.mean(0)
+        xc, zc = x - mx, onehot - mz
+        batch = {"n": nb, "mx": mx, "mz": mz, "cxx": xc.T @ xc, "cxz": xc.T @ zc}
+        if m is None:
+            self._moments = batch
+        else:
+            if m["mx"].shape != mx.shape:
+                raise ConfigError(f"update: batches have {m['mx'].shape[0]} and {mx.shape[0]} features")
+            if m["mz"].shape[0] < mz.shape[0]:  # a class not seen before
+                grow = mz.shape[0] - m["mz"].shape[0]
+                m["mz"] = torch.nn.functional.pad(m["mz"], (0, grow))
+                m["cxz"] = torch.nn.functional.pad(m["cxz"], (0, grow))
+            n = m["n"] + nb
+            dx, dz = mx - m["mx"].to(x.device), mz - m["mz"].to(x.device)
+            w = m["n"] * nb / n
+            self._moments = {"n": n, "mx": m["mx"] + dx * nb / n, "mz": m["mz"] + dz * nb / n,
+                             "cxx": m["cxx"] + batch["cxx"] + w * torch.outer(dx, dx),
+                             "cxz": m["cxz"] + batch["cxz"] + w * torch.outer(dx, dz)}
+        self._stale, self.fitted_ = True, True
+        return self
+
+    def _solve(self) -> Self:
+        m = self._moments
+        n, mu = m["n"], m["mx"]
+        if n < 2 or int((m["mz"] > 0).sum()) < 2:
+            raise ConfigError("LEACE needs at least two rows and two classes before it can erase")
+        d = mu.shape[0]
+        scatter = m["cxx"]
         sigma_xx = shrunk_covariance(scatter / n, n) if self.shrinkage else scatter / (n - 1)
-        sigma_xz = xc.T @ (onehot - onehot.mean(0)) / (n - 1)
+        sigma_xz = m["cxz"] / (n - 1)
 
         # whitening W = Σ^{-1/2} and its inverse on the non-null eigenspace (pinv's threshold)
         L, V = torch.linalg.eigh((sigma_xx + sigma_xx.T) / 2)
@@ -65,11 +105,14 @@ class LEACE(Intervention):
             left, right = _constrain_trace(left, right, u, sigma_xx)
         self._left = left.float()  # (d, m)
         self._right = right.float()  # (m, d)
-        self.P = torch.eye(d, device=X.device) - self._left @ self._right
+        self.P = torch.eye(d, device=mu.device) - self._left @ self._right
         self.bias = mu.float() if self.affine else None
+        self._stale = False
         return self
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
+        if getattr(self, "_stale", False):
+            self._solve()
         dev = X.device
         x = X.float()
         delta = x - self.bias.to(dev) if self.bias is not None else x

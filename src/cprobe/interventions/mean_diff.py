@@ -8,6 +8,8 @@ that ignores directions carrying no class signal), and moved by the difference o
 
 At α = 1 the row keeps its offset from its own class centre but around z′'s centre; rows
 already nearest to μ_{z′} are left unchanged; α = 0 is the identity. Works for any k ≥ 2.
+
+Streaming: ``update(X, z)`` adds a batch to per-class sums and counts (float64); ``fit`` = one update.
 """
 
 from __future__ import annotations
@@ -35,23 +37,44 @@ class MeanDiff(Intervention):
         self.alpha = float(alpha)
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
-        k = n_classes_of(z)
-        zd = z.to(X.device)
+        n_classes_of(z)
+        self._sums = self._counts = None
+        return self.update(X, z)._solve()
+
+    def update(self, X: Tensor, z: Tensor) -> Self:
+        """Add a batch to the per-class sums and counts (classes may be missing from a batch)."""
+        if X.ndim != 2 or z.shape != (X.shape[0],):
+            raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
+        if len(z) == 0:
+            return self
+        zd = z.to(X.device).long()
+        k = max(int(zd.max()) + 1, 0 if getattr(self, "_counts", None) is None else len(self._counts))
+        sums = torch.zeros(k, X.shape[1], dtype=torch.float64, device=X.device).index_add_(0, zd, X.detach().double())
         counts = torch.bincount(zd, minlength=k)
-        if (counts == 0).any():
+        if getattr(self, "_counts", None) is not None:
+            sums[: len(self._counts)] += self._sums.to(X.device)
+            counts[: len(self._counts)] += self._counts.to(X.device)
+        self._sums, self._counts = sums, counts
+        self._stale, self.fitted_ = True, True
+        return self
+
+    def _solve(self) -> Self:
+        counts, k = self._counts, len(self._counts)
+        if (counts == 0).any() or k < 2:
             missing = (counts == 0).nonzero().flatten().tolist()
-            raise ConfigError(f"classes {missing} have no rows; MeanDiff needs every class in [0, {k})")
-        x = X.double()
-        sums = torch.zeros(k, X.shape[1], dtype=x.dtype, device=X.device).index_add_(0, zd, x)
-        means = sums / counts[:, None]
+            raise ConfigError(f"classes {missing} have no rows; MeanDiff needs every class in [0, {k}) (k >= 2)")
+        means = self._sums / counts[:, None]
         u, s, _ = torch.linalg.svd((means[1:] - means[0]).T, full_matrices=False)
         self.basis = u[:, s > s.max() * 1e-6].float()
         self.means = means.float()
         self.n_classes = k
+        self._stale = False
         return self
 
     def nearest_class(self, X: Tensor) -> Tensor:
         """ĉ(h): the class whose mean is nearest to h within the mean-difference span."""
+        if getattr(self, "_stale", False):
+            self._solve()
         B = self.basis.to(X.device)
         coords = X.float() @ B  # (n, m)
         centres = self.means.to(X.device) @ B  # (k, m)
@@ -60,6 +83,8 @@ class MeanDiff(Intervention):
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         if z_target is None:
             raise ConfigError("MeanDiff is counterfactual: pass z_target (the value to set Z to)")
+        if getattr(self, "_stale", False):
+            self._solve()
         if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
             raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
         means = self.means.to(X.device)

@@ -29,6 +29,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention
 from cprobe.job import JobContext
+from cprobe.models.load import resolve_device
 from cprobe.metrics.reliability import (
     counterfactual_targets,
     oracle_informative,
@@ -140,7 +141,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             raise DataError(f"property {p!r} has {len(v)} value(s) other than 'none' in {data.name!r} ({v}); "
                             "the reliability study needs two or more")
     labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
-    dev = ctx.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = str(resolve_device(ctx.device or "auto"))
     memo_base = {"acts": [adapter.name, data.fingerprint(), layer, cfg["position"]], "seed": seed,
                  "split": cfg["split"]}
     probe_dir = ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
