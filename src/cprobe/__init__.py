@@ -7,6 +7,11 @@ The estimators are importable from the package top for use in a notebook, e.g.::
     X_erased = eraser.transform(X)
     LinearProbe(seed=0).fit(X_erased, z).score(X_erased, z)   # ~ majority rate
 
+    eraser = LEACE()                    # activation sets that do not fit in memory: stream the batches
+    for X_batch, z_batch in batches:
+        eraser.update(X_batch, z_batch)
+    X_erased = eraser.transform(X)
+
 Names resolve lazily (``cprobe --help`` must not import torch).
 """
 
