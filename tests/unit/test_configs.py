@@ -114,3 +114,10 @@ def test_compute_group_sets_the_one_device_and_the_model_dtype(compute, device, 
         cfg = OmegaConf.to_container(compose("config", overrides=["compute=gpu_bf16", "device=cpu", "model.dtype=float32"]),
                                      resolve=True)
     assert cfg["device"] == "cpu" and cfg["model"]["dtype"] == "float32"  # either can still be set alone
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf" / "hydra" / "launcher").glob("*.yaml")))
+def test_every_launcher_composes(name):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=sva_tiny", f"hydra/launcher={name}"], return_hydra_config=True)
+    assert "_target_" in cfg.hydra.launcher

@@ -62,3 +62,12 @@ class Intervention(ABC):
 
 
 INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention")
+
+
+def check_batch(X: Tensor, z: Tensor) -> bool:
+    """Shapes of a streamed ``update(X, z)`` batch: X (n, d), z (n,); False for an empty batch (nothing to add)."""
+    from cprobe.errors import ConfigError
+
+    if X.ndim != 2 or z.shape != (X.shape[0],):
+        raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
+    return len(z) > 0

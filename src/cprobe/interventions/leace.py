@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
 from cprobe.interventions.inlp import n_classes_of
 
 
@@ -51,9 +51,7 @@ class LEACE(Intervention):
 
     def update(self, X: Tensor, z: Tensor) -> Self:
         """Merge a batch into the running moments (any batch sizes; classes may be missing from a batch)."""
-        if X.ndim != 2 or z.shape != (X.shape[0],):
-            raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
-        if len(z) == 0:
+        if not check_batch(X, z):
             return self
         x = X.detach().double()
         onehot = torch.nn.functional.one_hot(z.to(X.device).long(), int(z.max()) + 1).double()

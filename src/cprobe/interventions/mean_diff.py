@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
 from cprobe.interventions.inlp import n_classes_of
 
 
@@ -43,9 +43,7 @@ class MeanDiff(Intervention):
 
     def update(self, X: Tensor, z: Tensor) -> Self:
         """Add a batch to the per-class sums and counts (classes may be missing from a batch)."""
-        if X.ndim != 2 or z.shape != (X.shape[0],):
-            raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
-        if len(z) == 0:
+        if not check_batch(X, z):
             return self
         zd = z.to(X.device).long()
         k = max(int(zd.max()) + 1, 0 if getattr(self, "_counts", None) is None else len(self._counts))
