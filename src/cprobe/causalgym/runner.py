@@ -136,6 +136,11 @@ def das_forward(adapter: ModelAdapter, train: Batch, rows: Tensor, site: Site) -
     return forward
 
 
+def is_capable(accuracy: float, unknown_labels: Sequence[str]) -> bool:
+    """A task the model can do: un-intervened accuracy ≥ CAPABLE_ACCURACY and no label unknown to its tokenizer."""
+    return accuracy >= CAPABLE_ACCURACY and not unknown_labels
+
+
 def _fallback_direction(X: Tensor, seed: int) -> Tensor:
     """A chance-level direction for a site where a method finds none (the registry's first chance baseline)."""
     name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
@@ -234,7 +239,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
     read_s = time.perf_counter() - t0
     clean_by = {c: (clean_scores[:, 2 * k], clean_scores[:, 2 * k + 1]) for k, c in enumerate(conditions)}
     acc = task_accuracy(*clean_by["task"])
-    capable = acc >= CAPABLE_ACCURACY and not unknown
+    capable = is_capable(acc, unknown)
     log.info("%s on %s: task accuracy %.3f (%d eval items)%s", adapter.name, template.name, acc, len(ev_base),
              "" if capable else " — not capable")
     # Tokenized once (DAS trains on sub-batches of it); a region with no token of its own is not a site.
