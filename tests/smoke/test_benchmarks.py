@@ -1,0 +1,35 @@
+"""The README's benchmark commands run (at a tiny size) and print their ratios."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*args: str) -> str:
+    res = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
+
+
+def test_bench_extract_prints_the_ratio_against_a_bare_loop():
+    out = _run("scripts/bench_extract.py", "--size", "tiny", "--n", "32", "--repeats", "1", "--one-at-a-time", "4")
+    assert "cprobe / bare =" in out and "cprobe map" in out
+
+
+def test_bench_interventions_on_given_arrays(tmp_path):
+    g = np.random.default_rng(0)
+    X = g.normal(size=(300, 12)).astype("float32")
+    z = (X[:, 0] > 0).astype("int64")
+    np.savez(tmp_path / "a.npz", X_train=X[:200], z_train=z[:200], X_test=X[200:], z_test=z[200:])
+    out = _run("scripts/bench_interventions.py", "--npz", str(tmp_path / "a.npz"), "--only", "inlp,leace",
+               "--inlp-ranks", "2", "--threads", "1")
+    assert "inlp" in out.lower() and "leace" in out.lower()
