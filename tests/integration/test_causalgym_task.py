@@ -297,7 +297,11 @@ def test_two_probes_run_as_probe0_probe1_and_the_summary_keeps_the_better(adapte
         "cg_task": ["a", "b", "a", "b", "a", "a"], "task_accuracy": 1.0, "capable": True,
         "overall_odds": [1.0, 2.0, 3.0, 1.0, 5.0, 4.0], "selectivity": [0.5, 0.5, 0.1, 0.2, 1.0, 2.0],
         "completeness": np.nan, "oracle_selectivity": np.nan, "seconds": 1.0})
+    overall.loc[overall["cg_task"] == "a", "capable"] = False  # m: over task b alone, probe0 (2.0) beats probe1 (1.0)
+    overall["capable"] = overall["capable"].astype(bool)
     summary = cg_task.summary_table(overall).set_index(["model", "method"])
+    assert summary.loc[("m", "probe"), "capable_probe_pick"] == "probe0"
+    assert summary.loc[("m", "probe"), "capable_overall_odds"] == pytest.approx(2.0)
     # m: probe0 averages 1.5, probe1 2.0 -> probe1 (its selectivity too); n: probe0 5 > 4.
     assert summary.loc[("m", "probe"), "probe_pick"] == "probe1"
     assert summary.loc[("m", "probe"), "overall_odds"] == pytest.approx(2.0)
@@ -381,6 +385,8 @@ def test_heatmaps_are_readable(table, tmp_path, monkeypatch):
     figs = []
     monkeypatch.setattr(cg_task, "_save_fig", lambda fig, path: figs.append(fig))
     part = table.assign(model="toy")
+    # a method that has no row at one region (e.g. a supervised method at a one-class site) keeps aligned columns
+    part = part[~((part["method"] == "probe") & (part["region"] == "_near_the"))]
     cg_task._heatmaps(part, tmp_path / "h.png", "toy")
     (fig,) = figs
     fig.canvas.draw()
@@ -393,6 +399,9 @@ def test_heatmaps_are_readable(table, tmp_path, monkeypatch):
     assert len(bars) == 1
     ax = next(a for a in fig.axes if a.get_title() == "das · task")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["emb", "0", "1"]
+    probe = next(a for a in fig.axes if a.get_title() == "probe · task")
+    assert probe.get_images()[0].get_array().shape == ax.get_images()[0].get_array().shape == (3, 3)
+    assert np.ma.getmaskarray(probe.get_images()[0].get_array())[:, 1].all()  # the missing region, its own column
 
 
 def test_das_parametrization_is_a_config_key_checked_before_the_run():

@@ -121,3 +121,12 @@ def test_every_launcher_composes(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=["+experiment=sva_tiny", f"hydra/launcher={name}"], return_hydra_config=True)
     assert "_target_" in cfg.hydra.launcher
+
+
+def test_model_configs_load_outside_hydra():
+    """A model file read on its own (a notebook, load_adapter) resolves its dtype without the compute group."""
+    from cprobe.models.load import parse_model_config
+
+    for path in sorted((REPO / "conf" / "model").glob("*.yaml")):
+        node = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        assert parse_model_config(node).dtype == "float32", path.name

@@ -155,5 +155,12 @@ def test_streaming_update_equals_one_fit(name):
         torch.testing.assert_close(stream.P, full.P, atol=1e-5, rtol=1e-5)
     else:
         torch.testing.assert_close(stream.means, full.means)
-    stream.update(X[:10], z[:10])  # more data after use: the next transform re-solves
-    assert stream._stale
+    stream.update(X[:60] * 3.0, z[:60])  # more data after use: every public attribute follows
+    again = build("intervention", name).fit(torch.cat([X, X[:60] * 3.0]), torch.cat([z, z[:60]]))
+    if name == "leace":
+        torch.testing.assert_close(stream.P, again.P, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(stream.bias, again.bias, atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(stream.means, again.means)
+    with pytest.raises(NotFittedError):
+        build("intervention", name).P if name == "leace" else build("intervention", name).nearest_class(X)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -204,7 +205,12 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
         by_cond["control"] = Splits(control_pairs(splits.train), control_pairs(splits.eval))
     ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
                                                for lab in (p.base_label, p.source_label)])
-    unknown = _unknown_labels(adapter.tok, ids)
+    task_labels = {lab for p in [*splits.train, *splits.eval] for lab in (p.base_label, p.source_label)}
+    unknown = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab in task_labels})
+    unknown_control = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab not in task_labels})
+    if unknown_control:
+        log.warning("%s: control label(s) %s are unknown to %s's tokenizer; the control task (selectivity) is "
+                    "vacuous there", template.name, unknown_control, adapter.name)
     if unknown:
         log.warning("%s: label(s) %s are unknown to %s's tokenizer; the task is marked not capable",
                     template.name, unknown, adapter.name)
@@ -254,6 +260,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
     cost: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     runs = method_runs(settings)
+    task_seed = 10_000_019 * (zlib.crc32(template.name.encode()) % 1000)  # independent draws per task
     bar = tqdm(list(sites), desc=template.name, disable=not progress or None, leave=False)
     for layer, region in bar:
         site = sites[(layer, region)]
@@ -279,7 +286,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
             probe_acc = float("nan")
             degenerate = False
             t_fit = time.perf_counter()
-            site_seed = settings.seed * 100_003 + 1000 * layer + region
+            site_seed = settings.seed * 100_003 + 1000 * layer + region + task_seed
             cls = None if name == "vanilla" else DIRECTIONS.get(name)
             if cls is None:  # the whole-vector swap: no direction
                 dirs = {c: [None] for c in conditions}

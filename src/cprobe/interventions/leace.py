@@ -22,7 +22,7 @@ from typing import Self
 import torch
 from torch import Tensor
 
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, NotFittedError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
 from cprobe.interventions.inlp import n_classes_of
 
@@ -56,6 +56,8 @@ class LEACE(Intervention):
         x = X.detach().double()
         onehot = torch.nn.functional.one_hot(z.to(X.device).long(), int(z.max()) + 1).double()
         m = getattr(self, "_moments", None)
+        if m is not None:  # batches may come from another device than the first
+            m = {k: v.to(x.device) if isinstance(v, Tensor) else v for k, v in m.items()}
         if m is not None and onehot.shape[1] < m["mz"].shape[0]:
             onehot = torch.nn.functional.pad(onehot, (0, m["mz"].shape[0] - onehot.shape[1]))
         nb, mx, mz = len(x), x.mean(0), onehot.mean(0)
@@ -71,7 +73,7 @@ class LEACE(Intervention):
                 m["mz"] = torch.nn.functional.pad(m["mz"], (0, grow))
                 m["cxz"] = torch.nn.functional.pad(m["cxz"], (0, grow))
             n = m["n"] + nb
-            dx, dz = mx - m["mx"].to(x.device), mz - m["mz"].to(x.device)
+            dx, dz = mx - m["mx"], mz - m["mz"]
             w = m["n"] * nb / n
             self._moments = {"n": n, "mx": m["mx"] + dx * nb / n, "mz": m["mz"] + dz * nb / n,
                              "cxx": m["cxx"] + batch["cxx"] + w * torch.outer(dx, dx),
@@ -103,14 +105,32 @@ class LEACE(Intervention):
             left, right = _constrain_trace(left, right, u, sigma_xx)
         self._left = left.float()  # (d, m)
         self._right = right.float()  # (m, d)
-        self.P = torch.eye(d, device=mu.device) - self._left @ self._right
-        self.bias = mu.float() if self.affine else None
+        self._P = torch.eye(d, device=mu.device) - self._left @ self._right
+        self._bias = mu.float() if self.affine else None
         self._stale = False
         return self
 
-    def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
-        if getattr(self, "_stale", False):
+    def _current(self) -> None:
+        """Solve from the moments if batches arrived since the last solve."""
+        if getattr(self, "_moments", None) is None:
+            raise NotFittedError(self, "fit(X, z) or update(X, z)")
+        if self._stale:
             self._solve()
+
+    @property
+    def P(self) -> Tensor:
+        """The (d, d) oblique projection ``I − left·right`` (current with every update)."""
+        self._current()
+        return self._P
+
+    @property
+    def bias(self) -> Tensor | None:
+        """The mean of X the affine eraser centres on (``None`` when ``affine=False``)."""
+        self._current()
+        return self._bias
+
+    def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
+        self._current()
         dev = X.device
         x = X.float()
         delta = x - self.bias.to(dev) if self.bias is not None else x

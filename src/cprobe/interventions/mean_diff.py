@@ -19,7 +19,7 @@ from typing import Self
 import torch
 from torch import Tensor
 
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, NotFittedError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
 from cprobe.interventions.inlp import n_classes_of
 
@@ -63,16 +63,36 @@ class MeanDiff(Intervention):
             raise ConfigError(f"classes {missing} have no rows; MeanDiff needs every class in [0, {k}) (k >= 2)")
         means = self._sums / counts[:, None]
         u, s, _ = torch.linalg.svd((means[1:] - means[0]).T, full_matrices=False)
-        self.basis = u[:, s > s.max() * 1e-6].float()
-        self.means = means.float()
-        self.n_classes = k
+        self._basis = u[:, s > s.max() * 1e-6].float()
+        self._means = means.float()
         self._stale = False
         return self
 
+    def _current(self) -> None:
+        if getattr(self, "_counts", None) is None:
+            raise NotFittedError(self, "fit(X, z) or update(X, z)")
+        if self._stale:
+            self._solve()
+
+    @property
+    def means(self) -> Tensor:
+        """Class means (k, d), current with every update."""
+        self._current()
+        return self._means
+
+    @property
+    def basis(self) -> Tensor:
+        """Orthonormal basis (d, m) of the span of the mean differences."""
+        self._current()
+        return self._basis
+
+    @property
+    def n_classes(self) -> int:
+        self._current()
+        return len(self._means)
+
     def nearest_class(self, X: Tensor) -> Tensor:
         """ĉ(h): the class whose mean is nearest to h within the mean-difference span."""
-        if getattr(self, "_stale", False):
-            self._solve()
         B = self.basis.to(X.device)
         coords = X.float() @ B  # (n, m)
         centres = self.means.to(X.device) @ B  # (k, m)
@@ -81,8 +101,6 @@ class MeanDiff(Intervention):
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         if z_target is None:
             raise ConfigError("MeanDiff is counterfactual: pass z_target (the value to set Z to)")
-        if getattr(self, "_stale", False):
-            self._solve()
         if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
             raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
         means = self.means.to(X.device)

@@ -228,7 +228,8 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
 
     Where a model ran two probes (``probe0``/``probe1``, the paper's Probe⁰/Probe¹), a ``probe`` row
     repeats the better of the two by overall odds over all tasks (Table 1's "better of two probes");
-    ``probe_pick`` names it.
+    ``probe_pick`` names it (``capable_probe_pick``: the better one over the capable tasks, whose means the
+    row's ``capable_*`` columns hold).
     """
     if overall.empty:
         return overall
@@ -243,7 +244,7 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
-            "probe_pick": "", "seconds": part["seconds"].sum(),
+            "probe_pick": "", "capable_probe_pick": "", "seconds": part["seconds"].sum(),
         })
     out = pd.DataFrame(rows)
     picks = []
@@ -253,6 +254,12 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             best = probes.sort_values(["overall_odds", "method"], ascending=[False, True]).iloc[0].copy()
             best["probe_pick"] = str(best["method"])
             best["method"] = "probe"
+            # over the capable tasks alone, the better of the two there (it may be the other one)
+            cap = probes.sort_values(["capable_overall_odds", "method"], ascending=[False, True],
+                                     na_position="last").iloc[0]
+            for col in ("n_capable_tasks", "capable_overall_odds", "capable_selectivity"):
+                best[col] = cap[col]
+            best["capable_probe_pick"] = str(cap["method"])
             picks.append(best)
     if picks:
         out = pd.concat([out, pd.DataFrame(picks)], ignore_index=True)
@@ -335,7 +342,8 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     n_rows = 1 if control.empty else 3
     regions = part.drop_duplicates("region_idx").set_index("region_idx")["region"]
     layers = sorted(part["layer"].unique())
-    n_reg = part["region_idx"].nunique()
+    all_regions = sorted(part["region_idx"].unique())
+    n_reg = len(all_regions)
     cell_w, cell_h = max(2.4, 0.45 * n_reg + 1.2), max(2.0, 0.32 * len(layers) + 1.4)
     import matplotlib
 
@@ -355,7 +363,7 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
         method, kind = label.split("\n")
         row, col = order.index(kind), methods.index(method)
         ax = axes[row, col]
-        grid = grid.reindex(index=layers)
+        grid = grid.reindex(index=layers, columns=all_regions)  # every panel: the same rows and columns
         im = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto",
                        origin="lower")
         ax.set_xticks(range(grid.shape[1]), [str(regions.loc[c]) for c in grid.columns], rotation=60,

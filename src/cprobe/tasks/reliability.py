@@ -29,7 +29,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention
 from cprobe.job import JobContext
-from cprobe.models.load import resolve_device
+from cprobe.models.load import fingerprint, resolve_device
 from cprobe.metrics.reliability import (
     counterfactual_targets,
     oracle_informative,
@@ -142,7 +142,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                             "the reliability study needs two or more")
     labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
     dev = str(resolve_device(ctx.device or "auto"))
-    memo_base = {"acts": [adapter.name, data.fingerprint(), layer, cfg["position"]], "seed": seed,
+    memo_base = {"acts": [adapter.name, fingerprint(adapter), str(adapter.dtype), data.fingerprint(), layer,
+                          cfg["position"]], "seed": seed,
                  "split": cfg["split"]}
     probe_dir = ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
         else None
