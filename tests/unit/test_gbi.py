@@ -270,7 +270,9 @@ def test_transform_input_errors() -> None:
         iv.transform(X, torch.tensor([0, 1, 2, 3, 0]))
     with pytest.raises(ConfigError, match="shape"):
         iv.transform(X, torch.zeros(4, dtype=torch.long))
-    with pytest.raises(RuntimeError, match="not fitted"):
+    from cprobe.errors import NotFittedError
+
+    with pytest.raises(NotFittedError, match="not fitted"):
         FGSM(0.1).transform(X, torch.zeros(5, dtype=torch.long))
 
 
