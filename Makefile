@@ -43,8 +43,10 @@ GRID_EXP ?= sva_tiny_reliability
 GRID_DIR ?= outputs/sweeps/$(GRID_EXP)/paper_grid
 GRID_METHODS ?= leace inlp rlace alterrep mean_diff fgsm pgd autoattack
 GRID_EXTRA ?=
-reliability-grid: $(STAMP) ## every method's paper grid into one sweep dir (GRID_EXP=, GRID_DIR=, GRID_EXTRA=overrides), then aggregate
+RLACE_STEPS ?=
+reliability-grid: $(STAMP) ## every method's paper grid into one sweep dir (GRID_EXP=, GRID_DIR=, GRID_EXTRA=overrides, RLACE_STEPS=cap), then aggregate
 	for m in $(GRID_METHODS); do \
-	  $(BIN)/cprobe run +experiment=$(GRID_EXP) +sweep=reliability_$$m $(GRID_EXTRA) hydra.sweep.dir=$(GRID_DIR) progress=false || exit 1; \
+	  extra=""; if [ "$$m" = rlace ] && [ -n "$(RLACE_STEPS)" ]; then extra="intervention=rlace intervention.max_steps=$(RLACE_STEPS)"; fi; \
+	  $(BIN)/cprobe run +experiment=$(GRID_EXP) +sweep=reliability_$$m $(GRID_EXTRA) $$extra hydra.sweep.dir=$(GRID_DIR) progress=false || exit 1; \
 	done
 	$(BIN)/cprobe collect $(GRID_DIR)
