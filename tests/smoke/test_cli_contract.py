@@ -174,7 +174,9 @@ def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
 
     exe = Path(sys.executable).with_name("cprobe")
     run_dir = tmp_path / "run"
-    p = subprocess.Popen([str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", f"hydra.run.dir={run_dir}"],
+    # 10 MLP epochs: ~30 s of probe training after the job is marked running, so the signal always lands mid-job
+    p = subprocess.Popen([str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
+                          f"hydra.run.dir={run_dir}"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     deadline = time.time() + 240
     while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
