@@ -177,14 +177,19 @@ def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
     # 10 MLP epochs: ~30 s of probe training after the job is marked running, so the signal always lands mid-job
     p = subprocess.Popen([str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
                           f"hydra.run.dir={run_dir}"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                         # Ctrl-C in a terminal: the default disposition, even when this test runs in a background
+                         # job whose shell set SIGINT to ignored (which the child would inherit)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
         time.sleep(0.2)
     time.sleep(1.0)
+    finished_early = p.poll() is not None
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err[-2000:]
+    out, err = p.communicate(timeout=120)
+    assert not finished_early, f"the job ended before the signal: state {_status(run_dir)}; {out[-1000:]}"
+    assert p.returncode == 130, f"{err[-1500:]}\n{out[-1000:]}"
     assert _status(run_dir)["state"] == "interrupted"
     assert "interrupted" in err and "Traceback" not in err
 
