@@ -22,7 +22,8 @@ def save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=120)
+    if fig.get_layout_engine() is None:  # figures built with layout="constrained" lay themselves out
+        fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())

@@ -383,7 +383,7 @@ def test_heatmaps_are_readable(table, tmp_path, monkeypatch):
     """Every text in the layer × region figure is at least 9 pt; one colour bar states its range; the task,
     control and selectivity maps are all drawn; layer ticks are the paper's block numbers."""
     figs = []
-    monkeypatch.setattr(cg_task, "_save_fig", lambda fig, path: figs.append(fig))
+    monkeypatch.setattr(cg_task, "save", lambda fig, path: figs.append(fig))
     part = table.assign(model="toy")
     # a method that has no row at one region (e.g. a supervised method at a one-class site) keeps aligned columns
     part = part[~((part["method"] == "probe") & (part["region"] == "_near_the"))]
@@ -459,3 +459,33 @@ def test_label_using_methods_skip_a_site_with_one_class(adapter, template):
     rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["probe", "mean", "pca"], layers=[1],
                                                                   control=False), splits=one_class))
     assert set(rows["method"]) == {"pca"}
+
+
+def test_random_draws_are_independent_across_tasks(adapter, template):
+    """The chance baseline's seeds include the task: two tasks never score the same random directions."""
+    other = TaskTemplate.from_spec("toy_other", SPEC)
+    got = []
+    for tmpl in (template, other):
+        dirs: dict = {}
+        run_gym_task(adapter, tmpl, _settings(methods=["random"], layers=[1], regions=[0], control=False,
+                                              random_draws=2), directions=dirs)
+        got.append(dirs[f"{tmpl.name}/task/random/L1/R0"])
+    assert got[0].shape == got[1].shape == (2, adapter.hidden_size)
+    assert not torch.allclose(got[0], got[1])
+
+
+def test_an_unknown_control_label_does_not_make_the_task_unknown(template):
+    """A tokenizer without " give" leaves the control task vacuous but the task's own labels known."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from cprobe.models.tiny import build_tokenizer
+
+    words = ["the", "near", "author", "authors", "guard", "guards", "is", "was", "are", "were", *OBJECTS, "dog"]
+    tok = build_tokenizer("neox", words, 64)
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                                             num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
+                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    ad = ModelAdapter(model, tok, "causal", "no_give", batch_size=8)
+    rows = pd.DataFrame(run_gym_task(ad, template, _settings(methods=["mean"], layers=[1])))
+    assert set(rows["unknown_labels"]) == {""}

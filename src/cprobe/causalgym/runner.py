@@ -35,6 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from cprobe.data.causalgym import Pair, Splits, TaskTemplate, control_pairs, label_token_ids, make_pair_splits, pair_items
+from cprobe.data.items import TextItem
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
@@ -250,12 +251,16 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
              "" if capable else " — not capable")
     # Tokenized once (DAS trains on sub-batches of it); a region with no token of its own is not a site.
     train_batch = fmt(tr_base, adapter, torch.arange(len(tr_base)))
-    pos = {"tr_base": train_batch.positions, "tr_src": fmt(tr_src, adapter, torch.arange(len(tr_src))).positions,
-           "ev_base": fmt(ev_base, adapter, torch.arange(len(ev_base))).positions,
-           "ev_src": fmt(ev_src, adapter, torch.arange(len(ev_src))).positions}
 
-    def present(which: tuple[str, str], region: int) -> Tensor:
-        return (pos[which[0]][f"region:{region}"] >= 0) & (pos[which[1]][f"region:{region}"] >= 0)
+    def positions(items: Sequence[TextItem]) -> dict[str, Tensor]:
+        return fmt(items, adapter, torch.arange(len(items))).positions
+
+    pos_tr = (train_batch.positions, positions(tr_src))
+    pos_ev = (positions(ev_base), positions(ev_src))
+
+    def present(base_src: tuple[dict[str, Tensor], dict[str, Tensor]], region: int) -> Tensor:
+        """Rows whose region has a token in both the base and the source."""
+        return (base_src[0][f"region:{region}"] >= 0) & (base_src[1][f"region:{region}"] >= 0)
 
     cost: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
@@ -264,8 +269,8 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, settings: GymSet
     bar = tqdm(list(sites), desc=template.name, disable=not progress or None, leave=False)
     for layer, region in bar:
         site = sites[(layer, region)]
-        ok_tr = present(("tr_base", "tr_src"), region).nonzero().squeeze(1)
-        ok_ev = present(("ev_base", "ev_src"), region).nonzero().squeeze(1)
+        ok_tr = present(pos_tr, region).nonzero().squeeze(1)
+        ok_ev = present(pos_ev, region).nonzero().squeeze(1)
         if len(ok_tr) == 0 or len(ok_ev) == 0:
             continue  # the region is empty on one side of every pair: not a site
         X_tr, y_tr = base_tr[site][ok_tr], tr_class[ok_tr]

@@ -194,8 +194,7 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
-        rec["capable"] = bool(task["capable"].iloc[0]) if "capable" in task else (
-            rec["task_accuracy"] >= CAPABLE_ACCURACY)
+        rec["capable"] = bool(capable_flag(task).iloc[0])
         rec["unknown_labels"] = str(task["unknown_labels"].iloc[0]) if "unknown_labels" in task else ""
         rec["probe_lam"] = float(task["probe_lam"].iloc[0]) if "probe_lam" in task else np.nan
         rec["stream"] = str(task["stream"].iloc[0]) if "stream" in task else "resid"
@@ -218,9 +217,9 @@ def _reliability(task: pd.DataFrame) -> dict[str, float]:
             "n_decodable_sites": int(len(ok))}
 
 
-def _capable(part: pd.DataFrame) -> pd.DataFrame:
-    flag = part["capable"].astype(bool) if "capable" in part else part["task_accuracy"] >= CAPABLE_ACCURACY
-    return part[flag]
+def capable_flag(part: pd.DataFrame) -> pd.Series:
+    """Per row: a task the model can do (tables written before the ``capable`` column: accuracy alone)."""
+    return part["capable"].astype(bool) if "capable" in part else part["task_accuracy"] >= CAPABLE_ACCURACY
 
 
 def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
@@ -235,7 +234,7 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
         return overall
     rows = []
     for (model, method), part in overall.groupby(["model", "method"], sort=True):
-        capable = _capable(part)
+        capable = part[capable_flag(part)]
         rows.append({
             "model": model, "method": method, "n_tasks": part["cg_task"].nunique(),
             "overall_odds": part["overall_odds"].mean(), "selectivity": part["selectivity"].mean(),
@@ -305,8 +304,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     write_table(table1(summary, capable_only=True), out_dir / "causalgym_table1_capable")
     for (model, name), part in table.groupby(["model", "cg_task"], sort=True):
         acc = float(part["task_accuracy"].iloc[0])
-        cap = "" if (bool(part["capable"].iloc[0]) if "capable" in part else acc >= CAPABLE_ACCURACY) else \
-            " — NOT capable"
+        cap = "" if capable_flag(part).iloc[0] else " — NOT capable"
         _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
         _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
@@ -324,27 +322,23 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     """Layer × region AvgOdds per method (columns) for the task, the control task and their difference
     (selectivity) (rows), on one symmetric colour scale whose range the colour bar states."""
     methods = [m for m in METHOD_ORDER if m in set(part["method"])] + sorted(set(part["method"]) - set(METHOD_ORDER))
-    task = part[part["condition"] == "task"]
-    grids: list[tuple[str, pd.DataFrame]] = []
-    control = part[part["condition"] == "control"]
-    for method in methods:
-        t = task[task["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
-                                                       aggfunc="mean")
-        grids.append((f"{method}\ntask", t))
-    if not control.empty:
-        for method in methods:
-            t = task[task["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
-                                                           aggfunc="mean")
-            c = control[control["method"] == method].pivot_table(index="layer", columns="region_idx", values="odds",
-                                                                 aggfunc="mean").reindex_like(t)
-            grids.append((f"{method}\ncontrol", c))
-            grids.append((f"{method}\nselectivity", t - c))
-    n_rows = 1 if control.empty else 3
-    regions = part.drop_duplicates("region_idx").set_index("region_idx")["region"]
     layers = sorted(part["layer"].unique())
     all_regions = sorted(part["region_idx"].unique())
-    n_reg = len(all_regions)
-    cell_w, cell_h = max(2.4, 0.45 * n_reg + 1.2), max(2.0, 0.32 * len(layers) + 1.4)
+
+    def grid(condition: str, method: str) -> pd.DataFrame:  # every panel: the same rows and columns
+        rows = part[(part["condition"] == condition) & (part["method"] == method)]
+        return rows.pivot_table(index="layer", columns="region_idx", values="odds", aggfunc="mean").reindex(
+            index=layers, columns=all_regions)
+
+    control = part[part["condition"] == "control"]
+    grids: dict[tuple[str, str], pd.DataFrame] = {("task", m): grid("task", m) for m in methods}
+    if not control.empty:
+        for m in methods:
+            grids["control", m] = grid("control", m)
+            grids["selectivity", m] = grids["task", m] - grids["control", m]
+    n_rows = 1 if control.empty else 3
+    regions = part.drop_duplicates("region_idx").set_index("region_idx")["region"]
+    cell_w, cell_h = max(2.4, 0.45 * len(all_regions) + 1.2), max(2.0, 0.32 * len(layers) + 1.4)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -352,21 +346,18 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(n_rows, len(methods), figsize=(cell_w * len(methods) + 1.2, cell_h * n_rows + 1.2),
                              squeeze=False, sharex=True, sharey=True, layout="constrained")
-    values = np.concatenate([g.to_numpy(dtype=float).ravel() for _, g in grids]) if grids else np.zeros(1)
+    values = np.concatenate([g.to_numpy(dtype=float).ravel() for g in grids.values()]) if grids else np.zeros(1)
     finite = values[np.isfinite(values)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
     vmax = max(abs(lo), abs(hi)) or 1.0
     ylabels, ylabel = _layer_labels(part, layers)
     order = ["task", "control", "selectivity"]
     im = None
-    for label, grid in grids:
-        method, kind = label.split("\n")
+    for (kind, method), g in grids.items():
         row, col = order.index(kind), methods.index(method)
         ax = axes[row, col]
-        grid = grid.reindex(index=layers, columns=all_regions)  # every panel: the same rows and columns
-        im = ax.imshow(grid.to_numpy(dtype=float), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto",
-                       origin="lower")
-        ax.set_xticks(range(grid.shape[1]), [str(regions.loc[c]) for c in grid.columns], rotation=60,
+        im = ax.imshow(g.to_numpy(dtype=float), cmap="RdBu_r", vmin=-vmax, vmax=vmax, aspect="auto", origin="lower")
+        ax.set_xticks(range(len(all_regions)), [str(regions.loc[c]) for c in all_regions], rotation=60,
                       ha="right", fontsize=9)
         ax.set_yticks(range(len(layers)), ylabels, fontsize=9)
         ax.set_title(f"{method} · {kind}", fontsize=10)
@@ -378,20 +369,7 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     cb.set_label(f"AvgOdds (log odds ratio); scale ±{vmax:.2f}, data {lo:.2f} … {hi:.2f}", fontsize=9)
     cb.ax.tick_params(labelsize=9)
     fig.suptitle(f"{title}\n{ylabel}", fontsize=11)
-    _save_fig(fig, path)
-
-
-def _save_fig(fig, path: Path) -> None:
-    import io
-
-    import matplotlib.pyplot as plt
-
-    from cprobe.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save(fig, path)
 
 
 def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
