@@ -23,6 +23,11 @@ DATASETS = {
         "marvin_linzen",
         "Marvin & Linzen (2018): BeckyMarvin/LM_syneval data/templates/*.pickle converted to by_task/<task>.jsonl",
     ),
+    "cebab/test.json": (
+        "cebab",
+        "Abraham et al. (2022): CEBaBing/CEBaB CEBaB-v1.1.zip -> cebab/{train_exclusive,train_inclusive,"
+        "train_observational,dev,test}.json (CC BY 4.0)",
+    ),
     "causalgym/templates/syntaxgym.json": (
         "causalgym", "Arora et al. (2024): aryamanarora/causalgym data/templates/syntaxgym.json",
     ),

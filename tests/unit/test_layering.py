@@ -1,7 +1,7 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
 0 base (errors, io, config, paths, progress, registry) < 1 data < 2 models < 3 methods (probes,
-interventions, directions, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
+interventions, directions, explainers, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
 plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
 package top, which re-exports estimators lazily). Function-level imports count too.
 """
@@ -19,7 +19,7 @@ FLOORS = {
     0: ("errors", "io", "config", "paths", "progress", "registry"),
     1: ("data",),
     2: ("models",),
-    3: ("probes", "interventions", "directions", "metrics"),
+    3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("cache", "extract", "job", "results", "plots"),
     5: ("tasks", "causalgym", "bench"),
     6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),

@@ -137,6 +137,19 @@ def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
                   source=" + ".join(d.source for d in parts), notes=tuple(n for d in parts for n in d.notes))
 
 
+def _cebab_config() -> type:
+    from cprobe.data.cebab import CebabKeys
+
+    return CebabKeys
+
+
+@register("cebab", _cebab_config())
+def _cebab(cfg: Any, root: Path, name: str) -> Any:
+    from cprobe.data.cebab import load_cebab
+
+    return load_cebab(cfg, root, name)
+
+
 def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, Any]:
     """Validate a dataset config node: (common keys, the type, its type-specific keys)."""
     if not isinstance(cfg, Mapping):
@@ -159,6 +172,12 @@ def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:
     common, dtype, specific = split_config(cfg)
     ds = dtype.loader(specific, Path(root), common.name)
     ds = replace(ds, source=relative_source(ds.source, Path(root)))
+    if not isinstance(ds, Dataset):  # another item family (e.g. CEBaB's TextItem splits): checked by its loader
+        if common.max_examples is not None:
+            if common.max_examples < 1:
+                raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
+            ds = ds.subsample(common.max_examples, common.seed)
+        return ds
     ds = check_items(ds, common.duplicates)
     if common.max_examples is not None:
         if common.max_examples < 1:

@@ -1,4 +1,4 @@
-"""Individual causal concept effects and the distances that score explainers against them
+"""Causal concept effects (ICaCE, CaCE, ACaCE, ITE) and the distances that score explainers against them
 (Abraham et al. 2022, CEBaB eqs. 2–3; reused by LIBERTy, Toker et al. 2026, Def. 3).
 
 An effect is a vector over the model's classes: the change of the predicted class distribution.
@@ -68,3 +68,27 @@ def icace(p_base: ArrayLike, p_counterfactual: ArrayLike) -> np.ndarray:
 def icace_error(true_effects: ArrayLike, estimates: ArrayLike, dist: str = "l2") -> np.ndarray:
     """Eq. 3 before averaging: ``Dist(ICaCE^, E)`` per pair; average over pairs (or groups of pairs) outside."""
     return distance(dist)(true_effects, estimates)
+
+
+def cace(effects: ArrayLike) -> np.ndarray:
+    """Empirical CaCE (eq. 4/16): the mean ICaCE over the pairs of one (concept, c → c′) group, (n, K) → (K,)
+    (or (n,) → scalar for the argmax-class version of the paper's Table 4)."""
+    e = np.asarray(effects, dtype=np.float64)
+    if len(e) == 0:
+        raise ValueError("CaCE of an empty set of pairs is undefined")
+    return e.mean(0)
+
+
+def acace(caces: ArrayLike) -> float:
+    """Empirical ACaCE (eq. 17): the mean over a concept's value pairs {c, c′} of |CaCE| — the absolute value
+    of scalar CaCEs, the L2 norm of vector ones."""
+    c = np.asarray(caces, dtype=np.float64)
+    if len(c) == 0:
+        raise ValueError("ACaCE over no value pairs is undefined")
+    mags = np.abs(c) if c.ndim == 1 else np.linalg.norm(c, axis=1)
+    return float(mags.mean())
+
+
+def ite(rating_base: ArrayLike, rating_counterfactual: ArrayLike) -> np.ndarray:
+    """Empirical ITE (eq. 5): the change of the human (review-majority) label, no model involved."""
+    return np.asarray(rating_counterfactual, dtype=np.float64) - np.asarray(rating_base, dtype=np.float64)

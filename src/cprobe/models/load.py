@@ -50,6 +50,7 @@ class ModelConfig:
     layers_path: str | None = None
     tiny: dict | None = None  # source tiny: what the project trains (see cprobe.models.tiny)
     causalgym: dict | None = None  # per-model CausalGym settings (probe λ, DAS budget)
+    finetune: dict | None = None  # per-model fine-tuning defaults when a study trains a classifier on it (CEBaB)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -1,0 +1,166 @@
+"""Concept-effect explainers (CEBaB, Abraham et al. 2022 §4; reused by LIBERTy): one interface, one registry.
+
+An explainer estimates the effect on the explained model's predicted class distribution of setting concept
+``C`` of a text from ``c`` to ``c′`` — a vector over the K classes, compared with the true effect of a
+human-written (CEBaB) or structural (LIBERTy) counterfactual by :mod:`cprobe.metrics.icace`.
+
+``fit(model, train)`` sees the training split (texts, gold concept labels, the model's predictions, φ(x) and
+predicted concept labels where the explainer declares it needs them); ``explain(queries)`` sees only the base
+side of each pair and the intervention ``(C, c, c′)`` (the public code's leakage guard). Capabilities, declared as
+class attributes, say what a study must compute for an explainer — callers dispatch on them, never on names:
+
+- ``needs_representation``: φ(x) of the training texts and the queries (TCAV, ConceptSHAP, INLP, LEACE);
+- ``needs_predicted_concepts``: concept labels predicted by a concept classifier (Approx, S-Learner);
+- ``needs_training``: access to the explained model's training regime (CausaLM re-trains φ);
+- ``removal_only``: the estimate models only ``c′ = unknown`` (concept removal) and ignores ``c′``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from cprobe.errors import ConfigError, DataError, NotFittedError
+from cprobe.registry import Registry
+
+
+@dataclass
+class Observed:
+    """What an explainer may see about a list of texts (all arrays aligned with ``texts``)."""
+
+    texts: Sequence[str]
+    probs: np.ndarray  # (n, K) the explained model's predicted distribution N(φ(x))
+    concepts: Sequence[dict[str, str]] | None = None  # gold concept labels (training split only)
+    reps: Tensor | None = None  # (n, d) φ(x)
+    predicted: Sequence[dict[str, str]] | None = None  # concept labels from the concept classifier
+    labels: np.ndarray | None = None  # (n,) gold class of the task (training split only)
+    groups: Sequence[str] | None = None  # unit ids (CEBaB: original_id): a text never stands in for its own unit
+
+    def __post_init__(self) -> None:
+        n = len(self.texts)
+        self.probs = np.asarray(self.probs, dtype=np.float64)
+        if self.probs.ndim != 2 or len(self.probs) != n:
+            raise DataError(f"probs must be (n={n}, K), got {self.probs.shape}")
+        for name in ("concepts", "reps", "predicted", "labels", "groups"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise DataError(f"{name} has {len(v)} rows for {n} texts")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class Queries:
+    """Pairs to explain: their base side and the intervention ``aspect: c → c′`` per row."""
+
+    base: Observed
+    aspect: Sequence[str]
+    c: Sequence[str]
+    c_prime: Sequence[str]
+
+    def __post_init__(self) -> None:
+        n = len(self.base)
+        if not len(self.aspect) == len(self.c) == len(self.c_prime) == n:
+            raise DataError("queries: aspect, c and c_prime must have one entry per base text")
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
+@dataclass
+class TrainingRegime:
+    """What an explainer that re-trains the explained model gets: the classifier (a ``classifier`` ModelAdapter
+    over :class:`~cprobe.models.classifier.SequenceClassifier`), its max input length and the job's seed."""
+
+    adapter: Any
+    max_length: int = 128
+    seed: int = 0
+
+
+@dataclass
+class ExplainedModel:
+    """The model being explained, as explainers may access it."""
+
+    head: nn.Module  # φ → logits (K)
+    n_classes: int
+    concepts: tuple[str, ...]  # concept names
+    values: tuple[str, ...]  # concept values in label order (CEBaB: Negative, Positive, unknown)
+    null_value: str = "unknown"  # the value meaning "not mentioned"
+    regime: TrainingRegime | None = None  # access to the training regime (CausaLM): the classifier itself
+
+    def head_probs(self, reps: Tensor) -> np.ndarray:
+        """softmax(N(φ)) of representations (n, d) as float64 (n, K)."""
+        p = next(self.head.parameters())
+        with torch.inference_mode():
+            out = self.head(reps.to(p.device, p.dtype)).float().softmax(-1)
+        return out.cpu().double().numpy()
+
+
+class Explainer(ABC):
+    """Estimates ICaCE vectors; fit on the training split, then explain queries."""
+
+    name: ClassVar[str] = "explainer"
+    needs_representation: ClassVar[bool] = False
+    needs_predicted_concepts: ClassVar[bool] = False
+    needs_training: ClassVar[bool] = False
+    removal_only: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "explain" in vars(cls):
+            inner = cls.explain
+
+            def explain(self, queries: Queries) -> np.ndarray:
+                if not getattr(self, "fitted_", False):
+                    raise NotFittedError(f"{type(self).__name__} is not fitted; call fit(model, train) first")
+                check_inputs(self, queries.base, "queries")
+                out = np.asarray(inner(self, queries), dtype=np.float64)
+                if out.shape != (len(queries), self.n_classes_):
+                    raise AssertionError(f"{type(self).__name__} returned {out.shape}, expected "
+                                         f"{(len(queries), self.n_classes_)}")
+                return out
+
+            explain.__doc__ = inner.__doc__
+            cls.explain = explain  # type: ignore[method-assign]
+        if "fit" in vars(cls):
+            inner_fit = cls.fit
+
+            def fit(self, model: ExplainedModel, train: Observed) -> Self:
+                check_inputs(self, train, "train")
+                self.n_classes_ = model.n_classes
+                inner_fit(self, model, train)
+                self.fitted_ = True
+                return self
+
+            fit.__doc__ = inner_fit.__doc__
+            cls.fit = fit  # type: ignore[method-assign]
+
+    @abstractmethod
+    def fit(self, model: ExplainedModel, train: Observed) -> Self:
+        """Learn whatever the explainer needs from the training split."""
+
+    @abstractmethod
+    def explain(self, queries: Queries) -> np.ndarray:
+        """(n, K) effect estimates, one row per query."""
+
+
+def check_inputs(explainer: Explainer, obs: Observed, what: str) -> None:
+    if explainer.needs_representation and obs.reps is None:
+        raise ConfigError(f"explainer {explainer.name!r} needs the representation φ(x) of the {what}")
+    if explainer.needs_predicted_concepts and obs.predicted is None:
+        raise ConfigError(f"explainer {explainer.name!r} needs predicted concept labels of the {what}")
+
+
+EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")
+
+
+def concept_targets(concepts: Sequence[dict[str, str]], concept: str, values: Sequence[str]) -> np.ndarray:
+    """Class index of ``concept`` per row in ``values`` (−1 where the label is missing / no majority)."""
+    return np.array([values.index(c[concept]) if c.get(concept) in values else -1 for c in concepts], dtype=np.int64)

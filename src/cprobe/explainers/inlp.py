@@ -1,0 +1,96 @@
+"""INLP as an explainer (CEBaB §4, App. F; Ravfogel et al. 2020).
+
+Per concept C: the project's INLP (:class:`cprobe.interventions.inlp.INLP`, logistic-regression classifiers —
+the paper found them to behave like its SGD SVMs) removes C's 3-way label from φ in ``iterations`` rounds
+(one-vs-rest: k directions per round for k > 2 classes; the paper's 10 rounds), giving the projection P; a copy of
+the explained head is then re-trained on P·φ of the training split (the paper's 5 epochs of Adam at lr 2e-5, full
+batch, as the public code) and the estimate is softmax N′(P φ(x)) − softmax N(φ(x)). It models only the
+removal of C (``c′ = unknown``) and returns the same estimate whatever c′ is.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Self
+
+import numpy as np
+import torch
+from torch import nn
+
+from cprobe.errors import ConfigError
+from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets
+
+
+def retrain_head(head: nn.Module, X: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
+                 batch_size: int | None = None, seed: int = 0) -> nn.Module:
+    """A copy of ``head`` re-trained on (X, y) with Adam (full batch when ``batch_size`` is None)."""
+    new = copy.deepcopy(head).float()
+    dev = next(new.parameters()).device
+    for p in new.parameters():
+        p.requires_grad_(True)
+    X, y = X.float().to(dev), y.long().to(dev)
+    opt = torch.optim.Adam(new.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    new.train()
+    with torch.enable_grad():
+        for _ in range(epochs):
+            order = torch.randperm(len(X), generator=gen).to(dev)
+            step = batch_size or len(X)
+            for s in range(0, len(X), step):
+                b = order[s: s + step]
+                loss = nn.functional.cross_entropy(new(X[b]), y[b])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    new.eval()
+    for p in new.parameters():
+        p.requires_grad_(False)
+    return new
+
+
+@EXPLAINERS.register("inlp")
+class INLPExplainer(Explainer):
+    name = "inlp"
+    needs_representation = True
+    removal_only = True
+
+    def __init__(self, iterations: int = 10, head_epochs: int = 5, head_lr: float = 2e-5,
+                 head_batch_size: int | None = None, seed: int = 0, device: str | None = None) -> None:
+        if iterations < 1:
+            raise ConfigError(f"inlp: iterations must be >= 1, got {iterations}")
+        self.iterations, self.head_epochs, self.head_lr = iterations, head_epochs, head_lr
+        self.head_batch_size, self.seed, self.device = head_batch_size, seed, device
+
+    def fit(self, model: ExplainedModel, train: Observed) -> Self:
+        from cprobe.interventions.inlp import INLP
+
+        assert train.reps is not None and train.concepts is not None
+        self.model_ = model
+        y = np.asarray(train.labels if train.labels is not None else train.probs.argmax(1))
+        self.P_, self.heads_ = {}, {}
+        for concept in model.concepts:
+            z = concept_targets(train.concepts, concept, model.values)
+            rows = torch.from_numpy(np.flatnonzero(z >= 0))
+            zz = torch.from_numpy(z)[rows]
+            k = int(zz.unique().numel())
+            rank = min(self.iterations * (k if k > 2 else 1), train.reps.shape[1])
+            inlp = INLP(rank=rank, device=self.device).fit(train.reps[rows].float(), zz)
+            self.P_[concept] = inlp.P.cpu()
+            X = train.reps.float() @ self.P_[concept]
+            keep = torch.from_numpy(y >= 0)
+            self.heads_[concept] = retrain_head(model.head, X[keep], torch.from_numpy(y)[keep], self.head_epochs,
+                                                self.head_lr, self.head_batch_size, self.seed)
+        return self
+
+    def explain(self, queries: Queries) -> np.ndarray:
+        assert queries.base.reps is not None
+        out = np.zeros((len(queries), self.n_classes_))
+        aspects = np.asarray(queries.aspect)
+        for concept, P in self.P_.items():
+            rows = np.flatnonzero(aspects == concept)
+            if len(rows):
+                X = queries.base.reps[torch.from_numpy(rows)].float()
+                head = ExplainedModel(self.heads_[concept], self.n_classes_, (), ())
+                out[rows] = head.head_probs(X @ P) - queries.base.probs[rows]
+        return out

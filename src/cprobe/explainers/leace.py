@@ -1,0 +1,43 @@
+"""LEACE as an explainer (beyond the CEBaB paper; Belrose et al. 2023): per concept C, the project's LEACE
+eraser (:class:`cprobe.interventions.leace.LEACE`) fit on φ of the training split against C's 3-way label;
+the estimate is softmax N(E(φ(x))) − softmax N(φ(x)) with the explained head unchanged — what the model does
+once no linear readout of C is left. Like INLP it models removal only."""
+
+from __future__ import annotations
+
+from typing import Self
+
+import numpy as np
+import torch
+
+from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets
+
+
+@EXPLAINERS.register("leace")
+class LEACEExplainer(Explainer):
+    name = "leace"
+    needs_representation = True
+    removal_only = True
+
+    def fit(self, model: ExplainedModel, train: Observed) -> Self:
+        from cprobe.interventions.leace import LEACE
+
+        assert train.reps is not None and train.concepts is not None
+        self.model_ = model
+        self.erasers_ = {}
+        for concept in model.concepts:
+            z = concept_targets(train.concepts, concept, model.values)
+            rows = torch.from_numpy(np.flatnonzero(z >= 0))
+            self.erasers_[concept] = LEACE().fit(train.reps[rows].float(), torch.from_numpy(z)[rows])
+        return self
+
+    def explain(self, queries: Queries) -> np.ndarray:
+        assert queries.base.reps is not None
+        out = np.zeros((len(queries), self.n_classes_))
+        aspects = np.asarray(queries.aspect)
+        for concept, eraser in self.erasers_.items():
+            rows = np.flatnonzero(aspects == concept)
+            if len(rows):
+                X = queries.base.reps[torch.from_numpy(rows)].float()
+                out[rows] = self.model_.head_probs(eraser.transform(X)) - queries.base.probs[rows]
+        return out

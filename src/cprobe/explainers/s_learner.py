@@ -1,0 +1,54 @@
+"""S-Learner (CEBaB eq. 8; Künzel et al.): a logistic regression E from the one-hot values of every concept to
+the explained model's predicted class, fit on the training split; the effect of ``C: c → c′`` on a text is
+E(x′ with C := c′) − E(x′), where x′ are the text's concept labels predicted by the concept classifier.
+
+As the public code: scikit-learn ``LogisticRegression()`` with its defaults, target argmax N(φ(x)), features
+from the gold training labels (a missing / no-majority label counts as the null value, ``unknown``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Self
+
+import numpy as np
+
+from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
+
+
+@EXPLAINERS.register("s_learner")
+class SLearner(Explainer):
+    name = "s_learner"
+    needs_predicted_concepts = True
+
+    def __init__(self, C: float = 1.0, max_iter: int = 1000) -> None:
+        self.C = C
+        self.max_iter = max_iter
+
+    def _features(self, labels: Sequence[Mapping[str, str]]) -> np.ndarray:
+        X = np.zeros((len(labels), len(self.concepts_) * len(self.values_)))
+        for i, lab in enumerate(labels):
+            for j, c in enumerate(self.concepts_):
+                v = lab.get(c, self.null_)
+                v = v if v in self.values_ else self.null_
+                X[i, j * len(self.values_) + self.values_.index(v)] = 1.0
+        return X
+
+    def fit(self, model: ExplainedModel, train: Observed) -> Self:
+        from sklearn.linear_model import LogisticRegression
+
+        self.concepts_, self.values_, self.null_ = model.concepts, model.values, model.null_value
+        labels = train.concepts if train.concepts is not None else train.predicted
+        y = train.probs.argmax(1)
+        self.lr_ = LogisticRegression(C=self.C, max_iter=self.max_iter).fit(self._features(labels), y)
+        return self
+
+    def _proba(self, X: np.ndarray) -> np.ndarray:
+        p = np.zeros((len(X), self.n_classes_))
+        p[:, self.lr_.classes_] = self.lr_.predict_proba(X)  # classes the model never predicted get 0
+        return p
+
+    def explain(self, queries: Queries) -> np.ndarray:
+        factual = [dict(p) for p in queries.base.predicted]  # type: ignore[union-attr]
+        counter = [dict(p, **{a: c2}) for p, a, c2 in zip(factual, queries.aspect, queries.c_prime)]
+        return self._proba(self._features(counter)) - self._proba(self._features(factual))

@@ -1,0 +1,255 @@
+"""Fine-tuned sequence classifiers on any encoder the project can load: the explained models of the
+concept-effect studies (CEBaB, LIBERTy) and their aspect (concept) classifiers.
+
+:class:`SequenceClassifier` = a pretrained encoder φ + the RoBERTa-style non-linear head the CEBaB paper
+puts on every model (dense → tanh → dropout → out), read at the first token (BERT, RoBERTa, MiniLM: ``pool:
+first``) or the last real token (GPT-2: ``pool: last``). φ(x) is therefore a :class:`~cprobe.models.sites.Site`
+— ``Site(L, "cls")`` or ``Site(L, "last")`` of :class:`~cprobe.models.formatters.ClassificationFormatter` — so
+explainers read and edit it through the one model entry point, and ``head`` maps φ to logits.
+
+A head may hold several classification tasks at once (``n_tasks`` × ``n_classes`` logits; the aspect
+classifier predicts the four aspects' labels jointly); targets of −100 are ignored.
+
+:func:`finetuned_classifier` trains one (AdamW, linear decay; the paper's lr 2e-5, batch 32, max_len 128),
+with a progress bar, and caches the weights as a checksummed safetensors file keyed by the base model's
+weights, the training data, every hyperparameter and the seed. Training checkpoints after every epoch
+(weights and optimizer moments, safetensors), so an interrupted run resumes from the last finished epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from cprobe.data.items import TextItem, fingerprint
+from cprobe.errors import ConfigError
+from cprobe.io import atomic_save_tensors, load_tensors, read_metadata
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.formatters import ClassificationFormatter
+from cprobe.models.sites import Site
+
+log = logging.getLogger(__name__)
+
+Pool = Literal["first", "last"]
+POOL_POSITION = {"first": "cls", "last": "last"}
+IGNORE = -100
+
+
+class ClassificationHead(nn.Module):
+    """RoBERTa's classification head: dense (d → d), tanh, dropout, out_proj (d → n_out)."""
+
+    def __init__(self, d: int, n_out: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d, d)
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(d, n_out)
+
+    def forward(self, phi: Tensor) -> Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(phi)))))
+
+
+class SequenceClassifier(nn.Module):
+    """Encoder + head read at one pooled position; ``forward`` returns an object with ``.logits`` (n, n_out)."""
+
+    def __init__(self, encoder: nn.Module, n_out: int, pool: Pool = "first", dropout: float = 0.1) -> None:
+        super().__init__()
+        if pool not in POOL_POSITION:
+            raise ConfigError(f"unknown pooling {pool!r}; choose from {sorted(POOL_POSITION)}")
+        self.base_model = encoder
+        self.head = ClassificationHead(encoder.config.hidden_size, n_out, dropout)
+        self.config = encoder.config
+        self.pool = pool
+
+    def features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """φ(x): the last hidden state at the pooled token (n, d)."""
+        h = self.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.pool == "first":
+            return h[:, 0]
+        last = attention_mask.sum(1) - 1
+        return h[torch.arange(len(h), device=h.device), last]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, **_: Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=self.head(self.features(input_ids, attention_mask)))
+
+
+def default_pool(model_type: str) -> Pool:
+    """Where a model family's sequence summary lives: the first token for encoders, the last for decoders."""
+    return "last" if model_type in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma") else "first"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """How a classifier is fine-tuned (the CEBaB paper's max_len 128, batch 32, lr 2e-5)."""
+
+    epochs: int = 5
+    lr: float = 2e-5
+    batch_size: int = 32
+    max_length: int = 128
+    weight_decay: float = 0.0
+    warmup: float = 0.0  # share of steps with a linear warm-up
+    dropout: float = 0.1
+    pool: Pool | None = None  # None: the model family's default (first token; last for decoders)
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.max_length < 2 or self.lr <= 0:
+            raise ValueError(f"bad fine-tuning settings {asdict(self)}: epochs, batch_size >= 1, max_length >= 2, lr > 0")
+        if not 0 <= self.warmup < 1 or not 0 <= self.dropout < 1:
+            raise ValueError("warmup and dropout must lie in [0, 1)")
+
+
+def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
+         name: str | None = None) -> ModelAdapter:
+    """A fresh (untrained-head) classifier on a *copy* of ``encoder``'s model, as a ``classifier`` adapter."""
+    pool = pool or default_pool(encoder.model.config.model_type)
+    model = SequenceClassifier(copy.deepcopy(encoder.model), n_out, pool, dropout).to(encoder.device)
+    return ModelAdapter(model, encoder.tok, "classifier", name or f"{encoder.name}+head", batch_size=encoder.batch_size,
+                        max_length=encoder.max_length)
+
+
+def phi_site(adapter: ModelAdapter) -> Site:
+    """The site holding φ(x) (what the head reads) of a :func:`wrap`-ped classifier."""
+    return Site(adapter.n_layers, POOL_POSITION[adapter.model.pool], "resid")
+
+
+def train_key(encoder_fp: str, items: Sequence[TextItem], targets: Tensor, n_out: int, cfg: FinetuneConfig,
+              seed: int) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([encoder_fp, fingerprint(items), n_out, asdict(cfg), seed], sort_keys=True).encode())
+    h.update(targets.to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targets: Tensor, n_tasks: int,
+                         n_classes: int, cfg: FinetuneConfig, seed: int, cache_dir: Path, name: str,
+                         progress: bool = True) -> tuple[ModelAdapter, bool]:
+    """The classifier fine-tuned on (items, targets (n,) or (n, n_tasks)), from the cache when there.
+
+    Returns (adapter, loaded_from_cache). ``cache_dir`` holds ``<name>-<key>.safetensors`` (and, while
+    training, ``.partial`` checkpoints).
+    """
+    from filelock import FileLock
+
+    from cprobe.models.load import fingerprint as weights_fingerprint
+
+    targets = targets.reshape(len(items), n_tasks).long()
+    key = train_key(weights_fingerprint(encoder), items, targets, n_tasks * n_classes, cfg, seed)
+    with torch.random.fork_rng(devices=[]):  # the head's initialisation depends on the seed alone
+        torch.manual_seed(seed)
+        adapter = wrap(encoder, n_tasks * n_classes, cfg.pool, cfg.dropout, name=f"{name}-{key}")
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    final = cache_dir / f"{name}-{key}.safetensors"
+    with FileLock(str(final) + ".lock"):
+        state = load_tensors(final)
+        if state is not None:
+            adapter.model.load_state_dict(state)
+            return adapter, True
+        _train(adapter, items, targets, n_classes, cfg, seed, cache_dir / f"{name}-{key}.partial.safetensors",
+               progress, desc=f"fine-tune {name}")
+        atomic_save_tensors(final, adapter.model.state_dict(), {"key": key, "config": json.dumps(asdict(cfg))})
+        (cache_dir / f"{name}-{key}.partial.safetensors").unlink(missing_ok=True)
+    return adapter, False
+
+
+def _train(adapter: ModelAdapter, items: Sequence[TextItem], targets: Tensor, n_classes: int, cfg: FinetuneConfig,
+           seed: int, checkpoint: Path, progress: bool, desc: str) -> None:
+    from cprobe.progress import track
+
+    model = adapter.model
+    fmt = ClassificationFormatter(cfg.max_length)
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    n = len(items)
+    steps_per_epoch = math.ceil(n / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warm = int(cfg.warmup * total)
+
+    def factor(step: int) -> float:  # linear warm-up, then linear decay to zero (the HF Trainer default)
+        if step < warm:
+            return (step + 1) / warm
+        return max(0.0, (total - step) / max(1, total - warm))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    start = _resume(model, opt, sched, checkpoint)
+    with warnings.catch_warnings():  # stepping the schedule before any optimizer step warns
+        warnings.simplefilter("ignore", UserWarning)
+        for _ in range(start * steps_per_epoch):  # the learning-rate schedule where the checkpoint left it
+            sched.step()
+    gen = torch.Generator().manual_seed(seed)
+    orders = [torch.randperm(n, generator=gen) for _ in range(cfg.epochs)]  # drawn up front: resuming is exact
+    torch.manual_seed(seed)
+    dev = adapter.device
+    try:
+        for epoch in track(range(start, cfg.epochs), desc, progress, total=cfg.epochs - start):
+            model.train()
+            torch.manual_seed(seed * 1000 + epoch)  # dropout masks reproducible per epoch
+            for s in range(0, n, cfg.batch_size):
+                rows = orders[epoch][s: s + cfg.batch_size]
+                batch = fmt([items[int(i)] for i in rows], adapter, rows).to(dev)
+                logits = model(batch.input_ids, batch.attention_mask).logits
+                y = targets[rows].to(dev)
+                loss = nn.functional.cross_entropy(logits.reshape(-1, n_classes).float(), y.reshape(-1),
+                                                   ignore_index=IGNORE)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                sched.step()
+            _checkpoint(model, opt, epoch + 1, checkpoint)
+    finally:
+        model.eval()
+        for p in params:
+            p.requires_grad_(False)
+
+
+def _checkpoint(model: nn.Module, opt: torch.optim.Optimizer, epochs_done: int, path: Path) -> None:
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for k in ("exp_avg", "exp_avg_sq"):
+                if k in st:
+                    tensors[f"opt.{k}.{names[id(p)]}"] = st[k]
+            if "step" in st:
+                tensors[f"opt.step.{names[id(p)]}"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    atomic_save_tensors(path, tensors, {"epochs_done": str(epochs_done)})
+
+
+def _resume(model: nn.Module, opt: torch.optim.Optimizer, sched, path: Path) -> int:
+    """Epochs already done according to ``path`` (0 without a valid checkpoint), restoring its state."""
+    tensors = load_tensors(path)
+    if tensors is None:
+        return 0
+    done = int(read_metadata(path).get("epochs_done", 0))
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    for n, p in model.named_parameters():
+        if f"opt.exp_avg.{n}" in tensors:
+            opt.state[p] = {"exp_avg": tensors[f"opt.exp_avg.{n}"].to(p.device),
+                            "exp_avg_sq": tensors[f"opt.exp_avg_sq.{n}"].to(p.device),
+                            "step": tensors[f"opt.step.{n}"].reshape(()).clone()}
+    log.info("resuming fine-tuning from %s after %d epoch(s)", path.name, done)
+    return done
+
+
+def classify(adapter: ModelAdapter, items: Sequence[TextItem], max_length: int | None = None,
+             desc: str | None = None) -> tuple[Tensor, Tensor]:
+    """(φ (n, d), class log-probabilities (n, n_out)) of a :func:`wrap`-ped classifier in one pass per batch."""
+    from cprobe.models.readouts import ClassHead
+
+    site = phi_site(adapter)
+    out = adapter.map(list(items), ClassificationFormatter(max_length), read=[site], readout=ClassHead(), desc=desc)
+    return out.acts[site], out.scores

@@ -1,0 +1,142 @@
+"""CEBaB items, labels and edit pairs on small files the tests write; the effect metrics by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cprobe.data.cebab import (
+    CebabKeys,
+    direction_name,
+    edit_pairs,
+    encode_rating,
+    labelled,
+    load_cebab,
+    pair_frame,
+    read_split,
+)
+from cprobe.data.registry import load_dataset
+from cprobe.errors import ConfigError, DataError
+from cprobe.metrics.icace import acace, cace, ite
+from tests.cebab_fixtures import record, unit, write_cebab
+
+
+def test_rating_encodings():
+    assert [encode_rating(r, "5way") for r in "12345"] == [0, 1, 2, 3, 4]
+    assert [encode_rating(r, "3way") for r in "12345"] == [0, 0, 1, 2, 2]
+    assert [encode_rating(r, "2way") for r in "12345"] == [0, 0, None, 1, 1]  # 3★ dropped
+    assert encode_rating("no majority", "5way") is None and encode_rating(None, "2way") is None
+    with pytest.raises(ConfigError, match="unknown CEBaB task '4way'"):
+        encode_rating("3", "4way")
+
+
+def test_pairs_follow_the_public_rule(tmp_path):
+    recs = unit(1, {"food": "Positive", "service": "Negative"}, [("food", "Negative"), ("food", "unknown"),
+                                                               ("service", "Positive")])
+    recs.append(record(1, 9, {"food": "Positive", "service": "Negative"}, "food", "Negative"))  # edit failed
+    recs.append(record(1, 8, {"food": "no majority", "service": "Negative"}, "food", "unknown"))
+    p = tmp_path / "dev.json"
+    p.write_text(json.dumps(recs))
+    pairs = edit_pairs(read_split(p))
+    got = sorted((pr.base.id[-1], pr.source.id[-1], *next(iter(pr.changes.values()))) for pr in pairs)
+    # orig↔food-Neg, orig↔food-unk, orig↔service-Pos (both ways), food-Neg↔food-unk and food-unk↔failed edit
+    # (edit↔edit of the same type); the failed edit keeps food Positive (= original) and no-majority never pairs
+    assert got == sorted([
+        ("0", "1", "Positive", "Negative"), ("1", "0", "Negative", "Positive"),
+        ("0", "2", "Positive", "unknown"), ("2", "0", "unknown", "Positive"),
+        ("0", "3", "Negative", "Positive"), ("3", "0", "Positive", "Negative"),
+        ("1", "2", "Negative", "unknown"), ("2", "1", "unknown", "Negative"),
+        ("2", "9", "unknown", "Positive"), ("9", "2", "Positive", "unknown"),
+        ("1", "9", "Negative", "Positive"), ("9", "1", "Positive", "Negative"),
+    ])
+    pf = pair_frame(pairs)
+    row = pf[pf["pair"] == "000001_000000>000001_000001"].iloc[0]
+    assert (row["aspect"], row["direction"], row["sign"]) == ("food", "Neg→Pos", -1)  # Pos→Neg is Neg→Pos reversed
+    assert direction_name("Positive", "unknown") == "Pos→Unk"
+
+
+def test_loader_splits_and_labels(tmp_path):
+    write_cebab(tmp_path, n_train=8, n_eval=4)
+    data = load_dataset({"name": "cebab", "type": "cebab", "path": "cebab", "train": "inclusive"}, tmp_path)
+    assert set(data.splits) == {"train", "dev", "test"} and len(data.splits["dev"]) == 4 * 3
+    items, y = labelled(data.splits["train"], "2way")
+    assert all(encode_rating(it.outcome, "2way") == c for it, c in zip(items, y))
+    assert all(it.outcome != "3" for it in items)
+    assert data.source == "cebab"  # relative to the data dir
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(DataError, match="CEBaB file .* not found"):
+        load_cebab(CebabKeys(path=str(tmp_path / "nowhere")), tmp_path)
+    with pytest.raises(ConfigError, match="unknown CEBaB train variant"):
+        load_cebab(CebabKeys(train="all"), tmp_path)  # type: ignore[arg-type]
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(DataError, match="cannot read"):
+        read_split(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text(json.dumps([{"id": "1"}]))
+    with pytest.raises(DataError, match="lacks field"):
+        read_split(tmp_path / "y.json")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_dataset({"name": "cebab", "type": "cebab", "split": "x"}, tmp_path)
+
+
+def test_effect_metrics_by_hand():
+    np.testing.assert_allclose(cace([[0.1, -0.1], [0.3, -0.3]]), [0.2, -0.2])
+    assert cace([1.0, 2.0, 0.0]) == pytest.approx(1.0)
+    assert acace([1.0, -0.5, 0.0]) == pytest.approx(0.5)  # mean |CaCE| over {c, c′} pairs
+    assert acace([[3.0, 4.0], [0.0, 0.0]]) == pytest.approx(2.5)  # vector CaCEs: L2 norms
+    np.testing.assert_allclose(ite([1, 5, 3], [2, 3, 3]), [1, -2, 0])
+    with pytest.raises(ValueError):
+        cace([])
+
+
+def _frame():
+    # two food pairs Neg→Pos (one stored reversed), one service Pos→Unk
+    return pd.DataFrame({
+        "pair": ["a", "b", "c"], "aspect": ["food", "food", "service"], "c": ["Negative", "Positive", "Positive"],
+        "c_prime": ["Positive", "Negative", "unknown"], "direction": ["Neg→Pos", "Neg→Pos", "Pos→Unk"],
+        "sign": [1, -1, 1], "base_rating": ["2", "5", "4"], "cf_rating": ["4", "1", "no majority"],
+        "original_id": ["1", "2", "3"]})
+
+
+def test_ate_cace_and_error_rows_by_hand():
+    from cprobe.tasks.cebab import _cace_rows, _data_effect_rows, _error_rows
+
+    rows = {(r["kind"], r["aspect"], r["direction"]): r for r in _data_effect_rows({}, _frame(), "5way",
+                                                                                     ["food", "service"])}
+    # food Neg→Pos: +2 (2★→4★) and the reversed pair 5★→1★ counts as +4 → mean 3; the no-majority pair is left out
+    assert rows[("ate", "food", "Neg→Pos")]["value"] == pytest.approx(3.0)
+    assert rows[("ate", "food", "Neg→Pos")]["n"] == 2 and rows[("pairs", "food", "Neg→Pos")]["value"] == 2
+    assert np.isnan(rows[("ate", "service", "Pos→Unk")]["value"]) and rows[("pairs", "service", "Pos→Unk")]["n"] == 1
+    assert np.isnan(rows[("ate", "food", "Pos→Unk")]["value"])
+    two = {(r["kind"], r["aspect"], r["direction"]): r for r in _data_effect_rows({}, _frame(), "2way", ["food"])}
+    assert two[("ate", "food", "Neg→Pos")]["value"] == pytest.approx(1.0)  # 0→1 and reversed 1→0
+    cace_rows = {(r["kind"], r["aspect"], r["direction"]): r["value"] for r in
+                 _cace_rows({}, _frame(), np.array([1, 4, 3]), np.array([3, 1, 3]), ["food", "service"])}
+    assert cace_rows[("cace", "food", "Neg→Pos")] == pytest.approx((2 + 3) / 2)  # argmax class: +2, reversed −3
+    assert cace_rows[("acace", "food", "all")] == pytest.approx(2.5)  # only Neg→Pos has pairs
+    assert cace_rows[("cace", "service", "Pos→Unk")] == 0.0
+    err = {(r["aspect"], r["direction"]): (r["value"], r["n"])
+           for r in _error_rows({}, "x", "l2", _frame(), np.array([1.0, 2.0, 4.0]))}
+    assert err[("all", "all")] == (pytest.approx(7 / 3), 3) and err[("food", "all")] == (1.5, 2)
+    assert err[("food", "Neg→Pos")] == (1.0, 1) and err[("food", "Pos→Neg")] == (2.0, 1)  # ordered directions
+
+
+def test_report_layout_mean_std_over_seeds(tmp_path):
+    from cprobe.tasks.cebab import error_table, report
+
+    rows = []
+    for seed, (a, b) in enumerate([(0.5, 0.9), (0.7, 1.1)]):
+        for ex, v in (("random", b), ("approx", a)):
+            rows.append({"kind": "icace_error", "model": "m", "cebab_task": "5way", "train_variant": "exclusive",
+                         "eval_split": "test", "explainer": ex, "distance": "l2", "aspect": "all", "direction": "all",
+                         "value": v, "n": 10, "seed": seed, "split": "", "metric": "icace_error"})
+    t = pd.DataFrame(rows)
+    tab = error_table(t)
+    assert list(tab.columns[-2:]) == ["random", "approx"]
+    assert tab["random"].iloc[0] == "1.00 (0.14)" and tab["approx"].iloc[0] == "0.60 (0.14)"
+    report(t, tmp_path)
+    assert (tmp_path / "cebab_icace_error.md").is_file() and list(tmp_path.glob("cebab_icace_error_m_5way.png"))

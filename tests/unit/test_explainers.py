@@ -1,0 +1,279 @@
+"""Concept-effect explainers (CEBaB): each on a small hand-built case whose answer is known, their mathematical
+properties, and a conformance suite over the registry. Models and data are built here, not read from disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from cprobe.errors import ConfigError, NotFittedError
+from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed, Queries
+from cprobe.explainers.causalm import grad_reverse, mutual_information
+from cprobe.explainers.conceptshap import shapley_values, shapley_weight
+from cprobe.explainers.tcav import directional_derivatives, fit_cav
+
+VALUES = ("Negative", "Positive", "unknown")
+CONCEPTS = ("food", "service")
+
+
+def linear_head(W: np.ndarray, b: np.ndarray | None = None) -> nn.Linear:
+    head = nn.Linear(W.shape[1], W.shape[0])
+    with torch.no_grad():
+        head.weight.copy_(torch.as_tensor(W, dtype=torch.float32))
+        head.bias.copy_(torch.as_tensor(b if b is not None else np.zeros(W.shape[0]), dtype=torch.float32))
+    return head
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def world():
+    """φ ∈ R^4: dim 0 = food sentiment (−1 Neg, +1 Pos, 0 unknown), dim 1 = food mentioned (1/0), dim 2 = service
+    sentiment, dim 3 = service mentioned, plus small noise. The model's logit for class 1 = 2·food + 1·service."""
+    rng = np.random.default_rng(0)
+    n = 600
+    code = {"Negative": -1.0, "Positive": 1.0, "unknown": 0.0}
+    food = rng.choice(VALUES, n)
+    service = rng.choice(VALUES, n)
+    X = np.stack([[code[f], float(f != "unknown"), code[s], float(s != "unknown")] for f, s in zip(food, service)])
+    X = X + 0.05 * rng.standard_normal(X.shape)
+    W = np.array([[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, 1.0, 0.0]])
+    head = linear_head(W)
+    probs = softmax(X @ W.T)
+    concepts = [{"food": f, "service": s} for f, s in zip(food, service)]
+    labels = probs.argmax(1)
+    train = Observed(texts=[f"t{i}" for i in range(n)], probs=probs, concepts=concepts,
+                     reps=torch.tensor(X, dtype=torch.float32), predicted=concepts, labels=labels,
+                     groups=[f"g{i // 3}" for i in range(n)])
+    model = ExplainedModel(head, 2, CONCEPTS, VALUES)
+    return model, train, X, W
+
+
+def queries_for(train: Observed, rows, aspect, c, c2) -> Queries:
+    rows = list(rows)
+    base = Observed(texts=[train.texts[i] for i in rows], probs=train.probs[rows],
+                    reps=train.reps[torch.tensor(rows)],
+                    predicted=None if train.predicted is None else [train.predicted[i] for i in rows],
+                    groups=None if train.groups is None else [train.groups[i] for i in rows])
+    return Queries(base, [aspect] * len(rows), [c] * len(rows), [c2] * len(rows))
+
+
+# ------------------------------------------------------------------------------------------- conformance
+FAST = {"conceptshap": {"epochs": 3, "hidden": 32}, "causalm": {}}
+
+
+@pytest.mark.parametrize("name", [n for n in EXPLAINERS.names() if n != "causalm"])
+def test_conformance(name, world):
+    model, train, _, _ = world
+    ex = EXPLAINERS.build({"name": name, **FAST.get(name, {})}, seed=0)
+    q = queries_for(train, range(10), "food", "Negative", "Positive")
+    with pytest.raises(NotFittedError):
+        ex.explain(q)
+    assert ex.fit(model, train) is ex
+    out = ex.explain(q)
+    assert out.shape == (10, 2) and np.isfinite(out).all()
+    again = EXPLAINERS.build({"name": name, **FAST.get(name, {})}, seed=0).fit(model, train).explain(q)
+    np.testing.assert_allclose(out, again, atol=1e-6)  # seeded: reproducible
+    if name != "tcav":  # every other estimate is a difference of two class distributions
+        np.testing.assert_allclose(out.sum(1), 0.0, atol=1e-6)
+
+
+def test_unknown_explainer_is_a_one_line_error():
+    with pytest.raises(ConfigError, match="unknown explainer 'shap'; choose from"):
+        EXPLAINERS.build({"name": "shap"})
+
+
+def test_capabilities_are_declared():
+    needs = {n: (c.needs_representation, c.needs_predicted_concepts, c.removal_only)
+             for n, c in ((n, EXPLAINERS.get(n)) for n in EXPLAINERS.names())}
+    assert needs["approx"] == (False, True, False) and needs["s_learner"] == (False, True, False)
+    assert needs["tcav"][0] and needs["conceptshap"][0] and needs["inlp"] == (True, False, True)
+    assert EXPLAINERS.get("causalm").needs_training and EXPLAINERS.get("leace").removal_only
+
+
+def test_missing_capability_input_is_an_error(world):
+    model, train, _, _ = world
+    bare = Observed(texts=train.texts, probs=train.probs, concepts=train.concepts)
+    with pytest.raises(ConfigError, match="needs the representation"):
+        EXPLAINERS.build({"name": "tcav"}).fit(model, bare)
+    with pytest.raises(ConfigError, match="needs predicted concept labels"):
+        EXPLAINERS.build({"name": "approx"}).fit(model, bare)
+
+
+# ------------------------------------------------------------------------------------------- hand-computed
+def test_random_is_a_difference_of_two_l1_normalised_uniform_vectors():
+    from cprobe.metrics.icace import cosine
+
+    ex = EXPLAINERS.build({"name": "random"}, seed=3)
+    obs = Observed(texts=["a"] * 4000, probs=np.full((4000, 3), 1 / 3))
+    ex.fit(ExplainedModel(nn.Linear(2, 3), 3, ("food",), VALUES), obs)
+    out = ex.explain(Queries(obs, ["food"] * 4000, ["Negative"] * 4000, ["Positive"] * 4000))
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(size=(4000, 3)), rng.uniform(size=(4000, 3))
+    np.testing.assert_allclose(out, b / b.sum(1, keepdims=True) - a / a.sum(1, keepdims=True))
+    # against any fixed effect the expected cosine error is 1 (the paper's Random ≈ 1.00)
+    assert abs(cosine(out, np.tile([0.5, -0.2, -0.3], (4000, 1))).mean() - 1.0) < 0.03
+
+
+def test_conexp_is_a_difference_of_group_means():
+    probs = np.array([[0.2, 0.8], [0.4, 0.6], [0.9, 0.1], [0.5, 0.5]])
+    concepts = [{"food": "Positive"}, {"food": "Positive"}, {"food": "Negative"}, {"food": "unknown"}]
+    obs = Observed(texts=list("abcd"), probs=probs, concepts=concepts)
+    ex = EXPLAINERS.build({"name": "conexp"}).fit(ExplainedModel(nn.Linear(1, 2), 2, ("food",), VALUES), obs)
+    base = Observed(texts=["x", "y"], probs=np.array([[0.5, 0.5], [0.1, 0.9]]))
+    out = ex.explain(Queries(base, ["food", "food"], ["Negative", "Positive"], ["Positive", "unknown"]))
+    np.testing.assert_allclose(out, [[0.3 - 0.9, 0.7 - 0.1], [0.5 - 0.3, 0.5 - 0.7]])  # same for every text
+
+
+def test_approx_uses_another_units_text_with_the_counterfactual_labels():
+    probs = np.array([[0.1, 0.9], [0.3, 0.7], [0.6, 0.4], [0.8, 0.2]])
+    predicted = [{"food": "Positive", "service": "Positive"},  # the match, but from the base's own unit
+                 {"food": "Positive", "service": "Positive"},  # the match from another unit
+                 {"food": "Positive", "service": "Negative"},
+                 {"food": "Negative", "service": "Positive"}]
+    train = Observed(texts=list("abcd"), probs=probs, predicted=predicted, groups=["u0", "u1", "u2", "u3"])
+    ex = EXPLAINERS.build({"name": "approx"}).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS, VALUES), train)
+    base = Observed(texts=["q"], probs=np.array([[0.75, 0.25]]), predicted=[{"food": "Negative", "service": "Positive"}],
+                    groups=["u0"])
+    out = ex.explain(Queries(base, ["food"], ["Negative"], ["Positive"]))
+    np.testing.assert_allclose(out, [[0.3 - 0.75, 0.7 - 0.25]])
+    assert ex.fallbacks_ == {"nearest": 0, "none": 0}
+    # no exact match for (food Negative, service Negative): the nearest text with food = Negative stands in
+    base2 = Observed(texts=["r"], probs=np.array([[0.5, 0.5]]), predicted=[{"food": "Positive", "service": "Negative"}],
+                     groups=["u9"])
+    out2 = ex.explain(Queries(base2, ["food"], ["Positive"], ["Negative"]))
+    np.testing.assert_allclose(out2, [[0.8 - 0.5, 0.2 - 0.5]])
+    assert ex.fallbacks_["nearest"] == 1
+
+
+def test_s_learner_is_lr_on_one_hot_concepts_evaluated_at_the_counterfactual(world):
+    from sklearn.linear_model import LogisticRegression
+
+    model, train, _, _ = world
+    ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, train)
+    q = queries_for(train, range(30), "food", "Negative", "Positive")
+    out = ex.explain(q)
+
+    def onehot(labels):
+        return np.array([[float(l[c] == v) for c in CONCEPTS for v in VALUES] for l in labels])
+
+    lr = LogisticRegression(max_iter=1000).fit(onehot(train.concepts), train.probs.argmax(1))
+    fact = [dict(p) for p in q.base.predicted]
+    cf = [dict(p, food="Positive") for p in fact]
+    np.testing.assert_allclose(out, lr.predict_proba(onehot(cf)) - lr.predict_proba(onehot(fact)), atol=1e-8)
+    # the model reads food: making it Positive raises class 1 unless it already was Positive
+    already = np.array([p["food"] == "Positive" for p in fact])
+    assert (out[~already, 1] > 0.05).all() and np.allclose(out[already], 0.0)
+
+
+def test_tcav_cav_points_to_mention_and_estimate_is_tanh_of_directional_derivative(world):
+    model, train, _, W = world
+    v = fit_cav(train.reps, train.concepts, "food", VALUES, "unknown")
+    assert v[1] > 0.9  # food-mentioned dimension, towards "mentioned"
+    ex = EXPLAINERS.build({"name": "tcav"}).fit(model, train)
+    q = queries_for(train, range(5), "food", "Negative", "unknown")
+    expected = np.tanh(W @ ex.cavs_["food"].numpy())  # a linear head: ∇ logit_k = W_k everywhere
+    np.testing.assert_allclose(ex.explain(q), np.tile(expected, (5, 1)), atol=1e-6)
+
+
+def test_directional_derivative_of_a_nonlinear_head_matches_finite_differences():
+    torch.manual_seed(0)
+    head = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    v = torch.tensor([0.6, 0.0, 0.8], dtype=torch.float64)
+    eps = 1e-6
+    fd = ((head(x + eps * v) - head(x - eps * v)) / (2 * eps)).detach().numpy()
+    np.testing.assert_allclose(directional_derivatives(head, x, v), fd, atol=1e-6)
+
+
+def test_shapley_values_hand_computed_and_efficient():
+    eta = {frozenset(): np.array([[0.0]]), frozenset({0}): np.array([[1.0]]), frozenset({1}): np.array([[2.0]]),
+           frozenset({0, 1}): np.array([[4.0]])}
+    phi = shapley_values(eta, 2)
+    np.testing.assert_allclose(phi[:, 0, 0], [0.5 * 1 + 0.5 * 2, 0.5 * 2 + 0.5 * 3])  # 1.5, 2.5
+    assert shapley_weight(0, 4) == pytest.approx(6 / 24) and shapley_weight(2, 4) == pytest.approx(2 / 24)
+    assert sum(shapley_weight(s, 4) * {0: 1, 1: 3, 2: 3, 3: 1}[s] for s in range(4)) == pytest.approx(1.0)
+
+
+def test_conceptshap_estimates_are_efficient_over_concepts(world):
+    model, train, _, _ = world
+    ex = EXPLAINERS.build({"name": "conceptshap", "epochs": 3, "hidden": 32}).fit(model, train)
+    rows = list(range(8))
+    total = sum(ex.explain(queries_for(train, rows, c, "Negative", "Positive")) for c in CONCEPTS)
+    eta = ex.eta(train.reps[torch.tensor(rows)])
+    np.testing.assert_allclose(total, eta[frozenset({0, 1})] - eta[frozenset()], atol=1e-9)
+    # mention CAVs carry no polarity, and this model decides on polarity: the concepts are not complete
+    assert ex.completeness_ < 0.3
+
+
+def test_conceptshap_completeness_when_the_model_decides_on_a_concept_direction(world):
+    _, train, X, _ = world
+    head = linear_head(np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 4.0, 0.0, 0.0]]), np.array([0.0, -2.0]))
+    probs = softmax(X @ head.weight.detach().numpy().T + head.bias.detach().numpy())
+    obs = Observed(texts=train.texts, probs=probs, concepts=train.concepts, reps=train.reps, labels=probs.argmax(1))
+    ex = EXPLAINERS.build({"name": "conceptshap", "epochs": 5, "hidden": 32}).fit(
+        ExplainedModel(head, 2, CONCEPTS, VALUES), obs)
+    assert ex.completeness_ > 0.9  # class 1 iff food is mentioned: the food CAV score alone suffices
+    q = queries_for(obs, range(20), "food", "Negative", "unknown")
+    food = ex.explain(q)
+    service = ex.explain(Queries(q.base, ["service"] * 20, ["Negative"] * 20, ["unknown"] * 20))
+    assert np.abs(food).mean() > 5 * np.abs(service).mean()  # the deciding concept gets the credit
+
+
+def test_inlp_removes_the_concept_and_ignores_c_prime(world):
+    from sklearn.linear_model import LogisticRegression
+
+    model, train, X, _ = world
+    ex = EXPLAINERS.build({"name": "inlp", "iterations": 2, "head_epochs": 0}).fit(model, train)
+    P = ex.P_["food"].numpy()
+    z = np.array([VALUES.index(c["food"]) for c in train.concepts])
+    acc = LogisticRegression(max_iter=2000).fit(X @ P, z).score(X @ P, z)
+    majority = np.bincount(z).max() / len(z)
+    assert acc < majority + 0.05  # an independent adversary cannot read food after the projection
+    q1 = queries_for(train, range(6), "food", "Negative", "Positive")
+    q2 = queries_for(train, range(6), "food", "Negative", "unknown")
+    np.testing.assert_allclose(ex.explain(q1), ex.explain(q2))
+    # with the head unchanged (0 epochs): softmax(W P φ) − softmax(W φ) by hand
+    W = model.head.weight.detach().numpy()
+    expected = softmax(X[:6] @ P @ W.T) - train.probs[:6]
+    np.testing.assert_allclose(ex.explain(q1), expected, atol=1e-5)
+
+
+def test_inlp_head_retraining_moves_the_head():
+    from cprobe.explainers.inlp import retrain_head
+
+    head = linear_head(np.zeros((2, 2)))
+    X = torch.tensor([[1.0, 0.0], [-1.0, 0.0]] * 10)
+    y = torch.tensor([1, 0] * 10)
+    new = retrain_head(head, X, y, epochs=50, lr=0.1)
+    assert (new(X).argmax(1) == y).all().item() and float(head.weight.detach().abs().sum()) == 0.0  # a copy is trained
+
+
+def test_leace_erases_linearly_and_keeps_the_head(world):
+    from sklearn.linear_model import LogisticRegression
+
+    model, train, X, W = world
+    ex = EXPLAINERS.build({"name": "leace"}).fit(model, train)
+    z = np.array([VALUES.index(c["food"]) for c in train.concepts])
+    Xe = ex.erasers_["food"].transform(train.reps).numpy()
+    acc = LogisticRegression(max_iter=2000).fit(Xe, z).score(Xe, z)
+    assert acc < np.bincount(z).max() / len(z) + 0.05
+    q = queries_for(train, range(5), "food", "Positive", "unknown")
+    np.testing.assert_allclose(ex.explain(q), softmax(Xe[:5] @ W.T) - train.probs[:5], atol=1e-5)
+    # the model reads food (weight 2): erasing it must change the prediction where food was mentioned
+    assert np.abs(ex.explain(q)).max() > 0.1
+
+
+def test_gradient_reversal_and_mutual_information():
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    (grad_reverse(x, 0.1) * torch.tensor([3.0, 4.0])).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [-0.3, -0.4])
+    a = np.array([0, 1] * 50)
+    assert mutual_information(a, a) == pytest.approx(np.log(2))
+    assert mutual_information(a, np.array([0, 0, 1, 1] * 25)) == pytest.approx(0.0, abs=1e-12)
+    assert mutual_information(a, np.full(100, -1)) == 0.0  # nothing labelled on one side
