@@ -156,6 +156,19 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     err = t[(t["kind"] == "icace_error") & (t["aspect"] == "all")]
     assert set(err["explainer"]) == {"random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"}
     assert set(err["distance"]) == {"l2", "cosine", "normdiff"} and len(err) == 4 * 8 * 3
+    # the per-pair file: true ICaCE = N(φ(x_cf)) − N(φ(x_base)); the tables' errors recomputed from it
+    from cprobe.metrics.icace import cosine, l2, normdiff
+
+    job = runs[0]
+    pairs = pd.read_parquet(job / "cebab_pairs.parquet")
+    true = np.stack(pairs["icace"])
+    np.testing.assert_allclose(true, np.stack(pairs["cf_probs"]) - np.stack(pairs["base_probs"]), atol=1e-12)
+    mine = pd.read_parquet(job / "metrics.parquet")
+    for name, fn in (("l2", l2), ("cosine", cosine), ("normdiff", normdiff)):
+        for ex in ("approx", "tcav"):
+            row = mine[(mine["kind"] == "icace_error") & (mine["explainer"] == ex) & (mine["distance"] == name)
+                       & (mine["aspect"] == "all")]
+            assert row["value"].iloc[0] == pytest.approx(fn(true, np.stack(pairs[f"estimate_{ex}"])).mean())
     # the fixture's ratings follow the sentiment words: the explained model learns them
     acc = t[(t["kind"] == "classifier") & (t["explainer"] == "explained") & (t["metric"] == "accuracy")]
     assert acc["value"].min() > 0.6

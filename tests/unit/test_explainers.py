@@ -143,6 +143,10 @@ def test_approx_uses_another_units_text_with_the_counterfactual_labels():
     out = ex.explain(Queries(base, ["food"], ["Negative"], ["Positive"]))
     np.testing.assert_allclose(out, [[0.3 - 0.75, 0.7 - 0.25]])
     assert ex.fallbacks_ == {"nearest": 0, "none": 0}
+    for seed in range(10):  # never the base's own unit, whatever the draw
+        other = EXPLAINERS.build({"name": "approx"}, seed=seed).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS,
+                                                                                  VALUES), train)
+        np.testing.assert_allclose(other.explain(Queries(base, ["food"], ["Negative"], ["Positive"])), out)
     # no exact match for (food Negative, service Negative): the nearest text with food = Negative stands in
     base2 = Observed(texts=["r"], probs=np.array([[0.5, 0.5]]), predicted=[{"food": "Positive", "service": "Negative"}],
                      groups=["u9"])
@@ -174,10 +178,12 @@ def test_s_learner_is_lr_on_one_hot_concepts_evaluated_at_the_counterfactual(wor
 def test_tcav_cav_points_to_mention_and_estimate_is_tanh_of_directional_derivative(world):
     model, train, _, W = world
     v = fit_cav(train.reps, train.concepts, "food", VALUES, "unknown")
-    assert v[1] > 0.9  # food-mentioned dimension, towards "mentioned"
-    ex = EXPLAINERS.build({"name": "tcav"}).fit(model, train)
+    assert v[1] < -0.9  # along the food-mentioned dimension, towards "not mentioned" (the public code's −coef)
+    W2 = np.array([[0.0, 1.5, 0.0, 0.0], [0.5, -2.0, 0.0, 0.0]])  # logits move along the mention direction
+    ex = EXPLAINERS.build({"name": "tcav"}).fit(ExplainedModel(linear_head(W2), 2, CONCEPTS, VALUES), train)
     q = queries_for(train, range(5), "food", "Negative", "unknown")
-    expected = np.tanh(W @ ex.cavs_["food"].numpy())  # a linear head: ∇ logit_k = W_k everywhere
+    expected = np.tanh(W2 @ ex.cavs_["food"].numpy())  # a linear head: ∇ logit_k = W_k everywhere
+    assert np.abs(expected).max() > 0.8  # tanh is far from the identity here
     np.testing.assert_allclose(ex.explain(q), np.tile(expected, (5, 1)), atol=1e-6)
 
 
@@ -242,6 +248,21 @@ def test_inlp_removes_the_concept_and_ignores_c_prime(world):
     W = model.head.weight.detach().numpy()
     expected = softmax(X[:6] @ P @ W.T) - train.probs[:6]
     np.testing.assert_allclose(ex.explain(q1), expected, atol=1e-5)
+
+
+def test_inlp_retrains_the_head_on_the_projected_representation(world):
+    from cprobe.explainers.inlp import retrain_head
+
+    model, train, X, _ = world
+    ex = EXPLAINERS.build({"name": "inlp", "iterations": 2, "head_epochs": 30, "head_lr": 0.05}).fit(model, train)
+    P = ex.P_["food"]
+    ref = retrain_head(model.head, train.reps.float() @ P, torch.as_tensor(train.labels), 30, 0.05)
+    for p, q in zip(ex.heads_["food"].parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    q = queries_for(train, range(6), "food", "Negative", "Positive")
+    with torch.no_grad():
+        expected = ref(torch.tensor(X[:6], dtype=torch.float32) @ P).softmax(-1).double().numpy() - train.probs[:6]
+    np.testing.assert_allclose(ex.explain(q), expected, atol=1e-5)
 
 
 def test_inlp_head_retraining_moves_the_head():

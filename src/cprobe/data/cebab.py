@@ -15,7 +15,8 @@ The files are CEBaB v1.1's JSON lists (``train_exclusive|train_inclusive|train_o
 **Edit pairs** (:func:`edit_pairs`, the public code's ``get_intervention_pairs``): within each original's group,
 original → edit, edit → original, and edit → edit for two edits of the same ``edit_type``; the intervened aspect
 is the edit type, ``c``/``c′`` are the two texts' validated majority labels for it, and a pair is kept only when
-both are one of Negative/Positive/unknown and differ. Both directions are kept, as the paper counts them.
+both are one of Negative/Positive/unknown and differ. Both directions are kept (the public code's rule; the
+paper's Table 3c counts do not follow from it on v1.1 — docs/cebab.md).
 """
 
 from __future__ import annotations

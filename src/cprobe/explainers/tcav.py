@@ -4,7 +4,10 @@ The concept activation vector v_C is the unit normal of a linear separator in φ
 that *mention* C (any value but the null one) and texts that do not (the null value); texts whose label is
 missing or has no majority are dropped. The paper's separator: a linear SVM trained by SGD (α = 0.01,
 tol = 1e-3, max_iter = 1000). The public code's label map sends only Positive to the mention class (Negative
-texts silently dropped); here every non-null value counts, as the paper describes.
+texts silently dropped); here every non-null value counts, as the paper describes. Orientation as the public
+code (``cav = −coef``): v_C points from "mentioned" towards "not mentioned" — the direction of a removal edit.
+The sign is a convention the paper does not state; it flips every estimate (cosine distance d ↔ 2 − d per
+pair), and since CEBaB's pairs come in both orders the mean cosine error is ≈ 1 either way.
 
 The effect estimate for class k is tanh(∇_φ N_k(φ(x)) · v_C), the directional derivative of the head's logit
 k along v_C, squashed by tanh because logits and probability differences live on different scales. It does not
@@ -26,7 +29,8 @@ from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observ
 
 def fit_cav(reps: Tensor, concepts: Sequence[dict[str, str]], concept: str, values: Sequence[str], null: str,
             seed: int = 0, alpha: float = 0.01, max_iter: int = 1000, tol: float = 1e-3) -> np.ndarray:
-    """Unit CAV (d,) of ``concept``: from "not mentioned" towards "mentioned" (hinge-loss SGD separator)."""
+    """Unit CAV (d,) of ``concept``: from "mentioned" towards "not mentioned" (hinge-loss SGD separator; the
+    public code's −coef orientation)."""
     from sklearn.linear_model import SGDClassifier
 
     y = np.array([-1 if c.get(concept) not in values else int(c[concept] != null) for c in concepts])
@@ -36,7 +40,7 @@ def fit_cav(reps: Tensor, concepts: Sequence[dict[str, str]], concept: str, valu
                         f"not-mentioned ({null}) labels")
     X = reps[torch.from_numpy(keep)].double().cpu().numpy()
     sgd = SGDClassifier(alpha=alpha, max_iter=max_iter, tol=tol, random_state=seed).fit(X, y[keep])
-    w = sgd.coef_[0]
+    w = -sgd.coef_[0]
     return w / np.linalg.norm(w)
 
 

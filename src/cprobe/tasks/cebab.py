@@ -10,7 +10,10 @@ task, cached), one seed. It writes a long table (column ``kind``):
 - ``cace`` / ``acace``: the model's CaCE per aspect × direction on the argmax class (Table 4) and ACaCE per aspect;
 - ``icace_error``: ICaCE-Error per explainer × distance, overall (``aspect = all``), per aspect, and per aspect ×
   ordered direction (Table 10, Fig. 2);
-- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks, CausaLM controls).
+- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks).
+
+``cebab_pairs.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
+true ICaCE and each explainer's estimate (vectors over classes), for analyses beyond the tables.
 
 ``report`` (per job and over a sweep) turns it into Table-10-style ``mean (std)`` tables over seeds and bar charts.
 Everything runs through the core: items (:mod:`cprobe.data.cebab`), the one model entry point
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -88,14 +91,18 @@ def validate(job: Any) -> None:
     if cfg.task not in TASKS:
         raise ConfigError(f"unknown CEBaB task {cfg.task!r}; choose from {sorted(TASKS)}")
     bad = [a for a in cfg.aspects if a not in ASPECTS]
+    if len(set(cfg.aspects)) != len(cfg.aspects):
+        raise ConfigError(f"cebab.aspects lists an aspect twice: {list(cfg.aspects)}")
     if bad or not cfg.aspects:
         raise ConfigError(f"unknown aspect(s) {bad or '[] (none given)'}; choose from {list(ASPECTS)}")
     if not cfg.explainers:
         raise ConfigError(f"cebab.explainers is empty; choose from {EXPLAINERS.names()}")
     for name in cfg.explainers:
         EXPLAINERS.get(name)
-    for name in cfg.explainer:  # settings of a registered explainer that is not selected are kept, unused
+    for name, settings in cfg.explainer.items():  # settings of a registered but unselected explainer: unused
         EXPLAINERS.get(name)
+        if not isinstance(settings, Mapping):
+            raise ConfigError(f"cebab.explainer.{name} must be a mapping of settings (e.g. {{k: 3}}), got {settings!r}")
     for name in cfg.explainers:
         EXPLAINERS.build({"name": name, **dict(cfg.explainer.get(name) or {})}, seed=0)
     for d in cfg.distances:
@@ -126,9 +133,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     for note in data.notes:
         ctx.warn(note)
     train_items, y_train = labelled(data.splits["train"], config.task)
-    pairs = [p for p in edit_pairs(data.splits[config.eval_split]) if p.intervened[0] in config.aspects]
-    if config.max_pairs is not None and len(pairs) > config.max_pairs:
-        keep = sorted(np.random.default_rng(seed).choice(len(pairs), config.max_pairs, replace=False))
+    pairs = task_pairs(data.splits[config.eval_split], config.task, config.aspects)
+    if config.max_pairs is not None and len(pairs) > config.max_pairs:  # the same pairs for every seed
+        keep = sorted(np.random.default_rng(0).choice(len(pairs), config.max_pairs, replace=False))
         pairs = [pairs[i] for i in keep]
     if not pairs:
         raise DataError(f"no edit pairs for aspects {config.aspects} in the {config.eval_split} split")
@@ -157,7 +164,11 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     ctx.timings["classify_s"] = time.perf_counter() - t0
 
     rows: list[dict[str, Any]] = []
-    common = {"model": encoder.name, "cebab_task": config.task, "train_variant": cfg["dataset"].get("train", "exclusive"),
+    from cprobe.job import config_hash
+
+    setting = {"cebab": {k: v for k, v in asdict(config).items() if k != "task"}, "model": cfg["model"],
+               "dataset": cfg["dataset"]}
+    common = {"model": encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8], "train_variant": cfg["dataset"].get("train", "exclusive"),
               "eval_split": config.eval_split}
     for split in ("dev", "test"):
         its, y = labelled(data.splits[split], config.task)
@@ -178,38 +189,80 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     rows += _cace_rows(common, pf, probs[base_idx].argmax(1), probs[cf_idx].argmax(1), config.aspects)
 
     # explainers
-    def observed(idx: Sequence[int], with_labels: bool) -> Any:
-        its = [items[i] for i in idx]
-        return Observed(
-            texts=[it.text for it in its], probs=probs[list(idx)], reps=reps[torch.as_tensor(list(idx))],
-            concepts=[{a: it.concepts.get(a, "") for a in config.aspects} for it in its],
-            predicted=None if predicted is None else [predicted[i] for i in idx],
-            labels=np.asarray(y_train) if with_labels else None,
-            groups=[str(it.meta.get("original_id", it.id)) for it in its])
-
-    train_obs = observed([index[it.id] for it in train_items], True)
+    everything = Observed(texts=[it.text for it in items], probs=probs, reps=reps,
+                          concepts=[{a: it.concepts.get(a, "") for a in config.aspects} for it in items],
+                          predicted=predicted, groups=[str(it.meta.get("original_id", it.id)) for it in items])
+    train_obs = select(everything, [index[it.id] for it in train_items])
     train_obs.labels = np.asarray(y_train)
-    base_obs = observed(base_idx.tolist(), False)
-    base_obs.concepts = None  # leakage guard: explainers see the base text's predicted, never gold, labels
-    queries = Queries(base_obs, list(pf["aspect"]), list(pf["c"]), list(pf["c_prime"]))
+    queries = pair_queries(pairs, everything, index)
     model = ExplainedModel(clf.model.head.eval(), k, tuple(config.aspects), VALUES, "unknown",
                            TrainingRegime(clf, ft.max_length, seed))
+    per_pair = pf[["pair", "aspect", "c", "c_prime", "direction", "sign"]].copy()
+    per_pair["base_probs"], per_pair["cf_probs"] = list(probs[base_idx]), list(probs[cf_idx])
+    per_pair["icace"] = list(true)
     for name in track(config.explainers, "explainers", ctx.progress):
         t0 = time.perf_counter()
         ex = EXPLAINERS.build({"name": name, **dict(config.explainer.get(name) or {})}, seed=seed,
                               device=ctx.device)
-        est = ex.fit(model, train_obs).explain(queries)
+        try:
+            est = ex.fit(model, train_obs).explain(queries)
+        except DataError as e:  # e.g. a concept value no training text has: this explainer has no estimate
+            ctx.warn(f"explainer {name} skipped: {e}")
+            continue
         ctx.timings[f"explainer_{name}_s"] = time.perf_counter() - t0
+        per_pair[f"estimate_{name}"] = list(est)
         for dist in config.distances:
             err = icace_error(true, est, dist)
             rows += _error_rows(common, name, dist, pf, err)
         rows += _explainer_info(common, name, ex)
+    _write_pairs(per_pair, ctx.out_dir / "cebab_pairs.parquet")
     table = pd.DataFrame(rows)
     for col in ("explainer", "distance", "aspect", "direction", "split", "metric"):
         if col not in table:
             table[col] = ""
         table[col] = table[col].fillna("")
     return table
+
+
+def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
+    """The split's edit pairs on ``aspects`` whose two texts both have a class under ``task`` (the public code
+    drops unlabelled rows — 3★ for 2-way, "no majority" — before it builds pairs)."""
+    return [p for p in edit_pairs(items) if p.intervened[0] in aspects
+            and encode_rating(p.base.outcome, task) is not None and encode_rating(p.source.outcome, task) is not None]
+
+
+def select(obs: Any, idx: Sequence[int]) -> Any:
+    """The rows ``idx`` of an :class:`~cprobe.explainers.Observed`."""
+    from cprobe.explainers import Observed
+
+    idx = list(idx)
+    pick = (lambda v: None if v is None else [v[i] for i in idx])
+    return Observed(texts=pick(obs.texts), probs=obs.probs[idx],
+                    reps=None if obs.reps is None else obs.reps[torch.as_tensor(idx, dtype=torch.long)],
+                    concepts=pick(obs.concepts), predicted=pick(obs.predicted),
+                    labels=None if obs.labels is None else obs.labels[idx], groups=pick(obs.groups))
+
+
+def pair_queries(pairs: Sequence[Any], everything: Any, index: dict[str, int]) -> Any:
+    """The explainers' view of the pairs: the base text only (its φ, prediction and *predicted* concept labels —
+    never gold labels, never the counterfactual: the public code's leakage guard) and the intervention."""
+    from cprobe.explainers import Queries
+
+    base = select(everything, [index[p.base.id] for p in pairs])
+    base.concepts = None
+    changes = [next(iter(p.changes.items())) for p in pairs]
+    return Queries(base, [a for a, _ in changes], [c for _, (c, _) in changes], [c2 for _, (_, c2) in changes])
+
+
+def _write_pairs(frame: pd.DataFrame, path: Path) -> None:
+    """Every evaluation pair with the model's two distributions, the true ICaCE and each explainer's estimate."""
+    import io
+
+    from cprobe.io import atomic_write_bytes
+
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def _classifier_rows(common: dict, which: str, split: str, y: np.ndarray, pred: np.ndarray, k: int,
@@ -320,8 +373,11 @@ def _mean_std(values: pd.Series) -> tuple[float, float, int]:
 
 
 def summarise(table: pd.DataFrame, kind: str, keys: Sequence[str]) -> pd.DataFrame:
-    """Mean, std (over seeds) and seed count of ``value`` for rows of ``kind``, grouped by ``keys``."""
+    """Mean, std (over seeds) and seed count of ``value`` for rows of ``kind``, grouped by ``keys`` — and by
+    ``config_id`` when the table mixes settings (a sweep over anything but the task and the seed)."""
     part = table[table["kind"] == kind]
+    if "config_id" in part and part["config_id"].nunique() > 1 and "config_id" not in keys:
+        keys = ["config_id", *keys]
     if part.empty:
         return pd.DataFrame(columns=[*keys, "mean", "std", "seeds"])
     rows = []
@@ -342,7 +398,8 @@ def error_table(table: pd.DataFrame) -> pd.DataFrame:
         return s
     s["cell"] = [_cell(m, sd) for m, sd in zip(s["mean"], s["std"])]
     order = list(dict.fromkeys(s["explainer"]))
-    wide = s.pivot_table(index=[*GROUP, "distance"], columns="explainer", values="cell", aggfunc="first", sort=False)
+    idx = [k for k in s.columns if k in ("config_id", *GROUP, "distance")]
+    wide = s.pivot_table(index=idx, columns="explainer", values="cell", aggfunc="first", sort=False)
     return wide[order].reset_index()
 
 
@@ -362,7 +419,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                        ("explainer", [*GROUP, "explainer", "metric"])):
         s = summarise(tab, kind, keys)
         if kind in ("ate", "cace", "pairs") and not s.empty:  # the paper's layout: aspect rows × direction columns
-            idx = [k for k in keys if k != "direction"]
+            idx = [k for k in s.columns if k in ("config_id", *keys) and k != "direction"]
             wide = s.pivot_table(index=idx, columns="direction", values="mean", sort=False).reset_index()
             cols = [direction_name(c, c2) for c, c2 in DIRECTIONS]
             s = wide[[*idx, *[c for c in cols if c in wide]]]
@@ -375,7 +432,8 @@ def _plot(tab: pd.DataFrame, out_dir: Path) -> None:
     s = summarise(tab[tab["direction"] == "all"], "icace_error", [*GROUP, "distance", "aspect", "explainer"])
     if s.empty:
         return
-    for key, g in s.groupby(GROUP, sort=False):
+    by = [k for k in ("config_id", *GROUP) if k in s.columns]
+    for key, g in s.groupby(by, sort=False):
         dists = list(dict.fromkeys(g["distance"]))
         explainers = list(dict.fromkeys(g["explainer"]))
         aspects = [a for a in (*ASPECTS, "all") if a in set(g["aspect"])]
@@ -392,6 +450,8 @@ def _plot(tab: pd.DataFrame, out_dir: Path) -> None:
             ax.tick_params(labelsize=9)
             ax.grid(axis="y", alpha=0.3)
         axes[0].legend(fontsize=9, ncols=2)
-        model, task, variant, split = key
-        fig.suptitle(f"CEBaB {task} · {model} · train {variant} · {split} pairs", fontsize=10)
-        save(fig, out_dir / f"cebab_icace_error_{model}_{task}.png")
+        cid = key[0] if len(key) > 4 else None
+        model, task, variant, split = key[-4:]
+        fig.suptitle(f"CEBaB {task} · {model} · train {variant} · {split} pairs" + (f" · {cid}" if cid else ""),
+                     fontsize=10)
+        save(fig, out_dir / (f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "") + ".png"))
