@@ -83,9 +83,15 @@ def test_finetuning_learns_caches_and_resumes_exactly(encoder, world, tmp_path, 
     assert not cached and not list((tmp_path / "c").glob("*.partial.safetensors"))
     for (k, v), w in zip(a.model.state_dict().items(), c.model.state_dict().values()):
         torch.testing.assert_close(v, w, atol=1e-6, rtol=1e-5, msg=lambda m: f"{k}: {m}")
-    # another seed is another model (and another cache entry)
+    # another seed is another model (and another cache entry); so are other labels for the same texts
     d, cached = finetuned_classifier(encoder, items, torch.tensor(y), 1, 2, cfg, 1, tmp_path / "a", "t", False)
     assert not cached and len(list((tmp_path / "a").glob("*.safetensors"))) == 2
+    flipped = 1 - torch.tensor(y)
+    _, cached = finetuned_classifier(encoder, items, flipped, 1, 2, FinetuneConfig(epochs=1, lr=3e-3, batch_size=8,
+                                     max_length=64), 0, tmp_path / "e", "t", False)
+    _, cached2 = finetuned_classifier(encoder, items, torch.tensor(y), 1, 2, FinetuneConfig(
+        epochs=1, lr=3e-3, batch_size=8, max_length=64), 0, tmp_path / "e", "t", False)
+    assert not cached and not cached2
 
 
 @pytest.mark.slow

@@ -140,3 +140,37 @@ def test_report_layout_mean_std_over_seeds(tmp_path):
     assert tab["random"].iloc[0] == "1.00 (0.14)" and tab["approx"].iloc[0] == "0.60 (0.14)"
     report(t, tmp_path)
     assert (tmp_path / "cebab_icace_error.md").is_file() and list(tmp_path.glob("cebab_icace_error_m_5way.png"))
+
+
+def test_task_pairs_and_queries_show_explainers_only_the_base(tmp_path):
+    from cprobe.explainers import Observed
+    from cprobe.tasks.cebab import pair_queries, task_pairs
+
+    recs = unit(1, {"food": "Positive", "service": "Negative"}, [("food", "Negative"), ("service", "Positive")])
+    recs[2]["review_majority"] = "3"  # the service edit is rated 3★: no class under 2-way
+    p = tmp_path / "dev.json"
+    p.write_text(json.dumps(recs))
+    items = read_split(p)
+    assert len(task_pairs(items, "5way", ["food", "service"])) == 4
+    pairs = task_pairs(items, "2way", ["food", "service"])
+    assert len(pairs) == 2 and all(pr.intervened == ("food",) for pr in pairs)
+    assert len(task_pairs(items, "5way", ["service"])) == 2
+    index = {it.id: i for i, it in enumerate(items)}
+    everything = Observed(texts=[it.text for it in items], probs=np.eye(3)[[0, 1, 2]],
+                          concepts=[dict(it.concepts) for it in items], predicted=[{"food": "x"}] * 3,
+                          groups=["1"] * 3)
+    q = pair_queries(pairs, everything, index)
+    assert list(q.base.texts) == [pr.base.text for pr in pairs]
+    np.testing.assert_allclose(q.base.probs, np.eye(3)[[index[pr.base.id] for pr in pairs]])
+    assert q.base.concepts is None and q.base.predicted == [{"food": "x"}] * 2  # predicted, never gold
+    assert list(zip(q.aspect, q.c, q.c_prime)) == [("food", *pr.changes["food"]) for pr in pairs]
+
+
+def test_report_keeps_different_settings_apart(tmp_path):
+    from cprobe.tasks.cebab import error_table
+
+    rows = [{"kind": "icace_error", "model": "m", "cebab_task": "5way", "train_variant": "exclusive",
+             "eval_split": "test", "explainer": "approx", "distance": "l2", "aspect": "all", "direction": "all",
+             "value": v, "n": 10, "seed": 0, "config_id": cid} for cid, v in (("aaaa", 0.5), ("bbbb", 0.9))]
+    tab = error_table(pd.DataFrame(rows))
+    assert list(tab["config_id"]) == ["aaaa", "bbbb"] and list(tab["approx"]) == ["0.50 (0.00)", "0.90 (0.00)"]

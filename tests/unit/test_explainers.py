@@ -159,7 +159,9 @@ def test_s_learner_is_lr_on_one_hot_concepts_evaluated_at_the_counterfactual(wor
     from sklearn.linear_model import LogisticRegression
 
     model, train, _, _ = world
-    ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, train)
+    noisy = Observed(texts=train.texts, probs=train.probs, concepts=train.concepts, reps=train.reps,
+                     predicted=[{"food": "unknown", "service": "unknown"}] * len(train), labels=train.labels)
+    ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, noisy)  # fit on gold labels, not predicted ones
     q = queries_for(train, range(30), "food", "Negative", "Positive")
     out = ex.explain(q)
 
@@ -241,6 +243,8 @@ def test_inlp_removes_the_concept_and_ignores_c_prime(world):
     acc = LogisticRegression(max_iter=2000).fit(X @ P, z).score(X @ P, z)
     majority = np.bincount(z).max() / len(z)
     assert acc < majority + 0.05  # an independent adversary cannot read food after the projection
+    before, after = ex.leftover_["food"]  # the explainer's own diagnostic says the same
+    assert before > 0.95 and after < majority + 0.05
     q1 = queries_for(train, range(6), "food", "Negative", "Positive")
     q2 = queries_for(train, range(6), "food", "Negative", "unknown")
     np.testing.assert_allclose(ex.explain(q1), ex.explain(q2))
@@ -284,6 +288,7 @@ def test_leace_erases_linearly_and_keeps_the_head(world):
     Xe = ex.erasers_["food"].transform(train.reps).numpy()
     acc = LogisticRegression(max_iter=2000).fit(Xe, z).score(Xe, z)
     assert acc < np.bincount(z).max() / len(z) + 0.05
+    assert ex.leftover_["food"][0] > 0.95 and ex.leftover_["food"][1] < np.bincount(z).max() / len(z) + 0.05
     q = queries_for(train, range(5), "food", "Positive", "unknown")
     np.testing.assert_allclose(ex.explain(q), softmax(Xe[:5] @ W.T) - train.probs[:5], atol=1e-5)
     # the model reads food (weight 2): erasing it must change the prediction where food was mentioned
@@ -298,3 +303,39 @@ def test_gradient_reversal_and_mutual_information():
     assert mutual_information(a, a) == pytest.approx(np.log(2))
     assert mutual_information(a, np.array([0, 0, 1, 1] * 25)) == pytest.approx(0.0, abs=1e-12)
     assert mutual_information(a, np.full(100, -1)) == 0.0  # nothing labelled on one side
+
+
+def test_causalm_objective_reverses_only_the_adversarys_gradient_into_phi():
+    from cprobe.explainers.causalm import causalm_loss
+
+    torch.manual_seed(0)
+    phi = torch.randn(6, 4, requires_grad=True)
+    target = torch.randn(6, 4)
+    adv, ctl = nn.Linear(4, 3), nn.Linear(4, 3)
+    zt, zc = torch.tensor([0, 1, 2, -1, 0, 1]), torch.tensor([2, 2, 1, 0, -1, 0])
+    loss = causalm_loss(phi, target, adv, ctl, zt, zc, adversarial_weight=0.1, preserve_weight=1.0)
+    loss.backward()
+    # by hand: each term's gradient into φ, the adversary's scaled by −λ; its own weights get the plain gradient
+    p2 = phi.detach().clone().requires_grad_(True)
+    keep = nn.functional.mse_loss(p2, target) + nn.functional.cross_entropy(ctl(p2), zc, ignore_index=-1)
+    g_keep, = torch.autograd.grad(keep, p2)
+    p3 = phi.detach().clone().requires_grad_(True)
+    adv_loss = nn.functional.cross_entropy(adv(p3), zt, ignore_index=-1)
+    g_adv, = torch.autograd.grad(adv_loss, p3)
+    torch.testing.assert_close(phi.grad, g_keep - 0.1 * g_adv)
+    w_grad, = torch.autograd.grad(nn.functional.cross_entropy(adv(phi.detach()), zt, ignore_index=-1), adv.weight)
+    torch.testing.assert_close(adv.weight.grad, w_grad)
+    assert float(loss.detach()) == pytest.approx(float((keep + adv_loss).detach()), rel=1e-6)
+
+
+def test_probe_accuracy_by_hand():
+    from cprobe.explainers.base import probe_accuracy
+
+    X = np.array([[0.0], [0.1], [0.2], [1.0], [1.1], [1.2]] * 3)
+    z = np.array([0, 0, 0, 1, 1, 1] * 3)
+    assert probe_accuracy(X, z) == 1.0
+    assert probe_accuracy(np.zeros((18, 1)), z) == pytest.approx(0.5, abs=0.2)  # nothing to read
+    assert np.isnan(probe_accuracy(X, np.zeros(18, dtype=int)))  # one class: undefined
+    z2 = z.copy()
+    z2[:6] = -1  # unlabelled rows are ignored
+    assert probe_accuracy(X, z2) == 1.0

@@ -164,3 +164,19 @@ EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")
 def concept_targets(concepts: Sequence[dict[str, str]], concept: str, values: Sequence[str]) -> np.ndarray:
     """Class index of ``concept`` per row in ``values`` (−1 where the label is missing / no majority)."""
     return np.array([values.index(c[concept]) if c.get(concept) in values else -1 for c in concepts], dtype=np.int64)
+
+
+def probe_accuracy(X: Tensor | np.ndarray, z: np.ndarray, seed: int = 0, folds: int = 3) -> float:
+    """Cross-validated accuracy of a fresh scikit-learn logistic regression reading labels ``z`` (≥ 0) from X —
+    an independent check of how much of a concept a removal explainer left (−1 labels ignored)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+    X = X.detach().cpu().double().numpy() if isinstance(X, Tensor) else np.asarray(X, dtype=np.float64)
+    keep = np.asarray(z) >= 0
+    Xk, zk = X[keep], np.asarray(z)[keep]
+    _, counts = np.unique(zk, return_counts=True)
+    if len(counts) < 2 or counts.min() < folds:
+        return float("nan")
+    cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    return float(cross_val_score(LogisticRegression(max_iter=2000), Xk, zk, cv=cv).mean())

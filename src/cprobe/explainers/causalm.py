@@ -12,7 +12,9 @@ lr 1e-3, 50 epochs, batch 256) and the estimate is the TReITE
 
 which models removal only (``c′ = unknown``). Cost: ``epochs`` full passes of the encoder per concept — the
 most expensive explainer by far (docs/cebab.md has the measured time); it is therefore not in the default
-explainer list and runs with ``cebab.explainers=[...,causalm]``.
+explainer list and runs with ``cebab.explainers=[...,causalm]``. ``leftover_[C]`` = (accuracy before, after) of a
+fresh cross-validated logistic probe for C on the training φ and φ_C^CF (``diagnose``): adversarial removal is
+leaky (Elazar & Goldberg 2018), and this says how much of C is left.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
-from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets
+from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
+                                    probe_accuracy)
 from cprobe.explainers.inlp import retrain_head
 
 
@@ -44,6 +47,22 @@ class _Reverse(torch.autograd.Function):
 def grad_reverse(x: Tensor, lam: float = 1.0) -> Tensor:
     """Identity forward; multiplies the gradient by −λ backward (Ganin & Lempitsky's gradient reversal)."""
     return _Reverse.apply(x, lam)
+
+
+def causalm_loss(phi: Tensor, target: Tensor, adv: nn.Module, ctl: nn.Module, z_treated: Tensor,
+                 z_control: Tensor | None, adversarial_weight: float, preserve_weight: float) -> Tensor:
+    """One batch's objective: preserve·MSE(φ, φ_factual) + CE(adv(GRL_λ(φ)), C) + CE(ctl(φ), control).
+
+    Minimising it trains both heads to predict their concept while the encoder gets −λ times the adversary's
+    gradient (it moves φ to make the adversary wrong). Labels of −1 are ignored; a term with no labelled row is 0.
+    """
+    loss = preserve_weight * nn.functional.mse_loss(phi, target)
+    if bool((z_treated >= 0).any()):
+        loss = loss + nn.functional.cross_entropy(adv(grad_reverse(phi, adversarial_weight)), z_treated,
+                                                  ignore_index=-1)
+    if z_control is not None and bool((z_control >= 0).any()):
+        loss = loss + nn.functional.cross_entropy(ctl(phi), z_control, ignore_index=-1)
+    return loss
 
 
 def mutual_information(a: np.ndarray, b: np.ndarray) -> float:
@@ -68,12 +87,13 @@ class CausaLM(Explainer):
 
     def __init__(self, epochs: int = 3, lr: float = 2e-5, batch_size: int = 48, adversarial_weight: float = 0.1,
                  preserve_weight: float = 1.0, head_epochs: int = 50, head_lr: float = 1e-3,
-                 head_batch_size: int = 256, seed: int = 0) -> None:
+                 head_batch_size: int = 256, seed: int = 0, diagnose: bool = True) -> None:
         if epochs < 1 or batch_size < 1:
             raise ConfigError("causalm: epochs and batch_size must be >= 1")
         self.epochs, self.lr, self.batch_size = epochs, lr, batch_size
         self.adversarial_weight, self.preserve_weight = adversarial_weight, preserve_weight
         self.head_epochs, self.head_lr, self.head_batch_size, self.seed = head_epochs, head_lr, head_batch_size, seed
+        self.diagnose = diagnose
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         if model.regime is None or train.concepts is None or train.reps is None:
@@ -81,7 +101,7 @@ class CausaLM(Explainer):
         self.model_ = model
         y = np.asarray(train.labels if train.labels is not None else train.probs.argmax(1))
         labels = {c: concept_targets(train.concepts, c, model.values) for c in model.concepts}
-        self.encoders_, self.heads_, self.control_ = {}, {}, {}
+        self.encoders_, self.heads_, self.control_, self.leftover_ = {}, {}, {}, {}
         for concept in model.concepts:
             others = [c for c in model.concepts if c != concept]
             control = max(others, key=lambda o: mutual_information(labels[concept], labels[o])) if others else None
@@ -90,6 +110,9 @@ class CausaLM(Explainer):
                                                labels[control] if control else None, len(model.values))
             self.encoders_[concept] = enc
             X = self._features(enc, list(train.texts))
+            if self.diagnose:
+                self.leftover_[concept] = (probe_accuracy(train.reps, labels[concept], self.seed),
+                                           probe_accuracy(X, labels[concept], self.seed))
             keep = torch.from_numpy(y >= 0)
             self.heads_[concept] = retrain_head(model.head, X[keep], torch.from_numpy(y)[keep], self.head_epochs,
                                                 self.head_lr, self.head_batch_size, self.seed)
@@ -127,13 +150,9 @@ class CausaLM(Explainer):
                     rows = order[s: s + self.batch_size]
                     batch = fmt([items[int(i)] for i in rows], adapter, rows).to(dev)
                     phi = clf.features(batch.input_ids, batch.attention_mask).float()
-                    loss = self.preserve_weight * nn.functional.mse_loss(phi, target[rows].to(dev))
-                    zt = t_z[rows].to(dev)
-                    if bool((zt >= 0).any()):
-                        loss = loss + nn.functional.cross_entropy(adv(grad_reverse(phi, self.adversarial_weight)),
-                                                                  zt, ignore_index=-1)
-                    if c_z is not None and bool((c_z[rows] >= 0).any()):
-                        loss = loss + nn.functional.cross_entropy(ctl(phi), c_z[rows].to(dev), ignore_index=-1)
+                    loss = causalm_loss(phi, target[rows].to(dev), adv, ctl, t_z[rows].to(dev),
+                                        None if c_z is None else c_z[rows].to(dev), self.adversarial_weight,
+                                        self.preserve_weight)
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()

@@ -5,7 +5,8 @@ the paper found them to behave like its SGD SVMs) removes C's 3-way label from �
 (one-vs-rest: k directions per round for k > 2 classes; the paper's 10 rounds), giving the projection P; a copy of
 the explained head is then re-trained on P·φ of the training split (the paper's 5 epochs of Adam at lr 2e-5, full
 batch, as the public code) and the estimate is softmax N′(P φ(x)) − softmax N(φ(x)). It models only the
-removal of C (``c′ = unknown``) and returns the same estimate whatever c′ is.
+removal of C (``c′ = unknown``) and returns the same estimate whatever c′ is. With ``diagnose`` (default),
+``leftover_[C]`` = (accuracy before, after) of a fresh cross-validated logistic probe for C on the training φ.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch
 from torch import nn
 
 from cprobe.errors import ConfigError
-from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets
+from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
+                                    probe_accuracy)
 
 
 def retrain_head(head: nn.Module, X: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
@@ -56,11 +58,13 @@ class INLPExplainer(Explainer):
     removal_only = True
 
     def __init__(self, iterations: int = 10, head_epochs: int = 5, head_lr: float = 2e-5,
-                 head_batch_size: int | None = None, seed: int = 0, device: str | None = None) -> None:
+                 head_batch_size: int | None = None, seed: int = 0, device: str | None = None,
+                 diagnose: bool = True) -> None:
         if iterations < 1:
             raise ConfigError(f"inlp: iterations must be >= 1, got {iterations}")
         self.iterations, self.head_epochs, self.head_lr = iterations, head_epochs, head_lr
         self.head_batch_size, self.seed, self.device = head_batch_size, seed, device
+        self.diagnose = diagnose
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         from cprobe.interventions.inlp import INLP
@@ -68,7 +72,7 @@ class INLPExplainer(Explainer):
         assert train.reps is not None and train.concepts is not None
         self.model_ = model
         y = np.asarray(train.labels if train.labels is not None else train.probs.argmax(1))
-        self.P_, self.heads_ = {}, {}
+        self.P_, self.heads_, self.leftover_ = {}, {}, {}
         for concept in model.concepts:
             z = concept_targets(train.concepts, concept, model.values)
             rows = torch.from_numpy(np.flatnonzero(z >= 0))
@@ -78,6 +82,8 @@ class INLPExplainer(Explainer):
             inlp = INLP(rank=rank, device=self.device).fit(train.reps[rows].float(), zz)
             self.P_[concept] = inlp.P.cpu()
             X = train.reps.float() @ self.P_[concept]
+            if self.diagnose:
+                self.leftover_[concept] = (probe_accuracy(train.reps, z, self.seed), probe_accuracy(X, z, self.seed))
             keep = torch.from_numpy(y >= 0)
             self.heads_[concept] = retrain_head(model.head, X[keep], torch.from_numpy(y)[keep], self.head_epochs,
                                                 self.head_lr, self.head_batch_size, self.seed)

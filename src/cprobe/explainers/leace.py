@@ -1,7 +1,8 @@
 """LEACE as an explainer (beyond the CEBaB paper; Belrose et al. 2023): per concept C, the project's LEACE
 eraser (:class:`cprobe.interventions.leace.LEACE`) fit on φ of the training split against C's 3-way label;
 the estimate is softmax N(E(φ(x))) − softmax N(φ(x)) with the explained head unchanged — what the model does
-once no linear readout of C is left. Like INLP it models removal only."""
+once no linear readout of C is left. Like INLP it models removal only; ``leftover_[C]`` = (accuracy before,
+after) of a fresh cross-validated logistic probe for C on the training φ (``diagnose``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Self
 import numpy as np
 import torch
 
-from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets
+from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
+                                    probe_accuracy)
 
 
 @EXPLAINERS.register("leace")
@@ -19,16 +21,22 @@ class LEACEExplainer(Explainer):
     needs_representation = True
     removal_only = True
 
+    def __init__(self, seed: int = 0, diagnose: bool = True) -> None:
+        self.seed, self.diagnose = seed, diagnose
+
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         from cprobe.interventions.leace import LEACE
 
         assert train.reps is not None and train.concepts is not None
         self.model_ = model
-        self.erasers_ = {}
+        self.erasers_, self.leftover_ = {}, {}
         for concept in model.concepts:
             z = concept_targets(train.concepts, concept, model.values)
             rows = torch.from_numpy(np.flatnonzero(z >= 0))
             self.erasers_[concept] = LEACE().fit(train.reps[rows].float(), torch.from_numpy(z)[rows])
+            if self.diagnose:
+                erased = self.erasers_[concept].transform(train.reps.float())
+                self.leftover_[concept] = (probe_accuracy(train.reps, z, self.seed), probe_accuracy(erased, z, self.seed))
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:

@@ -10,7 +10,8 @@ task, cached), one seed. It writes a long table (column ``kind``):
 - ``cace`` / ``acace``: the model's CaCE per aspect × direction on the argmax class (Table 4) and ACaCE per aspect;
 - ``icace_error``: ICaCE-Error per explainer × distance, overall (``aspect = all``), per aspect, and per aspect ×
   ordered direction (Table 10, Fig. 2);
-- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks).
+- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks, and for the removal
+  explainers a fresh cross-validated probe's accuracy for the removed concept before and after).
 
 ``cebab_pairs.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
 true ICaCE and each explainer's estimate (vectors over classes), for analyses beyond the tables.
@@ -360,6 +361,12 @@ def _explainer_info(common: dict, name: str, ex: Any) -> list[dict]:
         out.append({**base, "metric": "completeness", "value": float(ex.completeness_)})
     for k, v in getattr(ex, "fallbacks_", {}).items():
         out.append({**base, "metric": f"fallback_{k}", "value": float(v)})
+    for concept, (before, after) in getattr(ex, "leftover_", {}).items():  # a fresh probe for the removed concept
+        out.append({**base, "aspect": concept, "metric": "concept_probe_before", "value": before})
+        out.append({**base, "aspect": concept, "metric": "concept_probe_after", "value": after})
+    if hasattr(ex, "control_"):
+        ctx_concepts = ", ".join(f"{k}: {v}" for k, v in ex.control_.items())
+        log.info("causalm control concepts: %s", ctx_concepts)
     return out
 
 
@@ -416,7 +423,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                        ("pairs", ["eval_split", "aspect", "direction"]),
                        ("cace", [*GROUP, "aspect", "direction"]), ("acace", [*GROUP, "aspect"]),
                        ("classifier", [*GROUP, "explainer", "split", "aspect", "metric"]),
-                       ("explainer", [*GROUP, "explainer", "metric"])):
+                       ("explainer", [*GROUP, "explainer", "aspect", "metric"])):
         s = summarise(tab, kind, keys)
         if kind in ("ate", "cace", "pairs") and not s.empty:  # the paper's layout: aspect rows × direction columns
             idx = [k for k in s.columns if k in ("config_id", *keys) and k != "direction"]
