@@ -18,7 +18,7 @@ class attributes, say what a study must compute for an explainer — callers dis
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -159,6 +159,23 @@ def check_inputs(explainer: Explainer, obs: Observed, what: str) -> None:
 
 
 EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")
+
+
+def per_concept(queries: Queries, n_classes: int, concepts: Sequence[str],
+                estimate: Callable[[str, np.ndarray], np.ndarray]) -> np.ndarray:
+    """(n, K) estimates filled concept by concept: ``estimate(concept, rows)`` for the query rows about it."""
+    out = np.zeros((len(queries), n_classes))
+    aspects = np.asarray(queries.aspect)
+    for concept in concepts:
+        rows = np.flatnonzero(aspects == concept)
+        if len(rows):
+            out[rows] = estimate(concept, rows)
+    return out
+
+
+def rows_of(reps: Tensor, rows: np.ndarray) -> Tensor:
+    """The float32 representations of ``rows``."""
+    return reps[torch.from_numpy(rows)].float()
 
 
 def concept_targets(concepts: Sequence[dict[str, str]], concept: str, values: Sequence[str]) -> np.ndarray:

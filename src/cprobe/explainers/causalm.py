@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
-                                    probe_accuracy)
+                                    per_concept, probe_accuracy)
 from cprobe.explainers.inlp import retrain_head
 
 
@@ -174,12 +174,9 @@ class CausaLM(Explainer):
         return phi
 
     def explain(self, queries: Queries) -> np.ndarray:
-        out = np.zeros((len(queries), self.n_classes_))
-        aspects = np.asarray(queries.aspect)
-        for concept, enc in self.encoders_.items():
-            rows = np.flatnonzero(aspects == concept)
-            if len(rows):
-                X = self._features(enc, [queries.base.texts[i] for i in rows])
-                head = ExplainedModel(self.heads_[concept], self.n_classes_, (), ())
-                out[rows] = head.head_probs(X) - queries.base.probs[rows]
-        return out
+        def estimate(concept: str, rows: np.ndarray) -> np.ndarray:
+            X = self._features(self.encoders_[concept], [queries.base.texts[i] for i in rows])
+            head = ExplainedModel(self.heads_[concept], self.n_classes_, (), ())
+            return head.head_probs(X) - queries.base.probs[rows]
+
+        return per_concept(queries, self.n_classes_, list(self.encoders_), estimate)

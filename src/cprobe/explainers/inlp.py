@@ -20,7 +20,7 @@ from torch import nn
 
 from cprobe.errors import ConfigError
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
-                                    probe_accuracy)
+                                    per_concept, probe_accuracy, rows_of)
 
 
 def retrain_head(head: nn.Module, X: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
@@ -90,13 +90,11 @@ class INLPExplainer(Explainer):
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:
-        assert queries.base.reps is not None
-        out = np.zeros((len(queries), self.n_classes_))
-        aspects = np.asarray(queries.aspect)
-        for concept, P in self.P_.items():
-            rows = np.flatnonzero(aspects == concept)
-            if len(rows):
-                X = queries.base.reps[torch.from_numpy(rows)].float()
-                head = ExplainedModel(self.heads_[concept], self.n_classes_, (), ())
-                out[rows] = head.head_probs(X @ P) - queries.base.probs[rows]
-        return out
+        reps = queries.base.reps
+        assert reps is not None
+
+        def estimate(concept: str, rows: np.ndarray) -> np.ndarray:
+            head = ExplainedModel(self.heads_[concept], self.n_classes_, (), ())
+            return head.head_probs(rows_of(reps, rows) @ self.P_[concept]) - queries.base.probs[rows]
+
+        return per_concept(queries, self.n_classes_, list(self.P_), estimate)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
-                                    probe_accuracy)
+                                    per_concept, probe_accuracy, rows_of)
 
 
 @EXPLAINERS.register("leace")
@@ -40,12 +40,11 @@ class LEACEExplainer(Explainer):
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:
-        assert queries.base.reps is not None
-        out = np.zeros((len(queries), self.n_classes_))
-        aspects = np.asarray(queries.aspect)
-        for concept, eraser in self.erasers_.items():
-            rows = np.flatnonzero(aspects == concept)
-            if len(rows):
-                X = queries.base.reps[torch.from_numpy(rows)].float()
-                out[rows] = self.model_.head_probs(eraser.transform(X)) - queries.base.probs[rows]
-        return out
+        reps = queries.base.reps
+        assert reps is not None
+
+        def estimate(concept: str, rows: np.ndarray) -> np.ndarray:
+            erased = self.erasers_[concept].transform(rows_of(reps, rows))
+            return self.model_.head_probs(erased) - queries.base.probs[rows]
+
+        return per_concept(queries, self.n_classes_, list(self.erasers_), estimate)

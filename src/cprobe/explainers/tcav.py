@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import DataError
-from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
+from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, per_concept, rows_of
 
 
 def fit_cav(reps: Tensor, concepts: Sequence[dict[str, str]], concept: str, values: Sequence[str], null: str,
@@ -79,11 +79,7 @@ class TCAV(Explainer):
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:
-        assert queries.base.reps is not None
-        out = np.zeros((len(queries), self.n_classes_))
-        aspects = np.asarray(queries.aspect)
-        for c, v in self.cavs_.items():
-            rows = np.flatnonzero(aspects == c)
-            if len(rows):
-                out[rows] = np.tanh(directional_derivatives(self.head_, queries.base.reps[torch.from_numpy(rows)], v))
-        return out
+        reps = queries.base.reps
+        assert reps is not None
+        return per_concept(queries, self.n_classes_, list(self.cavs_), lambda c, rows: np.tanh(
+            directional_derivatives(self.head_, rows_of(reps, rows), self.cavs_[c])))

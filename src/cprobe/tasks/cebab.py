@@ -123,7 +123,7 @@ def validate(job: Any) -> None:
 # ----------------------------------------------------------------------------------------------- the job
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     from cprobe.data.registry import load_dataset
-    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed, Queries
+    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
     from cprobe.explainers.base import TrainingRegime
 
     cfg, seed = ctx.cfg, ctx.seed
