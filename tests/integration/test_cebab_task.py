@@ -175,6 +175,12 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
             row = mine[(mine["kind"] == "icace_error") & (mine["explainer"] == ex) & (mine["distance"] == name)
                        & (mine["aspect"] == "all")]
             assert row["value"].iloc[0] == pytest.approx(fn(true, np.stack(pairs[f"estimate_{ex}"])).mean())
+    # the model's CaCE (argmax class) recomputed from the per-pair file
+    shift = pairs["sign"] * (np.stack(pairs["cf_probs"]).argmax(1) - np.stack(pairs["base_probs"]).argmax(1))
+    expected = shift.groupby([pairs["aspect"], pairs["direction"]]).mean()
+    cace = mine[mine["kind"] == "cace"].dropna(subset=["value"]).set_index(["aspect", "direction"])["value"]
+    for key, v in expected.items():
+        assert cace[key] == pytest.approx(v)
     # the fixture's ratings follow the sentiment words: the explained model learns them
     acc = t[(t["kind"] == "classifier") & (t["explainer"] == "explained") & (t["metric"] == "accuracy")]
     assert acc["value"].min() > 0.6

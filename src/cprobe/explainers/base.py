@@ -186,8 +186,13 @@ def concept_targets(concepts: Sequence[dict[str, str]], concept: str, values: Se
 def probe_accuracy(X: Tensor | np.ndarray, z: np.ndarray, seed: int = 0, folds: int = 3) -> float:
     """Cross-validated accuracy of a fresh scikit-learn logistic regression reading labels ``z`` (≥ 0) from X —
     an independent check of how much of a concept a removal explainer left (−1 labels ignored)."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     X = X.detach().cpu().double().numpy() if isinstance(X, Tensor) else np.asarray(X, dtype=np.float64)
     keep = np.asarray(z) >= 0
@@ -196,4 +201,8 @@ def probe_accuracy(X: Tensor | np.ndarray, z: np.ndarray, seed: int = 0, folds: 
     if len(counts) < 2 or counts.min() < folds:
         return float("nan")
     cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    return float(cross_val_score(LogisticRegression(max_iter=2000), Xk, zk, cv=cv).mean())
+    # standardised features and Newton steps: 2 s instead of 12 s for three folds of 1.1k × 384 on 2 cores
+    probe = make_pipeline(StandardScaler(), LogisticRegression(solver="newton-cholesky", max_iter=100))
+    with warnings.catch_warnings():  # separable folds make the Newton line search give up (it falls back to lbfgs)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return float(cross_val_score(probe, Xk, zk, cv=cv).mean())
