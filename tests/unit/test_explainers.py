@@ -341,3 +341,11 @@ def test_probe_accuracy_by_hand():
     z2 = z.copy()
     z2[:6] = -1  # unlabelled rows are ignored
     assert probe_accuracy(X, z2) == 1.0
+
+
+def test_s_learner_of_a_model_that_predicts_one_class_sees_no_effect(world):
+    model, train, _, _ = world
+    flat = Observed(texts=train.texts, probs=np.tile([0.3, 0.7], (len(train), 1)), concepts=train.concepts,
+                    predicted=train.predicted)
+    ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, flat)
+    np.testing.assert_allclose(ex.explain(queries_for(train, range(4), "food", "Negative", "Positive")), 0.0)

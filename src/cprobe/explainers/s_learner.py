@@ -40,11 +40,16 @@ class SLearner(Explainer):
         self.concepts_, self.values_, self.null_ = model.concepts, model.values, model.null_value
         labels = train.concepts if train.concepts is not None else train.predicted
         y = train.probs.argmax(1)
-        self.lr_ = LogisticRegression(C=self.C, max_iter=self.max_iter).fit(self._features(labels), y)
+        self.constant_ = int(y[0]) if len(np.unique(y)) == 1 else None  # the model predicts one class: no effect
+        self.lr_ = None if self.constant_ is not None else LogisticRegression(
+            C=self.C, max_iter=self.max_iter).fit(self._features(labels), y)
         return self
 
     def _proba(self, X: np.ndarray) -> np.ndarray:
         p = np.zeros((len(X), self.n_classes_))
+        if self.lr_ is None:
+            p[:, self.constant_] = 1.0
+            return p
         p[:, self.lr_.classes_] = self.lr_.predict_proba(X)  # classes the model never predicted get 0
         return p
 

@@ -13,7 +13,7 @@ task, cached), one seed. It writes a long table (column ``kind``):
 - ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks, and for the removal
   explainers a fresh cross-validated probe's accuracy for the removed concept before and after).
 
-``cebab_pairs.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
+``cebab_pair_effects.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
 true ICaCE and each explainer's estimate (vectors over classes), for analyses beyond the tables.
 
 ``report`` (per job and over a sweep) turns it into Table-10-style ``mean (std)`` tables over seeds and bar charts.
@@ -216,7 +216,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             err = icace_error(true, est, dist)
             rows += _error_rows(common, name, dist, pf, err)
         rows += _explainer_info(common, name, ex)
-    _write_pairs(per_pair, ctx.out_dir / "cebab_pairs.parquet")
+    _write_pairs(per_pair, ctx.out_dir / "cebab_pair_effects.parquet")
     table = pd.DataFrame(rows)
     for col in ("explainer", "distance", "aspect", "direction", "split", "metric"):
         if col not in table:
