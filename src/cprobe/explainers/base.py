@@ -55,6 +55,18 @@ class Observed:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def take(self, idx: Sequence[int]) -> Observed:
+        """The rows ``idx``, every field that is set."""
+        idx = list(idx)
+
+        def pick(v: Sequence[Any] | None) -> list[Any] | None:
+            return None if v is None else [v[i] for i in idx]
+
+        return Observed(texts=pick(self.texts), probs=self.probs[idx],
+                        reps=None if self.reps is None else self.reps[torch.as_tensor(idx, dtype=torch.long)],
+                        concepts=pick(self.concepts), predicted=pick(self.predicted),
+                        labels=None if self.labels is None else self.labels[idx], groups=pick(self.groups))
+
 
 @dataclass
 class Queries:

@@ -36,7 +36,8 @@ class LEACEExplainer(Explainer):
             self.erasers_[concept] = LEACE().fit(train.reps[rows].float(), torch.from_numpy(z)[rows])
             if self.diagnose:
                 erased = self.erasers_[concept].transform(train.reps.float())
-                self.leftover_[concept] = (probe_accuracy(train.reps, z, self.seed), probe_accuracy(erased, z, self.seed))
+                self.leftover_[concept] = (probe_accuracy(train.reps, z, self.seed),
+                                           probe_accuracy(erased, z, self.seed))
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:

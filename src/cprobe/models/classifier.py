@@ -104,7 +104,8 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.max_length < 2 or self.lr <= 0:
-            raise ValueError(f"bad fine-tuning settings {asdict(self)}: epochs, batch_size >= 1, max_length >= 2, lr > 0")
+            raise ValueError(f"bad fine-tuning settings {asdict(self)}: epochs, batch_size >= 1, max_length >= 2, "
+                             "lr > 0")
         if not 0 <= self.warmup < 1 or not 0 <= self.dropout < 1:
             raise ValueError("warmup and dropout must lie in [0, 1)")
 
@@ -169,7 +170,7 @@ def _train(adapter: ModelAdapter, items: Sequence[TextItem], targets: Tensor, n_
 
     model = adapter.model
     fmt = ClassificationFormatter(cfg.max_length)
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     for p in params:
         p.requires_grad_(True)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

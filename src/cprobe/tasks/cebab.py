@@ -167,10 +167,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
     from cprobe.job import config_hash
 
-    setting = {"cebab": {k: v for k, v in asdict(config).items() if k != "task"}, "model": cfg["model"],
-               "dataset": cfg["dataset"]}
-    common = {"model": encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8], "train_variant": cfg["dataset"].get("train", "exclusive"),
-              "eval_split": config.eval_split}
+    setting = {"cebab": {key: v for key, v in asdict(config).items() if key != "task"}, "model": cfg["model"],
+               "dataset": cfg["dataset"]}  # everything but the task and the seed: sweeps over it stay apart
+    common = {"model": encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8],
+              "train_variant": cfg["dataset"].get("train", "exclusive"), "eval_split": config.eval_split}
     for split in ("dev", "test"):
         its, y = labelled(data.splits[split], config.task)
         pred = probs[[index[it.id] for it in its]].argmax(1)
@@ -193,7 +193,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     everything = Observed(texts=[it.text for it in items], probs=probs, reps=reps,
                           concepts=[{a: it.concepts.get(a, "") for a in config.aspects} for it in items],
                           predicted=predicted, groups=[str(it.meta.get("original_id", it.id)) for it in items])
-    train_obs = select(everything, [index[it.id] for it in train_items])
+    train_obs = everything.take([index[it.id] for it in train_items])
     train_obs.labels = np.asarray(y_train)
     queries = pair_queries(pairs, everything, index)
     model = ExplainedModel(clf.model.head.eval(), k, tuple(config.aspects), VALUES, "unknown",
@@ -232,24 +232,12 @@ def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
             and encode_rating(p.base.outcome, task) is not None and encode_rating(p.source.outcome, task) is not None]
 
 
-def select(obs: Any, idx: Sequence[int]) -> Any:
-    """The rows ``idx`` of an :class:`~cprobe.explainers.Observed`."""
-    from cprobe.explainers import Observed
-
-    idx = list(idx)
-    pick = (lambda v: None if v is None else [v[i] for i in idx])
-    return Observed(texts=pick(obs.texts), probs=obs.probs[idx],
-                    reps=None if obs.reps is None else obs.reps[torch.as_tensor(idx, dtype=torch.long)],
-                    concepts=pick(obs.concepts), predicted=pick(obs.predicted),
-                    labels=None if obs.labels is None else obs.labels[idx], groups=pick(obs.groups))
-
-
 def pair_queries(pairs: Sequence[Any], everything: Any, index: dict[str, int]) -> Any:
     """The explainers' view of the pairs: the base text only (its φ, prediction and *predicted* concept labels —
     never gold labels, never the counterfactual: the public code's leakage guard) and the intervention."""
     from cprobe.explainers import Queries
 
-    base = select(everything, [index[p.base.id] for p in pairs])
+    base = everything.take([index[p.base.id] for p in pairs])
     base.concepts = None
     changes = [next(iter(p.changes.items())) for p in pairs]
     return Queries(base, [a for a, _ in changes], [c for _, (c, _) in changes], [c2 for _, (_, c2) in changes])
