@@ -47,9 +47,13 @@ def world():
     probs = softmax(X @ W.T)
     concepts = [{"food": f, "service": s} for f, s in zip(food, service)]
     labels = probs.argmax(1)
+    reps = torch.tensor(X, dtype=torch.float32)
+    onehot = np.concatenate([(np.array(food)[:, None] == np.array(VALUES)), (np.array(service)[:, None] ==
+                             np.array(VALUES))], axis=1).astype(float)
     train = Observed(texts=[f"t{i}" for i in range(n)], probs=probs, concepts=concepts,
-                     reps=torch.tensor(X, dtype=torch.float32), predicted=concepts, labels=labels,
-                     groups=[f"g{i // 3}" for i in range(n)])
+                     reps=reps, predicted=concepts, labels=labels,
+                     groups=[f"g{i // 3}" for i in range(n)], embeddings={"st": reps, "pt": reps, "ft": reps},
+                     concept_probs=onehot)
     model = ExplainedModel(head, 2, CONCEPTS, VALUES)
     return model, train, X, W
 
@@ -59,7 +63,10 @@ def queries_for(train: Observed, rows, aspect, c, c2) -> Queries:
     base = Observed(texts=[train.texts[i] for i in rows], probs=train.probs[rows],
                     reps=train.reps[torch.tensor(rows)],
                     predicted=None if train.predicted is None else [train.predicted[i] for i in rows],
-                    groups=None if train.groups is None else [train.groups[i] for i in rows])
+                    groups=None if train.groups is None else [train.groups[i] for i in rows],
+                    embeddings=None if train.embeddings is None else {k: v[torch.tensor(rows)] for k, v in
+                                                                      train.embeddings.items()},
+                    concept_probs=None if train.concept_probs is None else train.concept_probs[rows])
     return Queries(base, [aspect] * len(rows), [c] * len(rows), [c2] * len(rows))
 
 
@@ -349,3 +356,50 @@ def test_s_learner_of_a_model_that_predicts_one_class_sees_no_effect(world):
                     predicted=train.predicted)
     ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, flat)
     np.testing.assert_allclose(ex.explain(queries_for(train, range(4), "food", "Negative", "Positive")), 0.0)
+
+
+# ------------------------------------------------------------------------------------------- matching (LIBERTy)
+def _matching_world():
+    """Pool of 6 texts on a circle; concept "c" ∈ {"0", "1"}; the query sits at angle 0."""
+    ang = np.array([0.1, 0.2, 0.3, 1.0, 2.0, 0.15])
+    E = torch.tensor(np.stack([np.cos(ang), np.sin(ang)], 1), dtype=torch.float32)
+    probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.1, 0.9]])
+    concepts = [{"c": v} for v in ("1", "1", "0", "1", "1", "1")]
+    groups = ["u0", "u1", "u2", "u3", "u4", "me"]
+    pool = Observed(texts=list("abcdef"), probs=probs, concepts=concepts, groups=groups,
+                    embeddings={"ft": E, "st": E, "pt": E}, concept_probs=E.double().numpy())
+    model = ExplainedModel(nn.Linear(2, 2), 2, ("c",), ("0", "1"))
+    q = Observed(texts=["q"], probs=np.array([[0.4, 0.6]]), groups=["me"],
+                 embeddings={"ft": torch.tensor([[1.0, 0.0]]), "st": torch.tensor([[1.0, 0.0]]),
+                             "pt": torch.tensor([[1.0, 0.0]])}, concept_probs=np.array([[1.0, 0.0]]))
+    return model, pool, q
+
+
+@pytest.mark.parametrize("name", ["ft_match", "st_match", "pt_match", "convecs"])
+def test_matching_averages_the_k_most_similar_texts_with_the_target_value(name):
+    model, pool, q = _matching_world()
+    est = EXPLAINERS.build({"name": name, "k": 2}).fit(model, pool).explain(Queries(q, ["c"], ["0"], ["1"]))
+    # candidates with c = "1": angles .1, .2, 1.0, 2.0 and .15 (the query's own unit "me": excluded) → top-2 .1, .2
+    np.testing.assert_allclose(est, [[(0.9 + 0.8) / 2 - 0.4, (0.1 + 0.2) / 2 - 0.6]])
+    est0 = EXPLAINERS.build({"name": name, "k": 3}).fit(model, pool).explain(Queries(q, ["c"], ["1"], ["0"]))
+    np.testing.assert_allclose(est0, [[0.7 - 0.4, 0.3 - 0.6]])  # only one text has c = "0": k shrinks to 1
+
+
+def test_matching_with_no_candidate_is_zero_and_counted():
+    model, pool, q = _matching_world()
+    ex = EXPLAINERS.build({"name": "ft_match"}).fit(model, pool)
+    np.testing.assert_allclose(ex.explain(Queries(q, ["c"], ["1"], ["2"])), [[0.0, 0.0]])
+    assert ex.fallbacks_ == {"none": 1}
+
+
+def test_matching_spaces_are_declared_capabilities():
+    assert {n: EXPLAINERS.get(n).embedding_space for n in ("st_match", "pt_match", "ft_match", "convecs")} == {
+        "st_match": "st", "pt_match": "pt", "ft_match": "ft", "convecs": None}
+    assert EXPLAINERS.get("convecs").needs_concept_probs
+    model, pool, _ = _matching_world()
+    with pytest.raises(ConfigError, match="needs the 'st' embeddings"):
+        EXPLAINERS.build({"name": "st_match"}).fit(model, Observed(texts=pool.texts, probs=pool.probs,
+                                                                   concepts=pool.concepts))
+    with pytest.raises(ConfigError, match="needs the concept classifier's distributions"):
+        EXPLAINERS.build({"name": "convecs"}).fit(model, Observed(texts=pool.texts, probs=pool.probs,
+                                                                  concepts=pool.concepts))

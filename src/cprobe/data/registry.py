@@ -150,6 +150,19 @@ def _cebab(cfg: Any, root: Path, name: str) -> Any:
     return load_cebab(cfg, root, name)
 
 
+def _liberty_config() -> type:
+    from cprobe.data.liberty import LibertyKeys
+
+    return LibertyKeys
+
+
+@register("liberty", _liberty_config())
+def _liberty(cfg: Any, root: Path, name: str) -> Any:
+    from cprobe.data.liberty import load_liberty
+
+    return load_liberty(cfg, root, name)
+
+
 def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, Any]:
     """Validate a dataset config node: (common keys, the type, its type-specific keys)."""
     if not isinstance(cfg, Mapping):

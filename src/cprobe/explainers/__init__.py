@@ -2,7 +2,7 @@
 
 from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
 
-for _m in ("random", "conexp", "approx", "s_learner", "tcav", "conceptshap", "inlp", "leace", "causalm"):
+for _m in ("random", "conexp", "approx", "s_learner", "tcav", "conceptshap", "inlp", "leace", "causalm", "matching"):
     __import__(f"cprobe.explainers.{_m}")
 
 __all__ = ["EXPLAINERS", "ExplainedModel", "Explainer", "Observed", "Queries"]

@@ -12,7 +12,10 @@ class attributes, say what a study must compute for an explainer — callers dis
 - ``needs_representation``: φ(x) of the training texts and the queries (TCAV, ConceptSHAP, INLP, LEACE);
 - ``needs_predicted_concepts``: concept labels predicted by a concept classifier (Approx, S-Learner);
 - ``needs_training``: access to the explained model's training regime (CausaLM re-trains φ);
-- ``removal_only``: the estimate models only ``c′ = unknown`` (concept removal) and ignores ``c′``.
+- ``removal_only``: the estimate models only ``c′ = unknown`` (concept removal) and ignores ``c′``;
+- ``embedding_space``: the name of an embedding space (``Observed.embeddings``) the explainer matches texts in
+  (LIBERTy's ST / PT / FT Match);
+- ``needs_concept_probs``: the concept classifier's predicted distributions (``Observed.concept_probs``; ConVecs).
 """
 
 from __future__ import annotations
@@ -41,16 +44,21 @@ class Observed:
     predicted: Sequence[dict[str, str]] | None = None  # concept labels from the concept classifier
     labels: np.ndarray | None = None  # (n,) gold class of the task (training split only)
     groups: Sequence[str] | None = None  # unit ids (CEBaB: original_id): a text never stands in for its own unit
+    embeddings: dict[str, Tensor] | None = None  # named embedding spaces (n, d_s) for the matching explainers
+    concept_probs: np.ndarray | None = None  # (n, Σ values) concatenated concept-classifier distributions
 
     def __post_init__(self) -> None:
         n = len(self.texts)
         self.probs = np.asarray(self.probs, dtype=np.float64)
         if self.probs.ndim != 2 or len(self.probs) != n:
             raise DataError(f"probs must be (n={n}, K), got {self.probs.shape}")
-        for name in ("concepts", "reps", "predicted", "labels", "groups"):
+        for name in ("concepts", "reps", "predicted", "labels", "groups", "concept_probs"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise DataError(f"{name} has {len(v)} rows for {n} texts")
+        for space, v in (self.embeddings or {}).items():
+            if len(v) != n:
+                raise DataError(f"embedding space {space!r} has {len(v)} rows for {n} texts")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -62,10 +70,13 @@ class Observed:
         def pick(v: Sequence[Any] | None) -> list[Any] | None:
             return None if v is None else [v[i] for i in idx]
 
+        rows = torch.as_tensor(idx, dtype=torch.long)
         return Observed(texts=pick(self.texts), probs=self.probs[idx],
-                        reps=None if self.reps is None else self.reps[torch.as_tensor(idx, dtype=torch.long)],
+                        reps=None if self.reps is None else self.reps[rows],
                         concepts=pick(self.concepts), predicted=pick(self.predicted),
-                        labels=None if self.labels is None else self.labels[idx], groups=pick(self.groups))
+                        labels=None if self.labels is None else self.labels[idx], groups=pick(self.groups),
+                        embeddings=None if self.embeddings is None else {k: v[rows] for k, v in self.embeddings.items()},
+                        concept_probs=None if self.concept_probs is None else self.concept_probs[idx])
 
 
 @dataclass
@@ -123,6 +134,8 @@ class Explainer(ABC):
     needs_predicted_concepts: ClassVar[bool] = False
     needs_training: ClassVar[bool] = False
     removal_only: ClassVar[bool] = False
+    embedding_space: ClassVar[str | None] = None
+    needs_concept_probs: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -168,6 +181,11 @@ def check_inputs(explainer: Explainer, obs: Observed, what: str) -> None:
         raise ConfigError(f"explainer {explainer.name!r} needs the representation φ(x) of the {what}")
     if explainer.needs_predicted_concepts and obs.predicted is None:
         raise ConfigError(f"explainer {explainer.name!r} needs predicted concept labels of the {what}")
+    space = explainer.embedding_space
+    if space is not None and (obs.embeddings is None or space not in obs.embeddings):
+        raise ConfigError(f"explainer {explainer.name!r} needs the {space!r} embeddings of the {what}")
+    if explainer.needs_concept_probs and obs.concept_probs is None:
+        raise ConfigError(f"explainer {explainer.name!r} needs the concept classifier's distributions of the {what}")
 
 
 EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")

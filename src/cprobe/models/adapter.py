@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from cprobe.errors import ConfigError
 from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.readouts import Readout
-from cprobe.models.sites import Batch, Site
+from cprobe.models.sites import MEAN, Batch, Site
 
 if TYPE_CHECKING:  # pragma: no cover
     from cprobe.models.formatters import Formatter
@@ -207,11 +207,17 @@ class ModelAdapter:
                 n = h.shape[0]
                 rows = torch.arange(n, device=h.device)
                 for s in edit_sites:
+                    if s.position == MEAN:
+                        raise ConfigError(f"the pooled position {MEAN!r} can be read but not edited")
                     pos = batch.position(s.position)
                     ok = pos >= 0
                     new = edits[s](h[rows, pos.clamp(min=0)])
                     h = h.index_put((rows[ok], pos[ok]), new[ok].to(h.dtype))
                 for s in read_sites:
+                    if s.position == MEAN:  # the masked mean over the row's real tokens (sentence embeddings)
+                        m = batch.attention_mask.to(h.dtype)[:, :, None]
+                        acts[s] = (h * m).sum(1) / m.sum(1).clamp(min=1)
+                        continue
                     pos = batch.position(s.position)
                     v = h[rows, pos.clamp(min=0)]
                     acts[s] = torch.where((pos >= 0)[:, None], v, torch.zeros_like(v))

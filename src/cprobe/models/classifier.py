@@ -11,7 +11,7 @@ A head may hold several classification tasks at once (``n_tasks`` × ``n_classes
 classifier predicts the four aspects' labels jointly); targets of −100 are ignored.
 
 :func:`finetuned_classifier` trains one (AdamW, linear decay; the paper's lr 2e-5, batch 32, max_len 128),
-with a progress bar, and caches the weights as a checksummed safetensors file keyed by the base model's
+with a progress bar (``precision: bf16`` trains under bf16 autocast: about twice as fast on CPU), and caches the weights as a checksummed safetensors file keyed by the base model's
 weights, the training data, every hyperparameter and the seed. Training checkpoints after every epoch
 (weights and optimizer moments, safetensors), so an interrupted run resumes from the last finished epoch.
 """
@@ -101,6 +101,7 @@ class FinetuneConfig:
     warmup: float = 0.0  # share of steps with a linear warm-up
     dropout: float = 0.1
     pool: Pool | None = None  # None: the model family's default (first token; last for decoders)
+    precision: Literal["fp32", "bf16"] = "fp32"  # bf16: mixed precision (autocast; weights and Adam stay fp32)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.max_length < 2 or self.lr <= 0:
@@ -108,6 +109,8 @@ class FinetuneConfig:
                              "lr > 0")
         if not 0 <= self.warmup < 1 or not 0 <= self.dropout < 1:
             raise ValueError("warmup and dropout must lie in [0, 1)")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
 
 
 def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
@@ -201,7 +204,8 @@ def _train(adapter: ModelAdapter, items: Sequence[TextItem], targets: Tensor, n_
             for s in range(0, n, cfg.batch_size):
                 rows = orders[epoch][s: s + cfg.batch_size]
                 batch = fmt([items[int(i)] for i in rows], adapter, rows).to(dev)
-                logits = model(batch.input_ids, batch.attention_mask).logits
+                with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+                    logits = model(batch.input_ids, batch.attention_mask).logits
                 y = targets[rows].to(dev)
                 loss = nn.functional.cross_entropy(logits.reshape(-1, n_classes).float(), y.reshape(-1),
                                                    ignore_index=IGNORE)

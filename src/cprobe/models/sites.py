@@ -8,6 +8,8 @@ the *normed* state; ``stream="block"`` names the raw output of block L instead (
 
 Positions are names a formatter defines (``target``, ``first``, ``word:3``, ``region:2``, ``last``,
 ``object``, ``cls`` ...); a row that lacks a position has index −1 there (reads give zeros, edits skip it).
+The reserved position :data:`MEAN` (``"mean"``) reads the mean over a row's real tokens (a sentence embedding,
+as sentence-transformers pool); it can be read, not edited.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor
 
 from cprobe.errors import ConfigError
 
+MEAN = "mean"
 Stream = Literal["resid", "block"]
 STREAMS: tuple[str, ...] = ("resid", "block")
 

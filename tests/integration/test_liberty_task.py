@@ -1,0 +1,150 @@
+"""The LIBERTy study on a tiny SCM and a tiny BERT encoder: the mean-pooled site, the CLI's bad-input errors, and
+the study end to end (a 2-seed sweep + collect) with its tables recomputed from the per-pair file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from cprobe.data.liberty import LibertyKeys, generate
+from cprobe.data.scm import SCM
+from cprobe.models.formatters import ClassificationFormatter
+from cprobe.models.load import load_adapter
+from cprobe.models.sites import MEAN, Site
+from tests.liberty_fixtures import tiny_encoder_dir, write_scm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("liberty")
+    return write_scm(root / "tiny.yaml"), tiny_encoder_dir(root / "encoder"), root
+
+
+def test_the_mean_site_is_the_masked_mean_of_the_last_layer(world):
+    scm_path, enc_dir, _ = world
+    enc = load_adapter({"name": "tiny_enc", "path": str(enc_dir), "kind": "encoder", "batch_size": 4}, Path("/none"))
+    data = generate(SCM.load(scm_path), LibertyKeys(n_explained=20, n_explainer=10), "tiny", 0)
+    items = list(data.splits["train"])[:7]
+    site = Site(enc.n_layers, MEAN)
+    got = enc.map(items, ClassificationFormatter(64), read=[site]).acts[site]
+    for i, it in enumerate(items):  # one text at a time: no padding at all
+        ids = enc.tok(it.text, return_tensors="pt")
+        with torch.inference_mode():
+            h = enc.model(**ids).last_hidden_state[0]
+        torch.testing.assert_close(got[i], h.mean(0), atol=1e-5, rtol=1e-5)
+    from cprobe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="can be read but not edited"):
+        from cprobe.models.edits import Replace
+
+        enc.map(items, ClassificationFormatter(64), edits={site: Replace(torch.zeros(7, 32))})
+
+
+# ----------------------------------------------------------------------------------------------- the CLI
+def cprobe(*args: str, cwd: Path, data: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("cprobe")
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_DATA_DIR": str(data)}
+    env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+
+
+def _tiny(world) -> list[str]:
+    scm_path, enc_dir, _ = world
+    return ["+experiment=liberty_cv", f"dataset.scm={scm_path}", "dataset.n_explained=150", "dataset.n_explainer=60",
+            "model=bert_base_uncased", f"model.path={enc_dir}", "model.finetune.lr=3e-3",
+            "liberty.finetune.max_length=64", "liberty.concept_model.max_length=64", "liberty.mc_samples=20000"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("liberty.explainers=[random,shap]", "unknown explainer 'shap'; choose from"),
+    ("liberty.concepts=[a,y]", "unknown concept(s) ['y'] of SCM tiny; choose from ['a', 'b', 'c']"),
+    ("dataset.scm=cvv", "unknown SCM 'cvv'; choose from"),
+    ("dataset=lgd", "the liberty task needs a LIBERTy dataset"),
+    ("liberty.distances=[l1]", "unknown distance 'l1'"),
+    ("dataset.test_share=1.5", "dataset.test_share must lie in (0, 1)"),
+    ("liberty.st_model=nonesuch", "unknown model config 'nonesuch' for liberty.st_model"),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
+    args = [a for a in _tiny(world) if not a.startswith("dataset.")] if override.startswith("dataset=") else \
+        _tiny(world)
+    r = cprobe("run", *args, override, f"paths.output_root={tmp_path}", cwd=tmp_path, data=world[2])
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert err and message in err[-1] and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not list(tmp_path.rglob("status.json"))
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
+    from cprobe.metrics import liberty as M
+
+    out = tmp_path / "out"
+    r = cprobe("run", "-m", *_tiny(world), "seed=0,1", "liberty.finetune.epochs=10", "liberty.finetune.batch_size=16", "liberty.concept_model.epochs=4",
+               "liberty.explainer.conceptshap.epochs=2", "liberty.explainer.conceptshap.hidden=16",
+               f"paths.output_root={out}", "progress=false", cwd=tmp_path, data=world[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = sorted(p.parent for p in out.rglob("status.json"))
+    assert len(runs) == 2
+    t = pd.concat([pd.read_parquet(d / "metrics.parquet") for d in runs])
+    assert set(t["kind"]) >= {"classifier", "ed", "of", "importance", "global_of", "sensitivity", "explainer"}
+    ed = t[t["kind"] == "ed"]
+    names = {"random", "approx", "convecs", "st_match", "pt_match", "ft_match", "leace", "tcav", "conceptshap"}
+    assert set(ed["explainer"]) == names  # leace runs: the tiny SCM declares a null value
+    assert set(ed["distance"]) == {"l2", "cosine", "normdiff", "mean"} and len(ed) == 2 * 9 * 4
+    acc = t[(t["kind"] == "classifier") & (t["explainer"] == "explained") & (t["metric"] == "accuracy")]
+    assert (acc["value"] > 0.6).all()  # it learned something from the texts
+    # every number recomputed from the per-pair file
+    job = runs[0]
+    pairs = pd.read_parquet(job / "liberty_pair_effects.parquet")
+    true = np.stack(pairs["icace"])
+    np.testing.assert_allclose(true, np.stack(pairs["cf_probs"]) - np.stack(pairs["base_probs"]), atol=1e-12)
+    mine = pd.read_parquet(job / "metrics.parquet")
+
+    def value(kind, explainer, **kw):
+        m = (mine["kind"] == kind) & (mine["explainer"] == explainer)
+        for k, v in kw.items():
+            m &= mine[k] == v
+        (v,) = mine[m]["value"]
+        return v
+
+    for ex in ("ft_match", "approx", "tcav"):
+        est = np.stack(pairs[f"estimate_{ex}"])
+        eds = [M.error_distance(true, est, pairs["change"], d) for d in ("l2", "cosine", "normdiff")]
+        assert value("ed", ex, distance="l2") == pytest.approx(eds[0])
+        assert value("ed", ex, distance="mean") == pytest.approx(np.mean(eds))
+        assert value("of", ex) == pytest.approx(M.order_faithfulness(true, est, pairs["example"], pairs["change"]))
+        gold = M.importance(true, pairs["concept"], pairs["change"])
+        assert value("global_of", ex) == pytest.approx(
+            M.global_order_faithfulness(gold, M.importance(est, pairs["concept"], pairs["change"])))
+    for c, s in M.sensitivity(true, pairs["concept"]).items():
+        assert value("sensitivity", "model", concept=c) == pytest.approx(s)
+    # the SCM's true effect: c and a reach y (a through b); the label is a descendant
+    scm_rows = mine[(mine["kind"] == "sensitivity") & (mine["explainer"] == "scm")]
+    assert set(scm_rows["concept"]) == {"a", "b", "c"} and (scm_rows["value"] > 0).all()
+    assert np.isfinite(value("of", "ft_match")) and value("ed", "random", distance="cosine") == pytest.approx(1, abs=.2)
+    # the same benchmark for both seeds (dataset.seed), different explained-model seeds
+    other = pd.read_parquet(runs[1] / "liberty_pair_effects.parquet")
+    assert list(other["pair"]) == list(pairs["pair"])
+    # aggregate the sweep
+    sweep = runs[0].parent
+    r = cprobe("collect", str(sweep), cwd=tmp_path, data=world[2])
+    assert r.returncode == 0, r.stderr[-2000:]
+    local = pd.read_csv(sweep / "liberty_local.csv")
+    assert set(local["explainer"]) == names and local.shape[1] == 2  # explainer + one (SCM · model) column
+    assert all(" / " in c for c in local.iloc[:, 1])
+    g = pd.read_csv(sweep / "liberty_global_of.csv")
+    assert (g["seeds"] == 2).all()
+    sens = pd.read_csv(sweep / "liberty_sensitivity.csv")
+    assert set(sens["explainer"]) == {"model", "scm"} and {"a", "b", "c"} <= set(sens.columns)
+    assert (sweep / "liberty_global_of.png").is_file() and (sweep / "liberty_sensitivity_tiny.png").is_file()
+    top = pd.read_csv(sweep / "liberty_top3.csv")
+    assert set(top["explainer"]) >= {"gold", "ft_match"}

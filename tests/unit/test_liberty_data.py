@@ -1,0 +1,171 @@
+"""LIBERTy benchmarks: the template realiser, the generated splits and structural counterfactual pairs, and the
+loader for a user's own texts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cprobe.data.items import TextItem
+from cprobe.data.liberty import LibertyKeys, generate, load_liberty
+from cprobe.data.realiser import TemplateRealiser
+from cprobe.data.scm import SCM
+from cprobe.errors import ConfigError, DataError
+
+
+@pytest.fixture(scope="module", params=["cv", "violence", "disease"])
+def bench(request):
+    scm = SCM.load(request.param)
+    return scm, generate(scm, LibertyKeys(n_explained=200, n_explainer=60), request.param, seed=0)
+
+
+def test_splits_and_pairs_follow_the_papers_design(bench):
+    scm, data = bench
+    assert [len(data.splits[s]) for s in ("train", "test", "explainer")] == [160, 40, 60]
+    ids = [it.id for s in data.splits.values() for it in s]
+    assert len(set(ids)) == len(ids)
+    assert len(data.pairs) == 3 * 40
+    by_base: dict[str, list[str]] = {}
+    for p in data.pairs:
+        (c,) = p.intervened
+        assert c in scm.concepts and c != scm.label  # the label is never intervened on
+        v, v2 = p.changes[c]
+        assert v != v2 and p.source.meta["unit"] == p.base.meta["unit"]
+        by_base.setdefault(p.base.id, []).append(c)
+    assert all(len(set(cs)) == 3 for cs in by_base.values())  # 3 distinct concepts per test text
+    assert set(by_base) == {it.id for it in data.splits["test"]}
+
+
+def test_a_counterfactual_changes_only_the_intervened_concept_and_its_descendants(bench):
+    scm, data = bench
+    label_changed = 0
+    for p in data.pairs:
+        (c,) = p.intervened
+        allowed = {c, *scm.descendants(c)}
+        for k in scm.concepts:
+            if k not in allowed:
+                assert p.source.concepts[k] == p.base.concepts[k]
+        if scm.label not in allowed:
+            assert p.source.outcome == p.base.outcome
+        label_changed += p.source.outcome != p.base.outcome
+        # the counterfactual's values are the SCM's: re-solving the base's stored noise under do(C = c′)
+        from cprobe.data.scm import Noise
+
+        cf = scm.counterfactual(Noise.from_rows([p.base.meta["noise"]]), {c: p.changes[c][1]})
+        assert {k: scm.variables[k].values[int(cf[k][0])] for k in scm.concepts} == dict(p.source.concepts)
+    assert (label_changed > 0) == (scm.label != "disease")  # Disease: the label is the root
+
+
+def test_texts_state_the_values_and_counterfactual_texts_differ_only_where_values_do(bench):
+    scm, data = bench
+    real = TemplateRealiser(scm)
+    for p in data.pairs[:30]:
+        base_vals = {**p.base.concepts, scm.label: p.base.outcome}
+        cf_vals = {**p.source.concepts, scm.label: p.source.outcome}
+        said, said_cf = real.sentences(base_vals, p.base.meta["text_noise"]), real.sentences(cf_vals,
+                                                                                             p.base.meta["text_noise"])
+        for v, s in said.items():
+            assert s in p.base.text and said_cf[v] in p.source.text
+            if base_vals[v] == cf_vals[v]:
+                assert said_cf[v] == s
+        # same noise, same values → the same text (the factual counterfactual is exact, text included)
+        assert real.realise(base_vals, p.base.meta["text_noise"]) == p.base.text
+        left = set(p.base.text.split(". ")) - set(p.source.text.split(". "))
+        assert left, "a change of a concept value changes the text"
+    if scm.label == "disease":
+        assert all(name.lower() not in it.text.lower() for it in data.splits["train"]
+                   for name in scm.variables["disease"].values)
+
+
+def test_no_concept_sits_at_a_fixed_position(bench):
+    scm, data = bench
+    real = TemplateRealiser(scm)
+    first = real.expresses[0]
+    positions = [it.meta["text_noise"]["order"].index(0) for it in data.splits["train"][:60]]
+    assert len(set(positions)) > 3, first
+    variants = {real.sentences({**it.concepts, scm.label: it.outcome}, it.meta["text_noise"])[first]
+                for it in data.splits["train"]}
+    assert len(variants) > len(scm.variables[first].values)  # several phrasings per value
+
+
+def test_generation_is_seeded():
+    scm = SCM.load("cv")
+    a = generate(scm, LibertyKeys(n_explained=20, n_explainer=10), "cv", 4)
+    b = generate(scm, LibertyKeys(n_explained=20, n_explainer=10), "cv", 4)
+    c = generate(scm, LibertyKeys(n_explained=20, n_explainer=10), "cv", 5)
+    assert [p.source.text for p in a.pairs] == [p.source.text for p in b.pairs]
+    assert [it.text for it in a.splits["train"]] != [it.text for it in c.splits["train"]]
+
+
+def test_a_phrase_bank_missing_a_value_is_an_error():
+    d = {"name": "t", "label": "y", "variables": {"a": {"values": ["x", "z"], "distribution": "uniform"},
+                                                  "y": {"values": ["n", "p"], "terms": {"a": 1.0}}},
+         "text": {"expresses": ["a"], "openings": ["Hi."], "closings": ["Bye."], "personas": ["I knit."],
+                  "phrases": {"a": {"x": ["It is x."]}}}}
+    with pytest.raises(ConfigError, match=r"scm t: text.phrases.a.z must be a non-empty list"):
+        TemplateRealiser(SCM.from_dict(d))
+    d["text"]["expresses"] = ["q"]
+    with pytest.raises(ConfigError, match="expresses: unknown variable 'q'"):
+        TemplateRealiser(SCM.from_dict(d))
+    with pytest.raises(ConfigError, match="dataset.n_explained and dataset.n_explainer must be >= 10"):
+        LibertyKeys(n_explained=5)
+
+
+# ----------------------------------------------------------------------------------------------- user texts
+def _rows(data, scm) -> list[dict]:
+    rows = []
+    for split in ("train", "test", "explainer"):
+        for it in data.splits[split]:
+            rows.append({"id": it.id, "text": it.text, "split": split, **it.concepts, scm.label: it.outcome})
+    for p in data.pairs:
+        rows.append({"id": p.source.id, "text": p.source.text, "split": "counterfactual", **p.source.concepts,
+                     scm.label: p.source.outcome, "base_id": p.base.id, "intervened": p.intervened[0]})
+    return rows
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_a_users_texts_load_and_are_checked_against_the_scm(tmp_path):
+    scm = SCM.load("cv")
+    data = generate(scm, LibertyKeys(n_explained=40, n_explainer=12), "cv", 0)
+    rows = _rows(data, scm)
+    path = _write(tmp_path / "mine.jsonl", rows)
+    loaded = load_liberty(LibertyKeys(texts="mine.jsonl"), tmp_path, "mine")
+    assert [it.text for it in loaded.splits["test"]] == [it.text for it in data.splits["test"]]
+    assert [(p.base.id, p.changes) for p in loaded.pairs] == [(p.base.id, p.changes) for p in data.pairs]
+    assert isinstance(loaded.splits["train"][0], TextItem) and loaded.scm.name == "cv"
+
+    def broken(i: int, **change) -> Path:
+        bad = [dict(r) for r in rows]
+        bad[i].update(change)
+        return _write(tmp_path / f"bad-{i}-{sorted(change)[0]}.jsonl", bad)
+
+    cf = next(i for i, r in enumerate(rows) if r["split"] == "counterfactual" and r["intervened"] == "education")
+    other = "Female" if rows[cf]["gender"] == "Male" else "Male"
+    cases = [(broken(0, race="Martian"), "'Martian' is not a value of 'race'"),
+             (broken(cf, gender=other), "['gender'] changed although not descendants of the intervened 'education'"),
+             (broken(cf, base_id="nope"), "base_id 'nope' is not a test text"),
+             (broken(0, split="dev"), "unknown split(s) ['dev']"),
+             (tmp_path / "missing.jsonl", "does not exist")]
+    for p, message in cases:
+        with pytest.raises(DataError) as e:
+            load_liberty(LibertyKeys(texts=str(p)), tmp_path, "x")
+        assert message in str(e.value) and "\n" not in str(e.value)
+    no_col = [{k: v for k, v in r.items() if k != "age"} for r in rows]
+    with pytest.raises(DataError, match=r"missing column\(s\) \['age'\]"):
+        load_liberty(LibertyKeys(texts=str(_write(tmp_path / "nc.jsonl", no_col))), tmp_path, "x")
+
+
+def test_the_dataset_registry_builds_it_and_subsamples_the_train_split():
+    from cprobe.data.registry import load_dataset
+
+    data = load_dataset({"name": "liberty_cv", "type": "liberty", "scm": "cv", "n_explained": 100, "n_explainer": 20,
+                         "max_examples": 30}, Path("."))
+    assert len(data.splits["train"]) == 30 and len(data.splits["test"]) == 20 and len(data.pairs) == 60
+    assert np.all([it.id.startswith("cv-") for it in data.splits["train"]])
