@@ -72,6 +72,9 @@ def _tiny(world) -> list[str]:
     ("liberty.distances=[l1]", "unknown distance 'l1'"),
     ("dataset.test_share=1.5", "dataset.test_share must lie in (0, 1)"),
     ("liberty.st_model=nonesuch", "unknown model config 'nonesuch' for liberty.st_model"),
+    ("dataset.texts=nope.jsonl", "dataset.texts: nope.jsonl not found"),
+    ("dataset.realiser=gpt4o", "unknown realiser 'gpt4o'; choose from ['template']"),
+    ("liberty.explainer.approx.max_mismatches=-1", "max_mismatches must be >= 0"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
     args = [a for a in _tiny(world) if not a.startswith("dataset.")] if override.startswith("dataset=") else \
@@ -148,3 +151,24 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     assert (sweep / "liberty_global_of.png").is_file() and (sweep / "liberty_sensitivity_tiny.png").is_file()
     top = pd.read_csv(sweep / "liberty_top3.csv")
     assert set(top["explainer"]) >= {"gold", "ft_match"}
+
+
+@pytest.mark.slow
+def test_a_users_own_texts_run_through_the_same_study(world, tmp_path):
+    import json
+
+    scm_path, _, root = world
+    scm = SCM.load(scm_path)
+    data = generate(scm, LibertyKeys(n_explained=100, n_explainer=40), "tiny", 3)
+    rows = [{"id": it.id, "text": it.text, "split": split, **it.concepts, "y": it.outcome}
+            for split in ("train", "test", "explainer") for it in data.splits[split]]
+    rows += [{"id": p.source.id, "text": p.source.text, "split": "counterfactual", **p.source.concepts,
+              "y": p.source.outcome, "base_id": p.base.id, "intervened": p.intervened[0]} for p in data.pairs]
+    (root / "mine.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "out"
+    r = cprobe("run", *_tiny(world), "dataset.texts=mine.jsonl", "liberty.explainers=[random,ft_match]",
+               "liberty.finetune.epochs=1", f"paths.output_root={out}", "progress=false", cwd=tmp_path, data=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (job,) = [p.parent for p in out.rglob("status.json")]
+    pairs = pd.read_parquet(job / "liberty_pair_effects.parquet")
+    assert sorted(pairs["pair"]) == sorted(p.id for p in data.pairs)  # the file's pairs, not a generated benchmark

@@ -160,6 +160,14 @@ def test_approx_uses_another_units_text_with_the_counterfactual_labels():
     out2 = ex.explain(Queries(base2, ["food"], ["Positive"], ["Negative"]))
     np.testing.assert_allclose(out2, [[0.8 - 0.5, 0.2 - 0.5]])
     assert ex.fallbacks_["nearest"] == 1
+    # LIBERTy's rule: one mismatch allowed (here one), none at max_mismatches 0
+    one = EXPLAINERS.build({"name": "approx", "max_mismatches": 1}).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS,
+                                                                                       VALUES), train)
+    np.testing.assert_allclose(one.explain(Queries(base2, ["food"], ["Positive"], ["Negative"])), out2)
+    zero = EXPLAINERS.build({"name": "approx", "max_mismatches": 0}).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS,
+                                                                                        VALUES), train)
+    np.testing.assert_allclose(zero.explain(Queries(base2, ["food"], ["Positive"], ["Negative"])), [[0.0, 0.0]])
+    assert zero.fallbacks_ == {"nearest": 0, "none": 1}
 
 
 def test_s_learner_is_lr_on_one_hot_concepts_evaluated_at_the_counterfactual(world):

@@ -4,9 +4,9 @@ text's predicted labels with ``C`` set to ``c′`` — and return N(φ(x_match))
 
 Labels come from the concept classifier on both sides, as in the paper. The match is drawn at random (seeded)
 among the exact matches of other units; ``k > 1`` averages k draws. When no text matches every label, the
-candidates with ``C = c′`` that match the most other concepts are used (LIBERTy's rule: one mismatch allowed
-only when no perfect match exists — here, the fewest mismatches), and when no text has ``C = c′`` at all
-the estimate is zero; both cases are counted in ``fallbacks_``.
+candidates with ``C = c′`` that match the most other concepts are used — at most ``max_mismatches`` of them
+(LIBERTy's rule, ``max_mismatches: 1``: one mismatch allowed only when no perfect match exists; ``None``: the
+fewest, however many) — and when no text qualifies the estimate is zero; both cases are counted in ``fallbacks_``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ class Approx(Explainer):
     name = "approx"
     needs_predicted_concepts = True
 
-    def __init__(self, k: int = 1, seed: int = 0) -> None:
+    def __init__(self, k: int = 1, seed: int = 0, max_mismatches: int | None = None) -> None:
         if k < 1:
             raise ConfigError(f"approx: k must be >= 1, got {k}")
+        if max_mismatches is not None and max_mismatches < 0:
+            raise ConfigError(f"approx: max_mismatches must be >= 0 (or null for no limit), got {max_mismatches}")
         self.k = k
         self.seed = seed
+        self.max_mismatches = max_mismatches
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         assert train.predicted is not None
@@ -56,7 +59,9 @@ class Approx(Explainer):
             g = groups[i]
             cand = [j for j in self.index_.get(key, []) if g is None or self.groups_[j] != g]
             if not cand:
-                cand = self._nearest(key, self.concepts_.index(a), g)
+                miss, cand = self._nearest(key, self.concepts_.index(a), g)
+                if self.max_mismatches is not None and miss is not None and miss > self.max_mismatches:
+                    cand = []
                 self.fallbacks_["nearest" if cand else "none"] += 1
             if not cand:
                 continue
@@ -64,7 +69,8 @@ class Approx(Explainer):
             out[i] = self.probs_[pick].mean(0) - queries.base.probs[i]
         return out
 
-    def _nearest(self, key: tuple[str, ...], at: int, group: object) -> list[int]:
+    def _nearest(self, key: tuple[str, ...], at: int, group: object) -> tuple[int | None, list[int]]:
+        """(fewest mismatches, the texts with that many) among other units' texts with the target's value at ``at``."""
         best, cand = None, []
         for other, rows in self.index_.items():
             if other[at] != key[at]:
@@ -77,4 +83,4 @@ class Approx(Explainer):
                 best, cand = miss, list(rows)
             elif miss == best:
                 cand += rows
-        return sorted(cand)
+        return best, sorted(cand)

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ def validate(job: Any) -> None:
     from cprobe.data.registry import split_config
     from cprobe.data.scm import SCM
     from cprobe.explainers import EXPLAINERS
+    from cprobe.paths import data_dir
 
     cfg: Config = job.task_cfg
     ds = job.keys.dataset or {}
@@ -87,6 +89,19 @@ def validate(job: Any) -> None:
     _, _, keys = split_config(ds)
     assert isinstance(keys, LibertyKeys)
     scm = SCM.load(keys.scm)
+    if keys.texts:  # the user's file: it must exist (it is read and checked against the SCM when the job starts)
+        configured = (job.cfg.get("paths") or {}).get("data_dir")
+        root = Path(configured) if configured else data_dir()
+        path = Path(keys.texts).expanduser()
+        if not path.is_absolute() and not path.exists():
+            path = root / path
+        if not path.is_file():
+            raise ConfigError(f"dataset.texts: {keys.texts} not found (relative paths: the current directory, then "
+                              f"the data dir {root})")
+    else:  # the text node: known, and its phrase bank complete
+        from cprobe.data.realiser import build_realiser
+
+        build_realiser(keys.realiser, scm)
     concepts = cfg.concepts if cfg.concepts is not None else list(scm.concepts)
     bad = [c for c in concepts if c not in scm.concepts]
     if bad or not concepts:
