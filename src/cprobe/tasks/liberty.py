@@ -240,9 +240,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     change = [f"{c}: {v}→{v2}" for c, (v, v2) in changes]
     example = [p.base.id for p in pairs]
     gold = M.importance(true, concept_of, change)
-    rows += _importance_rows(common, "gold", gold)
-    rows += [{**common, "kind": "sensitivity", "explainer": "model", "concept": c, "value": v,
-              "n": concept_of.count(c)} for c, v in M.sensitivity(true, concept_of).items()]
+    rows += _importance_rows(common, "gold", gold, concepts)
+    sens = M.sensitivity(true, concept_of)
+    rows += [{**common, "kind": "sensitivity", "explainer": "model", "concept": c, "value": sens[c],
+              "n": concept_of.count(c)} for c in concepts if c in sens]
     if any(scm.label in scm.descendants(c) for c in concepts):  # no true effect when the label is the root
         t0 = time.perf_counter()
         effects = true_effects(scm, config.mc_samples, seed=0)
@@ -270,7 +271,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             continue
         ctx.timings[f"explainer_{name}_s"] = time.perf_counter() - t0
         per_pair[f"estimate_{name}"] = list(est)
-        rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances, gold)
+        rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances,
+                            {c: gold[c] for c in concepts if c in gold})
         for key, v in getattr(ex, "fallbacks_", {}).items():
             rows.append({**common, "kind": "explainer", "explainer": name, "metric": f"fallback_{key}",
                          "value": float(v), "n": len(pairs)})
@@ -371,9 +373,10 @@ def _classifier_rows(common: dict, which: str, concept: str, y: np.ndarray, pred
             {**base, "metric": "accuracy", "value": float((y == pred).mean()) if len(y) else float("nan")}]
 
 
-def _importance_rows(common: dict, name: str, scores: Mapping[str, float]) -> list[dict]:
-    return [{**common, "kind": "importance", "explainer": name, "concept": c, "value": v, "n": 0}
-            for c, v in scores.items()]
+def _importance_rows(common: dict, name: str, scores: Mapping[str, float], concepts: Sequence[str]) -> list[dict]:
+    """Rows in the SCM's concept order (tables and figures keep it)."""
+    return [{**common, "kind": "importance", "explainer": name, "concept": c, "value": scores[c], "n": 0}
+            for c in concepts if c in scores]
 
 
 def _score_rows(common: dict, name: str, true: np.ndarray, est: np.ndarray, example: list[str], change: list[str],
@@ -387,7 +390,7 @@ def _score_rows(common: dict, name: str, true: np.ndarray, est: np.ndarray, exam
     out.append({**base, "kind": "ed", "distance": "mean", "metric": "ed", "value": float(np.mean(eds))})
     out.append({**base, "kind": "of", "metric": "of", "value": M.order_faithfulness(true, est, example, change)})
     imp = M.importance(est, concept, change)
-    out += _importance_rows(common, name, imp)
+    out += _importance_rows(common, name, imp, list(gold))
     out.append({**base, "kind": "global_of", "metric": "global_of", "value": M.global_order_faithfulness(gold, imp)})
     return out
 
