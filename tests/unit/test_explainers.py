@@ -48,8 +48,8 @@ def world():
     concepts = [{"food": f, "service": s} for f, s in zip(food, service)]
     labels = probs.argmax(1)
     reps = torch.tensor(X, dtype=torch.float32)
-    onehot = np.concatenate([(np.array(food)[:, None] == np.array(VALUES)), (np.array(service)[:, None] ==
-                             np.array(VALUES))], axis=1).astype(float)
+    onehot = {"food": (np.array(food)[:, None] == np.array(VALUES)).astype(float),
+              "service": (np.array(service)[:, None] == np.array(VALUES)).astype(float)}
     train = Observed(texts=[f"t{i}" for i in range(n)], probs=probs, concepts=concepts,
                      reps=reps, predicted=concepts, labels=labels,
                      groups=[f"g{i // 3}" for i in range(n)], embeddings={"st": reps, "pt": reps, "ft": reps},
@@ -66,7 +66,8 @@ def queries_for(train: Observed, rows, aspect, c, c2) -> Queries:
                     groups=None if train.groups is None else [train.groups[i] for i in rows],
                     embeddings=None if train.embeddings is None else {k: v[torch.tensor(rows)] for k, v in
                                                                       train.embeddings.items()},
-                    concept_probs=None if train.concept_probs is None else train.concept_probs[rows])
+                    concept_probs=None if train.concept_probs is None else {k: v[rows] for k, v in
+                                                                            train.concept_probs.items()})
     return Queries(base, [aspect] * len(rows), [c] * len(rows), [c2] * len(rows))
 
 
@@ -160,6 +161,17 @@ def test_approx_uses_another_units_text_with_the_counterfactual_labels():
     out2 = ex.explain(Queries(base2, ["food"], ["Positive"], ["Negative"]))
     np.testing.assert_allclose(out2, [[0.8 - 0.5, 0.2 - 0.5]])
     assert ex.fallbacks_["nearest"] == 1
+    # the nearest fallback keeps C = c′ and never the base's own unit: a closer text with the wrong food label, or
+    # of the base's own unit, is never used
+    near = Observed(texts=list("xyz"), probs=np.array([[0.2, 0.8], [0.6, 0.4], [0.9, 0.1]]),
+                    predicted=[{"food": "Positive", "service": "Positive"},  # C wrong, other labels match
+                               {"food": "Negative", "service": "Negative"},  # own unit
+                               {"food": "Negative", "service": "Negative"}], groups=["v0", "u9", "v2"])
+    ex_near = EXPLAINERS.build({"name": "approx"}).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS, VALUES), near)
+    for seed in range(5):
+        ex_near.seed = seed
+        np.testing.assert_allclose(ex_near.explain(Queries(base2, ["food"], ["Positive"], ["Negative"])),
+                                   [[0.9 - 0.5, 0.1 - 0.5]])
     # LIBERTy's rule: one mismatch allowed (here one), none at max_mismatches 0
     one = EXPLAINERS.build({"name": "approx", "max_mismatches": 1}).fit(ExplainedModel(nn.Linear(1, 2), 2, CONCEPTS,
                                                                                        VALUES), train)
@@ -368,18 +380,23 @@ def test_s_learner_of_a_model_that_predicts_one_class_sees_no_effect(world):
 
 # ------------------------------------------------------------------------------------------- matching (LIBERTy)
 def _matching_world():
-    """Pool of 6 texts on a circle; concept "c" ∈ {"0", "1"}; the query sits at angle 0."""
+    """Pool of 6 texts on a circle at different norms (cosine, not dot products, must rank them); concept "c" ∈
+    {"0", "1"} (gold = predicted), concept "d" carries the concept-classifier vectors ConVecs ranks by; the query
+    sits at angle 0 and belongs to unit "me", as does the pool's last text."""
     ang = np.array([0.1, 0.2, 0.3, 1.0, 2.0, 0.15])
-    E = torch.tensor(np.stack([np.cos(ang), np.sin(ang)], 1), dtype=torch.float32)
+    norms = np.array([5.0, 0.2, 1.0, 9.0, 30.0, 1.0])
+    E = torch.tensor(np.stack([np.cos(ang), np.sin(ang)], 1) * norms[:, None], dtype=torch.float32)
     probs = np.array([[0.9, 0.1], [0.8, 0.2], [0.7, 0.3], [0.6, 0.4], [0.5, 0.5], [0.1, 0.9]])
-    concepts = [{"c": v} for v in ("1", "1", "0", "1", "1", "1")]
+    concepts = [{"c": v, "d": "0"} for v in ("1", "1", "0", "1", "1", "1")]
     groups = ["u0", "u1", "u2", "u3", "u4", "me"]
-    pool = Observed(texts=list("abcdef"), probs=probs, concepts=concepts, groups=groups,
-                    embeddings={"ft": E, "st": E, "pt": E}, concept_probs=E.double().numpy())
-    model = ExplainedModel(nn.Linear(2, 2), 2, ("c",), ("0", "1"))
-    q = Observed(texts=["q"], probs=np.array([[0.4, 0.6]]), groups=["me"],
-                 embeddings={"ft": torch.tensor([[1.0, 0.0]]), "st": torch.tensor([[1.0, 0.0]]),
-                             "pt": torch.tensor([[1.0, 0.0]])}, concept_probs=np.array([[1.0, 0.0]]))
+    vec = {"c": np.tile([0.5, 0.5], (6, 1)), "d": E.double().numpy()}  # ConVecs ignores the changed concept's block
+    pool = Observed(texts=list("abcdef"), probs=probs, concepts=concepts, predicted=concepts, groups=groups,
+                    embeddings={"ft": E, "st": E, "pt": E}, concept_probs=vec)
+    model = ExplainedModel(nn.Linear(2, 2), 2, ("c", "d"), ("0", "1"))
+    q1 = torch.tensor([[3.0, 0.0]])
+    q = Observed(texts=["q"], probs=np.array([[0.4, 0.6]]), groups=["me"], predicted=[{"c": "0", "d": "0"}],
+                 embeddings={"ft": q1, "st": q1, "pt": q1},
+                 concept_probs={"c": np.array([[1.0, 0.0]]), "d": np.array([[3.0, 0.0]])})
     return model, pool, q
 
 
@@ -387,27 +404,41 @@ def _matching_world():
 def test_matching_averages_the_k_most_similar_texts_with_the_target_value(name):
     model, pool, q = _matching_world()
     est = EXPLAINERS.build({"name": name, "k": 2}).fit(model, pool).explain(Queries(q, ["c"], ["0"], ["1"]))
-    # candidates with c = "1": angles .1, .2, 1.0, 2.0 and .15 (the query's own unit "me": excluded) → top-2 .1, .2
+    # candidates with c = "1": angles .1, .2, 1.0, 2.0 and .15 (the query's own unit "me": excluded) → top-2 by
+    # cosine .1, .2 (by dot product, the far-out 1.0 and 2.0 would win)
     np.testing.assert_allclose(est, [[(0.9 + 0.8) / 2 - 0.4, (0.1 + 0.2) / 2 - 0.6]])
     est0 = EXPLAINERS.build({"name": name, "k": 3}).fit(model, pool).explain(Queries(q, ["c"], ["1"], ["0"]))
     np.testing.assert_allclose(est0, [[0.7 - 0.4, 0.3 - 0.6]])  # only one text has c = "0": k shrinks to 1
+    # k larger than the candidates left once the own unit is excluded: the 5 others, never the own unit's text
+    est5 = EXPLAINERS.build({"name": name, "k": 6}).fit(model, pool).explain(Queries(q, ["c"], ["0"], ["1"]))
+    np.testing.assert_allclose(est5, [[np.mean([0.9, 0.8, 0.6, 0.5]) - 0.4, np.mean([0.1, 0.2, 0.4, 0.5]) - 0.6]])
 
 
 def test_matching_with_no_candidate_is_zero_and_counted():
     model, pool, q = _matching_world()
     ex = EXPLAINERS.build({"name": "ft_match"}).fit(model, pool)
-    np.testing.assert_allclose(ex.explain(Queries(q, ["c"], ["1"], ["2"])), [[0.0, 0.0]])
-    assert ex.fallbacks_ == {"none": 1}
+    two = q.take([0, 0])
+    np.testing.assert_allclose(ex.explain(Queries(two, ["c", "c"], ["1", "1"], ["2", "2"])), np.zeros((2, 2)))
+    assert ex.fallbacks_ == {"none": 2}
+
+
+def test_convecs_selects_by_predicted_labels_and_ranks_by_the_other_concepts():
+    model, pool, q = _matching_world()
+    pool.predicted = [{"c": v, "d": "0"} for v in ("1", "0", "0", "1", "1", "1")]  # text b is *predicted* c = "0"
+    ex = EXPLAINERS.build({"name": "convecs", "k": 1}).fit(model, pool)
+    np.testing.assert_allclose(ex.explain(Queries(q, ["c"], ["1"], ["0"])), [[0.8 - 0.4, 0.2 - 0.6]])  # b (.2) < c (.3)
+    gold = EXPLAINERS.build({"name": "ft_match", "k": 1}).fit(model, pool)  # semantic matching: gold labels
+    np.testing.assert_allclose(gold.explain(Queries(q, ["c"], ["1"], ["0"])), [[0.7 - 0.4, 0.3 - 0.6]])
 
 
 def test_matching_spaces_are_declared_capabilities():
     assert {n: EXPLAINERS.get(n).embedding_space for n in ("st_match", "pt_match", "ft_match", "convecs")} == {
         "st_match": "st", "pt_match": "pt", "ft_match": "ft", "convecs": None}
-    assert EXPLAINERS.get("convecs").needs_concept_probs
+    assert EXPLAINERS.get("convecs").needs_concept_probs and EXPLAINERS.get("convecs").needs_predicted_concepts
     model, pool, _ = _matching_world()
     with pytest.raises(ConfigError, match="needs the 'st' embeddings"):
         EXPLAINERS.build({"name": "st_match"}).fit(model, Observed(texts=pool.texts, probs=pool.probs,
                                                                    concepts=pool.concepts))
     with pytest.raises(ConfigError, match="needs the concept classifier's distributions"):
         EXPLAINERS.build({"name": "convecs"}).fit(model, Observed(texts=pool.texts, probs=pool.probs,
-                                                                  concepts=pool.concepts))
+                                                                  concepts=pool.concepts, predicted=pool.concepts))

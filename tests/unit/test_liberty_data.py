@@ -126,6 +126,10 @@ def _rows(data, scm) -> list[dict]:
     return rows
 
 
+def _base(rows: list[dict], i: int) -> dict:
+    return next(r for r in rows if r["id"] == rows[i]["base_id"])
+
+
 def _write(path: Path, rows: list[dict]) -> Path:
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
@@ -141,14 +145,21 @@ def test_a_users_texts_load_and_are_checked_against_the_scm(tmp_path):
     assert [(p.base.id, p.changes) for p in loaded.pairs] == [(p.base.id, p.changes) for p in data.pairs]
     assert isinstance(loaded.splits["train"][0], TextItem) and loaded.scm.name == "cv"
 
+    made: list[Path] = []
+
     def broken(i: int, **change) -> Path:
         bad = [dict(r) for r in rows]
         bad[i].update(change)
-        return _write(tmp_path / f"bad-{i}-{sorted(change)[0]}.jsonl", bad)
+        made.append(_write(tmp_path / f"bad-{len(made)}.jsonl", bad))
+        return made[-1]
 
     cf = next(i for i, r in enumerate(rows) if r["split"] == "counterfactual" and r["intervened"] == "education")
     other = "Female" if rows[cf]["gender"] == "Male" else "Male"
+    train_id = data.splits["train"][0].id
     cases = [(broken(0, race="Martian"), "'Martian' is not a value of 'race'"),
+             (broken(cf, education=_base(rows, cf)["education"]),
+              "education has the base's value"),
+             (broken(cf, base_id=train_id), f"base_id '{train_id}' is not a test text"),
              (broken(cf, gender=other), "['gender'] changed although not descendants of the intervened 'education'"),
              (broken(cf, base_id="nope"), "base_id 'nope' is not a test text"),
              (broken(0, split="dev"), "unknown split(s) ['dev']"),
@@ -169,3 +180,51 @@ def test_the_dataset_registry_builds_it_and_subsamples_the_train_split():
                          "max_examples": 30}, Path("."))
     assert len(data.splits["train"]) == 30 and len(data.splits["test"]) == 20 and len(data.pairs) == 60
     assert np.all([it.id.startswith("cv-") for it in data.splits["train"]])
+
+
+def test_numeric_ids_and_digit_named_values_load_as_written(tmp_path):
+    import pandas as pd
+
+    d = {"name": "digits", "label": "y", "variables": {
+        "a": {"values": ["1", "2", "3"], "distribution": "uniform"},
+        "y": {"values": ["0", "1"], "terms": {"a": 0.5}, "noise": {"sd": 0.1}}}}
+    scm = SCM.from_dict(d)
+    rows = [{"id": i, "text": f"text {i}", "split": s, "a": a, "y": 1}
+            for i, s, a in ((1, "train", 1), (2, "test", 2), (3, "explainer", 3))]
+    rows.append({"id": 32, "text": "text 32", "split": "counterfactual", "a": 3, "y": 1, "base_id": 2,
+                 "intervened": "a"})
+    for suffix in (".csv", ".jsonl"):
+        path = tmp_path / f"digits{suffix}"
+        if suffix == ".csv":
+            pd.DataFrame(rows).to_csv(path, index=False)
+        else:
+            _write(path, rows)
+        from cprobe.data.liberty import load_texts
+
+        data = load_texts(scm, path, "digits")
+        (pair,) = data.pairs
+        assert pair.base.id == "2" and pair.source.id == "32"
+        assert pair.changes == {"a": ("2", "3")}  # the value named "2", not the value at index 2
+        assert data.splits["train"][0].concepts == {"a": "1"}
+
+
+def test_queries_carry_only_the_base_side_and_the_change():
+    from cprobe.explainers import Observed
+    from cprobe.tasks.liberty import pair_queries
+
+    scm = SCM.load("cv")
+    data = generate(scm, LibertyKeys(n_explained=30, n_explainer=10), "cv", 0)
+    items = [*data.splits["test"], *(p.source for p in data.pairs)]
+    index = {it.id: i for i, it in enumerate(items)}
+    code = {c: {v: str(i) for i, v in enumerate(scm.variables[c].values)} for c in scm.concepts}
+    everything = Observed(texts=[it.text for it in items], probs=np.full((len(items), 3), 1 / 3),
+                          concepts=[dict(it.concepts) for it in items], labels=np.zeros(len(items), dtype=int),
+                          predicted=[{"race": "0"}] * len(items), groups=[it.meta["unit"] for it in items])
+    q = pair_queries(data.pairs, everything, index, code)
+    assert q.base.concepts is None and q.base.labels is None  # no gold label of a query
+    assert list(q.base.texts) == [p.base.text for p in data.pairs]  # never the counterfactual's text
+    assert q.base.predicted is not None and len(q) == len(data.pairs)
+    for i, p in enumerate(data.pairs):
+        (c,) = p.intervened
+        v, v2 = p.changes[c]
+        assert (q.aspect[i], q.c[i], q.c_prime[i]) == (c, code[c][v], code[c][v2])

@@ -80,3 +80,10 @@ def test_global_of_of_a_perfect_a_reversed_and_a_tied_ranking():
     assert M.global_order_faithfulness(g7, m7) * 21 == pytest.approx(round(M.global_order_faithfulness(g7, m7) * 21))
     assert M.global_order_faithfulness(g7, m7) == pytest.approx(19 / 21)
     assert M.top(gold, 3) == ["a", "b", "c"]
+
+
+def test_importance_takes_the_absolute_value_of_the_mean_not_the_mean_of_absolute_values():
+    # one change whose pairs disagree in sign: CaCE = 0 → importance 0 (a mean of |·| would say .2)
+    effects = np.array([[0.2, -0.2], [-0.2, 0.2]])
+    assert M.importance(effects, ["a", "a"], ["a:0→1", "a:0→1"]) == pytest.approx({"a": 0.0})
+    assert M.sensitivity(effects, ["a", "a"]) == pytest.approx({"a": 0.4})

@@ -173,3 +173,62 @@ def test_monte_carlo_true_effects_reproduce_the_papers_table_17(name):
         assert effects[concept] == pytest.approx(paper, abs=0.05), concept
     ranked = sorted(effects, key=effects.get, reverse=True)
     assert ranked[0] == ("education" if name == "cv" else "gender")
+
+
+# the printed equations (digest B.4 = the paper's Tables 7–9): (intercept, {term: weight}, noise mean, noise sd)
+PRINTED = {
+    "cv": {"education": (0, {"race": .4, "age": .4, "gender": .4}, .35, .5),
+           "socioeconomic": (0, {"education": .45, "age": .25}, .25, .35),
+           "experience": (0, {"age": .5, "education": .3}, 0, .5),
+           "volunteering": (0, {"education": .2, "socioeconomic": .3}, -.35, .2),
+           "certificates": (0, {"education": .15, "experience": .15}, 0, .3),
+           "quality": (0, {"education": .3, "volunteering": .3, "certificates": .3, "experience": .3}, 0, .3)},
+    "violence": {"tenure": (0, {"age": .8}, .05, .5),
+                 "license": (0, {"gender": .3, "race": .3, "age": .2}, 0, .5),
+                 "department": (0, {"gender": .5, "race": .4, "age": .4}, .2, .5),
+                 "seniority": (0, {"age": .4, "gender": .1, "race": .1, "tenure": .3, "license": .3}, 0, .5),
+                 "violence": (.8, {"gender": .5, "department": .5, "age": -.2, "race": -.2, "license": -.2,
+                                   "tenure": -.2, "seniority": -.2}, .3, .2)},
+    "disease": {"dizziness": (0, {"disease=0": .9}, -.1, .6), "light_sensitivity": (0, {"disease=0": .9}, .2, .5),
+                "nasal_congestion": (0, {"disease=1": .7, "disease=2": .4}, 0, .7),
+                "facial_pain": (0, {"disease=1": .8}, .2, .6),
+                "fever": (0, {"disease=1": .4, "disease=2": .6}, 0, .6),
+                "weakness": (0, {"disease=2": .7}, .2, .6),
+                "headache": (0, {"disease=0": .7, "disease=1": .4, "light_sensitivity": .3, "nasal_congestion": .3},
+                             -.1, .5)},
+}
+ROOTS = {"cv": {"race": [.25] * 4, "gender": [.5, .5], "age": [.25, .5, .25]},
+         "violence": {"gender": [.5, .5], "age": [.25, .5, .25], "race": [.25] * 4},
+         "disease": {"disease": [1 / 3] * 3}}
+
+
+@pytest.mark.parametrize("name", ["cv", "violence", "disease"])
+def test_the_built_in_scms_are_the_papers_printed_equations(name):
+    scm = SCM.load(name)
+    assert set(scm.variables) == set(PRINTED[name]) | set(ROOTS[name])
+    for key, probs in ROOTS[name].items():
+        assert scm.variables[key].distribution == pytest.approx(tuple(probs))
+    for key, (intercept, terms, mean, sd) in PRINTED[name].items():
+        v = scm.variables[key]
+        got = {t.parent + ("" if t.level is None else f"={t.level}"): t.weight for t in v.terms}
+        assert got == pytest.approx(terms) and v.intercept == intercept, key
+        assert (v.noise_mean, v.noise_sd) == pytest.approx((mean, sd)), key
+    sizes = {"cv": [4, 2, 3, 4, 3, 3, 2, 2, 3], "violence": [2, 3, 4, 3, 3, 4, 4, 3], "disease": [3] * 8}
+    assert [len(v.values) for v in scm.variables.values()] == sizes[name]
+
+
+def test_more_malformed_declarations_are_one_line_errors():
+    from cprobe.data.realiser import TemplateRealiser
+
+    with pytest.raises(ConfigError, match="label \\['y'\\] is not a variable"):
+        SCM.from_dict(tiny(label=["y"]))
+    d = tiny()
+    d["variables"]["b"]["noise"] = 0
+    with pytest.raises(ConfigError, match="variable 'b': noise must be"):
+        SCM.from_dict(d)
+    text = {"expresses": ["a"], "openings": ["Hi."], "closings": ["Bye."], "personas": ["I knit."],
+            "phrases": ["It is lo."]}
+    with pytest.raises(ConfigError, match="text.phrases must map"):
+        TemplateRealiser(SCM.from_dict(tiny(text=text)))
+    with pytest.raises(ConfigError, match="text.expresses must list"):
+        TemplateRealiser(SCM.from_dict(tiny(text={**text, "expresses": "ab"})))

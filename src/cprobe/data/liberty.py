@@ -61,6 +61,9 @@ class LibertyKeys:
             raise ConfigError(f"dataset.test_share must lie in (0, 1), got {self.test_share}")
         if self.changes < 1:
             raise ConfigError(f"dataset.changes must be >= 1, got {self.changes}")
+        if self.n_explained - max(1, round(self.test_share * self.n_explained)) < 1:
+            raise ConfigError(f"dataset.test_share={self.test_share} leaves no training text of n_explained="
+                              f"{self.n_explained}")
 
 
 @dataclass(frozen=True)
@@ -152,16 +155,20 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
 
     if not path.is_file():
         raise DataError(f"LIBERTy texts file {path} does not exist (dataset.texts)")
-    try:
-        frame = pd.read_json(path, lines=True) if path.suffix in (".jsonl", ".json") else pd.read_csv(path)
-    except (ValueError, json.JSONDecodeError, pd.errors.ParserError) as e:
+    try:  # every cell as text: ids stay ids ("32", not 32.0), a value named "1" stays that name
+        if path.suffix in (".jsonl", ".json"):
+            records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            frame = pd.DataFrame.from_records(records).astype(object)
+            frame = frame.where(frame.notna(), "").map(lambda x: x if isinstance(x, str) else _text(x))
+        else:
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
         raise DataError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     need = ["id", "text", "split", *scm.variables]
     missing = [c for c in need if c not in frame.columns]
     if missing:
         raise DataError(f"{path.name}: missing column(s) {missing}; need id, text, split, one column per SCM variable "
                         f"({list(scm.variables)}), and base_id, intervened for counterfactual rows")
-    frame = frame.astype({"id": str})
     if frame["id"].duplicated().any():
         raise DataError(f"{path.name}: duplicated id {frame['id'][frame['id'].duplicated()].iloc[0]!r}")
     bad = sorted(set(frame["split"]) - {*SPLITS, "counterfactual"})
@@ -172,10 +179,10 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
         named = {}
         for k, var in scm.variables.items():
             try:
-                named[k] = var.values[var.index(_cell(r[k]), f"{path.name}, row {r['id']}: ")]
+                named[k] = var.values[var.index(r[k], f"{path.name}, row {r['id']}: ")]
             except ConfigError as e:
                 raise DataError(str(e)) from None
-        if not isinstance(r["text"], str) or not r["text"].strip():
+        if not r["text"].strip():
             raise DataError(f"{path.name}, row {r['id']}: empty text")
         items[r["id"]] = TextItem(r["id"], r["text"], {k: named[k] for k in scm.concepts}, named[scm.label],
                                   meta={"unit": r["id"], "split": r["split"]})
@@ -191,6 +198,8 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
     pairs = []
     for r in cf.to_dict("records"):
         base_id, concept = str(r["base_id"]), str(r["intervened"])
+        if base_id not in items and base_id.endswith(".0") and base_id[:-2] in items:
+            base_id = base_id[:-2]  # an integer id written from a float column (pandas: 32 → "32.0")
         where = f"{path.name}, counterfactual {r['id']}"
         if base_id not in test_ids:
             raise DataError(f"{where}: base_id {base_id!r} is not a test text")
@@ -210,10 +219,11 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
     return LibertyData(name, str(path), scm, splits, tuple(pairs))
 
 
-def _cell(x: Any) -> Any:
+def _text(x: Any) -> str:
+    """A JSON scalar as text (an integral float as an integer: 32.0 → "32")."""
     if isinstance(x, float) and x.is_integer():
-        return int(x)
-    return x if isinstance(x, (int, np.integer)) else str(x)
+        return str(int(x))
+    return str(x)
 
 
 def _value(item: TextItem, scm: SCM, key: str) -> str:

@@ -61,16 +61,19 @@ class TemplateRealiser:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; choose from expresses, openings, closings, "
                               "personas, phrases")
-        self.expresses = tuple(str(v) for v in text.get("expresses") or ())
-        if not self.expresses:
-            raise ConfigError(f"{where}.expresses must list the variables the text states")
+        expresses = text.get("expresses")
+        if not isinstance(expresses, Sequence) or isinstance(expresses, str) or not expresses:
+            raise ConfigError(f"{where}.expresses must list the variables the text states, got {expresses!r}")
+        self.expresses = tuple(str(v) for v in expresses)
         for v in self.expresses:
             if v not in scm.variables:
                 raise ConfigError(f"{where}.expresses: unknown variable {v!r}; choose from {list(scm.variables)}")
         self.openings = _sentences(text.get("openings"), f"{where}.openings")
         self.closings = _sentences(text.get("closings"), f"{where}.closings")
         self.personas = _sentences(text.get("personas"), f"{where}.personas")
-        phrases = text.get("phrases") or {}
+        phrases = text.get("phrases")
+        if not isinstance(phrases, Mapping):
+            raise ConfigError(f"{where}.phrases must map each expressed variable to {{value: [sentences]}}")
         self.phrases: dict[str, dict[str, tuple[str, ...]]] = {}
         for v in self.expresses:
             bank = phrases.get(v)

@@ -69,7 +69,8 @@ class Variable:
         return tuple(dict.fromkeys(t.parent for t in self.terms))
 
     def index(self, value: str | int, where: str = "") -> int:
-        """The index of a value given by name or index (a one-line error naming the variable otherwise)."""
+        """The index of a value: an integer is an index; a string is a value name, else a decimal index (a name
+        wins: values named "1", "2", "3" read "1" as the first). A one-line error naming the variable otherwise."""
         if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
             if 0 <= int(value) < len(self.values):
                 return int(value)
@@ -150,7 +151,7 @@ class SCM:
         variables = {key: _variable(key, spec, values, f"{where}: variable {key!r}") for key, spec in specs.items()}
         order = _topological(variables, where)
         label = d.get("label")
-        if label not in variables:
+        if not isinstance(label, str) or label not in variables:
             raise ConfigError(f"{where}: label {label!r} is not a variable; choose from {list(variables)}")
         null = d.get("null_value")
         text = d.get("text") or {}
@@ -339,7 +340,7 @@ def _variable(key: str, spec: Mapping[str, Any], values: dict[str, tuple[str, ..
             pv = Variable(parent, values[parent])
             lvl = pv.index(level.strip(), f"{where}: indicator {t!r}: ")
         parsed.append(Term(parent, _number(w, f"{where}: the weight of {t!r}"), lvl))
-    noise = spec.get("noise") or {}
+    noise = spec.get("noise", {})
     if not isinstance(noise, Mapping) or set(noise) - {"mean", "sd", "var"} or ("sd" in noise and "var" in noise):
         raise ConfigError(f"{where}: noise must be {{mean: μ, sd: σ}} (or {{mean: μ, var: σ²}}), got {noise!r}")
     mean = _number(noise.get("mean", 0.0), f"{where}: noise mean")

@@ -45,20 +45,21 @@ class Observed:
     labels: np.ndarray | None = None  # (n,) gold class of the task (training split only)
     groups: Sequence[str] | None = None  # unit ids (CEBaB: original_id): a text never stands in for its own unit
     embeddings: dict[str, Tensor] | None = None  # named embedding spaces (n, d_s) for the matching explainers
-    concept_probs: np.ndarray | None = None  # (n, Σ values) concatenated concept-classifier distributions
+    concept_probs: dict[str, np.ndarray] | None = None  # per concept: the concept classifier's distributions (n, m_c)
 
     def __post_init__(self) -> None:
         n = len(self.texts)
         self.probs = np.asarray(self.probs, dtype=np.float64)
         if self.probs.ndim != 2 or len(self.probs) != n:
             raise DataError(f"probs must be (n={n}, K), got {self.probs.shape}")
-        for name in ("concepts", "reps", "predicted", "labels", "groups", "concept_probs"):
+        for name in ("concepts", "reps", "predicted", "labels", "groups"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise DataError(f"{name} has {len(v)} rows for {n} texts")
-        for space, v in (self.embeddings or {}).items():
-            if len(v) != n:
-                raise DataError(f"embedding space {space!r} has {len(v)} rows for {n} texts")
+        for what, table in (("embedding space", self.embeddings), ("concept distributions of", self.concept_probs)):
+            for key, v in (table or {}).items():
+                if len(v) != n:
+                    raise DataError(f"{what} {key!r} has {len(v)} rows for {n} texts")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -76,7 +77,8 @@ class Observed:
                         concepts=pick(self.concepts), predicted=pick(self.predicted),
                         labels=None if self.labels is None else self.labels[idx], groups=pick(self.groups),
                         embeddings=None if self.embeddings is None else {k: v[rows] for k, v in self.embeddings.items()},
-                        concept_probs=None if self.concept_probs is None else self.concept_probs[idx])
+                        concept_probs=None if self.concept_probs is None else {k: v[idx] for k, v in
+                                                                              self.concept_probs.items()})
 
 
 @dataclass

@@ -1,23 +1,28 @@
-"""Top-k matching (LIBERTy, Toker et al. 2026, §6; after Gat et al. 2023): stand in for the counterfactual of x
-under C: c → c′ with the k training texts most similar to x among those whose concept C has the value c′, and return
+"""Top-k matching (LIBERTy, Toker et al. 2026, §6 / App. D.2; after Gat et al. 2023): stand in for the
+counterfactual of x under C: c → c′ with the k training texts most similar to x among those whose concept C has the
+value c′, and return
 
     M(x, c⃗) = mean_{m ∈ top-k} f(m) − f(x)
 
-(k = 3, cosine similarity). The training texts' C values are their gold labels (in LIBERTy the explainer set D_M is
-generated, so they are known); a text never matches its own unit. The family differs only in the space in which
-similarity is measured — a declared capability, so the study computes only the spaces its explainers need:
+(k = 3, cosine similarity; a text never matches its own unit; fewer than k candidates: all of them). The family
+differs in the space similarity is measured in — a declared capability, so the study computes only the spaces its
+explainers need — and in which labels say "C = c′":
 
-- ``st_match``: a sentence-transformer embedding (all-MiniLM-L6-v2, mean-pooled; space ``st``);
-- ``pt_match``: the explained model's *pre-trained* encoder at the site the classifier reads (space ``pt``);
-- ``ft_match``: the *fine-tuned* explained model at that site, φ(x) (space ``ft``) — the paper's winner;
-- ``convecs``: the concatenated predicted distributions of every concept from the concept classifier (the paper's
-  ConVecs, new in LIBERTy).
+- ``st_match``: a sentence-transformer's mean-pooled embedding (all-MiniLM-L6-v2; space ``st``);
+- ``pt_match``: the explained model's *pre-trained* encoder, mean-pooled (space ``pt``);
+- ``ft_match``: the *fine-tuned* explained model's encoder, mean-pooled (space ``ft``) — the paper's winner;
+  these three select candidates by the training texts' gold labels (LIBERTy's D_M is generated, so they are known;
+  the paper does not say);
+- ``convecs``: concept-based (the paper's ConVecs): candidates whose *predicted* C is c′ (the paper's methods in this
+  family assume no access to gold labels), ranked by cosine over the concatenated predicted distributions of the
+  *remaining* concepts (from the concept classifier).
 
-When no training text has C = c′ the estimate is zero (counted in ``fallbacks_["none"]``).
+When no training text qualifies the estimate is zero (counted in ``fallbacks_["none"]``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar, Self
 
 import numpy as np
@@ -26,37 +31,44 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
 
 
+def unit_rows(v: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (cosine similarity = dot product); zero rows stay zero."""
+    v = np.asarray(v, dtype=np.float64)
+    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
 class Matching(Explainer):
     """Top-k cosine matching in one space (subclasses name it)."""
 
     space: ClassVar[str] = ""
+    use_predicted: ClassVar[bool] = False  # select candidates by predicted (not gold) concept labels
 
     def __init__(self, k: int = 3) -> None:
         if k < 1:
             raise ConfigError(f"{self.name}: k must be >= 1, got {k}")
         self.k = k
 
-    def vectors(self, obs: Observed) -> np.ndarray:
-        """The texts' vectors in this explainer's space, L2-normalised (cosine = dot product)."""
+    def vectors(self, obs: Observed, concept: str) -> np.ndarray:
+        """The texts' vectors in this explainer's space for a change of ``concept``, L2-normalised."""
         assert obs.embeddings is not None
-        v = obs.embeddings[self.space].double().cpu().numpy()
-        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        return unit_rows(obs.embeddings[self.space].double().cpu().numpy())
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
-        if train.concepts is None:
-            raise DataError(f"{self.name} needs the training texts' concept labels (the matching pool's C values)")
-        self.pool_ = self.vectors(train)
-        self.probs_ = train.probs
-        self.labels_ = {c: np.array([row.get(c, "") for row in train.concepts], dtype=object) for c in model.concepts}
+        labels = train.predicted if self.use_predicted else train.concepts
+        if labels is None:
+            raise DataError(f"{self.name} needs the training texts' {'predicted' if self.use_predicted else 'gold'} "
+                            "concept labels (the matching pool's C values)")
+        self.train_ = train
+        self.labels_ = {c: np.array([row.get(c, "") for row in labels], dtype=object) for c in model.concepts}
         self.groups_ = np.array(list(train.groups) if train.groups is not None else [None] * len(train), dtype=object)
         return self
 
     def explain(self, queries: Queries) -> np.ndarray:
-        q = self.vectors(queries.base)
-        groups = queries.base.groups if queries.base.groups is not None else [None] * len(queries)
+        groups: Sequence[object] = queries.base.groups if queries.base.groups is not None else [None] * len(queries)
         out = np.zeros((len(queries), self.n_classes_))
         self.fallbacks_ = {"none": 0}
         aspect, c2 = np.asarray(queries.aspect, dtype=object), np.asarray(queries.c_prime, dtype=object)
+        spaces: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for key in dict.fromkeys(zip(aspect, c2)):
             rows = np.flatnonzero((aspect == key[0]) & (c2 == key[1]))
             labels = self.labels_.get(key[0])
@@ -64,7 +76,10 @@ class Matching(Explainer):
             if len(cand) == 0:
                 self.fallbacks_["none"] += len(rows)
                 continue
-            sims = q[rows] @ self.pool_[cand].T  # (rows, candidates)
+            if key[0] not in spaces:
+                spaces[key[0]] = (self.vectors(queries.base, key[0]), self.vectors(self.train_, key[0]))
+            q, pool = spaces[key[0]]
+            sims = q[rows] @ pool[cand].T  # (rows, candidates)
             for r, i in enumerate(rows):
                 s = sims[r].copy()
                 if groups[i] is not None:
@@ -73,9 +88,8 @@ class Matching(Explainer):
                 if not ok.any():
                     self.fallbacks_["none"] += 1
                     continue
-                k = min(self.k, int(ok.sum()))
-                best = np.argsort(-s, kind="stable")[:k]
-                out[i] = self.probs_[cand[best]].mean(0) - queries.base.probs[i]
+                best = np.argsort(-s, kind="stable")[: min(self.k, int(ok.sum()))]
+                out[i] = self.train_.probs[cand[best]].mean(0) - queries.base.probs[i]
         return out
 
 
@@ -102,15 +116,19 @@ class FTMatch(Matching):
 
 @EXPLAINERS.register("convecs")
 class ConVecs(Matching):
-    """Matching over the concatenated concept-classifier distributions (cosine)."""
+    """Concept-based matching: predicted C = c′, cosine over the other concepts' predicted distributions."""
 
     name = "convecs"
     needs_concept_probs = True
+    needs_predicted_concepts = True
+    use_predicted = True
 
-    def vectors(self, obs: Observed) -> np.ndarray:
+    def vectors(self, obs: Observed, concept: str) -> np.ndarray:
         assert obs.concept_probs is not None
-        v = np.asarray(obs.concept_probs, dtype=np.float64)
-        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+        others = [obs.concept_probs[c] for c in obs.concept_probs if c != concept]
+        if not others:
+            raise DataError("convecs needs at least one concept besides the intervened one")
+        return unit_rows(np.concatenate(others, axis=1))
 
 
-__all__ = ["ConVecs", "FTMatch", "Matching", "PTMatch", "STMatch"]
+__all__ = ["ConVecs", "FTMatch", "Matching", "PTMatch", "STMatch", "unit_rows"]

@@ -151,9 +151,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     from cprobe.data.liberty import LibertyData
     from cprobe.data.registry import load_dataset
     from cprobe.data.scm import true_effects
-    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed, Queries
+    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
     from cprobe.explainers.base import TrainingRegime
-    from cprobe.models.classifier import classify, finetuned_classifier
+    from cprobe.models.classifier import finetuned_classifier
 
     cfg, seed = ctx.cfg, ctx.seed
     data = load_dataset(cfg["dataset"], ctx.data_root)
@@ -190,7 +190,12 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     items = list(texts.values())
     index = {it.id: i for i, it in enumerate(items)}
     t0 = time.perf_counter()
-    reps, logp = classify(clf, items, ft.max_length, desc="classify" if ctx.progress else None)
+    from cprobe.models.classifier import classify_reading, phi_site
+    from cprobe.models.sites import MEAN, Site
+
+    phi, pooled = phi_site(clf), Site(clf.n_layers, MEAN)
+    acts, logp = classify_reading(clf, items, [phi, pooled], ft.max_length, desc="classify" if ctx.progress else None)
+    reps = acts[phi]  # φ: what the head reads (TCAV, ConceptSHAP, LEACE, ...)
     probs = logp.exp().double().numpy()
     ctx.timings["classify_s"] = time.perf_counter() - t0
 
@@ -210,7 +215,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cf_idx = np.array([index[p.source.id] for p in pairs])
     needed = sorted({c.embedding_space for c in explainer_classes.values() if c.embedding_space})
     rows_needed = sorted(set(pool) | set(base_idx.tolist()))
-    embeddings = _embeddings(ctx, needed, items, rows_needed, reps, encoder, ft.max_length, config.st_model)
+    embeddings = _embeddings(ctx, needed, items, rows_needed, acts[pooled], encoder, ft.max_length, config.st_model)
     concept_probs = predicted = None
     if any(c.needs_predicted_concepts or c.needs_concept_probs for c in explainer_classes.values()):
         predicted, concept_probs = _concept_classifier(ctx, encoder, data, items, rows_needed, concepts, config,
@@ -225,11 +230,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                           embeddings=embeddings, concept_probs=concept_probs)
     train_obs = everything.take(pool)
     train_obs.labels = np.array([label.values.index(items[i].outcome) for i in pool])
-    base = everything.take(base_idx.tolist())
-    base.concepts = None  # queries never see gold labels
+    queries = pair_queries(pairs, everything, index, code)
     changes = [next(iter(p.changes.items())) for p in pairs]
-    queries = Queries(base, [c for c, _ in changes], [code[c][v] for c, (v, _) in changes],
-                      [code[c][v2] for c, (_, v2) in changes])
     null = scm.null_value
     model = ExplainedModel(clf.model.head.eval(), k, tuple(concepts), values,
                            "0" if null is None else str(_null_index(scm, concepts, null)),
@@ -285,6 +287,20 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     return table
 
 
+def pair_queries(pairs: Sequence[Any], everything: Any, index: Mapping[str, int],
+                 code: Mapping[str, Mapping[str, str]]) -> Any:
+    """The explainers' view of the pairs: the base text only (its f, φ, embeddings and *predicted* concepts — never
+    its gold labels, never anything of the counterfactual) and the change ``(C, c, c′)`` as value indices."""
+    from cprobe.explainers import Queries
+
+    base = everything.take([index[p.base.id] for p in pairs])
+    base.concepts = None
+    base.labels = None
+    changes = [next(iter(p.changes.items())) for p in pairs]
+    return Queries(base, [c for c, _ in changes], [code[c][v] for c, (v, _) in changes],
+                   [code[c][v2] for c, (_, v2) in changes])
+
+
 def _null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
     idx = {scm.variables[c].values.index(null) for c in concepts if null in scm.variables[c].values}
     if len(idx) != 1:
@@ -292,9 +308,11 @@ def _null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
     return idx.pop()
 
 
-def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], rows: list[int], reps: torch.Tensor,
-                encoder: Any, max_length: int, st_model: str) -> dict[str, torch.Tensor] | None:
-    """The named embedding spaces the matching explainers declared (rows outside ``rows`` stay zero)."""
+def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], rows: list[int],
+                ft_pooled: torch.Tensor, encoder: Any, max_length: int, st_model: str) -> dict[str, torch.Tensor] | None:
+    """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
+    the paper (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
+    ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
     from cprobe.models.formatters import ClassificationFormatter
     from cprobe.models.sites import MEAN, Site
 
@@ -305,15 +323,13 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
     idx = torch.tensor(rows, dtype=torch.long)
     for space in spaces:
         t0 = time.perf_counter()
-        if space == "ft":  # φ of the fine-tuned model
-            out[space] = reps
+        if space == "ft":  # the fine-tuned encoder
+            out[space] = ft_pooled
             continue
-        if space == "pt":  # the pre-trained encoder, at the site the classifier reads
-            from cprobe.models.classifier import POOL_POSITION, default_pool
-
+        if space == "pt":  # the pre-trained encoder
             adapter = encoder
-            site = Site(adapter.n_layers, POOL_POSITION[default_pool(adapter.model.config.model_type)])
-        elif space == "st":  # a sentence-transformer: mean-pooled last layer
+            site = Site(adapter.n_layers, MEAN)
+        elif space == "st":  # a sentence-transformer
             adapter = ctx.adapter({**_model_config(st_model), "kind": "encoder"})
             site = Site(adapter.n_layers, MEAN)
         else:
@@ -329,7 +345,7 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
 
 def _concept_classifier(ctx: JobContext, encoder: Any, data: Any, items: list[TextItem], rows: list[int],
                         concepts: list[str], config: Config, seed: int, common: dict,
-                        out_rows: list[dict]) -> tuple[list[dict[str, str]], np.ndarray]:
+                        out_rows: list[dict]) -> tuple[list[dict[str, str]], dict[str, np.ndarray]]:
     """Fine-tune (or load) one multi-task concept classifier on D_M; every needed text's predicted value index per
     concept and the concatenated predicted distributions (ConVecs)."""
     from cprobe.models.classifier import classify, finetuned_classifier
@@ -352,10 +368,11 @@ def _concept_classifier(ctx: JobContext, encoder: Any, data: Any, items: list[Te
     dist = logits.softmax(-1).double().numpy()
     pred = dist.argmax(-1)
     predicted: list[dict[str, str]] = [{} for _ in items]
-    cprobs = np.zeros((len(items), sum(sizes)))
+    cprobs = {c: np.zeros((len(items), m)) for c, m in zip(concepts, sizes)}
     for r, i in enumerate(rows):
         predicted[i] = {c: str(pred[r, j]) for j, c in enumerate(concepts)}
-        cprobs[i] = np.concatenate([dist[r, j, :m] for j, m in enumerate(sizes)])
+        for j, (c, m) in enumerate(zip(concepts, sizes)):
+            cprobs[c][i] = dist[r, j, :m]
     test_ids = {it.id for it in data.splits["test"]}
     test_rows = [r for r, i in enumerate(rows) if items[i].id in test_ids]
     for j, c in enumerate(concepts):
