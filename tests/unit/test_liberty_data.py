@@ -139,7 +139,7 @@ def test_a_users_texts_load_and_are_checked_against_the_scm(tmp_path):
     scm = SCM.load("cv")
     data = generate(scm, LibertyKeys(n_explained=40, n_explainer=12), "cv", 0)
     rows = _rows(data, scm)
-    path = _write(tmp_path / "mine.jsonl", rows)
+    _write(tmp_path / "mine.jsonl", rows)
     loaded = load_liberty(LibertyKeys(texts="mine.jsonl"), tmp_path, "mine")
     assert [it.text for it in loaded.splits["test"]] == [it.text for it in data.splits["test"]]
     assert [(p.base.id, p.changes) for p in loaded.pairs] == [(p.base.id, p.changes) for p in data.pairs]

@@ -332,7 +332,8 @@ def _variable(key: str, spec: Mapping[str, Any], values: dict[str, tuple[str, ..
         parent, _, level = str(t).partition("=")
         parent = parent.strip()
         if parent not in values:
-            raise ConfigError(f"{where}: unknown parent {parent!r}; choose from {sorted(k for k in values if k != key)}")
+            others = sorted(k for k in values if k != key)
+            raise ConfigError(f"{where}: unknown parent {parent!r}; choose from {others}")
         if parent == key:
             raise ConfigError(f"{where}: a variable cannot be its own parent")
         lvl = None

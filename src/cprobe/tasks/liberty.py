@@ -309,7 +309,8 @@ def _null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
 
 
 def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], rows: list[int],
-                ft_pooled: torch.Tensor, encoder: Any, max_length: int, st_model: str) -> dict[str, torch.Tensor] | None:
+                ft_pooled: torch.Tensor, encoder: Any, max_length: int,
+                st_model: str) -> dict[str, torch.Tensor] | None:
     """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
     the paper (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
     ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
@@ -481,7 +482,8 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
                for key, gi in imp.groupby(by, sort=False)]
         write_table(pd.DataFrame(top), out_dir / "liberty_top3")
         write_table(imp, out_dir / "liberty_importance")
-    write_table(summarise(tab, "classifier", [*GROUP, "explainer", "concept", "metric"]), out_dir / "liberty_classifier")
+    write_table(summarise(tab, "classifier", [*GROUP, "explainer", "concept", "metric"]),
+                out_dir / "liberty_classifier")
     _plot_global_of(g, out_dir)
     _plot_sensitivity(sens, out_dir)
 
