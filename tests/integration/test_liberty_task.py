@@ -144,8 +144,13 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     local = pd.read_csv(sweep / "liberty_local.csv")
     assert set(local["explainer"]) == names and local.shape[1] == 2  # explainer + one (SCM · model) column
     assert all(" / " in c for c in local.iloc[:, 1])
-    g = pd.read_csv(sweep / "liberty_global_of.csv")
+    g = pd.read_csv(sweep / "liberty_global_of_long.csv")
     assert (g["seeds"] == 2).all()
+    wide = pd.read_csv(sweep / "liberty_global_of.csv")  # Table 16: explainer rows, (SCM · model) columns
+    assert set(wide["explainer"]) == names and wide.shape[1] == 2
+    col = wide.columns[1]
+    for _, r in g.iterrows():
+        assert wide.set_index("explainer").loc[r["explainer"], col] == pytest.approx(r["mean"], abs=5e-4)
     sens = pd.read_csv(sweep / "liberty_sensitivity.csv")
     assert set(sens["explainer"]) == {"model", "scm"} and {"a", "b", "c"} <= set(sens.columns)
     assert (sweep / "liberty_global_of.png").is_file() and (sweep / "liberty_sensitivity_tiny.png").is_file()

@@ -444,6 +444,20 @@ def summarise(table: pd.DataFrame, kind: str, keys: Sequence[str]) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+def _wide(s: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
+    """Rows explainers, one column per (config, SCM, model), the given cells."""
+    cols = [k for k in s.columns if k in ("config_id", *GROUP)]
+    frame = s.assign(cell=list(cell), column=[" · ".join(str(r[k]) for k in cols) for _, r in s.iterrows()])
+    return frame.pivot_table(index="explainer", columns="column", values="cell", aggfunc="first",
+                             sort=False).reset_index()
+
+
+def global_of_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 16: rows explainers, one column per (SCM, model), cells the mean global OF (over seeds)."""
+    g = summarise(table, "global_of", [*GROUP, "explainer"])
+    return g if g.empty else _wide(g, g["mean"].round(3))
+
+
 def local_table(table: pd.DataFrame) -> pd.DataFrame:
     """Tables 1 / 15: rows explainers, one ``ED / OF`` column per (SCM, model), cells ``.ED/.OF`` (means)."""
     ed = summarise(table[table["distance"] == "mean"], "ed", [*GROUP, "explainer"])
@@ -452,11 +466,7 @@ def local_table(table: pd.DataFrame) -> pd.DataFrame:
         return ed
     keys = [k for k in ed.columns if k in ("config_id", *GROUP, "explainer")]
     merged = ed.merge(of, on=keys, suffixes=("_ed", "_of"), how="left")
-    merged["cell"] = [f"{a:.2f} / {b:.2f}" for a, b in zip(merged["mean_ed"], merged["mean_of"])]
-    cols = [k for k in keys if k != "explainer"]
-    merged["column"] = [" · ".join(str(r[k]) for k in cols) for _, r in merged.iterrows()]
-    wide = merged.pivot_table(index="explainer", columns="column", values="cell", aggfunc="first", sort=False)
-    return wide.reset_index()
+    return _wide(merged, pd.Series([f"{a:.2f} / {b:.2f}" for a, b in zip(merged["mean_ed"], merged["mean_of"])]))
 
 
 def report(table: pd.DataFrame, out_dir: Any) -> None:
@@ -469,7 +479,8 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
     write_table(summarise(tab, "ed", [*GROUP, "explainer", "distance"]), out_dir / "liberty_ed")
     write_table(summarise(tab, "of", [*GROUP, "explainer"]), out_dir / "liberty_of")
     g = summarise(tab, "global_of", [*GROUP, "explainer"])
-    write_table(g, out_dir / "liberty_global_of")
+    write_table(global_of_table(tab), out_dir / "liberty_global_of")
+    write_table(g, out_dir / "liberty_global_of_long")
     sens = summarise(tab, "sensitivity", [*GROUP, "explainer", "concept"])
     if not sens.empty:
         idx = [k for k in sens.columns if k in ("config_id", *GROUP, "explainer")]
