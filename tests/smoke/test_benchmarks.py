@@ -33,3 +33,8 @@ def test_bench_interventions_on_given_arrays(tmp_path):
     out = _run("scripts/bench_interventions.py", "--npz", str(tmp_path / "a.npz"), "--only", "inlp,leace",
                "--inlp-ranks", "2", "--threads", "1")
     assert "inlp" in out.lower() and "leace" in out.lower()
+
+
+def test_bench_finetune_prints_the_bf16_ratio():
+    out = _run("scripts/bench_finetune.py", "--size", "tiny", "--n", "16", "--batch-size", "8", "--max-length", "64")
+    assert "bf16 / fp32 =" in out and "fp32:" in out
