@@ -50,7 +50,7 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--size", choices=["minilm", "tiny"], default="minilm")
     args = p.parse_args()
-    data = generate(SCM.load("cv"), LibertyKeys(n_explained=max(args.n + 10, 20), n_explainer=10), "cv", 0)
+    data = generate(SCM.load("cv"), LibertyKeys(n_explained=max(2 * args.n, 20), n_explainer=10), "cv", 0)
     items = list(data.splits["train"])[: args.n]
     label = data.scm.variables[data.scm.label]
     y = torch.tensor([label.values.index(it.outcome) for it in items])
