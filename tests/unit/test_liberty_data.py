@@ -228,3 +228,11 @@ def test_queries_carry_only_the_base_side_and_the_change():
         (c,) = p.intervened
         v, v2 = p.changes[c]
         assert (q.aspect[i], q.c[i], q.c_prime[i]) == (c, code[c][v], code[c][v2])
+
+
+def test_fine_tuning_precision_is_fp32_or_bf16():
+    from cprobe.models.classifier import FinetuneConfig
+
+    assert FinetuneConfig(precision="bf16").precision == "bf16" and FinetuneConfig().precision == "fp32"
+    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+        FinetuneConfig(precision="fp16")

@@ -11,7 +11,8 @@ A head may hold several classification tasks at once (``n_tasks`` × ``n_classes
 classifier predicts the four aspects' labels jointly); targets of −100 are ignored.
 
 :func:`finetuned_classifier` trains one (AdamW, linear decay; the paper's lr 2e-5, batch 32, max_len 128),
-with a progress bar (``precision: bf16`` trains under bf16 autocast: about twice as fast on CPU), and caches the weights as a checksummed safetensors file keyed by the base model's
+with a progress bar (``precision: bf16`` trains under bf16 autocast: 1.4–2× faster on CPU,
+``scripts/bench_finetune.py``), and caches the weights as a checksummed safetensors file keyed by the base model's
 weights, the training data, every hyperparameter and the seed. Training checkpoints after every epoch
 (weights and optimizer moments, safetensors), so an interrupted run resumes from the last finished epoch.
 """
