@@ -21,7 +21,7 @@ class attributes, say what a study must compute for an explainer — callers dis
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -191,6 +191,19 @@ def check_inputs(explainer: Explainer, obs: Observed, what: str) -> None:
 
 
 EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")
+
+
+def check_explainers(names: Sequence[str], settings: dict, where: str) -> None:
+    """A study's ``<where>.explainers`` list and ``<where>.explainer.<name>.<key>`` settings: known names, mappings,
+    constructor keys that exist — one-line errors before any work."""
+    if not names:
+        raise ConfigError(f"{where}.explainers is empty; choose from {EXPLAINERS.names()}")
+    for name, value in settings.items():  # settings of a registered but unselected explainer: unused
+        EXPLAINERS.get(name)
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}.explainer.{name} must be a mapping of settings (e.g. {{k: 3}}), got {value!r}")
+    for name in names:
+        EXPLAINERS.build({"name": name, **dict(settings.get(name) or {})}, seed=0)
 
 
 def per_concept(queries: Queries, n_classes: int, concepts: Sequence[str],

@@ -114,6 +114,14 @@ class FinetuneConfig:
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
 
 
+def finetune_config(d: dict | None, where: str, model_defaults: dict | None = None) -> FinetuneConfig:
+    """A study's settings (null = unset) over the model config's ``finetune:`` defaults over the paper's."""
+    from cprobe.config import parse
+
+    merged = {**(model_defaults or {}), **{k: v for k, v in (d or {}).items() if v is not None}}
+    return parse(FinetuneConfig, merged, where)
+
+
 def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
          name: str | None = None) -> ModelAdapter:
     """A fresh (untrained-head) classifier on a *copy* of ``encoder``'s model, as a ``classifier`` adapter."""

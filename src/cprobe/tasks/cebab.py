@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +35,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cprobe.config import parse
 from cprobe.data.cebab import (
     ASPECTS,
     DIRECTIONS,
@@ -53,6 +52,7 @@ from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import DISTANCES, acace, distance, icace_error
+from cprobe.models.classifier import finetune_config
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 
@@ -77,16 +77,8 @@ class Config:
     max_pairs: int | None = None  # subsample the evaluation pairs (smoke tests)
 
 
-def _finetune_config(d: dict, where: str, model_defaults: dict | None = None):
-    """The study's settings (null = unset) over the model config's ``finetune:`` defaults over the paper's."""
-    from cprobe.models.classifier import FinetuneConfig
-
-    merged = {**(model_defaults or {}), **{k: v for k, v in (d or {}).items() if v is not None}}
-    return parse(FinetuneConfig, merged, where)
-
-
 def validate(job: Any) -> None:
-    from cprobe.explainers import EXPLAINERS
+    from cprobe.explainers.base import check_explainers
 
     cfg: Config = job.task_cfg
     if cfg.task not in TASKS:
@@ -96,23 +88,14 @@ def validate(job: Any) -> None:
         raise ConfigError(f"cebab.aspects lists an aspect twice: {list(cfg.aspects)}")
     if bad or not cfg.aspects:
         raise ConfigError(f"unknown aspect(s) {bad or '[] (none given)'}; choose from {list(ASPECTS)}")
-    if not cfg.explainers:
-        raise ConfigError(f"cebab.explainers is empty; choose from {EXPLAINERS.names()}")
-    for name in cfg.explainers:
-        EXPLAINERS.get(name)
-    for name, settings in cfg.explainer.items():  # settings of a registered but unselected explainer: unused
-        EXPLAINERS.get(name)
-        if not isinstance(settings, Mapping):
-            raise ConfigError(f"cebab.explainer.{name} must be a mapping of settings (e.g. {{k: 3}}), got {settings!r}")
-    for name in cfg.explainers:
-        EXPLAINERS.build({"name": name, **dict(cfg.explainer.get(name) or {})}, seed=0)
+    check_explainers(cfg.explainers, cfg.explainer, "cebab")
     for d in cfg.distances:
         distance(d)
     if not cfg.distances:
         raise ConfigError(f"cebab.distances is empty; choose from {sorted(DISTANCES)}")
     defaults = (job.keys.model or {}).get("finetune")
-    _finetune_config(cfg.finetune, "cebab.finetune", defaults)
-    _finetune_config(cfg.concept_model, "cebab.concept_model", defaults)
+    finetune_config(cfg.finetune, "cebab.finetune", defaults)
+    finetune_config(cfg.concept_model, "cebab.concept_model", defaults)
     ds = job.keys.dataset or {}
     if ds.get("type", ds.get("name")) != "cebab":
         raise ConfigError("the cebab task needs dataset=cebab")
@@ -141,7 +124,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if not pairs:
         raise DataError(f"no edit pairs for aspects {config.aspects} in the {config.eval_split} split")
     explainer_classes = [EXPLAINERS.get(n) for n in config.explainers]
-    ft = _finetune_config(config.finetune, "cebab.finetune", cfg["model"].get("finetune"))
+    ft = finetune_config(config.finetune, "cebab.finetune", cfg["model"].get("finetune"))
 
     # the explained model: the encoder fine-tuned with a classification head (cached)
     from cprobe.models.classifier import classify, finetuned_classifier
@@ -273,7 +256,7 @@ def _predict_concepts(ctx: JobContext, encoder, data: CebabData, items: list[Tex
     train = list(data.splits["train"])
     targets = torch.tensor([[aspect_label(it, a) if aspect_label(it, a) is not None else IGNORE for a in aspects]
                             for it in train])
-    cm = _finetune_config(config.concept_model, "cebab.concept_model", ctx.cfg["model"].get("finetune"))
+    cm = finetune_config(config.concept_model, "cebab.concept_model", ctx.cfg["model"].get("finetune"))
     t0 = time.perf_counter()
     clf, cached = finetuned_classifier(encoder, train, targets, len(aspects), len(VALUES), cm, seed,
                                        ctx.cache_root / "finetuned", "cebab-concepts", ctx.progress)

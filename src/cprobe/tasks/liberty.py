@@ -36,12 +36,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cprobe.config import parse
 from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics import liberty as M
 from cprobe.metrics.icace import DISTANCES, distance
+from cprobe.models.classifier import finetune_config
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 
@@ -67,18 +67,12 @@ class Config:
     max_pairs: int | None = None  # subsample the counterfactual pairs (smoke tests)
 
 
-def _finetune_config(d: dict, where: str, model_defaults: dict | None = None):
-    from cprobe.models.classifier import FinetuneConfig
-
-    merged = {**(model_defaults or {}), **{k: v for k, v in (d or {}).items() if v is not None}}
-    return parse(FinetuneConfig, merged, where)
-
-
 def validate(job: Any) -> None:
     from cprobe.data.liberty import LibertyKeys
     from cprobe.data.registry import split_config
     from cprobe.data.scm import SCM
     from cprobe.explainers import EXPLAINERS
+    from cprobe.explainers.base import check_explainers
     from cprobe.paths import data_dir
 
     cfg: Config = job.task_cfg
@@ -109,22 +103,14 @@ def validate(job: Any) -> None:
                           f"{list(scm.concepts)}")
     if len(set(concepts)) != len(concepts):
         raise ConfigError(f"liberty.concepts lists a concept twice: {concepts}")
-    if not cfg.explainers:
-        raise ConfigError(f"liberty.explainers is empty; choose from {EXPLAINERS.names()}")
-    for name, settings in cfg.explainer.items():
-        EXPLAINERS.get(name)
-        if not isinstance(settings, Mapping):
-            raise ConfigError(f"liberty.explainer.{name} must be a mapping of settings (e.g. {{k: 3}}), got "
-                              f"{settings!r}")
-    for name in cfg.explainers:
-        EXPLAINERS.build({"name": name, **dict(cfg.explainer.get(name) or {})}, seed=0)
+    check_explainers(cfg.explainers, cfg.explainer, "liberty")
     if not cfg.distances:
         raise ConfigError(f"liberty.distances is empty; choose from {sorted(DISTANCES)}")
     for d in cfg.distances:
         distance(d)
     defaults = (job.keys.model or {}).get("finetune")
-    _finetune_config(cfg.finetune, "liberty.finetune", defaults)
-    _finetune_config(cfg.concept_model, "liberty.concept_model", defaults)
+    finetune_config(cfg.finetune, "liberty.finetune", defaults)
+    finetune_config(cfg.concept_model, "liberty.concept_model", defaults)
     if cfg.mc_samples < 1000:
         raise ConfigError(f"liberty.mc_samples must be >= 1000, got {cfg.mc_samples}")
     if cfg.max_pairs is not None and cfg.max_pairs < 2:
@@ -172,7 +158,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if not pairs:
         raise DataError(f"no counterfactual pairs on concepts {concepts}")
     explainer_classes = {n: EXPLAINERS.get(n) for n in config.explainers}
-    ft = _finetune_config(config.finetune, "liberty.finetune", cfg["model"].get("finetune"))
+    ft = finetune_config(config.finetune, "liberty.finetune", cfg["model"].get("finetune"))
 
     # the explained model: the encoder fine-tuned on the train split to predict the label (cached)
     train_items = list(data.splits["train"])
@@ -356,7 +342,7 @@ def _concept_classifier(ctx: JobContext, encoder: Any, data: Any, items: list[Te
     width = max(sizes)
     pool = list(data.splits["explainer"])
     targets = torch.tensor([[scm.variables[c].values.index(it.concepts[c]) for c in concepts] for it in pool])
-    cm = _finetune_config(config.concept_model, "liberty.concept_model", ctx.cfg["model"].get("finetune"))
+    cm = finetune_config(config.concept_model, "liberty.concept_model", ctx.cfg["model"].get("finetune"))
     t0 = time.perf_counter()
     clf, _ = finetuned_classifier(encoder, pool, targets, len(concepts), width, cm, seed, ctx.cache_root / "finetuned",
                                   f"liberty-{scm.name}-concepts", ctx.progress)
