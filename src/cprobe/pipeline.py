@@ -134,7 +134,11 @@ def _validate_common(job: Job) -> None:
 
     keys = job.keys
     check_device(keys.device)
-    parse_model_config(keys.model)
+    mc = parse_model_config(keys.model)
+    if mc.source in ("zoo", "fact_world") and not getattr(job.task, "MODEL_SETS", False):
+        raise ConfigError(f"model {mc.name!r} is a {'model zoo' if mc.source == 'zoo' else 'fact-world model'}; only "
+                          "the prompt_bias task reads one (+experiment=lama_bias); pick a single model for task "
+                          f"{keys.task!r}")
     if getattr(job.task, "USES_LAYERS", True):
         check_layers_spec(keys.layers)
         check_word_position(keys.position)

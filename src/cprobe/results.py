@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -115,3 +116,21 @@ def write_results(table: pd.DataFrame, directory: Path) -> Path:
     write_table(table, directory / RESULTS)
     log.info("aggregated %d job(s), %d rows into %s", table["job"].nunique(), len(table), directory / "results.csv")
     return directory / f"{RESULTS}.csv"
+
+
+def summarise(table: pd.DataFrame, kind: str, keys: Sequence[str]) -> pd.DataFrame:
+    """Mean, std (over seeds, ddof 1) and seed count of ``value`` for the rows of ``kind``, grouped by ``keys`` — and
+    by ``config_id`` when the table mixes settings (a sweep over anything but the task and the seed). Groups keep
+    the table's order."""
+    part = table[table["kind"] == kind]
+    keys = list(keys)
+    if "config_id" in part and part["config_id"].nunique() > 1 and "config_id" not in keys:
+        keys = ["config_id", *keys]
+    if part.empty:
+        return pd.DataFrame(columns=[*keys, "mean", "std", "seeds"])
+    rows = []
+    for key, g in part.groupby(keys, sort=False, dropna=False):
+        v = g["value"].dropna().astype(float)
+        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "mean": float(v.mean()),
+                     "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "seeds": len(v)})
+    return pd.DataFrame(rows)

@@ -163,6 +163,32 @@ def _liberty(cfg: Any, root: Path, name: str) -> Any:
     return load_liberty(cfg, root, name)
 
 
+def _lama_config() -> type:
+    from cprobe.data.lama import LamaKeys
+
+    return LamaKeys
+
+
+@register("lama", _lama_config())
+def _lama(cfg: Any, root: Path, name: str) -> Any:
+    from cprobe.data.lama import load_lama
+
+    return load_lama(cfg, root, name)
+
+
+def _fact_world_config() -> type:
+    from cprobe.data.fact_world import FactWorldKeys
+
+    return FactWorldKeys
+
+
+@register("fact_world", _fact_world_config())
+def _fact_world(cfg: Any, _root: Path, name: str) -> Any:
+    from cprobe.data.fact_world import generate_world
+
+    return generate_world(cfg, name)
+
+
 def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, Any]:
     """Validate a dataset config node: (common keys, the type, its type-specific keys)."""
     if not isinstance(cfg, Mapping):

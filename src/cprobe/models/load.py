@@ -35,7 +35,7 @@ class ModelConfig:
     """The ``model`` config node (see ``conf/model/*.yaml``)."""
 
     name: str
-    source: Literal["hub", "package", "tiny"] = "hub"
+    source: Literal["hub", "package", "tiny", "zoo", "fact_world"] = "hub"
     path: str | None = None  # hub id or local directory (source hub)
     package: str | None = None  # Python package shipping the weights (source package)
     subdir: str = ""
@@ -51,6 +51,8 @@ class ModelConfig:
     tiny: dict | None = None  # source tiny: what the project trains (see cprobe.models.tiny)
     causalgym: dict | None = None  # per-model CausalGym settings (probe λ, DAS budget)
     finetune: dict | None = None  # per-model fine-tuning defaults when a study trains a classifier on it (CEBaB)
+    members: list | None = None  # source zoo: the models of a set (model config names or inline model configs)
+    fact_world: dict | None = None  # source fact_world: a tiny LM trained on a fact world's corpus (cprobe.models.zoo)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -59,6 +61,10 @@ class ModelConfig:
             raise ValueError(f"model.max_length must be >= 2, got {self.max_length}")
         if self.source == "tiny" and not self.tiny:
             raise ValueError("a source: tiny model needs a `tiny:` node")
+        if self.source == "zoo" and not self.members:
+            raise ValueError("a source: zoo model set needs `members:` (model config names or inline model configs)")
+        if self.source == "fact_world" and self.fact_world is None:
+            raise ValueError("a source: fact_world model needs a `fact_world:` node (corpus, train)")
         if self.source == "package" and not self.package:
             raise ValueError("a source: package model needs `package:` (the Python package name)")
 
@@ -128,6 +134,8 @@ def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | No
     """The model's number of blocks from its config file, without loading weights (None when unknowable
     before a download). Raises the same fail-fast error as loading when the model cannot be had."""
     mc = parse_model_config(cfg)
+    if mc.source in ("zoo", "fact_world"):
+        return None
     if mc.source == "tiny":
         from cprobe.models.tiny import TinyTrainConfig
 
@@ -167,6 +175,12 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
                  data_root: Path | None = None) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
     mc = parse_model_config(cfg)
+    if mc.source == "zoo":
+        raise ConfigError(f"model {mc.name!r} is a model zoo (a set of models); only the prompt_bias task reads one "
+                          "(+experiment=lama_bias)")
+    if mc.source == "fact_world":
+        raise ConfigError(f"model {mc.name!r} is trained on a fact world's corpus; only the prompt_bias task trains "
+                          "one (+experiment=lama_bias dataset=fact_world)")
     if mc.source == "tiny":
         from cprobe.models.tiny import tiny_model_dir
 
@@ -210,14 +224,26 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
                                      use_safetensors=None if mc.allow_bin else True, **kw)
         return tok, model
 
+    tok, model = _pretrained(mc, path, _load)
+    if not getattr(tok, "is_fast", False):
+        raise ModelLoadError(f"model {path!r} has no fast tokenizer; cprobe needs offsets for word alignment")
+    model.to(device)
+    return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
+                        max_length=mc.max_length)
+
+
+def _pretrained(mc: ModelConfig, path: str, load: Any) -> Any:
+    """``load(local_only)``: from the local dir or HF cache first, the hub only when reachable; every failure becomes
+    one actionable line."""
+    local = Path(path).is_dir()
     try:
         try:
-            tok, model = _load(local_only=True)  # cached or local: never touch the network
+            return load(True)  # cached or local: never touch the network
         except OSError:
             if local or _offline() or not _hub_reachable():
                 raise
             os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "15")  # unreachable hub: fail in seconds, not minutes
-            tok, model = _load(local_only=False)
+            return load(False)
     except Exception as e:  # noqa: BLE001 - every loading failure becomes one actionable line
         if local:
             msg = " ".join(str(e).split())[:300]
@@ -226,11 +252,21 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
         if isinstance(e, (OSError, ValueError)):
             raise _unavailable(mc, path) from None
         raise
+
+
+def load_tokenizer(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True, data_root: Path | None = None):
+    """The model's (fast) tokenizer alone, resolved and checked as :func:`load_adapter` does."""
+    from transformers import AutoTokenizer
+
+    mc = parse_model_config(cfg)
+    path = resolve_path(cfg, cache_root, progress, data_root)
+    if Path(path).is_dir():
+        _check_local_dir(mc, Path(path))
+    tok = _pretrained(mc, path, lambda local_only: AutoTokenizer.from_pretrained(
+        path, local_files_only=local_only, revision=mc.revision, trust_remote_code=mc.trust_remote_code))
     if not getattr(tok, "is_fast", False):
         raise ModelLoadError(f"model {path!r} has no fast tokenizer; cprobe needs offsets for word alignment")
-    model.to(device)
-    return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
-                        max_length=mc.max_length)
+    return tok
 
 
 def fingerprint(adapter: ModelAdapter) -> str:

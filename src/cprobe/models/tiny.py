@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -125,10 +125,19 @@ def ensure_tiny_model(
     """
     if kind not in ("bert", "neox"):
         raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
-    cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
     key = model_key(kind, grammar, train, extra_sentences)
-    name = f"tiny-{kind}-{key}"
+    return cached_build(Path(cache_dir), f"tiny-{kind}-{key}", key,
+                        lambda tmp: _build(kind, grammar, train, list(extra_sentences), key, tmp, progress))
+
+
+def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
+    """``cache_dir/name`` for ``key``, built by ``build(tmp_dir)`` on first use.
+
+    Safe under concurrency (a file lock makes one job build while others wait) and under crashes (``build`` writes
+    a temp dir that is renamed into place; an incomplete dir is rebuilt). ``build`` must write ``training.json``
+    with ``key`` and, last, the checksum manifest.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / name
     if _is_complete(out, key):
         return out
@@ -142,11 +151,83 @@ def ensure_tiny_model(
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
         try:
-            _build(kind, grammar, train, list(extra_sentences), key, tmp, progress)
+            build(tmp)
             os.replace(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def ensure_corpus_model(
+    kind: Kind,
+    words: Sequence[str],
+    corpus: Callable[[], tuple[list[str], list[int]]],
+    spec: dict,
+    train: TinyTrainConfig,
+    cache_dir: Path,
+    init_from: Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Directory of a tiny ``kind`` LM trained on a sentence corpus (cached under a key of ``spec`` — everything that
+    determines the corpus —, ``train`` and the starting model), training it on first use.
+
+    ``corpus()`` returns the sentences (space-separated words from ``words``) and, per sentence, the word index of
+    a slot that a masked LM sees masked alone in a share ``train.verb_mask_prob`` of its updates (−1: none) — for
+    fact corpora, the object, so tiny MLMs learn facts in minutes. ``init_from`` continues training a cached model
+    (same tokenizer) instead of starting from scratch.
+    """
+    if kind not in ("bert", "neox"):
+        raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
+    train = replace(train, agreement_weight=0.0)
+    init_key = training_report(init_from)["key"] if init_from is not None else None
+    key = hashlib.sha256(json.dumps({"kind": kind, "spec": spec, "train": asdict(train), "init": init_key,
+                                     "version": VERSION}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def build(out: Path) -> None:
+        if not progress:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        sentences, slots = corpus()
+        if init_from is None:
+            tokenizer = build_tokenizer(kind, sorted(set(words)), train.max_positions)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(init_from)
+        unknown = sorted(_words(sentences) - set(tokenizer.get_vocab()))
+        if unknown:
+            raise DataError(f"corpus words outside the model's vocabulary: {unknown[:5]}")
+        ids = tokenizer(sentences)["input_ids"]
+        if kind == "neox":
+            ids = [[*seq, tokenizer.eos_token_id] for seq in ids]
+        longest = max(len(seq) for seq in ids)
+        if longest > train.max_positions:
+            raise ConfigError(f"a corpus sentence has {longest} tokens > train.max_positions={train.max_positions}")
+        pos = [p + 1 if p >= 0 else -1 for p in slots]  # words are single tokens after [CLS] / BOS
+        none = [-1] * len(ids)
+        torch.manual_seed(train.seed)
+        if init_from is None:
+            model = _init_model(kind, tokenizer, train)
+        else:
+            auto = AutoModelForMaskedLM if kind == "bert" else AutoModelForCausalLM
+            model = auto.from_pretrained(init_from)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny matrices: intra-op threads cost more than they gain
+        try:
+            start = time.perf_counter()
+            _train(model, tokenizer, kind, ids, pos, (none, none), train, progress)
+            seconds = time.perf_counter() - start
+        finally:
+            torch.set_num_threads(threads)
+        model.eval()
+        report = {"kind": kind, "key": key, "version": VERSION, "train_seconds": round(seconds, 2),
+                  "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "spec": spec,
+                  "train": asdict(train), "init": init_key}
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
+        write_manifest(out, list(_CHECKED))  # written last: marks completion
+
+    return cached_build(Path(cache_dir), f"corpus-{kind}-{key}", key, build)
 
 
 def agreement_accuracy(model_dir: Path, examples: Dataset | Sequence[Example]) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 from cprobe.registry import Registry
 
 TASK_MODULES: Registry[str] = Registry("task")
-for _name in ("probing", "reliability", "causalgym", "cebab", "liberty"):
+for _name in ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias"):
     TASK_MODULES.register(_name)(f"cprobe.tasks.{_name}")
 
 

@@ -55,6 +55,7 @@ from cprobe.metrics.icace import DISTANCES, acace, distance, icace_error
 from cprobe.models.classifier import finetune_config
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
+from cprobe.results import summarise
 
 log = logging.getLogger("cprobe")
 
@@ -343,26 +344,6 @@ def _explainer_info(common: dict, name: str, ex: Any) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------- report
 GROUP = ["model", "cebab_task", "train_variant", "eval_split"]
-
-
-def _mean_std(values: pd.Series) -> tuple[float, float, int]:
-    v = values.dropna().astype(float)
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
-
-
-def summarise(table: pd.DataFrame, kind: str, keys: Sequence[str]) -> pd.DataFrame:
-    """Mean, std (over seeds) and seed count of ``value`` for rows of ``kind``, grouped by ``keys`` — and by
-    ``config_id`` when the table mixes settings (a sweep over anything but the task and the seed)."""
-    part = table[table["kind"] == kind]
-    if "config_id" in part and part["config_id"].nunique() > 1 and "config_id" not in keys:
-        keys = ["config_id", *keys]
-    if part.empty:
-        return pd.DataFrame(columns=[*keys, "mean", "std", "seeds"])
-    rows = []
-    for key, g in part.groupby(list(keys), sort=False, dropna=False):
-        m, s, n = _mean_std(g["value"])
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "mean": m, "std": s, "seeds": n})
-    return pd.DataFrame(rows)
 
 
 def _cell(m: float, s: float) -> str:

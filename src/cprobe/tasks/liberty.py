@@ -44,6 +44,7 @@ from cprobe.metrics.icace import DISTANCES, distance
 from cprobe.models.classifier import finetune_config
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
+from cprobe.results import summarise
 
 log = logging.getLogger("cprobe")
 
@@ -411,23 +412,6 @@ def _write_pairs(frame: pd.DataFrame, path: Any) -> None:
 
 # ----------------------------------------------------------------------------------------------- report
 GROUP = ["scm", "model"]
-
-
-def summarise(table: pd.DataFrame, kind: str, keys: Sequence[str]) -> pd.DataFrame:
-    """Mean, std (over seeds) and seed count of ``value`` for rows of ``kind`` grouped by ``keys`` (and by
-    ``config_id`` when the table mixes settings)."""
-    part = table[table["kind"] == kind]
-    keys = list(keys)
-    if "config_id" in part and part["config_id"].nunique() > 1 and "config_id" not in keys:
-        keys = ["config_id", *keys]
-    if part.empty:
-        return pd.DataFrame(columns=[*keys, "mean", "std", "seeds"])
-    rows = []
-    for key, g in part.groupby(keys, sort=False, dropna=False):
-        v = g["value"].dropna().astype(float)
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "mean": float(v.mean()),
-                     "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0, "seeds": len(v)})
-    return pd.DataFrame(rows)
 
 
 def _wide(s: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
