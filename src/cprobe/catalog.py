@@ -28,6 +28,12 @@ DATASETS = {
         "Abraham et al. (2022): CEBaBing/CEBaB CEBaB-v1.1.zip -> cebab/{train_exclusive,train_inclusive,"
         "train_observational,dev,test}.json (CC BY 4.0)",
     ),
+    "lama/relations.jsonl": (
+        "lama",
+        "LAMA T-REx (Petroni et al. 2019): facebookresearch/LAMA data.zip -> lama/relations.jsonl + "
+        "lama/TREx/<relation>.jsonl (subject aliases from Wikidata in `sub_mentions`); prompt paraphrases (ParaRel / "
+        "c-box/causalEval) -> lama/prompts/<relation>.jsonl, one {\"pattern\": ...} a line (docs/prompt_bias.md)",
+    ),
     "causalgym/templates/syntaxgym.json": (
         "causalgym", "Arora et al. (2024): aryamanarora/causalgym data/templates/syntaxgym.json",
     ),
@@ -78,6 +84,7 @@ def dataset_status() -> Iterator[str]:
     root = data_dir()
     yield f"data dir: {root}  (set CPROBE_DATA_DIR to change it)"
     yield "  synthetic_sva        built in (the project's grammar): nothing to download"
+    yield "  fact_world           built in (a generated fact world, cprobe.data.fact_world): nothing to download"
     for rel, (name, how) in DATASETS.items():
         state = "found" if (root / rel).exists() else "MISSING"
         yield f"  {name:<20} {state:<8} {root / rel}"

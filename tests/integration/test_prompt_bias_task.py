@@ -22,7 +22,7 @@ from tests.unit.test_fact_data import write_lama
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["+experiment=lama_bias", "model=fact_zoo_smoke", "+debug=smoke", "dataset.n_relations=6",
-         "dataset.facts_per_relation=10", "dataset.n_entities=40"]
+         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4"]
 
 
 def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
@@ -37,6 +37,8 @@ def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None =
 @pytest.mark.parametrize("override, message", [
     ("prompt_bias.settings=[original,best]", "unknown evaluation setting 'best'; choose from"),
     ("prompt_bias.subset=7", "prompt_bias.subset must be in [1, 6]"),
+    ("+prompt_bias.zoo.optimiser.lr=1", "unknown key(s) ['optimiser'] under prompt_bias.zoo"),
+    ("+prompt_bias.zoo.train.stepz=1", "bad fact_world setting"),
     ("prompt_bias.disparity.base=[gpt9]", "prompt_bias.disparity.base ['gpt9']: each must be a fact-world member"),
     ("prompt_bias.models=[nonesuch]", "unknown model config 'nonesuch' in prompt_bias.models"),
     ("dataset=lama", "LAMA directory"),

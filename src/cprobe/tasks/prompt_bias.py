@@ -68,6 +68,7 @@ class Config:
     diff_threshold: float = 10.0  # Table 1: relations whose best - worst prompt gap exceeds this many points
     known_min: int = 1  # fact world: a fact is "known" to a model whose corpus stated it at least this often
     disparity: dict = field(default_factory=dict)  # {base: [member names], gammas, sentences, train: {...}, seed}
+    zoo: dict = field(default_factory=dict)  # {corpus: {...}, train: {...}}: overrides for every fact-world member
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,26 @@ def disparity_config(node: Mapping[str, Any]) -> Disparity:
     if d.sentences < 1:
         raise ConfigError(f"prompt_bias.disparity.sentences must be >= 1, got {d.sentences}")
     return d
+
+
+def with_zoo_overrides(ms: Sequence[Mapping[str, Any]], zoo: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every fact-world member with ``prompt_bias.zoo``'s corpus / train keys laid over its own (checked)."""
+    from cprobe.models.zoo import fact_settings
+
+    zoo = dict(zoo or {})
+    unknown = sorted(set(zoo) - {"corpus", "train"})
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} under prompt_bias.zoo; known: ['corpus', 'train']")
+    out = []
+    for m in ms:
+        m = dict(m)
+        if m.get("source") == "fact_world" and zoo:
+            node = dict(m.get("fact_world") or {})
+            m["fact_world"] = {**node, **{k: {**dict(node.get(k) or {}), **dict(zoo.get(k) or {})}
+                                          for k in ("corpus", "train")}}
+            fact_settings(m)
+        out.append(m)
+    return out
 
 
 def validate(job: Any) -> None:
@@ -123,7 +144,7 @@ def validate(job: Any) -> None:
 
         check_world_keys(keys)
         n_relations = keys.n_relations
-    ms = members(job.keys.model or {}, cfg.models)
+    ms = with_zoo_overrides(members(job.keys.model or {}, cfg.models), cfg.zoo)
     fact = [m["name"] for m in ms if m.get("source") == "fact_world"]
     if fact and kind != "fact_world":
         raise ConfigError(f"model(s) {fact} are trained on a fact world; they need dataset=fact_world")
@@ -230,7 +251,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     data = load_dataset(cfg["dataset"], ctx.data_root)
     if not isinstance(data, FactData):
         raise ConfigError("the prompt_bias task needs a fact dataset (dataset=fact_world or dataset=lama)")
-    ms = members(cfg["model"], config.models)
+    ms = with_zoo_overrides(members(cfg["model"], config.models), config.zoo)
     spec = {m["name"]: m for m in ms}
     full = None
     if data.world is not None:  # corpora are sampled over the whole world (max_examples subsamples the probes)
