@@ -40,7 +40,7 @@ def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None =
     ("+prompt_bias.zoo.optimiser.lr=1", "unknown key(s) ['optimiser'] under prompt_bias.zoo"),
     ("+prompt_bias.zoo.train.stepz=1", "bad fact_world setting"),
     ("prompt_bias.disparity.base=[gpt9]", "prompt_bias.disparity.base ['gpt9']: each must be a fact-world member"),
-    ("prompt_bias.models=[nonesuch]", "unknown model config 'nonesuch' in prompt_bias.models"),
+    ("prompt_bias.models=[nonesuch]", "unknown model config 'nonesuch' for prompt_bias.models"),
     ("dataset=lama", "LAMA directory"),
     ("dataset=synthetic_sva", "the prompt_bias task needs a fact dataset"),
     ("dataset.prompts_per_relation=12", "prompts_per_relation must be in [1, 8]"),

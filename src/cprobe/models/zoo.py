@@ -20,31 +20,18 @@ _FACT_KEYS = {"corpus", "train"}
 _ARCH = {"mlm": "bert", "causal": "neox"}
 
 
-def model_config(name: str, where: str) -> dict[str, Any]:
-    """A model config from the ``model`` group by name."""
-    from omegaconf import OmegaConf
-
-    from cprobe.paths import config_dir
-
-    path = config_dir() / "model" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
-        raise ConfigError(f"unknown model config {name!r} in {where}; choose from {known}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
-
-
 def members(model_cfg: Mapping[str, Any], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The models a study probes: ``names`` (model config names) when given, else the zoo's members, else the one
     model. Each is checked as a model config; names must be unique."""
-    from cprobe.models.load import parse_model_config
+    from cprobe.models.load import named_model_config, parse_model_config
 
     if names:
-        out = [model_config(n, "prompt_bias.models") for n in names]
+        out = [named_model_config(n, "prompt_bias.models") for n in names]
     elif model_cfg.get("source") == "zoo":
         out = []
         for i, m in enumerate(model_cfg.get("members") or []):
             if isinstance(m, str):
-                out.append(model_config(m, f"model.members[{i}]"))
+                out.append(named_model_config(m, f"model.members[{i}]"))
             elif isinstance(m, Mapping):
                 out.append({"dtype": model_cfg.get("dtype", "float32"), "device": model_cfg.get("device", "auto"),
                             **dict(m)})

@@ -42,6 +42,7 @@ from cprobe.job import JobContext
 from cprobe.metrics import liberty as M
 from cprobe.metrics.icace import DISTANCES, distance
 from cprobe.models.classifier import finetune_config
+from cprobe.models.load import named_model_config
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.results import summarise
@@ -117,20 +118,7 @@ def validate(job: Any) -> None:
     if cfg.max_pairs is not None and cfg.max_pairs < 2:
         raise ConfigError(f"liberty.max_pairs must be >= 2 (or null for all), got {cfg.max_pairs}")
     if any(EXPLAINERS.get(n).embedding_space == "st" for n in cfg.explainers):
-        _model_config(cfg.st_model)
-
-
-def _model_config(name: str) -> dict:
-    """A model config from the ``model`` group by name (the ST space's sentence encoder)."""
-    from omegaconf import OmegaConf
-
-    from cprobe.paths import config_dir
-
-    path = config_dir() / "model" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
-        raise ConfigError(f"unknown model config {name!r} for liberty.st_model; choose from {known}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
+        named_model_config(cfg.st_model, "liberty.st_model")
 
 
 # ----------------------------------------------------------------------------------------------- the job
@@ -318,7 +306,7 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
             adapter = encoder
             site = Site(adapter.n_layers, MEAN)
         elif space == "st":  # a sentence-transformer
-            adapter = ctx.adapter({**_model_config(st_model), "kind": "encoder"})
+            adapter = ctx.adapter({**named_model_config(st_model, "liberty.st_model"), "kind": "encoder"})
             site = Site(adapter.n_layers, MEAN)
         else:
             raise ConfigError(f"unknown embedding space {space!r}; choose from ['ft', 'pt', 'st']")
