@@ -93,7 +93,8 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     np.testing.assert_allclose(got[models], per)
     assert got["overall"] == pytest.approx(overall)
     disp = t[t["kind"] == "disparity"]
-    assert sorted(disp["gamma"]) == [-1.0, 0.0, 1.0] and set(disp["model"]) == {"bert_small"}
+    assert sorted(disp["gamma"]) == [-1.0, -1.0, 0.0, 0.0, 1.0, 1.0]
+    assert set(disp["model"]) == {"bert_small", "neox_small"}
     base = disp.loc[disp["gamma"] == -1.0, "value"].iloc[0]
     assert base == pytest.approx(summary.loc["bert_small", "lama_p1"])  # the "None" row is the zoo model itself
     for f in ("prompt_bias_table1.md", "prompt_bias_table3.md", "prompt_bias_table4.md", "prompt_bias_prompts.png",
@@ -117,6 +118,14 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     r0 = rc.set_index(["setting", "model"])["value"]
     r1 = t2[t2["kind"] == "rank_consistency"].set_index(["setting", "model"])["value"]
     assert not np.allclose(r0.loc["random"], r1.loc["random"])
+    # collect: the two jobs aggregate into mean (std) cells
+    r3 = cprobe("collect", str(out), cwd=tmp_path, cache=cache)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    t4 = pd.read_csv(out / "prompt_bias_table4.csv")
+    cell = t4.loc[t4["model"] == "Overall Rank", "random"].iloc[0]
+    both = sorted([r0.loc[("random", "overall")], r1.loc[("random", "overall")]])
+    assert cell == f"{np.mean(both):.2f} ({np.std(both, ddof=1):.2f})"
+    assert pd.read_csv(out / "prompt_bias_table1.csv")["LAMA P@1"].str.endswith("(0.00)").all()
 
 
 def lama_model(path: Path, kind: str, words: list[str]) -> Path:

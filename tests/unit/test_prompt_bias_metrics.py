@@ -153,3 +153,41 @@ def test_bootstrap_subset_scores_are_means_over_the_drawn_relations():
     # a draw holds R0 with probability 2/3: then weak (mean >= 65) beats strong (<= 40)
     flipped = (orders == (1, 0)).all(axis=1).mean()
     assert flipped == pytest.approx(2 / 3, abs=0.08)
+
+
+def test_table1_gap_threshold_is_strict():
+    spread = M.prompt_spread(p1_frame({("m", "R1"): [40.0, 50.0], ("m", "R2"): [0.0, 10.5]}))
+    assert M.table1(spread).iloc[0]["diff_gt10_share"] == pytest.approx(50.0)  # a gap of exactly 10 is not > 10
+
+
+class _Adapter:
+    """The cloze runner's view of a model: ``map`` returns fixed top-k ids; a real tokenizer decodes them."""
+
+    def __init__(self, tok, rows):
+        self.tok, self.rows = tok, rows
+
+    def map(self, items, formatter, readout=None, desc=None):
+        import torch
+
+        from cprobe.models.adapter import RunOutput
+
+        assert readout.k == len(self.rows[0])
+        return RunOutput({}, torch.tensor([[self.tok.convert_tokens_to_ids(t) for t in r] for r in self.rows]))
+
+
+def test_cloze_runner_skips_stop_words_and_matches_case_insensitively():
+    from cprobe.data.items import TextItem
+    from cprobe.models.tiny import build_tokenizer
+    from cprobe.tasks.prompt_bias import cloze_predictions
+
+    tok = build_tokenizer("bert", ["the", ".", "Paris", "paris", "london", "of"], 32)
+    rows = [["the", ".", "Paris"], ["of", "london", "Paris"], ["the", ".", "[SEP]"], ["paris", "the", "."]]
+    items = [TextItem(f"R|0|s{i}|0", "x is [Y] .", outcome="Paris", meta={"relation": "R", "prompt": 0,
+                                                                            "subject": f"s{i}", "mention": 0})
+             for i in range(4)]
+    out = cloze_predictions(_Adapter(tok, rows), items, 3, skip_stop_words=True)
+    assert out["prediction"].tolist() == ["Paris", "london", "the", "paris"]  # all stop words: the raw top-1
+    assert out["correct"].tolist() == [True, False, False, True]
+    assert out[["relation", "prompt", "subject", "mention", "gold"]].iloc[1].tolist() == ["R", 0, "s1", 0, "Paris"]
+    raw = cloze_predictions(_Adapter(tok, rows), items, 3, skip_stop_words=False)
+    assert raw["prediction"].tolist() == ["the", "of", "the", "paris"]
