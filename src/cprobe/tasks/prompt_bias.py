@@ -470,8 +470,8 @@ def table4(table: pd.DataFrame) -> pd.DataFrame:
     know = summarise(table, "summary", ["dataset", "model", "metric"])
     know = know[know["metric"] == "true_knowledge"]
     if not know.empty:
-        wide = wide.merge(know[["dataset", "model", "mean"]].rename(columns={"mean": "true_knowledge"}),
-                          on=["dataset", "model"], how="left")
+        on = [k for k in idx if k in know.columns]
+        wide = wide.merge(know[[*on, "mean"]].rename(columns={"mean": "true_knowledge"}), on=on, how="left")
         settings.append("true_knowledge")
     return wide[[*idx, *settings]]
 
