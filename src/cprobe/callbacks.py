@@ -11,10 +11,11 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from cprobe.paths import LATEST
+
 log = logging.getLogger("cprobe")
 
 FAILED: list[str] = []
-LATEST = "latest"
 
 
 def reset() -> None:

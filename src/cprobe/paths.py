@@ -7,6 +7,9 @@ from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[2]
 
+LATEST = "latest"
+"""The link beside run and sweep dirs that points at the newest one (``outputs/runs/<name>/latest``)."""
+
 
 def config_dir() -> Path:
     """``$CPROBE_CONFIG_DIR``, else the repo's ``conf/`` (editable install), else the packaged copy."""

@@ -13,7 +13,7 @@ import logging
 import shutil
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from cprobe.config import parse
 from cprobe.errors import ConfigError, CprobeError, JobAborted
 from cprobe.job import STATUS, JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
-from cprobe.paths import cache_dir, data_dir
+from cprobe.paths import LATEST, cache_dir, data_dir
 
 log = logging.getLogger("cprobe")
 
@@ -93,11 +93,18 @@ class Job:
     keys: JobKeys
     task: Any  # the task module
     task_cfg: Any  # its Config dataclass instance
+    uses: Any = None  # the task's Uses declaration (cprobe.tasks.Uses)
+    data_root: Path | None = None  # where data files are read (None: checks that read data files are skipped)
 
 
-def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: Path | None = None) -> Job:
-    """Validate a resolved job config completely, without loading a model or data; raise ConfigError."""
-    from cprobe.tasks import TASK_MODULES, task_module
+def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: Path | None = None,
+            overrides: Sequence[str] = ()) -> Job:
+    """Validate a resolved job config completely, without loading a model or data; raise ConfigError.
+
+    ``overrides`` are the job's command-line overrides (Hydra's ``hydra.overrides.task``): one that sets a config
+    group or top-level key the task does not use (``intervention=leace`` for CausalGym), or another task's node, is
+    refused — it would be silently ignored. Presets (``+experiment``, ``+debug``, ``+sweep``) may set any group."""
+    from cprobe.tasks import TASK_MODULES, task_module, task_uses
 
     task_names = TASK_MODULES.names()
     known = {f for f in JobKeys.__dataclass_fields__} | set(task_names)
@@ -109,15 +116,17 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     if keys.seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
     module = task_module(keys.task)
+    uses = task_uses(keys.task)
+    check_overrides(keys.task, uses, overrides)
     for other in task_names:  # other tasks' nodes (e.g. +debug=smoke sizes them all) are checked, not used
         if other in cfg and other != keys.task:
             parse(task_module(other).Config, cfg[other], other)
     task_cfg = parse(module.Config, cfg.get(keys.task), keys.task)
-    job = Job(dict(cfg), keys, module, task_cfg)
+    job = Job(dict(cfg), keys, module, task_cfg, uses, data_root)
     _validate_common(job)
     if hasattr(module, "validate"):
         module.validate(job)
-    if cache_root is not None and getattr(module, "USES_LAYERS", True):
+    if cache_root is not None and "layers" in uses.groups:
         from cprobe.extract import resolve_layers
         from cprobe.models.load import peek_n_layers
 
@@ -127,30 +136,61 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     return job
 
 
+PRESET_GROUPS = ("experiment", "debug", "sweep", "local", "hydra", "compute", "paths")
+"""Groups that set other groups for a purpose (a study, smoke sizes, a grid, a machine): never refused."""
+
+
+def check_overrides(task: str, uses: Any, overrides: Sequence[str]) -> None:
+    """Refuse a command-line override of a shared group or key the task does not use, or of another task's node,
+    with one line naming it and what the task reads (``cprobe.tasks.SHARED_GROUPS``; ``~group`` and ``group=null``
+    unset it and are fine)."""
+    from cprobe.tasks import SHARED_GROUPS, TASK_MODULES
+
+    for item in overrides:
+        if item.startswith("~"):
+            continue
+        key, _, value = item.partition("=")
+        head = key.lstrip("+").split(".")[0].split("/")[0]
+        if head in PRESET_GROUPS or value.strip() in ("null", "None", "~"):
+            continue
+        if head in SHARED_GROUPS and head not in uses.groups:
+            raise ConfigError(f"task {task!r} does not use `{head}`, so `{item}` would be ignored; drop it ({task} "
+                              f"reads {sorted(uses.groups)} and its own `{task}.*` settings)")
+        if head in TASK_MODULES and head != task:
+            raise ConfigError(f"`{item}` sets the {head!r} task's settings but this job runs task {task!r}; drop it or "
+                              f"set `{task}.*`")
+
+
 def _validate_common(job: Job) -> None:
     from cprobe.extract import check_layers_spec
     from cprobe.models.formatters import check_word_position
     from cprobe.models.load import check_device, parse_model_config
+    from cprobe.tasks import TASK_MODULES, tasks_with
 
-    keys = job.keys
+    keys, uses = job.keys, job.uses
     check_device(keys.device)
     mc = parse_model_config(keys.model)
-    if mc.source in ("zoo", "fact_world") and not getattr(job.task, "MODEL_SETS", False):
-        raise ConfigError(f"model {mc.name!r} is a {'model zoo' if mc.source == 'zoo' else 'fact-world model'}; only "
-                          "the prompt_bias task reads one (+experiment=lama_bias); pick a single model for task "
-                          f"{keys.task!r}")
-    if getattr(job.task, "USES_LAYERS", True):
+    if mc.reads_as_set and "model_sets" not in uses.capabilities:
+        readers = tasks_with("model_sets")
+        raise ConfigError(f"model {mc.name!r} is {mc.reads_as_set}; only task(s) {readers} read one; pick a single "
+                          f"model for task {keys.task!r}")
+    bad = sorted(set(mc.task_defaults or {}) - set(TASK_MODULES.names()))
+    if bad:
+        raise ConfigError(f"model {mc.name!r}: unknown task(s) {bad} under model.task_defaults; choose from "
+                          f"{TASK_MODULES.names()}")
+    if "layers" in uses.groups:
         check_layers_spec(keys.layers)
+    if "position" in uses.groups:
         check_word_position(keys.position)
-    if keys.dataset is not None and getattr(job.task, "USES_DATASET", True):
+    if keys.dataset is not None and "dataset" in uses.groups:
         from cprobe.data.registry import split_config
 
         split_config(keys.dataset)
-    if keys.split is not None and getattr(job.task, "USES_DATASET", True):
+    if keys.split is not None and "split" in uses.groups:
         from cprobe.data.splits import check_split_spec
 
         check_split_spec(keys.split)
-    for name, pc in (keys.probe or {}).items():
+    for name, pc in (keys.probe or {}).items() if "probe" in uses.groups else ():
         from cprobe.probes import PROBES
 
         if not isinstance(pc, Mapping):
@@ -181,7 +221,7 @@ def run_job(cfg: DictConfig) -> None:
         plain = _plain(cfg)
         cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
         data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
-        job = prepare(plain, cache_root, data_root)
+        job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
     except CprobeError as e:
         if not multirun and fresh:  # a config error leaves nothing behind
             _remove_run_dir(out_dir)
@@ -221,8 +261,6 @@ def run_job(cfg: DictConfig) -> None:
 
 
 def _remove_run_dir(out_dir: Path) -> None:
-    from cprobe.callbacks import LATEST
-
     shutil.rmtree(out_dir, ignore_errors=True)
     link = out_dir.parent / LATEST
     if link.is_symlink() and not link.exists():

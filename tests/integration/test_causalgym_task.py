@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from cprobe.causalgym.runner import GymSettings, run_gym_task
+from cprobe.tasks.causalgym_engine import run_gym_task
 from cprobe.data.causalgym import (CONTROL_LABELS, Splits, TaskTemplate, control_pairs, label_token_ids,
                                         make_pair_splits, pair_items)
 from cprobe.metrics.odds import control_selectivity
@@ -60,16 +60,15 @@ def adapter() -> ModelAdapter:
     return ModelAdapter(model, tok, "causal", "toy_neox", batch_size=8)
 
 
-def _settings(layers="blocks", **kw) -> GymSettings:
-    """The task's own defaults (cg_task.Config) with a small test budget, resolved as a job does."""
+def _settings(layers="blocks", **kw) -> tuple[cg_task.Config, object]:
+    """(the task's own defaults (cg_task.Config) with a small test budget, resolved as a job does; the layers)."""
     base = dict(methods=ALL_METHODS, n_train=8, n_eval=4, das=cg_task.DASKeys(lr=0.05), probe_lam=1.0,
                 random_draws=1, reliability=False)
     if "probe_lams" in kw:
         kw["probe_lam"] = list(kw.pop("probe_lams"))
     if isinstance(kw.get("das"), dict):
         kw["das"] = cg_task.DASKeys(**kw["das"])
-    return cg_task.settings_from_cfg({"model": {"name": "toy"}, "layers": layers, "seed": 0},
-                                     cg_task.Config(**{**base, **kw}))
+    return cg_task.Config(**{**base, **kw}).resolve({"name": "toy"}), layers
 
 
 class Side:
@@ -89,7 +88,7 @@ class Side:
 
 @pytest.fixture(scope="module")
 def table(adapter, template) -> pd.DataFrame:
-    return pd.DataFrame(run_gym_task(adapter, template, _settings(layers="all")))
+    return pd.DataFrame(run_gym_task(adapter, template, *_settings(layers="all")))
 
 
 def test_long_table_has_every_site_method_and_condition(table, template):
@@ -108,7 +107,7 @@ def test_long_table_has_every_site_method_and_condition(table, template):
 def test_source_equal_to_base_gives_zero_odds_for_every_method(adapter, template):
     splits = make_pair_splits(template, 8, 4)
     same = [replace(p, source=p.base) for p in splits.eval]  # s = b; labels and classes unchanged
-    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(layers="all"), splits=Splits(splits.train, same)))
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(layers="all"), splits=Splits(splits.train, same)))
     assert set(rows["method"]) == set(ALL_METHODS)
     np.testing.assert_allclose(rows["odds"], 0.0, atol=1e-4)
 
@@ -157,7 +156,7 @@ def test_report_writes_tables_and_figures(table, tmp_path):
 
 
 def test_layers_and_regions_are_configurable(adapter, template):
-    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["mean"], layers=[-1], regions=["{object}"],
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["mean"], layers=[-1], regions=["{object}"],
                                                                   control=False)))
     assert rows[["layer", "region", "condition"]].drop_duplicates().values.tolist() == [[2, "{object}", "task"]]
 
@@ -191,11 +190,11 @@ ORACLE = {"name": "mlp", "n_layers": [1], "widths": [16], "lrs": [1e-2], "epochs
 def rel_table(adapter, template) -> pd.DataFrame:
     s = _settings(methods=["mean", "random", "vanilla"], layers=[1], control=False, reliability=True,
                   oracle_probe=ORACLE, random_draws=3)
-    return pd.DataFrame(run_gym_task(adapter, template, s))
+    return pd.DataFrame(run_gym_task(adapter, template, *s))
 
 
 def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_source(adapter, template, rel_table):
-    from cprobe.causalgym.runner import fit_oracle
+    from cprobe.tasks.causalgym_engine import fit_oracle
     from cprobe.metrics.reliability import counterfactual_completeness
 
     assert {"completeness", "oracle_accuracy", "oracle_selectivity", "n_directions"} <= set(rel_table.columns)
@@ -205,8 +204,7 @@ def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_sourc
     r = template.region_names.index("{subject}")
     splits = make_pair_splits(template, 8, 4)
     base_tr, src_ev = Side(adapter, splits.train, 1, r), Side(adapter, splits.eval, 1, r, "source")
-    oracle = fit_oracle(base_tr.acts, torch.tensor([p.base_class for p in splits.train]),
-                        _settings(oracle_probe=ORACLE))
+    oracle = fit_oracle(base_tr.acts, torch.tensor([p.base_class for p in splits.train]), ORACLE, seed=0)
     src_class = torch.tensor([p.source_class for p in splits.eval])
     expected = counterfactual_completeness(oracle.predict_proba(src_ev.acts), src_class).mean().item()
     got = rel_table.query("method == 'vanilla' and region == '{subject}'")["completeness"].item()
@@ -248,15 +246,15 @@ def test_das_is_trained_toward_each_conditions_source_label(adapter, template, m
     from cprobe.directions.das import DAS
 
     seen = []
-    real_fit = DAS.fit
+    real_fit = DAS.fit_many
 
     def spy(self, forward, h_source, target, callback=None):
-        seen.append(target.clone())
+        seen.extend(target.clone())  # one row per trained direction (site × condition)
         return real_fit(self, forward, h_source, target, callback)
 
-    monkeypatch.setattr(DAS, "fit", spy)
+    monkeypatch.setattr(DAS, "fit_many", spy)
     splits = make_pair_splits(template, 8, 4, 0, 1)
-    run_gym_task(adapter, template, _settings(methods=["das"], layers=[1], regions=[0]), splits=splits)
+    run_gym_task(adapter, template, *_settings(methods=["das"], layers=[1], regions=[0]), splits=splits)
     tr = Side(adapter, splits.train, 1, 0).label_ids
     tr_c = Side(adapter, control_pairs(splits.train), 1, 0).label_ids
     assert len(seen) == 2
@@ -271,15 +269,15 @@ def test_probe_lambda_follows_the_reference_per_model_and_errors_when_unknown():
 
     def lam(name, **kw):
         g = cg_task.Config(**kw) if kw else cg_task.Config()
-        return cg_task.settings_from_cfg({"model": {"name": name}}, g).probe_lams
+        return g.resolve({"name": name}).probe_lam
 
     assert lam("pythia_14m") == (10.0,) and lam("pythia_70m") == (1e3,) and lam("pythia_160m") == (1e4, 1e5)
     assert lam("pythia_410m") == (1e4, 1e5) and lam("pythia_1_4b") == (1e5, 1e6) and lam("pythia_6_9b") == (1e6, 1e7)
     with pytest.raises(ConfigError, match="no probe λ for model 'gpt2'"):
         lam("gpt2")
     assert lam("gpt2", probe_lam=3.0) == (3.0,) and lam("gpt2", probe_lam=[1.0, 10.0]) == (1.0, 10.0)
-    assert lam("gpt2", methods=["das", "mean"]) == (1.0,)  # no probe: nothing to tune
-    with pytest.raises(ConfigError, match="probe_lam"):
+    assert lam("gpt2", methods=["das", "mean"]) == ()  # no probe: nothing to tune
+    with pytest.raises((ConfigError, ValueError), match="probe_lam"):
         lam("gpt2", probe_lam=[])
     for name in cg_task.PAPER_PROBE_LAMS:
         assert (REPO / "conf" / "model" / f"{name}.yaml").is_file()
@@ -287,7 +285,7 @@ def test_probe_lambda_follows_the_reference_per_model_and_errors_when_unknown():
 
 
 def test_two_probes_run_as_probe0_probe1_and_the_summary_keeps_the_better(adapter, template):
-    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["probe", "mean"], layers=[1],
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["probe", "mean"], layers=[1],
                                                                   probe_lams=(1.0, 1e4), control=False)))
     assert set(rows["method"]) == {"probe0", "probe1", "mean"}
     assert set(rows.loc[rows["method"] == "probe0", "probe_lam"]) == {1.0}
@@ -330,10 +328,10 @@ def test_table1_layout_is_method_by_model_with_odds_and_selectivity():
 def test_unknown_label_tokens_mark_the_task_not_capable_in_every_table(adapter, tmp_path):
     spec = {**SPEC, "labels": {"singular": ["is"], "plural": ["zorbles"]}}  # not in the toy vocabulary
     odd = TaskTemplate.from_spec("toy_unknown", spec)
-    rows = pd.DataFrame(run_gym_task(adapter, odd, _settings(methods=["mean"], layers=[1], control=False)))
+    rows = pd.DataFrame(run_gym_task(adapter, odd, *_settings(methods=["mean"], layers=[1], control=False)))
     assert not rows["capable"].any() and set(rows["unknown_labels"]) == {" zorbles"}
     good = pd.DataFrame(run_gym_task(adapter, TaskTemplate.from_spec("toy_agr", SPEC),
-                                     _settings(methods=["mean"], layers=[1], control=False)))
+                                     *_settings(methods=["mean"], layers=[1], control=False)))
     good = good.assign(capable=True, task_accuracy=1.0)  # as if the toy model could do it
     t = pd.concat([rows, good]).assign(model="toy")
     overall = cg_task.overall_table(t).set_index("cg_task")
@@ -352,10 +350,10 @@ def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_
     with torch.no_grad():
         torch.testing.assert_close(norm(block.acts), resid.acts, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(block.acts, resid.acts, atol=1e-3)
-    assert cg_task.Config().stream == "block" and _settings().stream == "block"
+    assert cg_task.Config().stream == "block" and _settings()[0].stream == "block"
     kw = dict(methods=["mean", "pca"], layers=[1, L], control=False)
-    rb = pd.DataFrame(run_gym_task(adapter, template, _settings(**kw))).set_index(["method", "layer", "region"])
-    rr = pd.DataFrame(run_gym_task(adapter, template, _settings(stream="resid", **kw))).set_index(
+    rb = pd.DataFrame(run_gym_task(adapter, template, *_settings(**kw))).set_index(["method", "layer", "region"])
+    rr = pd.DataFrame(run_gym_task(adapter, template, *_settings(stream="resid", **kw))).set_index(
         ["method", "layer", "region"])
     assert set(rb["stream"]) == {"block"} and set(rr["stream"]) == {"resid"}
     np.testing.assert_allclose(rb.xs(1, level="layer")["odds"], rr.xs(1, level="layer")["odds"], atol=1e-6)
@@ -367,7 +365,7 @@ def test_last_layer_reads_the_block_output_by_default_and_resid_after_the_final_
 
 def test_learned_directions_are_saved_as_safetensors_and_load_back(adapter, template, tmp_path):
     dirs: dict = {}
-    run_gym_task(adapter, template, _settings(methods=["das", "mean", "random", "vanilla"], layers=[1], regions=[0],
+    run_gym_task(adapter, template, *_settings(methods=["das", "mean", "random", "vanilla"], layers=[1], regions=[0],
                                               random_draws=3), directions=dirs)
     assert set(dirs) == {"toy_agr/task/das/L1/R0", "toy_agr/control/das/L1/R0", "toy_agr/task/mean/L1/R0",
                          "toy_agr/task/random/L1/R0"}
@@ -408,7 +406,7 @@ def test_das_parametrization_is_a_config_key_checked_before_the_run():
     from cprobe.errors import ConfigError
 
     def das(**kw):
-        return cg_task.settings_from_cfg({"model": {"name": "pythia_14m"}}, cg_task.Config(das=cg_task.DASKeys(**kw))).das
+        return vars(cg_task.Config(das=cg_task.DASKeys(**kw)).resolve({"name": "pythia_14m"}).das)
 
     assert das()["parametrization"] == "orthogonal" and das(parametrization="normalize")["parametrization"] == "normalize"
     with pytest.raises(ConfigError, match="parametrization"):
@@ -429,7 +427,7 @@ def test_the_experiment_yaml_states_the_task_defaults():
 
 
 def test_capable_needs_accuracy_and_known_labels():
-    from cprobe.causalgym.runner import CAPABLE_ACCURACY, is_capable
+    from cprobe.tasks.causalgym_engine import CAPABLE_ACCURACY, is_capable
 
     assert is_capable(CAPABLE_ACCURACY, []) and is_capable(1.0, ())
     assert not is_capable(CAPABLE_ACCURACY - 1e-9, [])
@@ -439,7 +437,7 @@ def test_capable_needs_accuracy_and_known_labels():
 def test_das_control_rows_use_the_control_trained_direction(adapter, template):
     dirs: dict = {}
     r = template.region_names.index("{subject}")
-    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["das"], layers=[1], regions=[r]),
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["das"], layers=[1], regions=[r]),
                                      directions=dirs))
     a_task, a_ctrl = dirs[f"toy_agr/task/das/L1/R{r}"], dirs[f"toy_agr/control/das/L1/R{r}"]
     assert not torch.allclose(a_task, a_ctrl, atol=1e-3)
@@ -456,7 +454,7 @@ def test_label_using_methods_skip_a_site_with_one_class(adapter, template):
     """Supervised directions need both classes among the train bases; the others still run there."""
     splits = make_pair_splits(template, 8, 4)
     one_class = Splits([p for p in splits.train if p.base_class == 0], splits.eval)
-    rows = pd.DataFrame(run_gym_task(adapter, template, _settings(methods=["probe", "mean", "pca"], layers=[1],
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["probe", "mean", "pca"], layers=[1],
                                                                   control=False), splits=one_class))
     assert set(rows["method"]) == {"pca"}
 
@@ -467,7 +465,7 @@ def test_random_draws_are_independent_across_tasks(adapter, template):
     got = []
     for tmpl in (template, other):
         dirs: dict = {}
-        run_gym_task(adapter, tmpl, _settings(methods=["random"], layers=[1], regions=[0], control=False,
+        run_gym_task(adapter, tmpl, *_settings(methods=["random"], layers=[1], regions=[0], control=False,
                                               random_draws=2), directions=dirs)
         got.append(dirs[f"{tmpl.name}/task/random/L1/R0"])
     assert got[0].shape == got[1].shape == (2, adapter.hidden_size)
@@ -487,5 +485,5 @@ def test_an_unknown_control_label_does_not_make_the_task_unknown(template):
                                              num_attention_heads=2, intermediate_size=32, max_position_embeddings=64,
                                              bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
     ad = ModelAdapter(model, tok, "causal", "no_give", batch_size=8)
-    rows = pd.DataFrame(run_gym_task(ad, template, _settings(methods=["mean"], layers=[1])))
+    rows = pd.DataFrame(run_gym_task(ad, template, *_settings(methods=["mean"], layers=[1])))
     assert set(rows["unknown_labels"]) == {""}

@@ -128,7 +128,7 @@ def test_missing_file_and_unknown_task(tmp_path: Path) -> None:
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"toy": SPEC}))
     assert load_task(path, "toy").name == "toy"
-    with pytest.raises(DataError, match=r"unknown CausalGym task 'agr' in .*t\.json; choose from \['toy'\]"):
+    with pytest.raises(DataError, match=r"unknown CausalGym task\(s\) \['agr'\] in t\.json; choose from \['toy'\]"):
         load_task(path, "agr")
 
 

@@ -28,8 +28,12 @@ def _planted(d: int = 32, n: int = 1000, seed: int = 0) -> tuple[torch.Tensor, t
 
 
 def test_registry_lists_every_method() -> None:
-    assert DIRECTIONS.names() == sorted(["das", "kmeans", "lda", "mean", "pca", "probe", "random"])
+    assert DIRECTIONS.names() == sorted(["das", "kmeans", "lda", "mean", "pca", "probe", "random", "vanilla"])
     assert DIRECTIONS.get("das").causal and not DIRECTIONS.get("probe").causal
+    # what a caller dispatches on: declared capabilities, one method each here
+    assert [n for n in DIRECTIONS.names() if DIRECTIONS.get(n).whole_vector] == ["vanilla"]
+    assert [n for n in DIRECTIONS.names() if DIRECTIONS.get(n).per_model_lambda] == ["probe"]
+    assert [n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline] == ["random"]
     with pytest.raises(ConfigError, match="choose from"):
         DIRECTIONS.get("ica")
 

@@ -2,8 +2,9 @@
 
 0 base (errors, io, config, paths, progress, registry) < 1 data < 2 models < 3 methods (probes,
 interventions, directions, explainers, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
-plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
-package top, which re-exports estimators lazily). Function-level imports count too.
+plots) < 5 studies (tasks, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
+package top, which re-exports estimators lazily). Function-level and ``TYPE_CHECKING`` imports count too, and no
+two modules may import each other, directly or round a longer loop (an import circle), even on one floor.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ FLOORS = {
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("cache", "extract", "job", "results", "plots"),
-    5: ("tasks", "causalgym", "bench"),
+    5: ("tasks", "bench"),
     6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),
 }
 
@@ -35,18 +36,87 @@ def floor(module: str) -> int:
 
 
 @lru_cache(maxsize=1)
+def files() -> dict[str, Path]:
+    """Module name -> source file (a package is its ``__init__``)."""
+    return {".".join(("cprobe", *f.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__"): f
+            for f in SRC.rglob("*.py")}
+
+
+def imports(module: str, source: str) -> set[str]:
+    """The cprobe modules ``source`` (the text of ``module``) imports, wherever the import statement stands.
+    ``from cprobe.x import y`` depends on the module ``cprobe.x.y`` when that is a module, else on ``cprobe.x``."""
+    known = files()
+    package = module if known.get(module, Path()).name == "__init__.py" else module.rpartition(".")[0]
+    deps = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from .x import y
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            if base.split(".")[0] != "cprobe":
+                continue
+            deps |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names if a.name.split(".")[0] == "cprobe"}
+    return deps - {module}
+
+
+@lru_cache(maxsize=1)
 def modules() -> dict[str, set[str]]:
-    out = {}
-    for f in SRC.rglob("*.py"):
-        mod = ".".join(("cprobe", *f.relative_to(SRC).with_suffix("").parts)).removesuffix(".__init__")
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "cprobe":
-                deps.add(node.module)
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name.split(".")[0] == "cprobe"}
-        out[mod] = deps
-    return out
+    return {mod: imports(mod, f.read_text(encoding="utf-8")) for mod, f in files().items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph`` (module -> modules it imports): its strongly connected components of more
+    than one module (Tarjan), each sorted, in a stable order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_circles():
+    assert circles(modules()) == [], "modules that import each other (break the loop: move the shared piece down)"
+
+
+def test_the_circle_finder_finds_direct_and_longer_loops():
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c", "f"}, "f": set(), "g": {"g"}}
+    assert circles(graph) == [["a", "b"], ["c", "d", "e"]]
+    # TYPE_CHECKING and function-level imports are imports too
+    src = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cprobe.models.adapter import X\n" \
+          "def f():\n    from cprobe.pipeline import collect\n"
+    assert imports("cprobe.callbacks", src) == {"cprobe.models.adapter", "cprobe.pipeline"}
 
 
 @pytest.mark.parametrize("module", sorted(modules()))

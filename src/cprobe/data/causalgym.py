@@ -195,27 +195,35 @@ class TaskTemplate:
         )
 
 
-def load_templates(path: str | Path, template_index: int = 0) -> dict[str, TaskTemplate]:
-    """All tasks of a templates JSON file (e.g. ``<data>/causalgym/templates/syntaxgym.json``)."""
+def load_templates(path: str | Path, template_index: int = 0,
+                   tasks: Sequence[str] | None = None) -> dict[str, TaskTemplate]:
+    """The tasks of a templates JSON file (e.g. ``<data>/causalgym/templates/syntaxgym.json``): every task, or the
+    named ``tasks`` in that order (only those are checked, so a bad ``template_index`` names a task you asked for).
+
+    A missing, unreadable or empty file, or an unknown task name, is a one-line error listing what is there."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"CausalGym templates file {path} not found; set CPROBE_DATA_DIR to the folder "
-                        "holding causalgym/templates/")
+                        "holding causalgym/templates/ (`cprobe data` says where)")
     try:
         specs = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise DataError(f"CausalGym templates file {path} is not valid JSON ({err})") from None
     if not isinstance(specs, dict):
         raise DataError(f"CausalGym templates file {path} must map task names to specs")
-    return {name: TaskTemplate.from_spec(name, spec, template_index) for name, spec in specs.items()}
+    if not specs:
+        raise DataError(f"CausalGym templates file {path} holds no tasks (an empty mapping); it needs at least one "
+                        "task spec (templates, label, labels, variables, result_prepend_space)")
+    names = list(specs) if tasks is None else list(tasks)
+    unknown = [t for t in names if t not in specs]
+    if unknown:
+        raise DataError(f"unknown CausalGym task(s) {unknown} in {path.name}; choose from {sorted(specs)}")
+    return {name: TaskTemplate.from_spec(name, specs[name], template_index) for name in names}
 
 
 def load_task(path: str | Path, task: str, template_index: int = 0) -> TaskTemplate:
     """One task of a templates JSON file, with an error listing the valid names."""
-    tasks = load_templates(path, template_index)
-    if task not in tasks:
-        raise DataError(f"unknown CausalGym task {task!r} in {path}; choose from {sorted(tasks)}")
-    return tasks[task]
+    return load_templates(path, template_index, [task])[task]
 
 
 def sample_pairs(

@@ -19,7 +19,8 @@ from cprobe.registry import Registry
 
 
 class Direction(ABC):
-    """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor."""
+    """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor (None for the
+    ``whole_vector`` swap)."""
 
     a: Tensor
     causal: ClassVar[bool] = False
@@ -30,6 +31,12 @@ class Direction(ABC):
     chance_baseline: ClassVar[bool] = False
     """True for a chance-level baseline that ignores the data's labels: scored as the mean over several
     independent draws (``random_draws``), each seeded per site."""
+    whole_vector: ClassVar[bool] = False
+    """True for the whole-vector swap (the vanilla interchange, CausalGym's reference row): no direction is learned,
+    ``a`` is None after ``fit`` and the intervention replaces the site vector by the source's."""
+    per_model_lambda: ClassVar[bool] = False
+    """True when the constructor takes a penalty ``lam`` tuned per model (the paper's probe λ, ``causalgym.probe_lam``);
+    several λs run as several methods (``probe0``, ``probe1``)."""
 
     @abstractmethod
     def fit(self, *args: Any, **kwargs: Any) -> Self:

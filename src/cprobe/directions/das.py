@@ -5,6 +5,14 @@ label: ``min_a −Σ log p_{f←f*_a}(y_s | b, s)``. It is the only method train
 objective. The model stays outside this module: ``fit`` receives a differentiable
 ``forward(edit, batch_idx)`` that runs the base inputs ``batch_idx`` with the site vector
 replaced by ``edit(h_base_rows)`` and returns next-token log-probs (or logits) ``(n, V)``.
+
+Sites are independent problems (separate parameters, the model frozen), so :meth:`DAS.fit_many` trains K of
+them in one batched pass: each step runs the step's base rows once per site (K copies in one forward), the
+loss is the sum of the K per-site mean cross-entropies, so every direction receives exactly its own gradient,
+and one Adam over the (K, d) parameters updates each row as K separate Adams would (Adam is elementwise).
+The only difference to K separate runs is floating-point summation order in the batched forward.
+
+No step synchronises with the host: the losses stay on the device (``losses_``) and are read once, at the end.
 """
 
 from __future__ import annotations
@@ -16,19 +24,25 @@ from typing import Self
 import torch
 from torch import Tensor
 
-from cprobe.models.edits import Edit, dii_edit
 from cprobe.directions.base import DIRECTIONS, Direction, unit
+from cprobe.models.edits import Edit, dii_edit
 
 Forward = Callable[[Edit, Tensor], Tensor]
 """``forward(edit, batch_idx) -> (len(batch_idx), V)`` next-token scores of the edited base rows."""
+
+BatchForward = Callable[[Tensor, Tensor, Tensor], Tensor]
+"""``forward(batch_idx, h_source, a) -> (K, len(batch_idx), V)``: the base rows ``batch_idx`` (CPU indices into the
+train set) run once per site k, with the DII at site k toward the source rows ``h_source[k]`` (K, b, d) along
+``a[k]`` (K, d); differentiable in ``a``."""
 
 
 @DIRECTIONS.register("das")
 class DAS(Direction):
     """Rank-1 DAS. ``parametrization="orthogonal"`` (default) is the reference's (pyvene's rotate layer):
     ``a`` is the single column of a (d, 1) matrix under torch's orthogonal parametrisation
-    (Householder), so Adam moves the underlying parameter and ``a`` stays a unit vector;
-    ``"normalize"`` (cprobe ≤ 0.3) runs Adam on a raw vector ``v`` and uses ``v/‖v‖``.
+    (Householder, with the trivialisation's base completed from a generator seeded by ``seed``), so Adam moves
+    the underlying parameter and ``a`` stays a unit vector; ``"normalize"`` (cprobe ≤ 0.3) runs Adam on a raw
+    vector ``v`` and uses ``v/‖v‖``.
 
     Defaults are the paper's: lr 5e-3, batch 4, 1 epoch (100 steps on 400 items), linear
     warm-up over the first 10% of steps from 0, then linear decay to 0. Batches are taken in
@@ -46,6 +60,14 @@ class DAS(Direction):
         self.lr, self.batch_size, self.epochs, self.warmup, self.seed = lr, batch_size, epochs, warmup, seed
         self.parametrization = parametrization
 
+    def steps(self, n: int) -> int:
+        """Optimiser steps on ``n`` train items: ⌈n / batch_size⌉ per epoch."""
+        return math.ceil(n / self.batch_size) * self.epochs
+
+    def windows(self, n: int) -> list[tuple[int, int]]:
+        """The (start, stop) train rows of each step of one epoch (data order; every epoch repeats them)."""
+        return [(s, min(s + self.batch_size, n)) for s in range(0, n, self.batch_size)]
+
     def fit(
         self,
         forward: Forward,
@@ -57,51 +79,109 @@ class DAS(Direction):
 
         ``target`` holds the source-label token ids y_s. ``callback(step, a)`` runs after each
         optimiser step (e.g. to evaluate at steps 25/50/75/99 as in the paper). The per-step
-        mean cross-entropy is kept in ``self.losses``.
+        mean cross-entropy is kept in ``self.losses`` (read from the device once, after the last step).
         """
-        n, d = h_source.shape
+        n = h_source.shape[0]
         if target.shape != (n,):
             raise ValueError(f"target must be ({n},), got {tuple(target.shape)}")
+
+        def one(idx: Tensor, hs: Tensor, a: Tensor) -> Tensor:
+            return forward(dii_edit(hs[0], a[0]), idx)[None]
+
+        each = None if callback is None else (lambda step, a: callback(step, a[0]))
+        self.a = self.fit_many(one, h_source[None], target[None], callback=each)[0]
+        self.losses: list[float] = self.losses_[:, 0].tolist()
+        return self
+
+    def fit_many(self, forward: BatchForward, h_source: Tensor, target: Tensor,
+                 callback: Callable[[int, Tensor], None] | None = None) -> Tensor:
+        """Train K independent directions, one per site, in one batched pass; returns them (K, d), unit rows.
+
+        ``h_source`` (K, n, d) holds each site's source vectors of the n train items, ``target`` (K, n) each
+        site's source-label ids (e.g. the task's and the control's labels at one site are two of the K). Every
+        site starts from the same seeded direction and follows the schedule of :meth:`fit`; site k's result
+        equals ``fit`` on site k alone up to floating-point summation order. ``losses_`` (steps, K) stays on
+        the device; ``callback(step, A)`` receives the (K, d) directions after each step.
+        """
+        if h_source.ndim != 3 or target.shape != h_source.shape[:2]:
+            raise ValueError(f"expected h_source (K, n, d) and target (K, n), got {tuple(h_source.shape)} and "
+                             f"{tuple(target.shape)}")
+        K, n, d = h_source.shape
+        device = h_source.device
         h_source = h_source.detach().float()
-        target = target.to(h_source.device)
-        g = torch.Generator().manual_seed(self.seed)
-        init = unit(torch.randn(d, generator=g)).to(h_source.device)
-        if self.parametrization == "orthogonal":
-            rotate = torch.nn.Linear(1, d, bias=False).to(h_source.device)  # weight (d, 1)
-            with torch.no_grad():
-                rotate.weight.copy_(init[:, None])
-            torch.nn.utils.parametrizations.orthogonal(rotate)
-            params = list(rotate.parameters())
-
-            def direction() -> Tensor:
-                return rotate.weight[:, 0]
-        else:
-            v = torch.nn.Parameter(init)
-            params = [v]
-
-            def direction() -> Tensor:
-                return unit(v)
-        per_epoch = math.ceil(n / self.batch_size)
-        total = per_epoch * self.epochs
+        target = target.to(device)
+        direction, params = self._parametrise(K, d, device)
+        total = self.steps(n)
         warm = self.warmup * total
         optimizer = torch.optim.Adam(params, lr=self.lr)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / (total - warm))
         )
-        self.losses: list[float] = []
+        windows = self.windows(n)
+        losses = torch.zeros(total, K, device=device)
         for step in range(total):
-            start = (step % per_epoch) * self.batch_size
-            idx = torch.arange(start, min(start + self.batch_size, n))
-            scores = forward(dii_edit(h_source[idx.to(h_source.device)], direction()), idx)
-            loss = -torch.log_softmax(scores.float(), -1).gather(1, target[idx.to(target.device), None]).mean()
+            start, stop = windows[step % len(windows)]
+            scores = forward(torch.arange(start, stop), h_source[:, start:stop], direction())
+            logp = torch.log_softmax(scores.float(), -1)
+            per_site = -logp.gather(2, target[:, start:stop, None]).squeeze(2).mean(1)  # (K,)
             optimizer.zero_grad()
-            loss.backward()
+            per_site.sum().backward()  # each direction gets its own site's gradient
             optimizer.step()
             schedule.step()
-            self.losses.append(loss.item())
+            losses[step] = per_site.detach()
             if callback is not None:
                 with torch.no_grad():
                     callback(step, direction().detach().clone())
+        self.losses_ = losses
         with torch.no_grad():
-            self.a = unit(direction().detach().clone())
-        return self
+            a = direction().detach().clone()
+            self.directions_ = a / a.norm(dim=-1, keepdim=True)
+        return self.directions_
+
+    def start(self, d: int) -> tuple[Tensor, Tensor | None]:
+        """(the seeded unit start direction (d,), the orthogonal parametrisation's (d, d) base or None), on the CPU.
+
+        The base is what ``torch.nn.utils.parametrizations.orthogonal`` builds for the (d, 1) weight holding the
+        start: it completes the column to an orthogonal matrix with ``torch.randn``, here drawn from the global
+        generator reseeded with ``seed`` inside a fork (so a run does not depend on what drew random numbers before
+        it: a cold and a warm run, or a resumed one, train the same directions)."""
+        g = torch.Generator().manual_seed(self.seed)
+        init = unit(torch.randn(d, generator=g))
+        if self.parametrization != "orthogonal":
+            return init, None
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            rotate = torch.nn.Linear(1, d, bias=False)  # weight (d, 1), as pyvene's rotate layer
+            with torch.no_grad():
+                rotate.weight.copy_(init[:, None])
+            torch.nn.utils.parametrizations.orthogonal(rotate)
+        return init, rotate.parametrizations.weight[0].base.detach().clone()
+
+    def _parametrise(self, K: int, d: int, device: torch.device) -> tuple[Callable[[], Tensor], list[Tensor]]:
+        """(directions() -> (K, d), the parameters): K copies of the start, vectorised.
+
+        Orthogonal: torch's Householder map of a (d, 1) matrix X, batched over K: with A = X below the diagonal,
+        τ = 2 / (1 + ‖A‖²) and v = e₁ + A, the column is sign(X₁₁)·(e₁ − τ v), rotated by the shared base; X starts
+        at −e₁ (the trivialisation's identity), so the first direction is the start itself. Normalize: ``v/‖v‖``.
+        """
+        init, base = self.start(d)
+        if base is None:
+            v = torch.nn.Parameter(init.to(device).repeat(K, 1))
+
+            def normalised() -> Tensor:
+                return v / v.norm(dim=-1, keepdim=True)
+            return normalised, [v]
+        X = torch.zeros(K, d, device=device)
+        X[:, 0] = -1.0
+        X = torch.nn.Parameter(X)
+        base = base.to(device)
+        e1 = torch.zeros(d, device=device)
+        e1[0] = 1.0
+        below = 1.0 - e1  # the strictly-lower part of the column: every entry but the diagonal one
+
+        def householder() -> Tensor:
+            A = X * below
+            tau = 2.0 / (1.0 + (A * A).sum(-1, keepdim=True))
+            q = (e1 - tau * (e1 + A)) * X[:, :1].detach().int()  # the diagonal's sign is not trained
+            return q @ base.T
+        return householder, [X]

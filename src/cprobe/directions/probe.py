@@ -22,6 +22,7 @@ class Probe(Direction):
     """Logistic regression ``softmax(a·x + b)`` on base activations; ``a`` is the direction."""
 
     supervised = True
+    per_model_lambda = True
 
     def __init__(self, lam: float = 1.0, max_iter: int = 1000, seed: int = 0) -> None:
         if lam <= 0:

@@ -210,9 +210,11 @@ class ModelAdapter:
                     if s.position == MEAN:
                         raise ConfigError(f"the pooled position {MEAN!r} can be read but not edited")
                     pos = batch.position(s.position)
-                    ok = pos >= 0
-                    new = edits[s](h[rows, pos.clamp(min=0)])
-                    h = h.index_put((rows[ok], pos[ok]), new[ok].to(h.dtype))
+                    at = pos.clamp(min=0)
+                    old = h[rows, at]
+                    new = edits[s](old).to(h.dtype)
+                    # rows without the position keep their vector (no boolean indexing: no host sync per pass)
+                    h = h.index_put((rows, at), torch.where((pos >= 0)[:, None], new, old))
                 for s in read_sites:
                     if s.position == MEAN:  # the masked mean over the row's real tokens (sentence embeddings)
                         m = batch.attention_mask.to(h.dtype)[:, :, None]

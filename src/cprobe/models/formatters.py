@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -31,8 +31,16 @@ from cprobe.data.items import OBJECT_SLOT, TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.models.sites import Batch, pad
 
-if TYPE_CHECKING:  # pragma: no cover
-    from cprobe.models.adapter import ModelAdapter
+
+class ModelLike(Protocol):
+    """What a formatter reads of a model: its fast tokenizer, kind, name and token limit.
+    :class:`cprobe.models.adapter.ModelAdapter` has them; this module does not import it (the adapter imports
+    formatters, never the other way: no import circle)."""
+
+    tok: Any
+    kind: str
+    name: str
+    max_length: int
 
 
 class Formatter(ABC):
@@ -51,7 +59,7 @@ class Formatter(ABC):
         """A cheap length proxy used to sort items into batches of similar length."""
 
     @abstractmethod
-    def __call__(self, items: Sequence[Any], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def __call__(self, items: Sequence[Any], adapter: ModelLike, rows: Tensor) -> Batch:
         """Tokenize ``items`` (whose indices in the full list are ``rows``) for ``adapter``'s model."""
 
 
@@ -69,7 +77,7 @@ def _last_tokens(offsets: Tensor, mask: Tensor, spans: Sequence[tuple[int, int]]
     return out
 
 
-def _tokenize(adapter: ModelAdapter, texts: list[str], max_length: int | None = None) -> dict[str, Tensor]:
+def _tokenize(adapter: ModelLike, texts: list[str], max_length: int | None = None) -> dict[str, Tensor]:
     limit = min(adapter.max_length, max_length) if max_length else adapter.max_length
     return adapter.tok(texts, return_offsets_mapping=True, padding=True, truncation=True, max_length=limit,
                        return_tensors="pt")
@@ -93,7 +101,7 @@ class AgreementFormatter(Formatter):
         return len(item.words)
 
     @staticmethod
-    def words(ex: Example, adapter: ModelAdapter) -> tuple[list[str], int]:
+    def words(ex: Example, adapter: ModelLike) -> tuple[list[str], int]:
         """Words fed to the model and the index of the word whose last token predicts the target."""
         if adapter.kind == "causal":
             if ex.target == 0:
@@ -105,7 +113,7 @@ class AgreementFormatter(Formatter):
         words[ex.target] = adapter.tok.mask_token
         return words, ex.target
 
-    def __call__(self, items: Sequence[Example], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def __call__(self, items: Sequence[Example], adapter: ModelLike, rows: Tensor) -> Batch:
         texts, spans, targets = [], [], []
         for ex in items:
             words, target = self.words(ex, adapter)
@@ -166,7 +174,7 @@ class RegionFormatter(Formatter):
     def length(self, item: TextItem) -> int:
         return len(item.text)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def __call__(self, items: Sequence[TextItem], adapter: ModelLike, rows: Tensor) -> Batch:
         tok = adapter.tok
         bos: list[int] = []
         if self.prepend_bos:
@@ -215,7 +223,7 @@ class ClozeFormatter(Formatter):
         return len(item.text)
 
     @staticmethod
-    def text(item: TextItem, adapter: ModelAdapter) -> str:
+    def text(item: TextItem, adapter: ModelLike) -> str:
         if item.text.count(OBJECT_SLOT) != 1:
             raise DataError(f"cloze item {item.id}: the text must contain {OBJECT_SLOT} exactly once")
         if adapter.kind == "causal":
@@ -224,7 +232,7 @@ class ClozeFormatter(Formatter):
             raise ConfigError(f"model {adapter.name!r} has no mask token; cloze probing needs an MLM or a causal LM")
         return item.text.replace(OBJECT_SLOT, adapter.tok.mask_token)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def __call__(self, items: Sequence[TextItem], adapter: ModelLike, rows: Tensor) -> Batch:
         texts = [self.text(it, adapter) for it in items]
         enc = _tokenize(adapter, texts)
         mask = enc["attention_mask"]
@@ -264,7 +272,7 @@ class ClassificationFormatter(Formatter):
     def length(self, item: TextItem) -> int:
         return len(item.text)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def __call__(self, items: Sequence[TextItem], adapter: ModelLike, rows: Tensor) -> Batch:
         enc = _tokenize(adapter, [it.text for it in items], self.max_length)
         mask = enc["attention_mask"]
         pos = {"cls": torch.zeros(len(items), dtype=torch.long), "last": mask.sum(1) - 1}

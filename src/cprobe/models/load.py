@@ -49,7 +49,7 @@ class ModelConfig:
     allow_bin: bool = False  # also accept pickle-based .bin weights (only for files you trust)
     layers_path: str | None = None
     tiny: dict | None = None  # source tiny: what the project trains (see cprobe.models.tiny)
-    causalgym: dict | None = None  # per-model CausalGym settings (probe λ, DAS budget)
+    task_defaults: dict[str, dict] | None = None  # per-model defaults of a task's settings, under the task's name
     finetune: dict | None = None  # per-model fine-tuning defaults when a study trains a classifier on it (CEBaB)
     members: list | None = None  # source zoo: the models of a set (model config names or inline model configs)
     fact_world: dict | None = None  # source fact_world: a tiny LM trained on a fact world's corpus (cprobe.models.zoo)
@@ -67,6 +67,19 @@ class ModelConfig:
             raise ValueError("a source: fact_world model needs a `fact_world:` node (corpus, train)")
         if self.source == "package" and not self.package:
             raise ValueError("a source: package model needs `package:` (the Python package name)")
+
+
+    @property
+    def reads_as_set(self) -> str | None:
+        """What this model config is when it is not one loadable model (read only by a task with the ``model_sets``
+        capability), else None."""
+        return MODEL_SET_SOURCES.get(self.source)
+
+
+MODEL_SET_SOURCES = {"zoo": "a model zoo (a set of models)",
+                     "fact_world": "a tiny LM trained on a fact world's corpus by the job that reads it"}
+"""The model sources that are not one model to load, with what they are (a task reads them with the ``model_sets``
+capability)."""
 
 
 def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:

@@ -9,9 +9,13 @@ layer × region heat-maps per method and odds-by-layer curves.
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import logging
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,126 +23,182 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
-from cprobe.causalgym.runner import CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, GymSettings, run_gym_task
-from cprobe.data.causalgym import load_templates
-from cprobe.errors import ConfigError
-from cprobe.job import JobContext
+from cprobe.data.causalgym import TaskTemplate, load_templates
+from cprobe.directions import DIRECTIONS
+from cprobe.errors import ConfigError, DataError
+from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.plots import new_figure, save
 from cprobe.results import write_table
+from cprobe.tasks import Uses
+from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
+                                           PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
+                                           resolve_regions, run_gym_task)
 
 log = logging.getLogger("cprobe")
+
+USES = Uses(groups=("model", "layers"))
+"""The model and the top-level ``layers``; the pairs come from the templates under ``causalgym:``, the oracle probe
+from ``causalgym.oracle_probe`` (not the ``probe`` group), no dataset, split, intervention or position."""
+
+__all__ = ["CAPABLE_ACCURACY", "DEFAULT_ORACLE", "METHODS", "PAPER_DAS", "PAPER_PROBE_LAM", "PAPER_PROBE_LAMS",
+           "REFERENCE_PICK", "USES", "Config", "DASKeys", "ModelDefaults", "load_directions", "report", "run",
+           "save_directions", "task_templates", "validate"]
 
 DECODABLE_ACCURACY = 0.9
 """Sites whose oracle probe reaches this eval accuracy count for the overall completeness."""
 
-
-# The paper's probe penalties λ per model (App. C, Tables 3–20: Probe⁰ / Probe¹; reference
-# ``probe_mapping``, C = 1/λ). Models above 70m run both probes (``probe0``, ``probe1``) and the summary
-# reports the better of the two as ``probe`` (Table 1's "better of two probes"; the reference's
-# ``pick_better_probe`` hard-codes Probe⁰ except for 410m, Probe¹ — REFERENCE_PICK). Used when neither
-# ``causalgym.probe_lam`` nor the model config's ``causalgym.probe_lam`` is set; other models must set one.
-PAPER_PROBE_LAMS = {"pythia_14m": (10.0,), "pythia_31m": (1e2,), "pythia_70m": (1e3,), "pythia_160m": (1e4, 1e5),
-                    "pythia_410m": (1e4, 1e5), "pythia_1b": (1e5, 1e6), "pythia_1_4b": (1e5, 1e6),
-                    "pythia_2_8b": (1e5, 1e6), "pythia_6_9b": (1e6, 1e7)}
-REFERENCE_PICK = {"pythia_410m": 1}
-PAPER_PROBE_LAM = {m: lams[REFERENCE_PICK.get(m, 0)] for m, lams in PAPER_PROBE_LAMS.items()}
-PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1, "parametrization": "orthogonal"}
+PARTS = "causalgym_tasks"
+"""The job dir's folder of per-task results, written as each task finishes; a re-run resumes from them."""
 
 
-@dataclass(frozen=True)
-class DASKeys:
-    lr: float | None = None
-    batch_size: int | None = None
-    epochs: int | None = None
-    warmup: float | None = None
-    parametrization: str | None = None  # orthogonal (the reference's, default) | normalize (cprobe <= 0.3)
-
-
-@dataclass(frozen=True)
-class Config:
-    """The ``causalgym:`` node (layers come from the top-level ``layers``, e.g. ``blocks``)."""
-
-    templates: str = DEFAULT_TEMPLATES  # relative to the data dir
-    template_index: int = 0
-    tasks: list[str] | None = None  # None = every task of the templates file
-    methods: list[str] = field(default_factory=lambda: [*METHODS, "vanilla"])
-    regions: Any = "label"
-    n_train: int = 200
-    n_eval: int = 50
-    train_seed: int = 42
-    eval_seed: int = 1
-    control: bool = True
-    prepend_bos: bool = True
-    probe_lam: Any = None  # λ, or a list of λs (one probe each; the summary keeps the better)
-    stream: str = "block"  # last layer: "block" = raw block output (reference), "resid" = after the final norm
-    das: DASKeys = field(default_factory=DASKeys)
-    random_draws: int = 5
-    reliability: bool = True
-    oracle_probe: dict = field(default_factory=lambda: dict(DEFAULT_ORACLE))
+def task_templates(config: Config, data_root: Path) -> dict[str, TaskTemplate]:
+    """The configured tasks' templates (every task of the file when ``tasks`` is null), with each task's regions
+    checked: a bad templates file, task name, ``template_index`` or region is a one-line error."""
+    path = Path(config.templates)
+    templates = load_templates(path if path.is_absolute() else Path(data_root) / path, config.template_index,
+                               config.tasks)
+    for template in templates.values():
+        resolve_regions(config.regions, template)
+    return templates
 
 
 def validate(job: Any) -> None:
-    settings_from_cfg(job.cfg, job.task_cfg)
+    """Everything a run would find wrong, before any model loads: the per-model settings (λ, DAS budget), the oracle
+    probe's config, and (with a data dir) the templates file, the tasks, ``template_index`` and the regions."""
+    from cprobe.probes import PROBES
 
-
-def settings_from_cfg(cfg: dict, g: Config) -> GymSettings:
-    """The experiment's ``causalgym`` node; ``null`` DAS/probe values fall back to the model config's
-    ``causalgym`` node (per-model tuning, as the paper's λ per model), then to the paper's values."""
-    model = cfg.get("model") or {}
-    per_model = model.get("causalgym") or {}
-    das = {**PAPER_DAS, **{k: v for k, v in (per_model.get("das") or {}).items() if v is not None},
-           **{k: v for k, v in vars(g.das).items() if v is not None}}
-    lam = g.probe_lam
-    if lam is None:
-        lam = per_model.get("probe_lam", PAPER_PROBE_LAMS.get(str(model.get("name"))))
-    if lam is None:
-        if "probe" in g.methods:
-            raise ConfigError(
-                f"no probe λ for model {model.get('name')!r}: the paper tunes it per model (known: "
-                f"{sorted(PAPER_PROBE_LAM)}); set causalgym.probe_lam=<λ> (C = 1/λ), e.g. 1e4 for a ~160m model")
-        lam = 1.0  # unused: no probe method
-    lams = list(lam) if isinstance(lam, (list, tuple)) else [lam]
-    try:
-        return GymSettings(
-            methods=list(g.methods), layers=cfg.get("layers", "blocks"), regions=g.regions,
-            n_train=g.n_train, n_eval=g.n_eval, train_seed=g.train_seed, eval_seed=g.eval_seed,
-            control=g.control, prepend_bos=g.prepend_bos, probe_lams=[float(x) for x in lams], stream=g.stream,
-            das=das, seed=int(cfg.get("seed", 0)),
-            random_draws=g.random_draws, reliability=g.reliability, oracle_probe=dict(g.oracle_probe),
-        )
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"bad causalgym config: {e}") from None
+    config: Config = job.task_cfg
+    config.resolve(job.cfg.get("model") or {})
+    if config.reliability:
+        PROBES.build(config.oracle_probe, seed=0)
+    data_root = getattr(job, "data_root", None)
+    if data_root is not None:
+        try:
+            task_templates(config, data_root)
+        except DataError as e:
+            raise ConfigError(f"causalgym: {e}") from None
 
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
-    settings = settings_from_cfg(cfg, config)
-    path = Path(config.templates)
-    templates = load_templates(path if path.is_absolute() else ctx.data_root / path, config.template_index)
-    names = list(config.tasks or templates)
-    unknown = [t for t in names if t not in templates]
-    if unknown:
-        raise ConfigError(f"unknown causalgym.tasks {unknown}; choose from {sorted(templates)}")
-    adapter = ctx.adapter(cfg["model"])  # device=cuda puts the model (and every intervention) on the GPU
-    rows: list[dict[str, Any]] = []
+    config = config.resolve(cfg["model"])
+    templates = task_templates(config, ctx.data_root)
+    names = list(templates)
+    parts = TaskParts(ctx.out_dir / PARTS, _parts_key(cfg), fresh=bool(cfg.get("force", False)))
+    frames: list[pd.DataFrame] = []
     directions: dict[str, torch.Tensor] = {}
+    done = [n for n in names if parts.has(n)]
+    if done:
+        log.info("causalgym: resuming; %d of %d task(s) already done in %s (%s)", len(done), len(names),
+                 parts.directory, ", ".join(done))
     for name in names:
-        t0 = time.perf_counter()
-        rows.extend(run_gym_task(adapter, templates[name], settings, progress=ctx.progress, timings=ctx.timings,
-                                 directions=directions))
-        log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
-    table = pd.DataFrame(rows)
-    table.insert(0, "model", adapter.name)
-    table["device"] = str(adapter.device)
-    save_directions(directions, ctx.out_dir / DIRECTIONS_FILE, model=adapter.name, stream=settings.stream)
+        got = parts.load(name)
+        if got is None:
+            adapter = ctx.adapter(cfg["model"])  # device=cuda puts the model (and every intervention) on the GPU
+            t0 = time.perf_counter()
+            found: dict[str, torch.Tensor] = {}
+            rows = run_gym_task(adapter, templates[name], config, layers=cfg.get("layers", "blocks"), seed=ctx.seed,
+                                device=ctx.device, progress=ctx.progress, timings=ctx.timings, directions=found)
+            frame = pd.DataFrame(rows)
+            frame.insert(0, "model", adapter.name)
+            frame["device"] = str(adapter.device)
+            got = parts.save(name, frame, found)
+            log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
+        frames.append(got[0])
+        directions.update(got[1])
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    model = str(table["model"].iloc[0]) if len(table) else str(cfg["model"].get("name"))
+    save_directions(directions, ctx.out_dir / DIRECTIONS_FILE, model=model, stream=config.stream)
     incapable = sorted(table.loc[~table["capable"].astype(bool), "cg_task"].unique()) if len(table) else []
     if incapable:
-        ctx.warn(f"{len(incapable)} of {len(names)} tasks are beyond {adapter.name} (accuracy < {CAPABLE_ACCURACY} "
+        ctx.warn(f"{len(incapable)} of {len(names)} tasks are beyond {model} (accuracy < {CAPABLE_ACCURACY} "
                  f"or unknown label tokens): {', '.join(incapable)}; they are marked capable=false and the "
                  "summary also reports the capable tasks alone")
     return table
+
+
+def _parts_key(cfg: dict[str, Any]) -> str:
+    """What a task's results depend on: the job config but the run switches and the list of tasks (a re-run with
+    more tasks reuses the finished ones)."""
+    node = {**(cfg.get("causalgym") or {}), "tasks": None}
+    return config_hash({**{k: v for k, v in cfg.items() if k not in ("force", "progress", "cache")}, "causalgym": node})
+
+
+@dataclass
+class TaskParts:
+    """Per-task results in the job dir: ``<task>.parquet`` (its long-table rows) and ``<task>.safetensors`` (its
+    directions), written atomically as each task finishes, with a manifest of their SHA-256 under the config key.
+
+    Every task's table goes through the same Parquet bytes whether it was just computed or read back, so a resumed
+    run's tables are byte-identical to an uninterrupted one's. Parts made under another config key, or failing their
+    checksum, are ignored (and recomputed)."""
+
+    directory: Path
+    key: str
+    fresh: bool = False
+
+    MANIFEST = "manifest.json"
+
+    def __post_init__(self) -> None:
+        self.manifest: dict[str, Any] = {"key": self.key, "tasks": {}}
+        path = self.directory / self.MANIFEST
+        if self.fresh or not path.is_file():
+            return
+        try:
+            old = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if old.get("key") == self.key:
+            self.manifest = old
+        else:
+            log.info("causalgym: %s holds results of another config; recomputing every task", self.directory)
+
+    def _stem(self, name: str) -> str:
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
+        return f"{safe}.{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["tasks"]
+
+    def load(self, name: str) -> tuple[pd.DataFrame, dict[str, torch.Tensor]] | None:
+        entry = self.manifest["tasks"].get(name)
+        if entry is None:
+            return None
+        stem = self.directory / self._stem(name)
+        try:
+            table = (stem.with_suffix(".parquet")).read_bytes()
+            dirs = (stem.with_suffix(".safetensors")).read_bytes()
+        except OSError:
+            return None
+        if hashlib.sha256(table).hexdigest() != entry["table"] or hashlib.sha256(dirs).hexdigest() != entry["directions"]:
+            log.warning("causalgym: the saved results of %s fail their checksum; recomputing the task", name)
+            return None
+        return self._decode(table, dirs)
+
+    def save(self, name: str, frame: pd.DataFrame, directions: dict[str, torch.Tensor]
+             ) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+        from safetensors.torch import save
+
+        from cprobe.io import atomic_write_bytes
+
+        buf = io.BytesIO()
+        frame.to_parquet(buf, index=False)
+        table = buf.getvalue()
+        dirs = save({k: v.contiguous() for k, v in directions.items()})
+        stem = self.directory / self._stem(name)
+        atomic_write_bytes(stem.with_suffix(".parquet"), table)
+        atomic_write_bytes(stem.with_suffix(".safetensors"), dirs)
+        self.manifest["tasks"][name] = {"table": hashlib.sha256(table).hexdigest(),
+                                        "directions": hashlib.sha256(dirs).hexdigest()}
+        atomic_write_bytes(self.directory / self.MANIFEST, json.dumps(self.manifest, indent=1).encode())
+        return self._decode(table, dirs)
+
+    @staticmethod
+    def _decode(table: bytes, dirs: bytes) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+        from safetensors.torch import load
+
+        return pd.read_parquet(io.BytesIO(table)), load(dirs)
 
 
 DIRECTIONS_FILE = "directions.safetensors"
@@ -173,7 +233,8 @@ def _grid(part: pd.DataFrame) -> np.ndarray:
 
 
 def overall_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per model × task × method (× seed): overall odds, selectivity, accuracies, capability and cost."""
+    """Per model × task × method (× seed): overall odds, selectivity, accuracies and capability (what was measured:
+    the seconds each took are in the job's ``timings.csv`` / ``status.json``, so a seed gives the same table)."""
     keys = [k for k in ("model", "cg_task", "method", "seed") if k in table]
     out = []
     for key, part in table.groupby(keys, sort=True):
@@ -199,7 +260,6 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec["probe_lam"] = float(task["probe_lam"].iloc[0]) if "probe_lam" in task else np.nan
         rec["stream"] = str(task["stream"].iloc[0]) if "stream" in task else "resid"
         rec["probe_accuracy"] = float(task["probe_accuracy"].mean()) if task["probe_accuracy"].notna().any() else np.nan
-        rec["seconds"] = float((part["fit_s"] + part["eval_s"]).sum())
         rec["n_sites"] = len(task)
         out.append(rec)
     return pd.DataFrame(out)
@@ -243,28 +303,35 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
-            "probe_pick": "", "capable_probe_pick": "", "seconds": part["seconds"].sum(),
+            "probe_pick": "", "capable_probe_pick": "",
         })
     out = pd.DataFrame(rows)
     picks = []
-    for model, part in out.groupby("model", sort=True):
-        probes = part[part["method"].isin(["probe0", "probe1"])]
-        if len(probes) == 2:
+    for (model, base), probes in out.assign(base=out["method"].map(_per_lambda_base)).groupby(["model", "base"],
+                                                                                               sort=True):
+        if base and len(probes) >= 2:
             best = probes.sort_values(["overall_odds", "method"], ascending=[False, True]).iloc[0].copy()
             best["probe_pick"] = str(best["method"])
-            best["method"] = "probe"
+            best["method"] = base
             # over the capable tasks alone, the better of the two there (it may be the other one)
             cap = probes.sort_values(["capable_overall_odds", "method"], ascending=[False, True],
                                      na_position="last").iloc[0]
             for col in ("n_capable_tasks", "capable_overall_odds", "capable_selectivity"):
                 best[col] = cap[col]
             best["capable_probe_pick"] = str(cap["method"])
-            picks.append(best)
+            picks.append(best.drop("base"))
     if picks:
         out = pd.concat([out, pd.DataFrame(picks)], ignore_index=True)
     order = {m: i for i, m in enumerate(METHOD_ORDER)}
     return out.sort_values(["model", "method"], key=lambda c: c.map(order).fillna(99) if c.name == "method" else c,
                            kind="stable").reset_index(drop=True)
+
+
+def _per_lambda_base(label: str) -> str:
+    """``probe`` for ``probe0``/``probe1``...: the method whose runs differ by λ (the ``per_model_lambda``
+    capability), else ""."""
+    m = re.fullmatch(r"(.+?)(\d+)", str(label))
+    return m.group(1) if m and m.group(1) in DIRECTIONS and DIRECTIONS.get(m.group(1)).per_model_lambda else ""
 
 
 METHOD_ORDER = ("das", "probe", "probe0", "probe1", "mean", "pca", "kmeans", "lda", "random", "vanilla")

@@ -51,6 +51,7 @@ from cprobe.data.cebab import (
 from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
+from cprobe.tasks import Uses
 from cprobe.metrics.icace import DISTANCES, acace, distance, icace_error
 from cprobe.models.classifier import finetune_config
 from cprobe.plots import new_figure, save
@@ -59,7 +60,7 @@ from cprobe.results import summarise
 
 log = logging.getLogger("cprobe")
 
-USES_LAYERS = False
+USES = Uses(groups=("model", "dataset"))  # the explained encoder and the CEBaB data; no layers, probes or splits
 DEFAULT_EXPLAINERS = ["random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"]
 
 

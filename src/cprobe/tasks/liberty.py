@@ -39,6 +39,7 @@ import torch
 from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
+from cprobe.tasks import Uses
 from cprobe.metrics import liberty as M
 from cprobe.metrics.icace import DISTANCES, distance
 from cprobe.models.classifier import finetune_config
@@ -49,7 +50,7 @@ from cprobe.results import summarise
 
 log = logging.getLogger("cprobe")
 
-USES_LAYERS = False
+USES = Uses(groups=("model", "dataset"))  # the explained encoder and the SCM / texts; no layers, probes or splits
 DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "leace", "tcav",
                       "conceptshap"]
 

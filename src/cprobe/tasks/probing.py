@@ -24,11 +24,14 @@ from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
+from cprobe.tasks import Uses
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.probes import Probe
 
 log = logging.getLogger("cprobe")
+
+USES = Uses(groups=("model", "dataset", "split", "probe", "layers", "position"))
 
 
 @dataclass(frozen=True)

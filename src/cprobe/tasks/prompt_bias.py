@@ -39,14 +39,14 @@ import pandas as pd
 
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
+from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
 from cprobe.plots import new_figure, save
 from cprobe.results import summarise
 
 log = logging.getLogger("cprobe")
 
-USES_LAYERS = False
-MODEL_SETS = True  # reads a model zoo (source: zoo) and trains fact-world models (source: fact_world)
+USES = Uses(groups=("model", "dataset"), capabilities=("model_sets",))  # a zoo (or one model) and a fact dataset
 CACHE_VERSION = 1
 DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
 _DISPARITY_KEYS = {"base", "gammas", "sentences", "train", "seed"}

@@ -29,6 +29,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention
 from cprobe.job import JobContext
+from cprobe.tasks import Uses
 from cprobe.models.load import fingerprint, resolve_device
 from cprobe.metrics.reliability import (
     counterfactual_targets,
@@ -45,6 +46,8 @@ from cprobe.probes.grid import load_probe, save_probe
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
+
+USES = Uses(groups=("model", "dataset", "split", "probe", "intervention", "layers", "position"))
 
 _MEMO: dict[str, Probe] = {}
 _PROBE_CACHE_VERSION = 3  # 3: checksummed files

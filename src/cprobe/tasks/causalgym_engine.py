@@ -1,0 +1,639 @@
+"""CausalGym's engine: the settings schema and one task on one model — read site activations, find directions,
+score 1-D DIIs.
+
+Sites are (layer l, region r): the residual stream after block l (cprobe's layer convention: 0 = embeddings, l =
+output of block l; the paper labels the same blocks 0..L−1, column ``paper_layer``) at the last token of region r.
+At the last layer ``stream="block"`` (default) reads the raw block output, as the reference (pyvene
+``block_output``) does, and ``"resid"`` the state after the final norm that HF reports. Everything goes through the
+model's one entry point (:meth:`ModelAdapter.map` / :meth:`~ModelAdapter.run`): the pairs become region-aligned
+:class:`~cprobe.data.items.TextItem` lists tokenized by :class:`RegionFormatter`, label scores are a
+:class:`CandidateTokens` readout, and the DII is an edit at the site.
+
+Order of work for one task: one pass per input set reads every site; then every site's directions are fitted from
+its activations (and its oracle probe trained); then every causal direction (DAS, per site and condition) is trained,
+many sites in one batched pass (:meth:`cprobe.directions.das.DAS.fit_many`: the train rows run once per site in one
+forward, each copy edited at its own site); then every (site, direction) is scored on the eval set, again many per
+forward. Which method needs what is read from its declared capabilities (``causal``, ``supervised``,
+``chance_baseline``, ``whole_vector``, ``per_model_lambda``), never from its name.
+
+Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base train activations
+to predict the targeted property (the task's label type, e.g. singular/plural), and each direction's intervened eval
+vectors are scored by counterfactual completeness (Canby et al. 2024, eq. 1: the oracle's probability of the source's
+class). The agreement templates vary no other typed property, so there is no non-targeted property and oracle
+selectivity is NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from cprobe.config import parse
+from cprobe.data.causalgym import Pair, Splits, TaskTemplate, control_pairs, label_token_ids, make_pair_splits, pair_items
+from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
+from cprobe.directions import DIRECTIONS
+from cprobe.errors import ConfigError, DataError
+from cprobe.extract import resolve_layers
+from cprobe.metrics.odds import iia, log_odds_ratio, task_accuracy
+from cprobe.metrics.reliability import counterfactual_completeness
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.edits import dii
+from cprobe.models.formatters import RegionFormatter
+from cprobe.models.readouts import CandidateTokens, Readout
+from cprobe.models.sites import STREAMS, Batch, Site
+
+log = logging.getLogger("cprobe")
+
+METHODS = ("das", "probe", "mean", "lda", "pca", "kmeans", "random")
+"""The paper's seven direction methods; ``vanilla`` (the whole-vector swap) is the reference row beside them."""
+CONDITIONS = ("task", "control")
+CAPABLE_ACCURACY = 0.9
+"""A task the model can do: un-intervened accuracy at least this and every label a known token."""
+DEFAULT_ORACLE = {"name": "mlp", "n_layers": [1], "widths": [256], "lrs": [1e-3, 1e-2], "epochs": 8}
+"""A small grid for the per-site oracle (cheap: 400 train vectors per site)."""
+
+# The paper's probe penalties λ per model (App. C, Tables 3–20: Probe⁰ / Probe¹; reference ``probe_mapping``,
+# C = 1/λ). Models above 70m run both probes (``probe0``, ``probe1``) and the summary reports the better of the two
+# as ``probe`` (Table 1's "better of two probes"; the reference's ``pick_better_probe`` hard-codes Probe⁰ except
+# for 410m, Probe¹ — REFERENCE_PICK). Used when neither ``causalgym.probe_lam`` nor the model config's
+# ``task_defaults.causalgym.probe_lam`` is set; other models must set one.
+PAPER_PROBE_LAMS = {"pythia_14m": (10.0,), "pythia_31m": (1e2,), "pythia_70m": (1e3,), "pythia_160m": (1e4, 1e5),
+                    "pythia_410m": (1e4, 1e5), "pythia_1b": (1e5, 1e6), "pythia_1_4b": (1e5, 1e6),
+                    "pythia_2_8b": (1e5, 1e6), "pythia_6_9b": (1e6, 1e7)}
+REFERENCE_PICK = {"pythia_410m": 1}
+PAPER_PROBE_LAM = {m: lams[REFERENCE_PICK.get(m, 0)] for m, lams in PAPER_PROBE_LAMS.items()}
+PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1, "parametrization": "orthogonal"}
+
+
+# ----------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class DASKeys:
+    """``causalgym.das``: the causal method's training budget (null = the model's default, then the paper's)."""
+
+    lr: float | None = None
+    batch_size: int | None = None
+    epochs: int | None = None
+    warmup: float | None = None
+    parametrization: str | None = None  # orthogonal (the reference's, default) | normalize (cprobe <= 0.3)
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """A model config's ``task_defaults.causalgym`` node: its λ and DAS budget (the paper tunes λ per model)."""
+
+    probe_lam: Any = None
+    das: DASKeys = field(default_factory=DASKeys)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The ``causalgym:`` node — the one settings schema of the study (layers come from the top-level ``layers``,
+    the seed from ``seed``). :meth:`resolve` fills the per-model values (λ, DAS budget) for a model."""
+
+    templates: str = DEFAULT_TEMPLATES  # relative to the data dir
+    template_index: int = 0
+    tasks: list[str] | None = None  # None = every task of the templates file
+    methods: list[str] = field(default_factory=lambda: [*METHODS, "vanilla"])
+    regions: Any = "label"
+    n_train: int = 200
+    n_eval: int = 50
+    train_seed: int = 42
+    eval_seed: int = 1
+    control: bool = True
+    prepend_bos: bool = True
+    probe_lam: Any = None  # λ, or a list of λs (one probe each; the summary keeps the better)
+    stream: str = "block"  # last layer: "block" = raw block output (reference), "resid" = after the final norm
+    das: DASKeys = field(default_factory=DASKeys)
+    random_draws: int = 5
+    reliability: bool = True
+    oracle_probe: dict = field(default_factory=lambda: dict(DEFAULT_ORACLE))
+    sites_per_pass: int | None = None  # DAS: sites trained in one batched pass (null: as model.batch_size allows)
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in DIRECTIONS]
+        if unknown or not self.methods:
+            raise ValueError(f"unknown method(s) {unknown} in causalgym.methods; choose from {DIRECTIONS.names()}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"causalgym.methods lists a method twice: {list(self.methods)}")
+        if self.n_train < 1 or self.n_eval < 1:
+            raise ValueError("causalgym.n_train and causalgym.n_eval must be >= 1")
+        if self.random_draws < 1:
+            raise ValueError("causalgym.random_draws must be >= 1")
+        if self.template_index < 0:
+            raise ValueError(f"causalgym.template_index must be >= 0, got {self.template_index}")
+        if self.sites_per_pass is not None and self.sites_per_pass < 1:
+            raise ValueError(f"causalgym.sites_per_pass must be >= 1 or null, got {self.sites_per_pass}")
+        if self.stream not in STREAMS:
+            raise ValueError(f"unknown causalgym.stream {self.stream!r}; choose from {list(STREAMS)}")
+        if self.tasks is not None and not self.tasks:
+            raise ValueError("causalgym.tasks=[] selects no task; null runs every task of the templates file")
+        check_regions_spec(self.regions)
+        if self.probe_lam is not None and self.probe_lam != ():  # () once resolved for methods that take no λ
+            lams = self.probe_lam if isinstance(self.probe_lam, (list, tuple)) else [self.probe_lam]
+            if not lams or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in lams):
+                raise ValueError(f"causalgym.probe_lam must be one λ > 0 or a list of them, got {self.probe_lam!r}")
+
+    @property
+    def resolved(self) -> bool:
+        return isinstance(self.probe_lam, tuple) and None not in vars(self.das).values()
+
+    def resolve(self, model: Mapping[str, Any]) -> Config:
+        """This config with the model's values filled in: ``probe_lam`` a tuple of λs and every ``das`` key set.
+
+        ``null`` values fall back to the model config's ``task_defaults.causalgym`` node (per-model tuning, as the
+        paper's λ per model), then to the paper's values; a model outside the paper's table needs a λ when a method
+        takes one."""
+        per = parse(ModelDefaults, (model.get("task_defaults") or {}).get("causalgym"), "model.task_defaults.causalgym")
+        das = {**PAPER_DAS, **{k: v for k, v in vars(per.das).items() if v is not None},
+               **{k: v for k, v in vars(self.das).items() if v is not None}}
+        lam = self.probe_lam if self.probe_lam is not None else per.probe_lam
+        if lam is None:
+            lam = PAPER_PROBE_LAMS.get(str(model.get("name")))
+        takes = [m for m in self.methods if DIRECTIONS.get(m).per_model_lambda]
+        if lam is None and takes:
+            raise ConfigError(
+                f"no probe λ for model {model.get('name')!r}: the paper tunes it per model (known: "
+                f"{sorted(PAPER_PROBE_LAM)}); set causalgym.probe_lam=<λ> (C = 1/λ), e.g. 1e4 for a ~160m model")
+        lams = tuple(float(x) for x in (lam if isinstance(lam, (list, tuple)) else [] if lam is None else [lam]))
+        if takes and (not lams or min(lams) <= 0):
+            raise ConfigError(f"causalgym.probe_lam must be one λ > 0 or a list of them, got {list(lams)}")
+        for m in self.methods:
+            if DIRECTIONS.get(m).causal:  # the `das` settings configure the causal method(s)
+                try:
+                    DIRECTIONS.build({"name": m, **das}, seed=0)
+                except ConfigError as e:
+                    raise ConfigError(f"bad causalgym.das: {e}") from None
+        return dataclasses.replace(self, probe_lam=lams, das=DASKeys(**das))
+
+
+def check_regions_spec(spec: Any) -> None:
+    """Syntax of ``causalgym.regions``: ``label``, ``all``, a region name or index, or a non-empty list of them."""
+    if spec in ("label", "all", None):
+        return
+    items = [spec] if isinstance(spec, (int, str)) else spec
+    if (isinstance(spec, bool) or not isinstance(items, (list, tuple)) or not items
+            or any(isinstance(r, bool) or not isinstance(r, (int, str)) for r in items)):
+        raise ValueError(f"causalgym.regions={spec!r}: use 'label', 'all', a region name or index, or a list of them")
+
+
+def resolve_regions(spec: Any, template: TaskTemplate) -> list[int]:
+    """Region indices to intervene at: by default the paper's (first label region … last)."""
+    names = template.region_names
+    if spec is None or spec == "label":
+        return list(range(template.first_label_region, len(names)))
+    if spec == "all":
+        return list(range(len(names)))
+    out = []
+    for r in [spec] if isinstance(spec, (int, str)) else spec:
+        if isinstance(r, int) and -len(names) <= r < len(names):
+            out.append(r % len(names))
+        elif isinstance(r, str) and r in names:
+            out.extend(i for i, n in enumerate(names) if n == r)
+        else:
+            raise ConfigError(f"causalgym.regions: {r!r} is not a region of {template.name}; it has {list(names)}")
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """One scored method at every site: its row label, its registry name and constructor settings."""
+
+    label: str
+    name: str
+    params: dict[str, Any]
+
+
+def method_runs(config: Config) -> list[MethodRun]:
+    """One run per method, read from its capabilities: a method taking the per-model λ (``per_model_lambda``, the
+    probe) runs once per λ — as ``probe0`` and ``probe1`` for the paper's Probe⁰ / Probe¹ of models above 70m —
+    and a causal one gets the ``das`` budget."""
+    if not config.resolved:
+        raise ValueError("method_runs needs a resolved config (Config.resolve)")
+    out = []
+    for name in config.methods:
+        cls = DIRECTIONS.get(name)
+        if cls.per_model_lambda:
+            lams = config.probe_lam
+            out.extend(MethodRun(f"{name}{k}" if len(lams) > 1 else name, name, {"lam": lam})
+                       for k, lam in enumerate(lams))
+        elif cls.causal:
+            out.append(MethodRun(name, name, dict(vars(config.das))))
+        else:
+            out.append(MethodRun(name, name, {}))
+    return out
+
+
+def build_direction(name: str, params: Mapping[str, Any], seed: int):
+    """One direction method from the registry's factory (``seed`` reaches constructors that take one)."""
+    return DIRECTIONS.build({"name": name, **params}, seed=seed)
+
+
+def fit_oracle(X: Tensor, y: Tensor, oracle_probe: Mapping[str, Any], seed: int, device: str | None = None):
+    """The site's oracle probe for the targeted property (the base class), built with the job's seed and device."""
+    from cprobe.probes import PROBES
+
+    return PROBES.build(oracle_probe, seed=seed, device=device).fit(X.float(), y)
+
+
+def is_capable(accuracy: float, unknown_labels: Sequence[str]) -> bool:
+    """A task the model can do: un-intervened accuracy ≥ CAPABLE_ACCURACY and no label unknown to its tokenizer."""
+    return accuracy >= CAPABLE_ACCURACY and not unknown_labels
+
+
+def site_of(layer: int, region: int, stream: str) -> Site:
+    """The site of (layer, region): the residual stream after block ``layer`` at the region's last token."""
+    return Site(layer, f"region:{region}", stream)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------------------- many sites in one pass
+
+
+class NextToken(Readout):
+    """The next-token log-distribution (n, V) at the prediction position, with no check that reads the device (DAS
+    trains through it every step; the rows are known to have the position)."""
+
+    name = "next_token"
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        pos = batch.positions[str(batch.pred)].to(logits.device)
+        return logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
+
+
+def site_batch(batch: Batch, items: Tensor, row_site: Tensor, sites: Sequence[Site]) -> tuple[Batch, list[Site]]:
+    """The batch whose row r is item ``items[r]`` of ``batch`` (trimmed to its longest row), edited at site
+    ``sites[row_site[r]]``: one synthetic position per (layer, stream) of those sites, holding each row's site
+    position where the row's site is at that layer and −1 elsewhere (an edit there leaves the row alone). Returns
+    the batch and its synthetic sites, so one forward carries interventions at many sites, one per row."""
+    sub = batch.select(items)
+    keys = sorted({(sites[i].layer, sites[i].stream) for i in row_site.unique().tolist()})
+    group = torch.tensor([keys.index((s.layer, s.stream)) if (s.layer, s.stream) in keys else -1 for s in sites],
+                         dtype=torch.long)
+    table = torch.stack([batch.positions[s.position] for s in sites])  # (sites, N)
+    at = table[row_site, items]
+    out = []
+    for g, (layer, stream) in enumerate(keys):
+        name = f"sites@{layer}.{stream}"
+        sub.positions[name] = torch.where(group[row_site] == g, at, torch.full_like(at, -1))
+        out.append(Site(layer, name, stream))  # type: ignore[arg-type]
+    sub.rows = torch.arange(len(items))
+    return sub, out
+
+
+def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)), or the whole-
+    vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
+    def edit(h: Tensor) -> Tensor:
+        new = dii(h.float(), source, direction)
+        if whole is not None:
+            new = torch.where(whole[:, None], source, new)
+        return new.to(h.dtype)
+    return edit
+
+
+class SitesForward:
+    """The DAS forward for K sites that share their train rows (:data:`cprobe.directions.das.BatchForward`): every
+    step's rows, K times, edited copy k at site k, in one pass. The step batches are built and moved to the device
+    before training, so a step reads nothing back from the device."""
+
+    def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
+                 windows: Sequence[tuple[int, int]]) -> None:
+        self.adapter, self.K = adapter, len(sites)
+        self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
+        for start, stop in windows:
+            b = stop - start
+            items = rows[start:stop].repeat(self.K)
+            row_site = torch.arange(self.K).repeat_interleave(b)
+            batch, at = site_batch(train, items, row_site, sites)
+            self.batches[start, stop] = (batch.to(adapter.device), at)
+
+    def __call__(self, idx: Tensor, h_source: Tensor, a: Tensor) -> Tensor:
+        K, b, d = h_source.shape
+        batch, at = self.batches[int(idx[0]), int(idx[-1]) + 1]
+        edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
+        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True).scores
+        return out.view(K, b, -1)
+
+
+# ----------------------------------------------------------------------------------------- one task
+
+
+@dataclass
+class _Run:
+    """What one method run at one site found and how it scored."""
+
+    run: MethodRun
+    causal: bool
+    dirs: dict[str, list[Tensor | None]]  # per condition (shared runs: the same list)
+    probe_acc: float = float("nan")
+    degenerate: bool = False
+    fit_s: float = 0.0
+    eval_s: float = 0.0
+    scored: dict[str, list[tuple[Tensor, float, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class _SitePlan:
+    layer: int
+    region: int
+    site: Site
+    ok_tr: Tensor
+    ok_ev: Tensor
+    oracle: Any = None
+    oracle_acc: float = float("nan")
+    runs: list[_Run] = field(default_factory=list)
+
+
+def _fallback_direction(X: Tensor, seed: int) -> Tensor:
+    """A chance-level direction for a site where a method finds none (the registry's first chance baseline)."""
+    name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
+    return build_direction(name, {}, seed).fit(X).a
+
+
+def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
+    unk = getattr(tok, "unk_token_id", None)
+    return sorted(lab for lab, i in ids.items() if unk is not None and i == unk)
+
+
+def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, layers: Any = "blocks", *,
+                 seed: int = 0, device: str | None = None, progress: bool = False,
+                 timings: dict[str, float] | None = None, splits: Splits | None = None,
+                 directions: dict[str, Tensor] | None = None) -> list[dict[str, Any]]:
+    """Long-format rows: one per (condition, method, layer, region) with AvgOdds, IIA and costs.
+
+    ``config`` is resolved for the model (:meth:`Config.resolve`); ``layers`` and ``seed`` are the job's, ``device``
+    the job's device for the oracle probes (None: where the activations are). ``splits`` replaces the sampled
+    train/eval pairs (tests use it, e.g. source = base). ``directions``, when given, receives every learned unit
+    direction, keyed ``<task>/<condition>/<method>/L<layer>/R<region>`` (the ``random`` draws stacked (k, d); causal
+    methods per condition, the others under ``task``).
+    """
+    if adapter.kind != "causal":
+        raise ConfigError(f"CausalGym needs a causal LM; model {adapter.name!r} is {adapter.kind!r}")
+    if len(template.types) != 2:
+        raise DataError(f"CausalGym task {template.name!r} is not binary; the methods need two classes")
+    if not config.resolved:
+        config = config.resolve({"name": adapter.name})
+    t_start = time.perf_counter()
+    splits = splits or make_pair_splits(template, config.n_train, config.n_eval, config.train_seed, config.eval_seed)
+    conditions = list(CONDITIONS if config.control else CONDITIONS[:1])
+    # Control (§5.2): the same inputs scored on " dog"/" give" (only the label ids change).
+    by_cond = {"task": splits}
+    if config.control:
+        by_cond["control"] = Splits(control_pairs(splits.train), control_pairs(splits.eval))
+    ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
+                                               for lab in (p.base_label, p.source_label)])
+    task_labels = {lab for p in [*splits.train, *splits.eval] for lab in (p.base_label, p.source_label)}
+    unknown = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab in task_labels})
+    unknown_control = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab not in task_labels})
+    if unknown_control:
+        log.warning("%s: control label(s) %s are unknown to %s's tokenizer; the control task (selectivity) is "
+                    "vacuous there", template.name, unknown_control, adapter.name)
+    if unknown:
+        log.warning("%s: label(s) %s are unknown to %s's tokenizer; the task is marked not capable",
+                    template.name, unknown, adapter.name)
+    if multi:
+        log.info("%s: label(s) %s are several tokens; their first token is scored (as the reference)",
+                 template.name, list(multi))
+
+    def label_ids(pairs: Sequence[Pair]) -> tuple[Tensor, Tensor]:
+        return (torch.tensor([ids[p.base_label] for p in pairs]), torch.tensor([ids[p.source_label] for p in pairs]))
+
+    tr_base, tr_src = pair_items(splits.train)
+    ev_base, ev_src = pair_items(splits.eval)
+    # One candidate readout over every condition: columns (y_b, y_s) per condition.
+    ev_ids = torch.stack([t for c in conditions for t in label_ids(by_cond[c].eval)], 1)
+    tr_target = {c: label_ids(by_cond[c].train)[1] for c in conditions}
+    tr_class = torch.tensor([p.base_class for p in splits.train])
+    ev_class = torch.tensor([p.base_class for p in splits.eval])
+    ev_src_class = torch.tensor([p.source_class for p in splits.eval])
+    fmt = RegionFormatter(prepend_bos=config.prepend_bos)
+    regions = resolve_regions(config.regions, template)
+    sites = {(l, r): site_of(l, r, config.stream) for l in resolve_layers(layers, adapter.n_layers) for r in regions}
+
+    t0 = time.perf_counter()
+    read = list(sites.values())
+    base_tr = adapter.map(tr_base, fmt, read=read).acts
+    src_tr = adapter.map(tr_src, fmt, read=read).acts
+    base_ev_out = adapter.map(ev_base, fmt, read=read, readout=CandidateTokens(ev_ids))
+    base_ev, clean_scores = base_ev_out.acts, base_ev_out.scores
+    src_ev = adapter.map(ev_src, fmt, read=read).acts
+    read_s = time.perf_counter() - t0
+    clean_by = {c: (clean_scores[:, 2 * k], clean_scores[:, 2 * k + 1]) for k, c in enumerate(conditions)}
+    acc = task_accuracy(*clean_by["task"])
+    capable = is_capable(acc, unknown)
+    log.info("%s on %s: task accuracy %.3f (%d eval items)%s", adapter.name, template.name, acc, len(ev_base),
+             "" if capable else " — not capable")
+    # Tokenized once: DAS trains on sub-batches of the train bases, the DIIs are scored on the eval bases.
+    train_batch = fmt(tr_base, adapter, torch.arange(len(tr_base)))
+    eval_batch = fmt(ev_base, adapter, torch.arange(len(ev_base)))
+    pos_tr = (train_batch.positions, fmt(tr_src, adapter, torch.arange(len(tr_src))).positions)
+    pos_ev = (eval_batch.positions, fmt(ev_src, adapter, torch.arange(len(ev_src))).positions)
+
+    def present(base_src: tuple[dict[str, Tensor], dict[str, Tensor]], region: int) -> Tensor:
+        """Rows whose region has a token in both the base and the source."""
+        return (base_src[0][f"region:{region}"] >= 0) & (base_src[1][f"region:{region}"] >= 0)
+
+    cost: dict[str, float] = {}
+    runs = method_runs(config)
+    task_seed = 10_000_019 * (zlib.crc32(template.name.encode()) % 1000)  # independent draws per task
+
+    # 1. Per site: the oracle and every direction fitted from the site's activations.
+    plans: list[_SitePlan] = []
+    for (layer, region), site in tqdm(sites.items(), desc=f"{template.name} fit", disable=not progress or None,
+                                      leave=False):
+        ok_tr = present(pos_tr, region).nonzero().squeeze(1)
+        ok_ev = present(pos_ev, region).nonzero().squeeze(1)
+        if len(ok_tr) == 0 or len(ok_ev) == 0:
+            continue  # the region is empty on one side of every pair: not a site
+        plan = _SitePlan(layer, region, site, ok_tr, ok_ev)
+        plans.append(plan)
+        X_tr, y_tr = base_tr[site][ok_tr], tr_class[ok_tr]
+        X_ev, y_ev = base_ev[site][ok_ev], ev_class[ok_ev]
+        if config.reliability and len(torch.unique(y_tr)) == 2:
+            t_or = time.perf_counter()
+            plan.oracle = fit_oracle(X_tr, y_tr, config.oracle_probe, seed, device)
+            plan.oracle_acc = plan.oracle.score(X_ev, y_ev)
+            cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
+        site_seed = seed * 100_003 + 1000 * layer + region + task_seed
+        for run in runs:
+            cls = DIRECTIONS.get(run.name)
+            t_fit = time.perf_counter()
+            if cls.causal:  # trained through the model, on each condition's labels (below, many sites at once)
+                plan.runs.append(_Run(run, True, {c: [None] for c in conditions}))
+                continue
+            if cls.whole_vector:  # the whole-vector swap: no direction
+                plan.runs.append(_Run(run, False, {c: [None] for c in conditions}))
+                continue
+            if cls.chance_baseline:  # several independent draws per site, averaged
+                draws = [build_direction(run.name, run.params, site_seed + 7_919 * k).fit(X_tr).a
+                         for k in range(config.random_draws)]
+                plan.runs.append(_Run(run, False, {c: draws for c in conditions},
+                                      fit_s=time.perf_counter() - t_fit))
+                continue
+            if cls.supervised and len(torch.unique(y_tr)) < 2:
+                continue
+            probe_acc, degenerate = float("nan"), False
+            try:
+                if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
+                    raise ValueError("the train activations at this site are all equal")
+                with warnings.catch_warnings():  # LDA on near-collinear activations: harmless
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    d = build_direction(run.name, run.params, seed).fit(X_tr, y_tr)
+                if hasattr(d, "score"):
+                    probe_acc = d.score(X_ev, y_ev)
+                a = d.a
+            except (ValueError, IndexError, np.linalg.LinAlgError) as err:
+                # Activations that do not vary with the class (e.g. embeddings of a shared word) give no
+                # direction; the DII there has (almost) no effect along any direction, so score a random one and
+                # flag the site.
+                log.debug("%s at layer %d region %d: %s; using a random direction", run.name, layer, region, err)
+                a, degenerate = _fallback_direction(X_tr, site_seed), True
+            plan.runs.append(_Run(run, False, {c: [a] for c in conditions}, probe_acc, degenerate,
+                                  fit_s=time.perf_counter() - t_fit))
+
+    # 2. Causal directions: every (site, condition) is its own problem; those sharing their train rows train together.
+    _train_causal(adapter, plans, conditions, train_batch, src_tr, tr_target, config, seed, progress, template.name,
+                  cost)
+
+    # 3. Score every (site, direction) on the eval set, many per forward.
+    t_ev = time.perf_counter()
+    _score(adapter, plans, conditions, eval_batch, base_ev, src_ev, ev_ids, clean_by, ev_src_class, progress,
+           template.name)
+    eval_s = time.perf_counter() - t_ev
+    n_scored = sum(len(r.dirs[c]) for p in plans for r in p.runs for c in (conditions if r.causal else conditions[:1]))
+
+    rows: list[dict[str, Any]] = []
+    for plan in plans:
+        for r in plan.runs:
+            label = r.run.label
+            n_dirs = sum(len(r.dirs[c]) for c in (conditions if r.causal else conditions[:1]))
+            r.eval_s = eval_s * n_dirs / max(1, n_scored)
+            cost[label] = cost.get(label, 0.0) + r.fit_s + r.eval_s
+            if directions is not None:
+                for c in (conditions if r.causal else conditions[:1]):
+                    got = [x for x in r.dirs[c] if x is not None]
+                    if got:
+                        key = f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"
+                        directions[key] = torch.stack([x.detach().float().cpu() for x in got]).squeeze(0)
+            for c in conditions:
+                res = r.scored[c]
+                rows.append({
+                    "cg_task": template.name, "condition": c, "method": label, "layer": plan.layer,
+                    "paper_layer": plan.layer - 1, "stream": config.stream,
+                    "region": template.region_names[plan.region], "region_idx": plan.region,
+                    "odds": float(np.mean([float(o.mean()) for o, _, _ in res])),
+                    "odds_draw_sd": (float(np.std([float(o.mean()) for o, _, _ in res])) if len(res) > 1
+                                     else float("nan")),
+                    "iia": float(np.mean([i for _, i, _ in res])), "probe_accuracy": r.probe_acc,
+                    "probe_lam": r.run.params.get("lam", float("nan")), "task_accuracy": acc, "capable": capable,
+                    "unknown_labels": " ".join(unknown),
+                    "oracle_accuracy": plan.oracle_acc, "completeness": float(np.mean([x for _, _, x in res])),
+                    "oracle_selectivity": float("nan"),  # no non-targeted property in the templates
+                    "n_train": len(plan.ok_tr), "n_eval": len(plan.ok_ev), "degenerate": r.degenerate,
+                    "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
+                })
+    if timings is not None:
+        timings[f"{template.name}/read_s"] = read_s
+        for m, s in cost.items():
+            timings[f"{template.name}/{m}_s"] = s
+        timings[f"{template.name}/total_s"] = time.perf_counter() - t_start
+    return rows
+
+
+def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str], train_batch: Batch,
+                  src_tr: dict[Site, Tensor], tr_target: dict[str, Tensor], config: Config, seed: int,
+                  progress: bool, name: str, cost: dict[str, float]) -> None:
+    """Train every causal direction (one per site, run and condition), in batched passes of sites that share their
+    train rows and settings; the directions land in each run's ``dirs``."""
+    jobs: dict[tuple[str, bytes], list[tuple[_SitePlan, _Run, str]]] = {}
+    for plan in plans:
+        for r in plan.runs:
+            if r.causal:
+                for c in conditions:
+                    jobs.setdefault((r.run.label, plan.ok_tr.numpy().tobytes()), []).append((plan, r, c))
+    if not jobs:
+        return
+    per_pass = config.sites_per_pass or max(1, adapter.batch_size // int(config.das.batch_size or 1))
+    total = sum(len(j) for j in jobs.values())
+    bar = tqdm(total=total, desc=f"{name} DAS", disable=not progress or None, leave=False)
+    for group in jobs.values():
+        for start in range(0, len(group), per_pass):
+            part = group[start:start + per_pass]
+            plan0, run0, _ = part[0]
+            t0 = time.perf_counter()
+            das = build_direction(run0.run.name, run0.run.params, seed)
+            rows = plan0.ok_tr
+            forward = SitesForward(adapter, train_batch, rows, [p.site for p, _, _ in part], das.windows(len(rows)))
+            h_source = torch.stack([src_tr[p.site][rows] for p, _, _ in part]).to(adapter.device)
+            target = torch.stack([tr_target[c][rows] for _, _, c in part])
+            found = das.fit_many(forward, h_source, target).cpu()
+            seconds = time.perf_counter() - t0
+            for k, (_, r, c) in enumerate(part):
+                r.dirs[c] = [found[k]]
+                r.fit_s += seconds / len(part)
+            bar.update(len(part))
+    bar.close()
+
+
+def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str], eval_batch: Batch,
+           base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor], ev_ids: Tensor,
+           clean_by: dict[str, tuple[Tensor, Tensor]], ev_src_class: Tensor, progress: bool, name: str) -> None:
+    """Every (site, run, direction) scored on its eval rows: the DII's per-item log odds-ratio, IIA and, with an
+    oracle, completeness, into each run's ``scored``. Rows of many (site, direction) pairs share a forward (one
+    row per eval item and direction, ``model.batch_size`` rows per pass, length-sorted)."""
+    # One job per direction to score: the conditions it is scored under (a shared direction: all at once).
+    jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]] = []
+    for plan in plans:
+        for r in plan.runs:
+            r.scored = {c: [] for c in conditions}
+            for c in (conditions if r.causal else conditions[:1]):
+                for a in r.dirs[c]:
+                    jobs.append((plan, r, a, [c] if r.causal else conditions))
+    if not jobs:
+        return
+    site_list = list(dict.fromkeys(p.site for p, _, _, _ in jobs))
+    site_index = {s: i for i, s in enumerate(site_list)}
+    d = adapter.hidden_size
+    job_site = torch.tensor([site_index[p.site] for p, _, _, _ in jobs])
+    job_dir = torch.stack([torch.zeros(d) if a is None else a.detach().float().cpu() for _, _, a, _ in jobs])
+    job_whole = torch.tensor([a is None for _, _, a, _ in jobs])
+    job_of_row = torch.cat([torch.full((len(p.ok_ev),), j) for j, (p, _, _, _) in enumerate(jobs)])
+    item_of_row = torch.cat([p.ok_ev for p, _, _, _ in jobs])
+    order = torch.argsort(-eval_batch.attention_mask.sum(1)[item_of_row], stable=True)  # length-sorted passes
+    src_all = torch.stack([src_ev[s] for s in site_list])  # (sites, N, d)
+    scores = torch.zeros(len(item_of_row), ev_ids.shape[1])
+    step = adapter.batch_size
+    for start in tqdm(range(0, len(order), step), desc=f"{name} DII", disable=not progress or None, leave=False):
+        rows = order[start:start + step]
+        jr, items = job_of_row[rows], item_of_row[rows]
+        batch, at = site_batch(eval_batch, items, job_site[jr], site_list)
+        dev = adapter.device
+        edit = rowwise_dii(src_all[job_site[jr], items].to(dev), job_dir[jr].to(dev), job_whole[jr].to(dev))
+        out = adapter.run(batch.to(dev), edits={s: edit for s in at}, readout=CandidateTokens(ev_ids[items]))
+        scores[rows] = out.scores.float().cpu()
+    first = 0
+    for plan, r, a, conds in jobs:
+        n = len(plan.ok_ev)
+        out, first = scores[first:first + n], first + n
+        comp = float("nan")
+        if plan.oracle is not None:
+            X_ev, hs_ev = base_ev[plan.site][plan.ok_ev], src_ev[plan.site][plan.ok_ev]
+            h_new = hs_ev if a is None else dii(X_ev, hs_ev, a.to(X_ev.device, torch.float32))
+            comp = float(counterfactual_completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev]).mean())
+        for k, c in enumerate(conditions):
+            if c in conds:
+                cb, cs = clean_by[c][0][plan.ok_ev], clean_by[c][1][plan.ok_ev]
+                ob, os_ = out[:, 2 * k], out[:, 2 * k + 1]
+                r.scored[c].append((log_odds_ratio(cb, cs, ob, os_), iia(ob, os_), comp))
