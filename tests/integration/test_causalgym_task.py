@@ -487,3 +487,155 @@ def test_an_unknown_control_label_does_not_make_the_task_unknown(template):
     ad = ModelAdapter(model, tok, "causal", "no_give", batch_size=8)
     rows = pd.DataFrame(run_gym_task(ad, template, *_settings(methods=["mean"], layers=[1])))
     assert set(rows["unknown_labels"]) == {""}
+
+
+# ---------------------------------------------------------------------------------- many sites per pass
+
+
+def test_one_pass_over_many_sites_scores_as_one_site_at_a_time(adapter, template):
+    """The batched forward (every row its own site, many sites per pass) gives each row the scores of a pass with that
+    row's DII alone at its site."""
+    from cprobe.models.readouts import Vocabulary
+    from cprobe.tasks.causalgym_engine import NextToken, rowwise_dii, site_batch
+
+    splits = make_pair_splits(template, 8, 4)
+    base, src = pair_items(splits.train)
+    fmt = RegionFormatter(prepend_bos=True)
+    batch = fmt(base, adapter, torch.arange(len(base)))
+    sites = [Site(1, "region:1", "block"), Site(2, "region:3", "block"), Site(1, "region:3", "block"),
+             Site(0, "region:1", "block")]
+    acts = adapter.map(src, fmt, read=sites).acts
+    items = torch.tensor([0, 3, 5, 5, 2, 7, 1, 0])
+    row_site = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    g = torch.Generator().manual_seed(0)
+    a = torch.nn.functional.normalize(torch.randn(len(items), adapter.hidden_size, generator=g), dim=-1)
+    S = torch.stack([acts[sites[s]][i] for s, i in zip(row_site.tolist(), items.tolist())])
+    whole = torch.tensor([False, False, True, False, False, False, False, True])
+    b, at = site_batch(batch, items, row_site, sites)
+    got = adapter.run(b, edits={s: rowwise_dii(S, a, whole) for s in at}, readout=NextToken()).scores
+    for r in range(len(items)):
+        site = sites[int(row_site[r])]
+        one = batch.select(items[r:r + 1])
+        want = adapter.run(one, edits={site: Interchange(S[r:r + 1], None if whole[r] else a[r]).bind(torch.zeros(
+            1, dtype=torch.long))}, readout=Vocabulary()).scores[0]
+        torch.testing.assert_close(got[r], want, atol=1e-5, rtol=1e-5)
+
+
+def test_das_over_many_sites_in_one_pass_equals_one_site_at_a_time(adapter, template):
+    """The runner's batched DAS (all sites and both conditions per pass) learns the directions of one-site runs
+    (tolerance 1e-4 on each coordinate: float summation order over 4 steps; measured ~1e-7), whatever the pass size."""
+    r = [template.region_names.index("{subject}"), template.region_names.index("{object}")]
+    kw = dict(methods=["das"], layers=[1, 2], regions=r)
+    together: dict = {}
+    run_gym_task(adapter, template, *_settings(**kw), directions=together)
+    alone: dict = {}
+    run_gym_task(adapter, template, *_settings(sites_per_pass=1, **kw), directions=alone)
+    assert set(together) == set(alone) and len(together) == 2 * 2 * 2  # layers × regions × conditions
+    for key in together:
+        torch.testing.assert_close(together[key], alone[key], atol=1e-4, rtol=0)
+
+
+def test_das_training_reads_nothing_back_from_the_device_per_step(adapter, template):
+    """Through the real model: the host reads of a DAS pass do not grow with its steps (HF's own mask check aside)."""
+    from cprobe.directions.das import DAS
+    from cprobe.tasks.causalgym_engine import SitesForward
+    from tests.unit.test_directions import _sync_ops
+
+    splits = make_pair_splits(template, 8, 4)
+    base, src = pair_items(splits.train)
+    fmt = RegionFormatter(prepend_bos=True)
+    batch = fmt(base, adapter, torch.arange(len(base)))
+    sites = [Site(1, "region:1", "block"), Site(2, "region:3", "block")]
+    acts = adapter.map(src, fmt, read=sites).acts
+    H = torch.stack([acts[s] for s in sites])
+    T = torch.randint(0, len(adapter.tok), (2, len(base)), generator=torch.Generator().manual_seed(0))
+    rows = torch.arange(len(base))
+
+    def train(epochs):
+        das = DAS(lr=0.05, epochs=epochs)
+        forward = SitesForward(adapter, batch, rows, sites, das.windows(len(rows)))  # built before the steps
+        return _sync_ops(lambda: das.fit_many(forward, H, T))
+
+    assert train(1) == train(3)
+
+
+# ---------------------------------------------------------------------------------- resumable, byte-reproducible
+
+
+def _job(tmp_path, adapter, monkeypatch, out: str, tasks=("toy_agr", "toy_other"), **cg):
+    """A CausalGym job on the toy model, as the pipeline runs it: ``run`` → metrics.* → the report; the bytes of every
+    table it wrote."""
+    import json
+
+    from cprobe import results
+    from cprobe.job import JobContext
+
+    templates = tmp_path / "templates.json"
+    templates.write_text(json.dumps({"toy_agr": SPEC, "toy_other": SPEC}))
+    node = {"templates": str(templates), "tasks": list(tasks), "methods": ["das", "probe", "mean", "random", "vanilla"],
+            "n_train": 8, "n_eval": 4, "probe_lam": 1.0, "random_draws": 2, "reliability": True,
+            "oracle_probe": ORACLE, "das": {"lr": 0.05}, **cg}
+    cfg = {"model": {"name": "toy_neox"}, "layers": [1, 2], "seed": 0, "device": "cpu", "causalgym": node}
+    out_dir = tmp_path / out
+    out_dir.mkdir(exist_ok=True)
+    ctx = JobContext(cfg=cfg, out_dir=out_dir, data_root=tmp_path, cache_root=tmp_path / "cache", progress=False)
+    monkeypatch.setattr(JobContext, "adapter", lambda self, m: adapter)
+    table = cg_task.run(ctx, cg_task.Config(**{k: v for k, v in node.items() if k != "das"},
+                                           das=cg_task.DASKeys(**node["das"])))
+    table["task"], table["seed"] = "causalgym", 0
+    results.write_job(table, out_dir)
+    cg_task.report(table, out_dir)
+    return {p.name: p.read_bytes() for p in sorted(out_dir.iterdir())  # every table; timings.csv is the timings
+            if p.suffix in (".csv", ".parquet", ".md", ".safetensors") and p.name != "timings.csv"}
+
+
+def test_an_interrupted_run_resumes_from_its_finished_tasks_with_identical_tables(tmp_path, adapter, monkeypatch):
+    """Per-task results are written as each task finishes; a re-run computes only the missing tasks and its tables
+    are byte-identical to an uninterrupted run's (metrics, every causalgym_* table, the directions)."""
+    whole = _job(tmp_path, adapter, monkeypatch, "whole")
+    real = cg_task.run_gym_task
+    ran = []
+
+    def interrupted(adapter, template, *a, **k):
+        ran.append(template.name)
+        if template.name == "toy_other":
+            raise KeyboardInterrupt
+        return real(adapter, template, *a, **k)
+
+    monkeypatch.setattr(cg_task, "run_gym_task", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _job(tmp_path, adapter, monkeypatch, "resumed")
+    assert ran == ["toy_agr", "toy_other"] and (tmp_path / "resumed" / cg_task.PARTS / "manifest.json").is_file()
+    ran.clear()
+    monkeypatch.setattr(cg_task, "run_gym_task", lambda adapter, template, *a, **k: ran.append(template.name) or real(
+        adapter, template, *a, **k))
+    resumed = _job(tmp_path, adapter, monkeypatch, "resumed")
+    assert ran == ["toy_other"]  # the finished task was read back, not recomputed
+    assert set(resumed) == set(whole) and {"metrics.parquet", "causalgym_overall.csv", "causalgym_summary.parquet",
+                                           "causalgym_table1.csv", "directions.safetensors"} <= set(whole)
+    for name in whole:
+        assert resumed[name] == whole[name], name
+    # a changed setting recomputes every task; a longer task list reuses the finished ones
+    ran.clear()
+    _job(tmp_path, adapter, monkeypatch, "resumed", random_draws=3)
+    assert ran == ["toy_agr", "toy_other"]
+    ran.clear()
+    _job(tmp_path, adapter, monkeypatch, "more", tasks=("toy_agr",), random_draws=3)
+    _job(tmp_path, adapter, monkeypatch, "more", random_draws=3)
+    assert ran == ["toy_agr", "toy_other"]
+
+
+def test_a_seed_reproduces_the_tables_byte_for_byte_whatever_ran_before(tmp_path, adapter, monkeypatch):
+    """Cold vs warm: a cold run trains a model first (drawing from the global generator), a warm one does not; the
+    tables must not care. They carry no wall-clock column (timings go to timings.csv / status.json)."""
+    torch.manual_seed(0)
+    first = _job(tmp_path, adapter, monkeypatch, "warm")
+    torch.manual_seed(99)
+    torch.randn(10_000)
+    np.random.seed(5)
+    second = _job(tmp_path, adapter, monkeypatch, "cold")
+    assert first == second
+    for stem in ("causalgym_overall", "causalgym_summary", "metrics"):
+        cols = pd.read_parquet(tmp_path / "cold" / f"{stem}.parquet").columns
+        assert not [c for c in cols if c == "seconds" or c.endswith("_s")], stem
+    assert "fit_s" in pd.read_csv(tmp_path / "cold" / "timings.csv").columns

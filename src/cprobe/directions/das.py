@@ -30,10 +30,10 @@ from cprobe.models.edits import Edit, dii_edit
 Forward = Callable[[Edit, Tensor], Tensor]
 """``forward(edit, batch_idx) -> (len(batch_idx), V)`` next-token scores of the edited base rows."""
 
-BatchForward = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""``forward(batch_idx, h_source, a) -> (K, len(batch_idx), V)``: the base rows ``batch_idx`` (CPU indices into the
-train set) run once per site k, with the DII at site k toward the source rows ``h_source[k]`` (K, b, d) along
-``a[k]`` (K, d); differentiable in ``a``."""
+BatchForward = Callable[[slice, Tensor, Tensor], Tensor]
+"""``forward(rows, h_source, a) -> (K, b, V)``: the train base rows ``rows`` (a slice of b rows) run once per site k,
+with the DII at site k toward the source rows ``h_source[k]`` (K, b, d) along ``a[k]`` (K, d); differentiable in
+``a``. Rows come as a slice of plain ints, so a forward needs no index tensor read back."""
 
 
 @DIRECTIONS.register("das")
@@ -85,8 +85,8 @@ class DAS(Direction):
         if target.shape != (n,):
             raise ValueError(f"target must be ({n},), got {tuple(target.shape)}")
 
-        def one(idx: Tensor, hs: Tensor, a: Tensor) -> Tensor:
-            return forward(dii_edit(hs[0], a[0]), idx)[None]
+        def one(rows: slice, hs: Tensor, a: Tensor) -> Tensor:
+            return forward(dii_edit(hs[0], a[0]), torch.arange(rows.start, rows.stop))[None]
 
         each = None if callback is None else (lambda step, a: callback(step, a[0]))
         self.a = self.fit_many(one, h_source[None], target[None], callback=each)[0]
@@ -121,7 +121,7 @@ class DAS(Direction):
         losses = torch.zeros(total, K, device=device)
         for step in range(total):
             start, stop = windows[step % len(windows)]
-            scores = forward(torch.arange(start, stop), h_source[:, start:stop], direction())
+            scores = forward(slice(start, stop), h_source[:, start:stop], direction())
             logp = torch.log_softmax(scores.float(), -1)
             per_site = -logp.gather(2, target[:, start:stop, None]).squeeze(2).mean(1)  # (K,)
             optimizer.zero_grad()

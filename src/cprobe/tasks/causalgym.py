@@ -206,14 +206,17 @@ DIRECTIONS_FILE = "directions.safetensors"
 
 def save_directions(directions: dict[str, torch.Tensor], path: Path, **meta: str) -> None:
     """Every learned unit direction (float32), keyed ``<task>/<condition>/<method>/L<layer>/R<region>``, as
-    safetensors (no pickle), written atomically; load with :func:`load_directions`."""
+    safetensors (no pickle), written atomically, the same bytes for the same directions; ``meta`` (model, stream) is
+    the JSON of the file's one metadata entry ``cprobe``. Load with :func:`load_directions`."""
     from safetensors.torch import save
 
     from cprobe.io import atomic_write_bytes
 
     if not directions:
         return
-    blob = save({k: v.contiguous() for k, v in directions.items()}, metadata={k: str(v) for k, v in meta.items()})
+    # one metadata entry: safetensors keeps metadata in a hash map, so several keys come out in a random order
+    info = json.dumps({k: str(v) for k, v in meta.items()}, sort_keys=True)
+    blob = save({k: v.contiguous() for k, v in directions.items()}, metadata={"cprobe": info})
     atomic_write_bytes(Path(path), blob)
 
 

@@ -319,9 +319,9 @@ class SitesForward:
             batch, at = site_batch(train, items, row_site, sites)
             self.batches[start, stop] = (batch.to(adapter.device), at)
 
-    def __call__(self, idx: Tensor, h_source: Tensor, a: Tensor) -> Tensor:
+    def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
         K, b, d = h_source.shape
-        batch, at = self.batches[int(idx[0]), int(idx[-1]) + 1]
+        batch, at = self.batches[rows.start, rows.stop]
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
         out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True).scores
         return out.view(K, b, -1)
