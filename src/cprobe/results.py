@@ -30,12 +30,25 @@ def is_volatile(column: str) -> bool:
     return column.endswith("_s") or column in ("seconds", *VOLATILE)
 
 
+def parquet_bytes(df: pd.DataFrame) -> bytes:
+    """``df`` as Parquet (no index): the same frame gives the same bytes."""
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
+    """``df`` to ``path`` as Parquet, atomically (the one Parquet writer: per-pair files, prediction tables, caches);
+    returns the bytes written (e.g. to checksum them)."""
+    data = parquet_bytes(df)
+    atomic_write_bytes(Path(path), data)
+    return data
+
+
 def write_table(df: pd.DataFrame, stem: Path) -> None:
     """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
     leaves the previous tables (or none), never a half-written one."""
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    blobs = {".parquet": buf.getvalue(), ".csv": df.to_csv(index=False).encode(), ".md": to_markdown(df).encode()}
+    blobs = {".parquet": parquet_bytes(df), ".csv": df.to_csv(index=False).encode(), ".md": to_markdown(df).encode()}
     for suffix, data in blobs.items():
         atomic_write_bytes(stem.with_suffix(suffix), data)
 

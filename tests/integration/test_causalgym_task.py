@@ -639,3 +639,82 @@ def test_a_seed_reproduces_the_tables_byte_for_byte_whatever_ran_before(tmp_path
         cols = pd.read_parquet(tmp_path / "cold" / f"{stem}.parquet").columns
         assert not [c for c in cols if c == "seconds" or c.endswith("_s")], stem
     assert "fit_s" in pd.read_csv(tmp_path / "cold" / "timings.csv").columns
+
+
+# ---------------------------------------------------------------------------------- bad inputs, before any work
+
+
+def _validate(tmp_path, *overrides: str, specs=None):
+    """The pre-flight validation of a CausalGym job reading ``specs`` as its templates file (data dir = tmp_path)."""
+    import json
+
+    from cprobe.pipeline import prepare
+    from tests.unit.test_task_uses import _compose
+
+    if specs is not None:
+        (tmp_path / "templates.json").write_text(json.dumps(specs))
+    cfg, task = _compose("+experiment=causalgym", "causalgym.templates=templates.json", *overrides)
+    return prepare(cfg, data_root=tmp_path, overrides=task)
+
+
+@pytest.mark.parametrize(("specs", "overrides", "needle"), [
+    ({}, [], "holds no tasks"),
+    ([], [], "must map task names to specs"),
+    ({"toy": SPEC}, ["causalgym.tasks=[toy,nope]"], r"unknown CausalGym task\(s\) \['nope'\] in templates.json; "
+                                                    r"choose from \['toy'\]"),
+    ({"toy": SPEC}, ["causalgym.regions=[verb]"], r"'verb' is not a region of toy; it has"),
+    ({"toy": SPEC}, ["causalgym.regions=[7]"], "7 is not a region of toy"),
+    ({"toy": SPEC, "other": {**SPEC, "templates": [*SPEC["templates"], "the {subject} by the {object}"]}},
+     ["causalgym.template_index=1"], "CausalGym task 'toy' has 1 templates; template_index 1 is out of range"),
+    ({"toy": SPEC}, ["causalgym.tasks=[]"], "selects no task"),
+])
+def test_bad_templates_tasks_regions_and_template_index_fail_validation(tmp_path, specs, overrides, needle):
+    """Found before any model loads (so a config error leaves no run dir), in one line."""
+    from cprobe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=needle) as err:
+        _validate(tmp_path, *overrides, specs=specs)
+    assert "\n" not in str(err.value)
+
+
+def test_template_index_is_checked_on_the_tasks_asked_for(tmp_path):
+    """A task you did not ask for never fails your run (its template_index out of range is not your error)."""
+    two = {**SPEC, "templates": [*SPEC["templates"], "the {subject} by the {object}"]}
+    job = _validate(tmp_path, "causalgym.template_index=1", "causalgym.tasks=[two]", specs={"toy": SPEC, "two": two})
+    assert job.task_cfg.template_index == 1
+    with pytest.raises(Exception, match="'toy' has 1 templates"):
+        _validate(tmp_path, "causalgym.template_index=1")  # every task: toy is one of them
+
+
+def test_a_config_error_in_causalgym_leaves_no_run_dir(tmp_path):
+    """Through the CLI: the empty templates file (today: exit 0, status done, a 0-row table) and an ignored
+    intervention are one line, exit 1, and nothing written."""
+    (tmp_path / "empty.json").write_text("{}")
+    exe = Path(sys.executable).parent / "cprobe"
+    for args, needle in ((["causalgym.templates=" + str(tmp_path / "empty.json")], "holds no tasks"),
+                         (["intervention=leace"], "does not use `intervention`")):
+        out = tmp_path / "out"
+        res = subprocess.run([str(exe), "run", "+experiment=causalgym", *args, f"paths.output_root={out}"], cwd=REPO,
+                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert res.returncode == 1 and len(lines) == 1 and needle in lines[0], res.stderr
+        assert not any(p.is_file() for p in out.rglob("*")) if out.exists() else True
+
+
+def test_collect_aggregates_a_causalgym_sweep(table, tmp_path):
+    """`cprobe collect` reads the jobs' metrics.parquet, which hold no timing columns (they are in timings.csv): the
+    report must not need them (it raised KeyError: 'fit_s')."""
+    from cprobe import results
+    from cprobe.job import write_status
+    from cprobe.pipeline import collect
+
+    for k, method in enumerate(("mean", "das")):
+        job = tmp_path / f"causalgym.methods=[{method}]"
+        job.mkdir()
+        part = table[table["method"] == method].assign(model="toy", task="causalgym", seed=0)
+        results.write_job(part, job)
+        write_status(job, state="done")
+    collect(tmp_path)
+    overall = pd.read_csv(tmp_path / "causalgym_overall.csv")
+    assert set(overall["method"]) == {"mean", "das"} and "seconds" not in overall
+    assert (tmp_path / "causalgym_summary.csv").is_file() and (tmp_path / "results.parquet").is_file()

@@ -58,7 +58,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
 
 def test_a_zoo_is_refused_by_other_tasks(tmp_path):
     r = cprobe("run", "+experiment=sva_tiny", "model=fact_zoo", f"paths.output_root={tmp_path}", cwd=tmp_path)
-    assert r.returncode != 0 and "is a model zoo; only the prompt_bias task reads one" in r.stderr.splitlines()[-1]
+    assert r.returncode != 0 and "is a model zoo (a set of models); only task(s) ['prompt_bias'] read one" in \
+        r.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.plots import new_figure, save
-from cprobe.results import write_table
+from cprobe.results import parquet_bytes, write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
@@ -182,9 +182,7 @@ class TaskParts:
 
         from cprobe.io import atomic_write_bytes
 
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        table = buf.getvalue()
+        table = parquet_bytes(frame)
         dirs = save({k: v.contiguous() for k, v in directions.items()})
         stem = self.directory / self._stem(name)
         atomic_write_bytes(stem.with_suffix(".parquet"), table)

@@ -230,13 +230,9 @@ def pair_queries(pairs: Sequence[Any], everything: Any, index: dict[str, int]) -
 
 def _write_pairs(frame: pd.DataFrame, path: Path) -> None:
     """Every evaluation pair with the model's two distributions, the true ICaCE and each explainer's estimate."""
-    import io
+    from cprobe.results import write_parquet
 
-    from cprobe.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    write_parquet(frame, path)
 
 
 def _classifier_rows(common: dict, which: str, split: str, y: np.ndarray, pred: np.ndarray, k: int,

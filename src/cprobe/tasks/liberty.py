@@ -390,13 +390,9 @@ def _score_rows(common: dict, name: str, true: np.ndarray, est: np.ndarray, exam
 
 
 def _write_pairs(frame: pd.DataFrame, path: Any) -> None:
-    import io
+    from cprobe.results import write_parquet
 
-    from cprobe.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
+    write_parquet(frame, path)
 
 
 # ----------------------------------------------------------------------------------------------- report

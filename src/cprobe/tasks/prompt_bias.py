@@ -42,14 +42,31 @@ from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
 from cprobe.plots import new_figure, save
-from cprobe.results import summarise
+from cprobe.results import summarise, write_parquet
 
 log = logging.getLogger("cprobe")
 
 USES = Uses(groups=("model", "dataset"), capabilities=("model_sets",))  # a zoo (or one model) and a fact dataset
 CACHE_VERSION = 1
 DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
-_DISPARITY_KEYS = {"base", "gammas", "sentences", "train", "seed"}
+
+
+@dataclass(frozen=True)
+class Disparity:
+    """``prompt_bias.disparity``: Table 3's continued training (``base`` members, evidence shares ``gammas``)."""
+
+    base: tuple[str, ...] | None = ()  # fact-world members to continue training (null = none)
+    gammas: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    sentences: int = 10_000
+    train: dict = field(default_factory=dict)  # TinyTrainConfig overrides for continued training
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", tuple(self.base or ()))
+        if any(not 0.0 <= g <= 1.0 for g in self.gammas) or (self.base and not self.gammas):
+            raise ValueError(f"prompt_bias.disparity.gammas must be a non-empty list in [0, 1], got {list(self.gammas)}")
+        if self.sentences < 1:
+            raise ValueError(f"prompt_bias.disparity.sentences must be >= 1, got {self.sentences}")
 
 
 @dataclass(frozen=True)
@@ -67,32 +84,8 @@ class Config:
     rank_seed: int = 42  # the bootstrap's seed is rank_seed + the job seed (seed=0: the paper's 42)
     diff_threshold: float = 10.0  # Table 1: relations whose best - worst prompt gap exceeds this many points
     known_min: int = 1  # fact world: a fact is "known" to a model whose corpus stated it at least this often
-    disparity: dict = field(default_factory=dict)  # {base: [member names], gammas, sentences, train: {...}, seed}
+    disparity: Disparity = field(default_factory=lambda: Disparity())  # Table 3 (typed: parse checks it)
     zoo: dict = field(default_factory=dict)  # {corpus: {...}, train: {...}}: overrides for every fact-world member
-
-
-@dataclass(frozen=True)
-class Disparity:
-    base: tuple[str, ...] = ()
-    gammas: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
-    sentences: int = 10_000
-    train: Mapping[str, Any] = field(default_factory=dict)  # TinyTrainConfig overrides for continued training
-    seed: int = 1
-
-
-def disparity_config(node: Mapping[str, Any]) -> Disparity:
-    node = dict(node or {})
-    unknown = sorted(set(node) - _DISPARITY_KEYS)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under prompt_bias.disparity; known: {sorted(_DISPARITY_KEYS)}")
-    d = Disparity(base=tuple(node.get("base") or ()), gammas=tuple(float(g) for g in node.get("gammas",
-                  Disparity.gammas)), sentences=int(node.get("sentences", Disparity.sentences)),
-                  train=dict(node.get("train") or {}), seed=int(node.get("seed", 1)))
-    if any(not 0.0 <= g <= 1.0 for g in d.gammas) or (d.base and not d.gammas):
-        raise ConfigError(f"prompt_bias.disparity.gammas must be a non-empty list in [0, 1], got {list(d.gammas)}")
-    if d.sentences < 1:
-        raise ConfigError(f"prompt_bias.disparity.sentences must be >= 1, got {d.sentences}")
-    return d
 
 
 def with_zoo_overrides(ms: Sequence[Mapping[str, Any]], zoo: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -155,7 +148,7 @@ def validate(job: Any) -> None:
     if len(ms) > 1 and cfg.settings and not 1 <= cfg.subset <= n_relations:
         raise ConfigError(f"prompt_bias.subset must be in [1, {n_relations}] (the dataset's relations), got "
                           f"{cfg.subset}")
-    d = disparity_config(cfg.disparity)
+    d = cfg.disparity
     bad = [b for b in d.base if b not in fact]
     if bad and kind == "fact_world":  # on LAMA, Table 3 is not run (continued pre-training: docs/prompt_bias.md)
         raise ConfigError(f"prompt_bias.disparity.base {bad}: each must be a fact-world member of the zoo; choose "
@@ -232,10 +225,7 @@ def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[An
     frame = cloze_predictions(adapter, items, config.top_k, config.skip_stop_words,
                               desc=f"cloze {m['name']}" if ctx.progress else None)
     if enabled:
-        buf = io.BytesIO()
-        frame.to_parquet(buf, index=False)
-        atomic_write_bytes(path, buf.getvalue())
-        atomic_write_bytes(digest, hashlib.sha256(buf.getvalue()).hexdigest().encode())
+        atomic_write_bytes(digest, hashlib.sha256(write_parquet(frame, path)).hexdigest().encode())
     return frame, False
 
 
@@ -287,11 +277,11 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         log.info("%s: %d cloze predictions (%s)", m["name"], len(frame), "cached" if hit else "computed")
     ctx.timings["cloze_s"] = time.perf_counter() - t0
     pred = pd.concat(frames, ignore_index=True)
-    _write_parquet(pred, ctx.out_dir / "prompt_bias_predictions.parquet")
+    write_parquet(pred, ctx.out_dir / "prompt_bias_predictions.parquet")
     rows = analyse(pred, config, [m["name"] for m in probed], ctx, seed=config.rank_seed + ctx.seed)
     if full is not None:
         rows += _knowledge_rows(full, data, [spec[m["name"]] for m in probed], config.known_min)
-        d = disparity_config(config.disparity)
+        d = config.disparity
         if d.base:
             t0 = time.perf_counter()
             rows += _disparity(ctx, full, data, spec, d, config, probed)
@@ -410,12 +400,6 @@ def _disparity(ctx: JobContext, full: Any, data: Any, spec: Mapping[str, Mapping
     return rows
 
 
-def _write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    from cprobe.io import atomic_write_bytes
-
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 # ----------------------------------------------------------------------------------------------- report
