@@ -164,7 +164,8 @@ def test_layers_and_regions_are_configurable(adapter, template):
 @pytest.mark.slow
 @needs_shared("causalgym", "templates", "syntaxgym.json")
 def test_experiment_end_to_end_on_agreement_templates(tmp_path):
-    """`cprobe run +experiment=causalgym` on one agreement task with a tiny, briefly trained model."""
+    """`cprobe run +experiment=causalgym` on one agreement task with a tiny, briefly trained model: cold (the model
+    trained in the job) and warm (read from the cache) give byte-identical tables."""
     env = {**os.environ, "CPROBE_CACHE_DIR": str(tmp_path / "cache"), "CPROBE_DATA_DIR": str(SHARED_DATA),
            "OMP_NUM_THREADS": "1"}
     cmd = [str(Path(sys.executable).parent / "cprobe"), "run", "+experiment=causalgym", f"hydra.run.dir={tmp_path / 'run'}",
@@ -179,6 +180,13 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     overall = pd.read_csv(tmp_path / "run" / "causalgym_overall.csv")
     assert set(overall["method"]) == {"das", "probe", "mean", "random"}
     assert overall["selectivity"].notna().all()
+    # warm (the model now cached, nothing trained before the task): the same tables, byte for byte
+    warm = [c.replace(str(tmp_path / "run"), str(tmp_path / "warm")) for c in cmd]
+    res = subprocess.run(warm, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name in ("metrics.csv", "metrics.parquet", "causalgym_overall.csv", "causalgym_summary.parquet",
+                 "causalgym_table1.md", "causalgym_table1_capable.csv", "directions.safetensors"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "warm" / name).read_bytes(), name
 
 
 # ---------------------------------------------------------------------------------- beyond the paper
@@ -718,3 +726,50 @@ def test_collect_aggregates_a_causalgym_sweep(table, tmp_path):
     overall = pd.read_csv(tmp_path / "causalgym_overall.csv")
     assert set(overall["method"]) == {"mean", "das"} and "seconds" not in overall
     assert (tmp_path / "causalgym_summary.csv").is_file() and (tmp_path / "results.parquet").is_file()
+
+
+# ---------------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.parametrize("parametrization", ["orthogonal", "normalize"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_das_steps_never_synchronise_with_the_host_on_a_gpu(parametrization):
+    """CUDA's sync debug mode raises on any device→host wait inside the training steps (forward, loss, backward, Adam,
+    schedule); the losses are read once, after."""
+    from cprobe.directions.das import DAS
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(5, 32, generator=g).to(dev)
+    h_base, h_src = torch.randn(40, 32, generator=g).to(dev), torch.randn(3, 40, 32, generator=g).to(dev)
+
+    def forward(rows, hs, a):  # a pure-torch "model": logits read off the edited vector
+        base = h_base[rows.start:rows.stop]
+        edited = base + ((hs - base) * a[:, None]).sum(-1, keepdim=True) * a[:, None]
+        return edited @ W.T
+
+    das = DAS(seed=0, epochs=3, parametrization=parametrization)
+    target = torch.randint(0, 5, (3, 40), generator=g).to(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        found = das.fit_many(forward, h_src, target)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert found.device.type == "cuda" and das.losses_.shape == (30, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_causalgym_on_a_gpu_matches_the_cpu(adapter, template):
+    """DAS trained and every DII scored on the GPU (model, directions, oracle with the job's device) give the CPU's
+    numbers within 1e-3 log-odds (float order differs between devices)."""
+    import copy
+
+    gpu = ModelAdapter(copy.deepcopy(adapter.model).to("cuda"), adapter.tok, "causal", "toy_neox", batch_size=8)
+    kw = dict(methods=["das", "mean", "random", "vanilla"], layers=[1, 2], reliability=True, oracle_probe=ORACLE)
+    cpu_rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(**kw)))
+    gpu_rows = pd.DataFrame(run_gym_task(gpu, template, *_settings(**kw), device="cuda"))
+    np.testing.assert_allclose(gpu_rows["odds"], cpu_rows["odds"], atol=1e-3)
+    np.testing.assert_allclose(gpu_rows["completeness"], cpu_rows["completeness"], atol=1e-2)

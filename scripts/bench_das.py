@@ -1,0 +1,113 @@
+"""DAS training throughput: every CausalGym site's direction trained one site at a time (the runner before the
+batched pass) vs many sites in one batched forward per step (``DAS.fit_many`` + the engine's ``SitesForward``).
+
+Same model, same train pairs, same sites, same seed and budget; prints optimiser steps per second of each, their ratio
+and the largest difference between the directions they learn (the batched pass must learn the same ones; tolerance
+1e-4). Default model: a random-init GPT-NeoX of the tiny CausalGym model's shape (no download); ``--shape pythia-70m``
+for a Pythia-70m-shaped one, ``--device cuda`` on a GPU.
+
+    python scripts/bench_das.py [--shape tiny|pythia-14m|pythia-70m] [--pairs 40] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from cprobe.data.causalgym import CONTROL_LABELS, TaskTemplate, control_pairs, label_token_ids, make_pair_splits
+from cprobe.data.causalgym import pair_items
+from cprobe.directions.das import DAS
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.edits import Edit
+from cprobe.models.formatters import RegionFormatter
+from cprobe.models.readouts import Vocabulary
+from cprobe.models.sites import Site
+from cprobe.models.tiny import build_tokenizer
+from cprobe.tasks.causalgym_engine import SitesForward
+
+NOUNS = [f"n{i}" for i in range(30)]
+SPEC = {  # the agreement templates' shape: 6 regions from the label on
+    "templates": ["the {subject} that the {object} {verbed} near the {place} {adv}"],
+    "label": "subject", "result_prepend_space": True,
+    "labels": {"singular": ["is", "was"], "plural": ["are", "were"]},
+    "variables": {"subject": {"singular": ["author", "guard"], "plural": ["authors", "guards"]}, "object": NOUNS,
+                  "verbed": ["liked", "saw", "met"], "place": NOUNS, "adv": ["today", "here"]},
+}
+SHAPES = {"tiny": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
+          "pythia-14m": dict(hidden_size=128, num_hidden_layers=6, num_attention_heads=4, intermediate_size=512),
+          "pythia-70m": dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8, intermediate_size=2048)}
+
+
+def main() -> None:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--pairs", type=int, default=40, help="train pairs (doubled by swapping; the paper: 200)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--layers", type=int, default=0, help="read the first N block outputs (0: every block)")
+    args = p.parse_args()
+
+    template = TaskTemplate.from_spec("bench_agr", SPEC)
+    words = ["the", "that", "near", "is", "was", "are", "were", "author", "authors", "guard", "guards", "liked", "saw",
+             "met", "today", "here", *NOUNS, *(w.strip() for w in CONTROL_LABELS)]
+    tok = build_tokenizer("neox", words, 64)
+    torch.manual_seed(0)
+    model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(tok), max_position_embeddings=64,
+                                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                             **SHAPES[args.shape])).to(args.device)
+    ad = ModelAdapter(model, tok, "causal", args.shape, batch_size=512)
+    splits = make_pair_splits(template, args.pairs, 4)
+    base, src = pair_items(splits.train)
+    fmt = RegionFormatter(prepend_bos=True)
+    batch = fmt(base, ad, torch.arange(len(base)))
+    n_layers = args.layers or ad.n_layers
+    sites = [Site(l, f"region:{r}", "block") for l in range(1, n_layers + 1)
+             for r in range(template.first_label_region, len(template.spans))]
+    acts = ad.map(src, fmt, read=sites).acts
+    ids, _ = label_token_ids(tok, [lab for ps in (splits.train, control_pairs(splits.train)) for q in ps
+                                   for lab in (q.base_label, q.source_label)])
+    targets = [torch.tensor([ids[q.source_label] for q in ps]) for ps in (splits.train, control_pairs(splits.train))]
+    jobs = [(s, t) for s in sites for t in targets]  # every site × condition, as the runner trains them
+    rows = torch.arange(len(base))
+    das = DAS(seed=0)
+    steps = das.steps(len(rows)) * len(jobs)
+    print(f"{args.shape} on {args.device}: {len(sites)} sites × 2 conditions = {len(jobs)} directions, "
+          f"{das.steps(len(rows))} steps each (batch {das.batch_size}), d = {ad.hidden_size}")
+
+    def sync() -> None:
+        if str(args.device).startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def one_at_a_time() -> torch.Tensor:
+        """The runner before: per site, per step, the step's rows cut from the batch and one forward of them."""
+        out = []
+        for site, target in jobs:
+            def forward(edit: Edit, idx: torch.Tensor, site=site) -> torch.Tensor:
+                return ad.run(batch.select(rows[idx]), edits={site: edit}, readout=Vocabulary(), grad=True).scores
+            out.append(DAS(seed=0).fit(forward, acts[site].to(args.device), target.to(args.device)).a)
+        return torch.stack(out)
+
+    def batched() -> torch.Tensor:
+        das = DAS(seed=0)
+        forward = SitesForward(ad, batch, rows, [s for s, _ in jobs], das.windows(len(rows)))
+        H = torch.stack([acts[s] for s, _ in jobs]).to(args.device)
+        return das.fit_many(forward, H, torch.stack([t for _, t in jobs]))
+
+    timed = {}
+    for name, fn in (("one site at a time", one_at_a_time), ("all sites per pass", batched)):
+        sync()
+        t0 = time.perf_counter()
+        a = fn()
+        sync()
+        timed[name] = (time.perf_counter() - t0, a.detach().float().cpu())
+        print(f"  {name:<20} {timed[name][0]:8.2f} s  {steps / timed[name][0]:9.1f} site-steps/s")
+    (t_one, a_one), (t_all, a_all) = timed.values()
+    print(f"batched / one-at-a-time speed = {t_one / t_all:.1f}x; max |Δa| = {(a_one - a_all).abs().max():.2e} "
+          f"(tolerance 1e-4)")
+
+
+if __name__ == "__main__":
+    main()
