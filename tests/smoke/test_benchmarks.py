@@ -38,3 +38,10 @@ def test_bench_interventions_on_given_arrays(tmp_path):
 def test_bench_finetune_prints_the_bf16_ratio():
     out = _run("scripts/bench_finetune.py", "--size", "tiny", "--n", "16", "--batch-size", "8", "--max-length", "64")
     assert "bf16 / fp32 =" in out and "fp32:" in out
+
+
+def test_bench_das_prints_the_batched_ratio_and_equal_directions():
+    out = _run("scripts/bench_das.py", "--pairs", "4", "--layers", "1")
+    assert "batched / one-at-a-time speed =" in out
+    delta = float(out.split("max |Δa| = ")[1].split()[0])
+    assert delta < 1e-4, out
