@@ -773,3 +773,14 @@ def test_causalgym_on_a_gpu_matches_the_cpu(adapter, template):
     gpu_rows = pd.DataFrame(run_gym_task(gpu, template, *_settings(**kw), device="cuda"))
     np.testing.assert_allclose(gpu_rows["odds"], cpu_rows["odds"], atol=1e-3)
     np.testing.assert_allclose(gpu_rows["completeness"], cpu_rows["completeness"], atol=1e-2)
+
+
+def test_the_oracle_probe_is_built_with_the_jobs_seed_and_device(adapter, template, monkeypatch):
+    from cprobe.probes import PROBES
+
+    seen = []
+    real = PROBES.build
+    monkeypatch.setattr(PROBES, "build", lambda cfg, **ctx: seen.append(ctx) or real(cfg, **ctx))
+    run_gym_task(adapter, template, *_settings(methods=["mean"], layers=[1], regions=[1], control=False,
+                                               reliability=True, oracle_probe=ORACLE), seed=3, device="cpu")
+    assert seen == [{"seed": 3, "device": "cpu"}]
