@@ -2,9 +2,12 @@
 by DAS / probe / mean-difference / LDA / PCA / k-means / random (and the vanilla whole-vector swap),
 scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity.
 
-``run`` returns the long table (one row per CausalGym task × condition × method × layer × region);
-``report`` writes the per-task overall table, the method × model summary (like the paper's Table 1),
-layer × region heat-maps per method and odds-by-layer curves.
+``validate`` checks the settings, the templates file, the tasks, regions and ``template_index`` before any model
+loads; ``run`` returns the long table (one row per CausalGym task × condition × method × layer × region), computing
+each task with :func:`cprobe.tasks.causalgym_engine.run_gym_task` and writing its rows and directions as it finishes
+(``causalgym_tasks/``), so a re-run resumes from the finished tasks; ``report`` writes the per-task overall table,
+the method × model summary (like the paper's Table 1), layer × region heat-maps per method and odds-by-layer curves.
+The settings schema (:class:`Config`) lives with the engine and is re-exported here.
 """
 
 from __future__ import annotations
