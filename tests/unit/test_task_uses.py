@@ -126,14 +126,18 @@ def test_prompt_bias_disparity_is_a_typed_node_parse_checks():
 
 
 def test_the_liberty_experiments_share_one_base_and_differ_only_in_their_data():
+    """Every LIBERTy setting lives once, in conf/experiment/base/liberty.yaml; an experiment adds its dataset and name
+    (and at most its own choice of concepts or explainers)."""
     import yaml
 
     nodes = {}
     for scm in ("cv", "disease", "violence"):
-        text = (REPO / "conf" / "experiment" / f"liberty_{scm}.yaml").read_text()
-        own = yaml.safe_load(text)
-        assert "base/liberty" in own["defaults"] and "liberty" not in own, scm  # settings live in the base, once
+        own = yaml.safe_load((REPO / "conf" / "experiment" / f"liberty_{scm}.yaml").read_text())
+        assert "base/liberty" in own["defaults"], scm
+        assert set(own) <= {"defaults", "name", "liberty"} and set(own.get("liberty") or {}) <= {"concepts",
+                                                                                                  "explainers"}, scm
         cfg, _ = _compose(f"+experiment=liberty_{scm}")
         assert cfg["name"] == f"liberty_{scm}" and cfg["dataset"]["scm"] == scm
+        cfg["liberty"] = {k: v for k, v in cfg["liberty"].items() if k not in ("concepts", "explainers")}
         nodes[scm] = {k: v for k, v in cfg.items() if k not in ("name", "dataset")}
     assert nodes["cv"] == nodes["disease"] == nodes["violence"]
