@@ -504,8 +504,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
                                   fit_s=time.perf_counter() - t_fit))
 
     # 2. Causal directions: every (site, condition) is its own problem; those sharing their train rows train together.
-    _train_causal(adapter, plans, conditions, train_batch, src_tr, tr_target, config, seed, progress, template.name,
-                  cost)
+    _train_causal(adapter, plans, conditions, train_batch, src_tr, tr_target, config, seed, progress, template.name)
 
     # 3. Score every (site, direction) on the eval set, many per forward.
     t_ev = time.perf_counter()
@@ -554,7 +553,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
 
 def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str], train_batch: Batch,
                   src_tr: dict[Site, Tensor], tr_target: dict[str, Tensor], config: Config, seed: int,
-                  progress: bool, name: str, cost: dict[str, float]) -> None:
+                  progress: bool, name: str) -> None:
     """Train every causal direction (one per site, run and condition), in batched passes of sites that share their
     train rows and settings; the directions land in each run's ``dirs``."""
     jobs: dict[tuple[str, bytes], list[tuple[_SitePlan, _Run, str]]] = {}
