@@ -122,6 +122,33 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
+# ----------------------------------------------------------------------------------------------- checked files
+def store_files(entry: Path, files: Mapping[str, bytes]) -> None:
+    """Write ``files`` into directory ``entry`` atomically, then their ``checksums.json`` manifest (last: an entry
+    without a valid manifest is incomplete)."""
+    from cprobe.io import write_manifest
+
+    for name, data in files.items():
+        atomic_write_bytes(Path(entry) / name, data)
+    write_manifest(Path(entry), list(files))
+
+
+def load_file(entry: Path, name: str) -> bytes | None:
+    """File ``name`` of a :func:`store_files` entry when the entry is complete and every file matches its checksum;
+    None otherwise (a warning when the entry exists but fails)."""
+    entry = Path(entry)
+    if not entry.is_dir():
+        return None
+    problem = verify_manifest(entry)
+    if problem is not None:
+        log.warning("cache entry %s: %s; recomputing it", entry, problem)
+        return None
+    try:
+        return (entry / name).read_bytes()
+    except OSError:
+        return None
+
+
 # ----------------------------------------------------------------------------------------------- model identity
 def model_identity(m: Mapping[str, Any]) -> dict[str, Any]:
     """What determines a model's outputs, from its config alone (no loading), free of absolute paths and file times.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cprobe.cache import ActivationCache
+from cprobe.cache import SHARD_MB, ActivationCache
 from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,9 @@ class JobContext:
 
     @property
     def cache(self) -> ActivationCache:
-        return ActivationCache(self.cache_root, enabled=bool(self.cfg.get("cache", {}).get("enabled", True)))
+        c = self.cfg.get("cache", {}) or {}
+        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)), dtype=str(c.get("dtype", "float32")),
+                               shard_mb=float(c.get("shard_mb", SHARD_MB)))
 
     @property
     def seed(self) -> int:
@@ -84,13 +86,18 @@ class JobContext:
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
 
-        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``.
+        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``; the compute
+        group's ``batch_size`` / ``batch_tokens`` (e.g. ``compute=gpu``) apply where set.
         """
         from cprobe.models.load import load_adapter
 
         device = str(self.cfg.get("device", "auto"))
         if device != "auto" and str(model_cfg.get("device", "auto")) == "auto":
             model_cfg = {**model_cfg, "device": device}
+        compute = self.cfg.get("compute") or {}
+        for k in ("batch_size", "batch_tokens"):
+            if compute.get(k) is not None:
+                model_cfg = {**model_cfg, k: compute[k]}
         key = json.dumps(model_cfg, sort_keys=True, default=str)
         if key not in _ADAPTER:
             _ADAPTER.clear()
