@@ -240,7 +240,8 @@ class ActivationCache:
                 for k, t in new.items():
                     if t.shape[0] != n:
                         raise RuntimeError(f"extraction returned {t.shape[0]} rows for {k}, expected {n}")
-                entry.init(max(1, n))
+                row = sum(t[:1].numel() * t.element_size() for t in new.values())
+                entry.init(max(1, int(self.shard_mb * 2**20) // max(row, 1)))
                 for k, t in new.items():
                     for j, (a, b) in enumerate(entry.ranges()):
                         entry.write(k, j, t[a:b])

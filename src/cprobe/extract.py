@@ -40,11 +40,15 @@ class Activations:
     def __init__(self, n: int, entry: Entry | None = None, tensors: dict[str, Tensor] | None = None) -> None:
         self.n, self.entry, self.tensors = n, entry, tensors or {}
 
-    def load(self, name: str) -> Tensor:
+    def get(self, name: str) -> Tensor | None:
+        """The whole tensor, or None when a shard is missing or corrupt (corrupt shards are deleted)."""
         if name in self.tensors:
             return self.tensors[name]
         assert self.entry is not None
-        t = self.entry.read(name)
+        return self.entry.read(name)
+
+    def load(self, name: str) -> Tensor:
+        t = self.get(name)
         if t is None:
             raise RuntimeError(f"{name} is missing or corrupt in {self.entry.dir}; rerun the extraction")
         return t
@@ -142,9 +146,14 @@ def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint
                   progress: bool = True) -> tuple[dict[Site, Tensor], Tensor | None, bool]:
     """({site: (n, d)} in the cache's storage dtype (float32 by default), readout scores or None, cache hit) for
     ``items``, computing only what the cache lacks (:func:`extract_stream`, then each tensor read whole)."""
-    acts, hit = extract_stream(adapter, items, items_fingerprint, dataset_name, formatter, sites, readout, cache,
-                               progress)
-    return {s: acts.load(s.key) for s in sites}, acts.load(SCORES) if readout is not None else None, hit
+    names = [s.key for s in sites] + ([SCORES] if readout is not None else [])
+    for attempt in range(2):  # a shard found corrupt while reading is deleted, then recomputed alone
+        acts, hit = extract_stream(adapter, items, items_fingerprint, dataset_name, formatter, sites, readout, cache,
+                                   progress)
+        got = {k: acts.get(k) for k in names}
+        if all(v is not None for v in got.values()):
+            return {s: got[s.key] for s in sites}, got.get(SCORES), hit and attempt == 0
+    raise RuntimeError(f"the activation cache under {cache.root} keeps failing its checksums; check the disk")
 
 
 def fit_streaming(estimator: Any, acts: Activations, name: str, labels: Tensor, rows: Tensor | None = None) -> Any:
