@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
+_CHUNK = 64 << 20  # bytes read and hashed at a time
 _CHECKSUM_KEY = "cprobe.xxh3_128"
 _OLD_CHECKSUM_KEY = "cprobe.sha256"
 MANIFEST = "checksums.json"
@@ -128,6 +129,9 @@ def atomic_write_with(path: Path, write: Any) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+            if os.environ.get("CPROBE_FSYNC", "") not in ("", "0"):  # durable writes (flushed to the disk)
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -219,16 +223,31 @@ def read_into(path: Path, name: str, out: torch.Tensor) -> bool:
             raise ValueError(f"{name} is {info['dtype']}{info['shape']}, expected {_st_code(out.dtype)}"
                              f"{list(out.shape)}")
         a, b = info["data_offsets"]
-        with open(path, "rb") as f:
-            f.seek(start + a)
-            if b > a and f.readinto(_bytes(out)) != b - a:
-                raise ValueError("truncated data")
+        view = _bytes(out)
+        if digest is fast_digest:  # read and hash chunk by chunk: each chunk is hashed while still in the CPU cache
+            import xxhash
+
+            h = xxhash.xxh3_128()
+            with open(path, "rb", buffering=0) as f:
+                f.seek(start + a)
+                for c in range(0, b - a, _CHUNK):
+                    part = view[c: c + _CHUNK]
+                    if f.readinto(part) != len(part):
+                        raise ValueError("truncated data")
+                    h.update(part)
+            got = h.hexdigest()
+        else:
+            with open(path, "rb") as f:
+                f.seek(start + a)
+                if b > a and f.readinto(view) != b - a:
+                    raise ValueError("truncated data")
+            got = digest(out)
     except FileNotFoundError:
         return False
     except Exception as e:  # noqa: BLE001 - a torn or corrupt file: rebuild rather than crash
         log.warning("cache file %s is unreadable (%s); rebuilding it", path, e)
         return False
-    if digest(out) != expected.get(name):
+    if got != expected.get(name):
         log.warning("cache file %s failed its checksum (corrupted on disk); rebuilding it", path)
         return False
     return True
