@@ -50,42 +50,52 @@ def main() -> None:
                 "raw read": float("inf")}
         for r in range(args.repeats):
             entry = cache.entry({"bench": r}, args.n)
-            t0 = time.perf_counter()
             with entry.lock():
-                entry.init(max(1, int(args.shard_mb * 2**20) // row))
+                entry.init(max(1, int(args.shard_mb * 2**20) // row))  # the shard ranges both sides write
+            raw = root / f"raw{r}"
+
+            def cache_write():
+                with entry.lock():
+                    for j, (a, b) in enumerate(entry.ranges()):
+                        for k, t in data.items():
+                            entry.write(k, j, t[a:b])
+                    entry.finish()
+
+            def raw_write():
+                raw.mkdir()
                 for j, (a, b) in enumerate(entry.ranges()):
                     for k, t in data.items():
-                        entry.write(k, j, t[a:b])
-                entry.finish()
-            best["cache write"] = min(best["cache write"], time.perf_counter() - t0)
-            raw = root / f"raw{r}"
-            raw.mkdir()
-            t0 = time.perf_counter()
-            for j, (a, b) in enumerate(entry.ranges()):
-                for k, t in data.items():
-                    with open(raw / f"{k}.{j}", "wb") as f:
-                        f.write(_bytes(t[a:b]))
-                        if args.fsync:
-                            f.flush()
-                            os.fsync(f.fileno())
-            best["raw write"] = min(best["raw write"], time.perf_counter() - t0)
+                        with open(raw / f"{k}.{j}", "wb") as f:
+                            f.write(_bytes(t[a:b]))
+                            if args.fsync:
+                                f.flush()
+                                os.fsync(f.fileno())
 
-            t0 = time.perf_counter()
-            for k in data:
-                got = entry.read(k)
-                assert got is not None
-            best["cache read"] = min(best["cache read"], time.perf_counter() - t0)
-            del got
-            bufs = {k: torch.empty(args.n, args.d, dtype=dtype) for k in data}
-            t0 = time.perf_counter()
-            for j, (a, b) in enumerate(entry.ranges()):
+            def cache_read():
                 for k in data:
-                    with open(raw / f"{k}.{j}", "rb") as f:
-                        f.readinto(_bytes(bufs[k][a:b]))
-            best["raw read"] = min(best["raw read"], time.perf_counter() - t0)
-            del bufs
+                    assert entry.read(k) is not None
+
+            def raw_read():
+                for k in data:
+                    buf = torch.empty(args.n, args.d, dtype=dtype)
+                    for j, (a, b) in enumerate(entry.ranges()):
+                        with open(raw / f"{k}.{j}", "rb", buffering=0) as f:
+                            f.readinto(_bytes(buf[a:b]))
+
+            # alternate which side goes first: the page cache and the disk's write-back favour neither
+            steps = [("cache write", cache_write), ("raw write", raw_write), ("cache read", cache_read),
+                     ("raw read", raw_read)]
+            if r % 2:
+                steps = [steps[1], steps[0], steps[3], steps[2]]
+            for name, fn in steps:
+                t0 = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+            shard_rows, n_ranges = entry.shard_rows, len(entry.ranges())
+            shutil.rmtree(entry.dir)
+            shutil.rmtree(raw)
         print(f"{args.tensors} tensors × {args.n} × {args.d} {args.dtype} = {total / 1e9:.2f} GB, shards of "
-              f"{entry.shard_rows} rows ({len(entry.ranges())} per tensor), fsync={args.fsync}, dir={root}")
+              f"{shard_rows} rows ({n_ranges} per tensor), fsync={args.fsync}, dir={root}")
         for name, s in best.items():
             print(f"  {name:<12} {s:7.2f} s  {total / s / 1e9:6.2f} GB/s")
         w = best["raw write"] / best["cache write"]

@@ -139,7 +139,8 @@ class GridSearchProbe(Probe):
 
     def _op_flops(self, d: int, k: int) -> float:
         """Flops of the largest matmul of one training step (what decides whether threads pay off)."""
-        biggest = max(max(p.numel() for p in self._init(d, k, params).parameters()) for params in self._grid())
+        with torch.device("meta"):  # shapes only: nothing allocated, no random numbers drawn
+            biggest = max(max(p.numel() for p in self._build(d, k, params).parameters()) for params in self._grid())
         return 2.0 * self.batch_size * biggest
 
     def fit_stream(self, shards: Iterable[tuple[Tensor, Tensor]]) -> Self:
