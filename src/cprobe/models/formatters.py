@@ -84,6 +84,20 @@ def _tokenize(adapter: ModelAdapter, texts: list[str], max_length: int | None = 
                        return_tensors="pt")
 
 
+def _unpadded(tok: Any, texts: list[str], pad_id: int) -> dict[str, Tensor]:
+    """Tokenise without special tokens or truncation (no pad token needed), then right-pad with tensor ops."""
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else \
+        {"input_ids": [], "offset_mapping": []}
+    lengths = torch.tensor([len(x) for x in enc["input_ids"]], dtype=torch.long)
+    width = int(lengths.max()) if len(texts) else 0
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    ids = torch.full((len(texts), width), pad_id, dtype=torch.long)
+    offsets = torch.zeros((len(texts), width, 2), dtype=torch.long)
+    ids[mask] = torch.tensor([t for row in enc["input_ids"] for t in row], dtype=torch.long)
+    offsets[mask] = torch.tensor([o for row in enc["offset_mapping"] for o in row], dtype=torch.long).reshape(-1, 2)
+    return {"input_ids": ids, "attention_mask": mask.long(), "offset_mapping": offsets}
+
+
 def _pad_id(adapter: ModelAdapter) -> int:
     tok = adapter.tok
     return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
@@ -203,11 +217,7 @@ class RegionFormatter(Formatter):
                 at += len(region)
             spans.append(sp)
         texts = ["".join(it.regions) for it in items]
-        if texts:
-            enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True, padding=True, return_tensors="pt")
-        else:
-            enc = {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long),
-                   "offset_mapping": torch.zeros(0, 0, 2, dtype=torch.long)}
+        enc = _unpadded(tok, texts, _pad_id(adapter))  # no truncation, no special tokens: the regions alone
         ids, mask = enc["input_ids"], enc["attention_mask"]
         starts, ends, _ = span_tensors(spans)
         # regions tile the text: a token belongs to the region holding its last character (empty regions get none)
