@@ -257,19 +257,24 @@ class Entry:
     def __init__(self, path: Path, fields: dict[str, Any], n: int) -> None:
         self.dir, self.fields, self.n = Path(path), fields, n
         self.shard_rows: int | None = None
+        self._load()
+
+    def _load(self) -> None:
         try:
             meta = json.loads((self.dir / "meta.json").read_text())
-            if meta.get("n") == n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
+            if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
                 self.shard_rows = meta["shard_rows"]
         except (OSError, ValueError):
             pass
 
     @contextmanager
     def lock(self) -> Iterator[Entry]:
+        """Hold the entry's file lock (parallel jobs compute it once); the row ranges are re-read inside."""
         from filelock import FileLock
 
         self.dir.mkdir(parents=True, exist_ok=True)
         with FileLock(str(self.dir) + ".lock"):
+            self._load()  # another job may have fixed the ranges while we waited
             yield self
 
     def init(self, shard_rows: int) -> None:
