@@ -86,18 +86,14 @@ class JobContext:
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
 
-        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``; the compute
-        group's ``batch_size`` / ``batch_tokens`` (e.g. ``compute=gpu``) apply where set.
+        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``. (The compute
+        group's ``batch_size`` / ``batch_tokens`` reach a model through its config's interpolations.)
         """
         from cprobe.models.load import load_adapter
 
         device = str(self.cfg.get("device", "auto"))
         if device != "auto" and str(model_cfg.get("device", "auto")) == "auto":
             model_cfg = {**model_cfg, "device": device}
-        compute = self.cfg.get("compute") or {}
-        for k in ("batch_size", "batch_tokens"):
-            if compute.get(k) is not None:
-                model_cfg = {**model_cfg, k: compute[k]}
         key = json.dumps(model_cfg, sort_keys=True, default=str)
         if key not in _ADAPTER:
             _ADAPTER.clear()

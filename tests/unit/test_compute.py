@@ -253,3 +253,20 @@ def test_our_files_load_with_the_safetensors_library(tmp_path):
     atomic_save_tensors(tmp_path / "x.safetensors", ts)
     back = load_file(tmp_path / "x.safetensors")
     assert all(torch.equal(back[k], v) for k, v in ts.items())
+
+
+@pytest.mark.parametrize(("overrides", "rows", "tokens"), [
+    (["compute=cpu"], 128, None), (["compute=gpu"], 512, 32768), (["compute=gpu_bf16"], 512, 65536),
+    (["compute=gpu", "model.batch_size=8"], 8, 32768), (["compute=auto", "model=minilm_l6"], 64, None)])
+def test_the_compute_group_sizes_batches_and_the_model_config_still_wins(overrides, rows, tokens):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import cprobe.pipeline  # noqa: F401  (registers the config's resolvers)
+    from cprobe.models.load import parse_model_config
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
+    mc = parse_model_config(cfg["model"])
+    assert (mc.batch_size, mc.batch_tokens) == (rows, tokens)
