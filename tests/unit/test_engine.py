@@ -14,7 +14,7 @@ from cprobe.data.base import Example
 from cprobe.data.grammar import GrammarConfig, generate
 from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError
-from cprobe.extract import extract_sites, extract_stream, fit_streaming
+from cprobe.extract import Activations, extract_sites, fit_streaming
 from cprobe.interventions.leace import LEACE
 from cprobe.interventions.mean_diff import MeanDiff
 from cprobe.models import batching
@@ -350,9 +350,8 @@ def _stream(tmp_path, n=240, d=6, rows_per_shard=50):
     z = torch.randint(0, 3, (n,), generator=g)
     X = torch.randn(n, d, generator=g) + torch.nn.functional.one_hot(z, d).float() * 2
     cache = ActivationCache(tmp_path, shard_mb=d * 4 * rows_per_shard / 2**20)
-    got, hit = cache.get_or_compute({"synthetic": 1}, ["X"], n, lambda names: {"X": X})
-    acts, _ = extract_stream.__globals__["Activations"](n, entry=cache.entry({"synthetic": 1}, n)), hit
-    return X, z, acts
+    cache.get_or_compute({"synthetic": 1}, ["X"], n, lambda names: {"X": X})
+    return X, z, Activations(n, entry=cache.entry({"synthetic": 1}, n))
 
 
 def test_streaming_leace_and_mean_diff_equal_their_batch_fits(tmp_path):
