@@ -64,8 +64,8 @@ class JobContext:
     @property
     def cache(self) -> ActivationCache:
         c = self.cfg.get("cache", {}) or {}
-        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)), dtype=str(c.get("dtype", "float32")),
-                               shard_mb=float(c.get("shard_mb", SHARD_MB)))
+        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)),
+                               dtype=str(c.get("dtype", "float32")), shard_mb=float(c.get("shard_mb", SHARD_MB)))
 
     @property
     def seed(self) -> int:

@@ -37,7 +37,7 @@ def test_gpu_states_and_scores_equal_the_cpu(arch):
     ex = _examples(64)
     cpu, gpu = _pair(arch, batch_size=16)
     cands = CandidateTokens([[cpu.candidate_id(e.correct), cpu.candidate_id(e.wrong)] for e in ex])
-    sites = [Site(l) for l in range(cpu.n_layers + 1)]
+    sites = [Site(layer) for layer in range(cpu.n_layers + 1)]
     a = cpu.map(ex, AgreementFormatter(), read=sites, readout=cands)
     b = gpu.map(ex, AgreementFormatter(), read=sites, readout=cands)
     assert b.acts[sites[0]].device.type == "cpu"

@@ -101,7 +101,8 @@ def _examples(n=60, seed=0):
         nouns, fill = ["author", "authors", "guard", "guards"], [f"w{i}" for i in range(20)]
         for i in range(n - len(ex)):
             k = int(torch.randint(0, 6, (1,), generator=g))
-            words = ["the", nouns[i % 4], *[fill[int(j)] for j in torch.randint(0, 20, (k,), generator=g)], "is", "here"]
+            middle = [fill[int(j)] for j in torch.randint(0, 20, (k,), generator=g)]
+            words = ["the", nouns[i % 4], *middle, "is", "here"]
             ex.append(Example(f"x{i}", tuple(words), len(words) - 2, "is", "are"))
     return ex[:n]
 
@@ -126,7 +127,8 @@ def test_cloze_subject_position_is_the_mentions_last_token():
     items = [TextItem("a", "the author near the guards [Y] here", slots={"subject": "the guards"}),
              TextItem("b", "w1 w2 [Y] .", slots={"subject": "nowhere"})]
     b = ClozeFormatter()(items, ad, torch.arange(2))
-    assert int(b.positions["subject"][0]) == 5 and int(b.positions["subject"][1]) == -1  # [CLS] the author near the guards
+    # [CLS] the author near the guards: the mention "the guards" ends at token 5
+    assert int(b.positions["subject"][0]) == 5 and int(b.positions["subject"][1]) == -1
     assert int(b.positions["object"][0]) == 6
 
 
@@ -372,7 +374,8 @@ def test_a_probe_fits_from_a_stream_one_shard_equals_fit():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(300, 8, generator=g)
     y = (X[:, 0] + 0.3 * X[:, 1] > 0).long()
-    for probe in (LinearProbe(lrs=(1e-2, 1e-1), epochs=3), MLPProbe(n_layers=(1,), widths=(16,), lrs=(1e-2,), epochs=2)):
+    probes = (LinearProbe(lrs=(1e-2, 1e-1), epochs=3), MLPProbe(n_layers=(1,), widths=(16,), lrs=(1e-2,), epochs=2))
+    for probe in probes:
         whole = type(probe)(**_args(probe)).fit(X, y)
         one = type(probe)(**_args(probe)).fit_stream([(X, y)])
         assert one.best_params == whole.best_params and one.val_accuracy == whole.val_accuracy
