@@ -82,7 +82,7 @@ def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprin
     names = [s.key for s in sites] + ([SCORES] if readout is not None else [])
     by_key = {s.key: s for s in sites}
     n = len(items)
-    if not cache.enabled:
+    if not cache.enabled or n == 0:
         out = adapter.map(items, formatter, read=list(sites), readout=readout,
                           desc="extract" if progress else None, dtype=store)
         tensors = {s.key: out.acts[s] for s in sites}
@@ -136,9 +136,6 @@ def _extract_shards(adapter: ModelAdapter, items: Sequence[Any], formatter: Form
         if filled[chunk.window] == b - a:  # the shard is complete: write it and let it go
             for k, t in bufs.pop(chunk.window).items():
                 entry.write(k, shards[chunk.window], t)
-    for w, (a, b) in enumerate(windows):  # an empty range (n = 0) has no chunks
-        if b == a and w in bufs:
-            bufs.pop(w)
 
 
 def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint: str, dataset_name: str,
@@ -150,7 +147,7 @@ def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint
     for attempt in range(2):  # a shard found corrupt while reading is deleted, then recomputed alone
         acts, hit = extract_stream(adapter, items, items_fingerprint, dataset_name, formatter, sites, readout, cache,
                                    progress)
-        got = {k: acts.get(k) for k in names}
+        got = {k: acts.get(k) for k in names if k != SCORES or acts.entry is not None or SCORES in acts.tensors}
         if all(v is not None for v in got.values()):
             return {s: got[s.key] for s in sites}, got.get(SCORES), hit and attempt == 0
     raise RuntimeError(f"the activation cache under {cache.root} keeps failing its checksums; check the disk")
