@@ -156,18 +156,33 @@ SMALL_OP_FLOPS = 2e7
 more than it saves, and on busy cores a waiting thread spins for a whole time slice."""
 
 
+BUSY_OP_FLOPS = 1e9
+"""On a busy machine (load average ≥ usable CPUs) ops below this also run on one thread: a thread waiting at a
+barrier for a descheduled sibling loses a whole time slice (measured: 20-100x slower probe fits with 2 threads)."""
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
 def choose_threads(flops_per_op: float | None = None, workers: int = 1, cpus: int | None = None,
-                   env: dict[str, str] | None = None) -> int:
+                   env: dict[str, str] | None = None, load: float | None = None) -> int:
     """Intra-op threads for work whose typical op costs ``flops_per_op``: ``OMP_NUM_THREADS`` when set (the user
-    decides), else the usable CPUs shared among ``workers`` parallel processes, and 1 for small ops."""
+    decides), else the usable CPUs shared among ``workers`` parallel processes, and 1 for small ops (below
+    :data:`SMALL_OP_FLOPS`, or :data:`BUSY_OP_FLOPS` when the machine's load average already fills its CPUs)."""
     env = os.environ if env is None else env
     omp = env.get("OMP_NUM_THREADS", "").strip()
     if omp.isdigit() and int(omp) > 0:
         return int(omp)
     cpus = available_cpus() if cpus is None else cpus
     n = max(1, cpus // max(1, workers))
-    if flops_per_op is not None and flops_per_op < SMALL_OP_FLOPS:
-        return 1
+    if flops_per_op is not None:
+        busy = (_load() if load is None else load) >= cpus
+        if flops_per_op < (BUSY_OP_FLOPS if busy else SMALL_OP_FLOPS):
+            return 1
     if flops_per_op is not None:  # about 1e7 flops per thread keeps each thread busy between barriers
         n = min(n, max(1, int(flops_per_op // (SMALL_OP_FLOPS / 2))))
     return n

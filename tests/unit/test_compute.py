@@ -111,9 +111,12 @@ def test_threads_from_workers_op_size_and_omp():
     assert compute.choose_threads(workers=1, cpus=8, env={}) == 8
     assert compute.choose_threads(workers=2, cpus=8, env={}) == 4
     assert compute.choose_threads(workers=4, cpus=2, env={}) == 1
-    assert compute.choose_threads(flops_per_op=2 * 64 * 256 * 256, cpus=8, env={}) == 1  # the demo's MLP probe step
-    assert compute.choose_threads(flops_per_op=2 * 64 * 2048 * 1024, cpus=8, env={}) == 8
-    assert compute.choose_threads(flops_per_op=3e7, cpus=8, env={}) == 3
+    assert compute.choose_threads(flops_per_op=2 * 64 * 256 * 256, cpus=8, env={}, load=0) == 1  # the demo's probe
+    assert compute.choose_threads(flops_per_op=2 * 64 * 2048 * 1024, cpus=8, env={}, load=0) == 8
+    assert compute.choose_threads(flops_per_op=3e7, cpus=8, env={}, load=0) == 3
+    assert compute.choose_threads(flops_per_op=2 * 64 * 1024 * 1024, cpus=2, env={}, load=1) == 2
+    assert compute.choose_threads(flops_per_op=2 * 64 * 1024 * 1024, cpus=2, env={}, load=3) == 1  # busy cores
+    assert compute.choose_threads(flops_per_op=2e9, cpus=2, env={}, load=3) == 2  # big ops still split
     assert compute.choose_threads(workers=4, cpus=2, env={"OMP_NUM_THREADS": "3"}) == 3  # the user decides
 
 
