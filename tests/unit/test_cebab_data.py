@@ -144,7 +144,8 @@ def test_report_layout_mean_std_over_seeds(tmp_path):
 
 def test_task_pairs_and_queries_show_explainers_only_the_base(tmp_path):
     from cprobe.explainers import Observed
-    from cprobe.tasks.cebab import pair_queries, task_pairs
+    from cprobe.tasks.cebab import task_pairs
+    from cprobe.tasks.effects import pair_queries
 
     recs = unit(1, {"food": "Positive", "service": "Negative"}, [("food", "Negative"), ("service", "Positive")])
     recs[2]["review_majority"] = "3"  # the service edit is rated 3★: no class under 2-way

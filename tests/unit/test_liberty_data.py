@@ -210,7 +210,7 @@ def test_numeric_ids_and_digit_named_values_load_as_written(tmp_path):
 
 def test_queries_carry_only_the_base_side_and_the_change():
     from cprobe.explainers import Observed
-    from cprobe.tasks.liberty import pair_queries
+    from cprobe.tasks.effects import pair_queries
 
     scm = SCM.load("cv")
     data = generate(scm, LibertyKeys(n_explained=30, n_explainer=10), "cv", 0)
@@ -220,7 +220,7 @@ def test_queries_carry_only_the_base_side_and_the_change():
     everything = Observed(texts=[it.text for it in items], probs=np.full((len(items), 3), 1 / 3),
                           concepts=[dict(it.concepts) for it in items], labels=np.zeros(len(items), dtype=int),
                           predicted=[{"race": "0"}] * len(items), groups=[it.meta["unit"] for it in items])
-    q = pair_queries(data.pairs, everything, index, code)
+    q = pair_queries(data.pairs, everything, index, lambda c, v: code[c][v])
     assert q.base.concepts is None and q.base.labels is None  # no gold label of a query
     assert list(q.base.texts) == [p.base.text for p in data.pairs]  # never the counterfactual's text
     assert q.base.predicted is not None and len(q) == len(data.pairs)
