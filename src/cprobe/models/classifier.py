@@ -85,11 +85,6 @@ class SequenceClassifier(nn.Module):
         return SimpleNamespace(logits=self.head(self.features(input_ids, attention_mask)))
 
 
-def default_pool(model_type: str) -> Pool:
-    """Where a model family's sequence summary lives: the first token for encoders, the last for decoders."""
-    return "last" if model_type in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma") else "first"
-
-
 @dataclass(frozen=True)
 class FinetuneConfig:
     """How a classifier is fine-tuned (the CEBaB paper's max_len 128, batch 32, lr 2e-5)."""
@@ -125,7 +120,9 @@ def finetune_config(d: dict | None, where: str, model_defaults: dict | None = No
 def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
          name: str | None = None) -> ModelAdapter:
     """A fresh (untrained-head) classifier on a *copy* of ``encoder``'s model, as a ``classifier`` adapter."""
-    pool = pool or default_pool(encoder.model.config.model_type)
+    from cprobe.models.family import pool_of
+
+    pool = pool or pool_of(encoder.model.config)
     model = SequenceClassifier(copy.deepcopy(encoder.model), n_out, pool, dropout).to(encoder.device)
     return ModelAdapter(model, encoder.tok, "classifier", name or f"{encoder.name}+head", batch_size=encoder.batch_size,
                         max_length=encoder.max_length)
