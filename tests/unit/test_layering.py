@@ -1,6 +1,6 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
-0 base (errors, io, config, paths, progress, registry) < 1 data < 2 models < 3 methods (probes,
+0 base (errors, io, config, paths, progress, registry, estimator) < 1 data < 2 models < 3 methods (probes,
 interventions, directions, explainers, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
 plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
 package top, which re-exports estimators lazily). Function-level imports count too.
@@ -16,7 +16,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cprobe"
 FLOORS = {
-    0: ("errors", "io", "config", "paths", "progress", "registry"),
+    0: ("errors", "io", "config", "paths", "progress", "registry", "estimator"),
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),

@@ -15,11 +15,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cprobe.estimator import Estimator
 from cprobe.registry import Registry
 
 
-class Direction(ABC):
-    """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor."""
+class Direction(Estimator, ABC):
+    """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor (reading it, or
+    ``score``, before ``fit`` raises :class:`NotFittedError`: :class:`cprobe.estimator.Estimator`)."""
 
     a: Tensor
     causal: ClassVar[bool] = False
@@ -30,17 +32,13 @@ class Direction(ABC):
     chance_baseline: ClassVar[bool] = False
     """True for a chance-level baseline that ignores the data's labels: scored as the mean over several
     independent draws (``random_draws``), each seeded per site."""
+    CAPABILITIES = ("causal", "supervised", "chance_baseline")
+    _needs_fitted = ("score",)
+    _fitted_attrs = ("a",)
 
     @abstractmethod
     def fit(self, *args: Any, **kwargs: Any) -> Self:
         """Learn ``self.a``; returns ``self`` (scikit-learn style)."""
-
-    def __getattr__(self, name: str):
-        if name == "a":  # only reached when unset
-            from cprobe.errors import NotFittedError
-
-            raise NotFittedError(self, "fit")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 DIRECTIONS: Registry[type[Direction]] = Registry("direction method")

@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from cprobe.errors import ConfigError, DataError, NotFittedError
+from cprobe.errors import ConfigError, DataError
+from cprobe.estimator import Estimator
 from cprobe.registry import Registry
 
 
@@ -128,8 +129,13 @@ class ExplainedModel:
         return out.cpu().double().numpy()
 
 
-class Explainer(ABC):
-    """Estimates ICaCE vectors; fit on the training split, then explain queries."""
+class Explainer(Estimator, ABC):
+    """Estimates ICaCE vectors; fit on the training split, then explain queries.
+
+    ``fit`` checks that the study supplied what the explainer's capabilities ask for and records the number of
+    classes (``n_classes_``); ``explain`` refuses to run unfitted, checks the queries the same way and that the
+    estimate is (n, K) (:class:`cprobe.estimator.Estimator`).
+    """
 
     name: ClassVar[str] = "explainer"
     needs_representation: ClassVar[bool] = False
@@ -138,36 +144,32 @@ class Explainer(ABC):
     removal_only: ClassVar[bool] = False
     embedding_space: ClassVar[str | None] = None
     needs_concept_probs: ClassVar[bool] = False
+    min_concepts: ClassVar[int] = 1
+    """The fewest concepts a study must explain for this explainer to be defined (ConVecs: 2)."""
+    CAPABILITIES = ("needs_representation", "needs_predicted_concepts", "needs_training", "removal_only",
+                    "embedding_space", "needs_concept_probs", "min_concepts")
+    _needs_fitted = ("explain",)
+    _fit_hint = "fit(model, train)"
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "explain" in vars(cls):
-            inner = cls.explain
+    def _before(self, method: str, args: tuple, kwargs: dict) -> None:
+        if method == "fit":
+            model = args[0] if args else kwargs["model"]
+            train = args[1] if len(args) > 1 else kwargs["train"]
+            check_inputs(self, train, "train")
+            self.n_classes_ = model.n_classes
+        elif method == "explain":
+            queries = args[0] if args else kwargs["queries"]
+            check_inputs(self, queries.base, "queries")
 
-            def explain(self, queries: Queries) -> np.ndarray:
-                if not getattr(self, "fitted_", False):
-                    raise NotFittedError(f"{type(self).__name__} is not fitted; call fit(model, train) first")
-                check_inputs(self, queries.base, "queries")
-                out = np.asarray(inner(self, queries), dtype=np.float64)
-                if out.shape != (len(queries), self.n_classes_):
-                    raise AssertionError(f"{type(self).__name__} returned {out.shape}, expected "
-                                         f"{(len(queries), self.n_classes_)}")
-                return out
-
-            explain.__doc__ = inner.__doc__
-            cls.explain = explain  # type: ignore[method-assign]
-        if "fit" in vars(cls):
-            inner_fit = cls.fit
-
-            def fit(self, model: ExplainedModel, train: Observed) -> Self:
-                check_inputs(self, train, "train")
-                self.n_classes_ = model.n_classes
-                inner_fit(self, model, train)
-                self.fitted_ = True
-                return self
-
-            fit.__doc__ = inner_fit.__doc__
-            cls.fit = fit  # type: ignore[method-assign]
+    def _after(self, method: str, result: Any, args: tuple, kwargs: dict) -> Any:
+        if method != "explain":
+            return result
+        queries = args[0] if args else kwargs["queries"]
+        out = np.asarray(result, dtype=np.float64)
+        if out.shape != (len(queries), self.n_classes_):
+            raise AssertionError(f"{type(self).__name__} returned {out.shape}, expected "
+                                 f"{(len(queries), self.n_classes_)}")
+        return out
 
     @abstractmethod
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
