@@ -52,7 +52,8 @@ def _tiny_liberty(root: Path) -> list[str]:
 
     scm = write_scm(root / "tiny.yaml")
     enc = tiny_encoder_dir(root / "encoder")
-    return ["+experiment=liberty_cv", f"dataset.scm={scm}", "dataset.n_explained=60", "dataset.n_explainer=30",
+    return ["+experiment=liberty_cv", f"dataset.scm={scm}", "dataset.n_explained=60", "dataset.n_test=12",
+            "dataset.n_explainer=30",
             "model=bert_base_uncased", f"model.path={enc}", "model.finetune.lr=3e-3", "liberty.finetune.epochs=2",
             "liberty.finetune.max_length=64", "liberty.finetune.precision=fp32", "liberty.concept_model.epochs=1",
             "liberty.concept_model.max_length=64", "liberty.concept_model.precision=fp32", "liberty.mc_samples=2000",
@@ -99,6 +100,15 @@ def test_the_matching_spaces_and_concept_inputs_were_built_only_once_per_job(run
     for study in WORLDS:
         timings = runs[study][2]["timings"]
         assert {"embed_pt_s", "embed_st_s", "concept_model_s"} <= set(timings), (study, timings)
+
+
+def test_a_small_benchmark_runs_with_a_loud_recorded_warning(runs):
+    """The tiny LIBERTy world is above the refusal minimum (30 D_M texts) but below the paper's sizes."""
+    warnings = runs["liberty"][2]["warnings"]
+    assert any("D_M (dataset.n_explainer) has only 30 texts" in w for w in warnings), warnings
+    table = runs["liberty"][0]
+    diag = table[(table["kind"] == "explainer") & (table["explainer"] == "leace")]
+    assert set(diag["metric"]) == {"concept_probe_before", "concept_probe_after", "concept_probe_majority"}
 
 
 @pytest.mark.parametrize("override, reason", [

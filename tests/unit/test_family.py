@@ -157,3 +157,45 @@ def test_the_recipe_in_the_architecture_doc_names_the_record():
     recipe = doc[doc.index("**Add a model family.**"):].split("\n\n")[0]
     assert "models/family.py" in recipe and "FAMILIES" in recipe and "_BLOCKS" not in doc
     assert Path(REPO / "src" / "cprobe" / "models" / "family.py").is_file()
+
+
+def test_a_bert_classifier_reads_the_pooler_and_other_encoders_the_first_token(tmp_path):
+    """φ as the CEBaB reference reads it: BERT's pooler_output (dense + tanh over [CLS]); RoBERTa's raw <s> state;
+    ``finetune.pool=first`` gives BERT's raw [CLS]. The cache key names the φ trained."""
+    import json
+
+    from cprobe.data.items import TextItem
+    from cprobe.io import read_metadata
+    from cprobe.models.adapter import ModelAdapter
+    from cprobe.models.classifier import FinetuneConfig, classify, finetuned_classifier, wrap
+    from cprobe.models.formatters import ClassificationFormatter
+
+    items = [TextItem(str(i), t) for i, t in enumerate(["the author is here .", "the guards were here", "w1 w2"])]
+    tok = make_word_tokenizer("mlm")
+    for model_type, expected in (("bert", "pooler"), ("roberta", "first")):
+        cfg, model = tiny(model_type)
+        enc = ModelAdapter(model, tok, "encoder", "t", batch_size=2)
+        clf = wrap(enc, 3)
+        assert clf.model.pool == expected
+        phi, logp = classify(clf, items, 16)
+        batch = ClassificationFormatter(16)(items, clf, torch.arange(3))
+        with torch.inference_mode():
+            out = clf.model.base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+            want = out.pooler_output if expected == "pooler" else out.last_hidden_state[:, 0]
+            torch.testing.assert_close(phi, want, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logp, clf.model.head(want).log_softmax(-1), atol=1e-5, rtol=1e-5)
+    cfg, model = tiny("bert")
+    enc = ModelAdapter(model, tok, "encoder", "t", batch_size=2)
+    raw, _ = classify(wrap(enc, 3, pool="first"), items, 16)
+    pooled, _ = classify(wrap(enc, 3), items, 16)
+    assert (raw - pooled).abs().max() > 1e-3
+    ft = FinetuneConfig(epochs=1, batch_size=2, max_length=16)
+    a, _ = finetuned_classifier(enc, items, torch.tensor([0, 1, 2]), 1, 3, ft, 0, tmp_path, "t", False)
+    b, _ = finetuned_classifier(enc, items, torch.tensor([0, 1, 2]), 1, 3, FinetuneConfig(epochs=1, batch_size=2,
+                                max_length=16, pool="first"), 0, tmp_path, "t", False)
+    assert a.name != b.name and a.model.pool == "pooler" and b.model.pool == "first"
+    saved = {json.loads(read_metadata(p)["config"])["pool"] for p in tmp_path.glob("t-*.safetensors")}
+    assert saved == {"pooler", "first"}
+    no_pooler = type(model)(cfg, add_pooling_layer=False)
+    with pytest.raises(ConfigError, match="has no pooler; set finetune.pool=first"):
+        wrap(ModelAdapter(no_pooler, tok, "encoder", "t"), 3)

@@ -53,8 +53,8 @@ from cprobe.job import JobContext
 from cprobe.metrics.icace import acace, icace_error
 from cprobe.plots import new_figure, save
 from cprobe.results import summarise
-from cprobe.tasks.effects import (DEFAULT_ST_MODEL, EffectConfig, EffectStudy, classifier_rows, finite_table,
-                                  run_effects, subsample_pairs, validate_effects)
+from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, run_effects,
+                                  subsample_pairs, validate_effects)
 
 log = logging.getLogger("cprobe")
 
@@ -135,11 +135,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     spec = study(data, config)
     res = run_effects(ctx, spec, config)
 
-    node = {key: v for key, v in asdict(config).items() if key != "task"}
-    if node["st_model"] == DEFAULT_ST_MODEL:
-        del node["st_model"]  # a key added later: at its default, earlier runs' config ids stay valid
-    setting = {"cebab": node, "model": cfg["model"], "dataset": cfg["dataset"]}  # everything but the task and the
-    common = {"model": res.encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8],  # seed
+    setting = {"cebab": {key: v for key, v in asdict(config).items() if key != "task"}, "model": cfg["model"],
+               "dataset": cfg["dataset"]}  # everything but the task and the seed: sweeps over it stay apart
+    common = {"model": res.encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8],
               "train_variant": cfg["dataset"].get("train", "exclusive"), "eval_split": config.eval_split}
     rows: list[dict[str, Any]] = []
     for split in ("dev", "test"):
@@ -227,18 +225,8 @@ def _error_rows(common: dict, name: str, dist: str, pf: pd.DataFrame, err: np.nd
 
 def _explainer_info(common: dict, name: str, ex: Any) -> list[dict]:
     base = {**common, "kind": "explainer", "explainer": name, "aspect": "all", "direction": "all", "n": 0}
-    out = []
-    if hasattr(ex, "completeness_"):
-        out.append({**base, "metric": "completeness", "value": float(ex.completeness_)})
-    for k, v in getattr(ex, "fallbacks_", {}).items():
-        out.append({**base, "metric": f"fallback_{k}", "value": float(v)})
-    for concept, (before, after) in getattr(ex, "leftover_", {}).items():  # a fresh probe for the removed concept
-        out.append({**base, "aspect": concept, "metric": "concept_probe_before", "value": before})
-        out.append({**base, "aspect": concept, "metric": "concept_probe_after", "value": after})
-    if hasattr(ex, "control_"):
-        ctx_concepts = ", ".join(f"{k}: {v}" for k, v in ex.control_.items())
-        log.info("causalm control concepts: %s", ctx_concepts)
-    return out
+    return [{**base, **({"aspect": concept} if concept else {}), "metric": metric, "value": value}
+            for metric, concept, value in diagnostics(ex)]
 
 
 # ----------------------------------------------------------------------------------------------- report

@@ -165,7 +165,7 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
     file (module doc)."""
     from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
     from cprobe.explainers.base import TrainingRegime
-    from cprobe.models.classifier import classify_reading, finetuned_classifier, phi_site
+    from cprobe.models.classifier import classify_reading, finetuned_classifier, phi_of, phi_site
     from cprobe.models.sites import MEAN, Site
 
     cfg, seed = ctx.cfg, ctx.seed
@@ -193,7 +193,7 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
     t0 = time.perf_counter()
     acts, logp = classify_reading(clf, items, [phi, pooled] if "ft" in spaces else [phi], ft.max_length,
                                   desc="classify" if ctx.progress else None)
-    reps = acts[phi]  # φ: what the head reads (TCAV, ConceptSHAP, INLP, LEACE, ...)
+    reps = phi_of(clf, acts[phi])  # φ: what the head reads (TCAV, ConceptSHAP, INLP, LEACE, ...)
     probs = logp.exp().double().numpy()
     ctx.timings["classify_s"] = time.perf_counter() - t0
 
@@ -350,6 +350,23 @@ def classifier_rows(common: Mapping[str, Any], which: str, y: np.ndarray, pred: 
     acc = float((y == pred).mean()) if len(y) else float("nan")
     base = {**common, "kind": "classifier", "explainer": which, **keys, "n": len(y)}
     return [{**base, "metric": "macro_f1", "value": float(f1)}, {**base, "metric": "accuracy", "value": acc}]
+
+
+def diagnostics(ex: Any) -> list[tuple[str, str | None, float]]:
+    """What a fitted explainer reports about itself, as (metric, concept or None, value): ConceptSHAP's completeness,
+    the matching explainers' fallback counts, and for the removal explainers a fresh probe's accuracy for the removed
+    concept before and after the removal and its majority rate (``leftover_``)."""
+    out: list[tuple[str, str | None, float]] = []
+    if hasattr(ex, "completeness_"):
+        out.append(("completeness", None, float(ex.completeness_)))
+    for key, v in getattr(ex, "fallbacks_", {}).items():
+        out.append((f"fallback_{key}", None, float(v)))
+    for concept, values in getattr(ex, "leftover_", {}).items():
+        for name, v in zip(("before", "after", "majority"), values):
+            out.append((f"concept_probe_{name}", concept, float(v)))
+    if hasattr(ex, "control_"):
+        log.info("%s control concepts: %s", ex.name, ", ".join(f"{k}: {v}" for k, v in ex.control_.items()))
+    return out
 
 
 def finite_table(rows: list[dict], text_columns: Sequence[str]) -> pd.DataFrame:

@@ -42,14 +42,33 @@ from cprobe.job import JobContext
 from cprobe.metrics import liberty as M
 from cprobe.plots import new_figure, save
 from cprobe.results import summarise
-from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, finite_table, run_effects, \
-    subsample_pairs, validate_effects
+from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, \
+    run_effects, subsample_pairs, validate_effects
 
 log = logging.getLogger("cprobe")
 
 USES_LAYERS = False
-DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "leace", "tcav",
-                      "conceptshap"]
+DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "tcav", "conceptshap"]
+"""Runnable on every SCM; the removal-only LEACE is added where the SCM declares a null value (liberty_disease)."""
+
+
+MIN_SIZES = {"explainer": 30, "test": 10, "train": 30}
+"""Below these a LIBERTy job is refused: D_M texts (a matching pool, the concept classifier's training set), test
+texts (the counterfactuals' bases), the explained model's training texts."""
+WARN_SIZES = {"explainer": 200, "test": 50, "train": 300}
+"""Below these a job runs with a loud, recorded warning (the paper: D_M 500, D_f 1,500, 311–439 test texts)."""
+_SPLIT_NAMES = {"explainer": "D_M (dataset.n_explainer)", "test": "test texts (dataset.n_test)",
+                "train": "D_f, the explained model's training texts (dataset.n_explained)"}
+
+
+def size_problems(sizes: dict[str, int]) -> tuple[str | None, list[str]]:
+    """(why the split sizes are refused or None, the warnings) for a LIBERTy benchmark (MIN_SIZES, WARN_SIZES)."""
+    for split, n in sizes.items():
+        if n < MIN_SIZES[split]:
+            return (f"{_SPLIT_NAMES[split]} has {n} texts, below the minimum of {MIN_SIZES[split]} a LIBERTy job "
+                    f"needs (the paper: D_M 500, D_f 1,500, 311-439 test texts)"), []
+    return None, [f"{_SPLIT_NAMES[split]} has only {n} texts (fewer than {WARN_SIZES[split]}): explainer scores on "
+                  "so small a benchmark are unreliable" for split, n in sizes.items() if n < WARN_SIZES[split]]
 
 
 @dataclass(frozen=True)
@@ -84,10 +103,15 @@ def validate(job: Any) -> None:
         if not path.is_file():
             raise ConfigError(f"dataset.texts: {keys.texts} not found (relative paths: the current directory, then "
                               f"the data dir {root})")
-    else:  # the text node: known, and its phrase bank complete
+    else:  # the text node: known, and its phrase bank complete; the benchmark big enough to score on
         from cprobe.data.realiser import build_realiser
 
         build_realiser(keys.realiser, scm)
+        n_test = keys.n_test or max(1, round(keys.test_share * keys.n_explained))
+        why, _ = size_problems({"explainer": keys.n_explainer, "test": n_test,
+                                "train": keys.n_explained - (0 if keys.n_test else n_test)})
+        if why:
+            raise ConfigError(why)
     concepts = cfg.concepts if cfg.concepts is not None else list(scm.concepts)
     bad = [c for c in concepts if c not in scm.concepts]
     if bad or not concepts:
@@ -97,7 +121,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"liberty.concepts lists a concept twice: {concepts}")
     if scm.null_value is not None:
         null_index(scm, concepts, scm.null_value)
-    validate_effects(job, "liberty", concepts, removal_supported=True)
+    validate_effects(job, "liberty", concepts, removal_supported=scm.null_value is not None)
     if cfg.mc_samples < 1000:
         raise ConfigError(f"liberty.mc_samples must be >= 1000, got {cfg.mc_samples}")
     if cfg.max_pairs is not None and cfg.max_pairs < 2:
@@ -154,6 +178,11 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         raise ConfigError("the liberty task needs a LIBERTy dataset (dataset=liberty_cv|...)")
     for note in data.notes:
         ctx.warn(note)
+    why, warnings = size_problems({k: len(data.splits[k]) for k in ("explainer", "test", "train")})
+    if why:  # a file of the user's own texts (generated benchmarks are checked in validation)
+        raise DataError(why)
+    for w in warnings:
+        ctx.warn(w)
     scm = data.scm
     spec = study(data, config)
     res = run_effects(ctx, spec, config)
@@ -192,9 +221,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     for name, est in res.estimates.items():
         rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances,
                             {c: gold[c] for c in concepts if c in gold})
-        for key, v in getattr(res.explainers[name], "fallbacks_", {}).items():
-            rows.append({**common, "kind": "explainer", "explainer": name, "metric": f"fallback_{key}",
-                         "value": float(v), "n": len(spec.pairs)})
+        for metric, concept, v in diagnostics(res.explainers[name]):
+            rows.append({**common, "kind": "explainer", "explainer": name, "metric": metric, "value": v,
+                         "n": len(spec.pairs), **({"concept": concept} if concept else {})})
     return finite_table(rows, ("explainer", "distance", "concept", "metric", "split"))
 
 
@@ -283,6 +312,7 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
         write_table(imp, out_dir / "liberty_importance")
     write_table(summarise(tab, "classifier", [*GROUP, "explainer", "concept", "metric"]),
                 out_dir / "liberty_classifier")
+    write_table(summarise(tab, "explainer", [*GROUP, "explainer", "concept", "metric"]), out_dir / "liberty_explainer")
     _plot_global_of(g, out_dir)
     _plot_sensitivity(sens, out_dir)
 
