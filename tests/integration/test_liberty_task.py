@@ -77,7 +77,7 @@ def _tiny(world) -> list[str]:
     ("dataset.realiser=gpt4o", "unknown realiser 'gpt4o'; choose from ['template']"),
     ("liberty.explainer.approx.max_mismatches=-1", "max_mismatches must be >= 0"),
     ("liberty.finetune.lr=nan", "lr must be a finite number, got nan"),
-    ("liberty.concept_model.weight_decay=-1", "weight_decay must be >= 0"),
+    ("liberty.concept_model.lr=-0.001", "liberty.concept_model: lr must be > 0, got -0.001"),
     ("dataset.n_explainer=10", "D_M (dataset.n_explainer) has 10 texts, below the minimum of 30"),
     ("dataset.n_test=4", "test texts (dataset.n_test) has 4 texts, below the minimum of 10"),
 ])

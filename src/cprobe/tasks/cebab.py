@@ -59,6 +59,9 @@ from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, di
 log = logging.getLogger("cprobe")
 
 USES_LAYERS = False
+CONFIG_GROUPS = ("model", "dataset", "compute")
+"""The config groups this study reads (probe, intervention, split and layers are not used: set on the command line,
+they change nothing — the task-group validation refuses them)."""
 DEFAULT_EXPLAINERS = ["random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"]
 
 

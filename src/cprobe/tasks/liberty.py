@@ -48,6 +48,9 @@ from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, dia
 log = logging.getLogger("cprobe")
 
 USES_LAYERS = False
+CONFIG_GROUPS = ("model", "dataset", "compute")
+"""The config groups this study reads (probe, intervention, split and layers are not used: set on the command line,
+they change nothing — the task-group validation refuses them)."""
 DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "tcav", "conceptshap"]
 """Runnable on every SCM; the removal-only LEACE is added where the SCM declares a null value (liberty_disease)."""
 
