@@ -10,16 +10,17 @@ task, cached), one seed. It writes a long table (column ``kind``):
 - ``cace`` / ``acace``: the model's CaCE per aspect × direction on the argmax class (Table 4) and ACaCE per aspect;
 - ``icace_error``: ICaCE-Error per explainer × distance, overall (``aspect = all``), per aspect, and per aspect ×
   ordered direction (Table 10, Fig. 2);
-- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks, and for the removal
-  explainers a fresh cross-validated probe's accuracy for the removed concept before and after).
+- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx / matching fallbacks, and for
+  the removal explainers a fresh probe's accuracy for the removed concept before and after, on rows the eraser never
+  saw, and the majority rate).
 
 ``cebab_pair_effects.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
 true ICaCE and each explainer's estimate (vectors over classes), for analyses beyond the tables.
 
 ``report`` (per job and over a sweep) turns it into Table-10-style ``mean (std)`` tables over seeds and bar charts.
-Everything runs through the core: items (:mod:`cprobe.data.cebab`), the one model entry point
-(:meth:`ModelAdapter.map` via :func:`cprobe.models.classifier.classify`), the explainer registry and
-:mod:`cprobe.metrics.icace`.
+The explained model, the explainers' inputs and the explainer runs are the concept-effect engine's
+(:mod:`cprobe.tasks.effects`, shared with LIBERTy); this module supplies the data (:mod:`cprobe.data.cebab`: items,
+edit pairs, aspect labels as they are), the metrics (:mod:`cprobe.metrics.icace`) and the report.
 """
 
 from __future__ import annotations

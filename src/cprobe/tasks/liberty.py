@@ -18,9 +18,12 @@ split to predict the label, cached; f(x) = its softmax), one seed. It writes a l
 ``report`` writes Tables 1/15 (ED/OF), 16 (global OF), 17 (sensitivity), 2 (top-3 concepts) as ``mean (std)`` over
 seeds, a bar chart of global OF per explainer and a sensitivity heat-map.
 
-Everything runs through the core: items and pairs from the dataset registry, the one model entry point
-(:meth:`ModelAdapter.map`), the fine-tuning of :mod:`cprobe.models.classifier`, the explainer registry (dispatch on
-declared capabilities) and :mod:`cprobe.metrics.liberty` / :mod:`cprobe.metrics.icace`.
+The explained model, the explainers' inputs (embedding spaces, the concept classifier) and the explainer runs are the
+concept-effect engine's (:mod:`cprobe.tasks.effects`, shared with CEBaB: dispatch on declared capabilities); this
+module supplies the benchmark (items and structural pairs from the dataset registry, concept values coded as value
+indices), the SCM's true effects, the metrics (:mod:`cprobe.metrics.liberty`) and the report. Explainers that model
+removal only are refused on an SCM without a ``null_value``; benchmarks below :data:`MIN_SIZES` are refused and
+below :data:`WARN_SIZES` warned about.
 """
 
 from __future__ import annotations
