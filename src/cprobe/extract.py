@@ -22,7 +22,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.formatters import AgreementFormatter, Formatter
 from cprobe.models.load import fingerprint
-from cprobe.models.readouts import CandidateTokens, Readout
+from cprobe.models.readouts import CandidateTokens, Readout, task_accuracy
 from cprobe.models.sites import Site
 
 log = logging.getLogger(__name__)
@@ -191,13 +191,6 @@ class Extraction:
     @property
     def n_dropped(self) -> int:
         return sum(self.dropped.values())
-
-
-def task_accuracy(scores: Tensor | None) -> float | None:
-    """Share of items where the model prefers the correct verb: P(correct) > P(wrong) (ties count as wrong)."""
-    if scores is None:
-        return None
-    return float((scores[:, 0] > scores[:, 1]).double().mean())
 
 
 def resolve_layers(spec: str | int | Sequence[int], n_layers: int) -> list[int]:

@@ -140,6 +140,9 @@ def _tiny(world) -> list[str]:
     ("cebab.task=4way", "cebab.task"),
     ("dataset=lgd", "the cebab task needs dataset=cebab"),
     ("cebab.distances=[l1]", "unknown distance 'l1'"),
+    ("cebab.finetune.lr=nan", "cebab.finetune: lr must be a finite number, got nan"),
+    ("cebab.concept_model.epochs=0", "cebab.concept_model: epochs and batch_size must be >= 1"),
+    ("cebab.explainer.inlp.head_lr=inf", "cebab.explainer.inlp.head_lr must be a finite number, got inf"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
     r = cprobe("run", *_tiny(world), override, f"paths.output_root={tmp_path}", cwd=tmp_path, data=world[0])

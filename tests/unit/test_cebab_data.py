@@ -83,6 +83,53 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         load_dataset({"name": "cebab", "type": "cebab", "split": "x"}, tmp_path)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("description", None, "description is None; expected the review's text"),
+    ("description", "  ", "description is '  '"),
+    ("review_majority", float("nan"), "review_majority is nan; expected one of ['1', '2', '3', '4', '5', 'no majority']"),
+    ("review_majority", None, "review_majority is None"),
+    ("review_majority", "6", "review_majority is '6'"),
+    ("food_aspect_majority", float("nan"), "food_aspect_majority is nan; expected one of"),
+    ("service_aspect_majority", "Neutral", "service_aspect_majority is 'Neutral'"),
+    ("is_original", "yes", "is_original is 'yes'"),
+])
+def test_a_malformed_record_is_a_one_line_error_naming_file_record_and_line(field, value, message, tmp_path):
+    """A null description once became the text "None" and a NaN rating a silently dropped row."""
+    recs = unit(1, {"food": "Positive"}, [("food", "Negative")]) + unit(2, {"food": "Negative"}, [("food", "unknown")])
+    recs[2][field] = value
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(recs, indent=1))  # NaN is written as JSON's NaN, which Python's reader accepts
+    with pytest.raises(DataError) as e:
+        read_split(path)
+    msg = str(e.value)
+    assert message in msg and f"{path}, record 2 (line " in msg and "id '000002_000000'" in msg and "\n" not in msg
+    line = int(msg.split("(line ")[1].split(")")[0])
+    assert path.read_text().splitlines()[line - 1].strip() == "{"  # the line the record starts on
+    recs[2][field] = {"description": "fine text", "review_majority": 4, "food_aspect_majority": None,
+                      "service_aspect_majority": "", "is_original": True}[field]
+    path.write_text(json.dumps(recs))
+    items = read_split(path)  # an integer rating, a null aspect label: accepted
+    assert items[2].outcome in ("4", "1", "2", "3", "5") and items[2].concepts["food"] in ("", "Negative", "unknown")
+
+
+def test_max_examples_is_a_key_of_the_cebab_dataset_as_the_docs_write_it(tmp_path):
+    """docs/cebab.md: `dataset.max_examples=N` (no `+`) subsamples the training split."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.conftest import REPO
+
+    for experiment in ("cebab", "liberty_cv"):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("config", overrides=[f"+experiment={experiment}",
+                                                                     "dataset.max_examples=50"]))
+        assert cfg["dataset"]["max_examples"] == 50
+    assert "`dataset.max_examples=N`" in (REPO / "docs" / "cebab.md").read_text()
+    write_cebab(tmp_path, n_train=40, n_eval=4)
+    data = load_dataset({"name": "cebab", "type": "cebab", "path": "cebab", "max_examples": 50}, tmp_path)
+    assert len(data.splits["train"]) == 50 and len(data.splits["dev"]) == 4 * 3
+
+
 def test_effect_metrics_by_hand():
     np.testing.assert_allclose(cace([[0.1, -0.1], [0.3, -0.3]]), [0.2, -0.2])
     assert cace([1.0, 2.0, 0.0]) == pytest.approx(1.0)
@@ -144,7 +191,8 @@ def test_report_layout_mean_std_over_seeds(tmp_path):
 
 def test_task_pairs_and_queries_show_explainers_only_the_base(tmp_path):
     from cprobe.explainers import Observed
-    from cprobe.tasks.cebab import pair_queries, task_pairs
+    from cprobe.tasks.cebab import task_pairs
+    from cprobe.tasks.effects import pair_queries
 
     recs = unit(1, {"food": "Positive", "service": "Negative"}, [("food", "Negative"), ("service", "Positive")])
     recs[2]["review_majority"] = "3"  # the service edit is rated 3★: no class under 2-way

@@ -173,12 +173,12 @@ def test_probe_minimises_log_loss_plus_half_lambda_squared_norm(lam):
 
     At the optimum the gradient X̃ᵀ(p − y) + λw vanishes; with C = λ it would be X̃ᵀ(p − y) + w/λ instead.
     """
-    from cprobe.directions.probe import Probe
+    from cprobe.directions.probe import LogisticDirection
 
     g = torch.Generator().manual_seed(3)
     X = torch.randn(200, 4, generator=g, dtype=torch.float64)
     y = (X[:, 0] + 0.5 * X[:, 1] + 0.8 * torch.randn(200, generator=g, dtype=torch.float64) > 0).long()
-    probe = Probe(lam=lam, max_iter=20_000).fit(X, y)
+    probe = LogisticDirection(lam=lam, max_iter=20_000).fit(X, y)
     w, b = probe.model_.coef_[0], probe.model_.intercept_[0]
     Xn, yn = X.numpy(), y.numpy()
     p = 1 / (1 + np.exp(-(Xn @ w + b)))

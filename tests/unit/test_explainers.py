@@ -272,8 +272,8 @@ def test_inlp_removes_the_concept_and_ignores_c_prime(world):
     assert acc < majority + 0.05  # an independent adversary cannot read food after the projection
     # the explainer's diagnostic uses a stronger adversary (standardised features): INLP removes only what its own
     # classifier finds, so some of food stays readable — less than before
-    before, after = ex.leftover_["food"]
-    assert before > 0.95 and after < before - 0.15
+    before, after, majority_rate = ex.leftover_["food"]
+    assert before > 0.95 and after < before - 0.15 and after > majority_rate - 0.1
     q1 = queries_for(train, range(6), "food", "Negative", "Positive")
     q2 = queries_for(train, range(6), "food", "Negative", "unknown")
     np.testing.assert_allclose(ex.explain(q1), ex.explain(q2))
@@ -358,16 +358,41 @@ def test_causalm_objective_reverses_only_the_adversarys_gradient_into_phi():
 
 
 def test_probe_accuracy_by_hand():
-    from cprobe.explainers.base import probe_accuracy
+    from cprobe.explainers.base import leftover_split, probe_accuracy
 
     X = np.array([[0.0], [0.1], [0.2], [1.0], [1.1], [1.2]] * 3)
     z = np.array([0, 0, 0, 1, 1, 1] * 3)
-    assert probe_accuracy(X, z) == 1.0
-    assert probe_accuracy(np.zeros((18, 1)), z) == pytest.approx(0.5, abs=0.2)  # nothing to read
-    assert np.isnan(probe_accuracy(X, np.zeros(18, dtype=int)))  # one class: undefined
+    assert probe_accuracy(X[:9], z[:9], X[9:], z[9:]) == 1.0
+    assert probe_accuracy(np.zeros((9, 1)), z[:9], np.zeros((9, 1)), z[9:]) == pytest.approx(0.5, abs=0.2)
+    assert np.isnan(probe_accuracy(X, np.zeros(18, dtype=int), X, z))  # one class to learn from: undefined
     z2 = z.copy()
-    z2[:6] = -1  # unlabelled rows are ignored
-    assert probe_accuracy(X, z2) == 1.0
+    z2[:6] = -1  # unlabelled rows belong to no part
+    fit, train, test = leftover_split(z2, seed=0)
+    parts = np.concatenate([fit, train, test])
+    assert len(parts) == len(set(parts)) == 12 and not set(parts) & set(range(6))
+    assert len(fit) == 6 and len(train) == 2 and len(test) == 4  # per class: half, a quarter, the rest
+    assert sorted(np.bincount(z2[fit])) == [3, 3]
+
+
+def test_leftover_is_scored_on_rows_the_eraser_never_saw():
+    """Erasing the rows a probe is scored on removes their own class means, and the held-out accuracy falls below
+    chance (the artefact CEBaB's removal diagnostics showed: 0.07-0.17 on a 3-class label, majority ~0.4). Fit on
+    one part and scored on another, nothing left to read reads as chance, not below it."""
+    from cprobe.explainers.base import leftover
+    from cprobe.interventions.leace import LEACE
+
+    rng = np.random.default_rng(0)
+    z = rng.integers(0, 3, 900)
+    X = torch.tensor(rng.standard_normal((900, 8)) + np.eye(8)[z] * 3, dtype=torch.float32)
+    before, after, majority = leftover(X, z, lambda A, y: LEACE().fit(A, y).transform, seed=0)
+    assert before > 0.9 and majority == pytest.approx(np.bincount(z).max() / 900, abs=0.05)
+    assert majority - 0.08 < after < majority + 0.08
+    # the in-sample artefact, for contrast: the eraser fit on every row, the probe cross-validated on them
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+
+    erased = LEACE().fit(X, torch.from_numpy(z)).transform(X).numpy()
+    assert cross_val_score(LogisticRegression(), erased, z, cv=3).mean() < majority - 0.03
 
 
 def test_s_learner_of_a_model_that_predicts_one_class_sees_no_effect(world):
@@ -442,3 +467,116 @@ def test_matching_spaces_are_declared_capabilities():
     with pytest.raises(ConfigError, match="needs the concept classifier's distributions"):
         EXPLAINERS.build({"name": "convecs"}).fit(model, Observed(texts=pool.texts, probs=pool.probs,
                                                                   concepts=pool.concepts, predicted=pool.concepts))
+
+
+# ------------------------------------------------------------------------------------------- missing labels, k > 2
+@pytest.fixture(scope="module")
+def gappy():
+    """A world with missing labels and 3-valued concepts: φ ∈ R^12, food's three values planted along three
+    directions, 30 % of the food labels missing ("" or "no majority", as in CEBaB), service always labelled."""
+    rng = np.random.default_rng(1)
+    n, d = 900, 12
+    food = rng.choice(VALUES, n)
+    service = rng.choice(VALUES, n)
+    X = rng.standard_normal((n, d))
+    X[:, :3] += 3.0 * (food[:, None] == np.array(VALUES))
+    X[:, 3:6] += 2.0 * (service[:, None] == np.array(VALUES))
+    gold = [{"food": f, "service": s} for f, s in zip(food, service)]
+    concepts = [{"food": ("" if i % 2 else "no majority") if i % 10 < 3 else g["food"], "service": g["service"]}
+                for i, g in enumerate(gold)]
+    W = rng.standard_normal((3, d))
+    head = linear_head(W)
+    probs = softmax(X @ W.T)
+    train = Observed(texts=[f"t{i}" for i in range(n)], probs=probs, concepts=concepts,
+                     reps=torch.tensor(X, dtype=torch.float32), predicted=gold, labels=probs.argmax(1),
+                     groups=[f"g{i}" for i in range(n)])
+    return ExplainedModel(head, 3, CONCEPTS, VALUES), train, X, gold
+
+
+def test_s_learner_codes_a_missing_training_label_as_an_all_zero_block(gappy):
+    """The reference (CEBaB's dataset_aspects_to_onehot): '' and 'no majority' give a zero block, not 'unknown'."""
+    from sklearn.linear_model import LogisticRegression
+
+    model, train, _, _ = gappy
+    ex = EXPLAINERS.build({"name": "s_learner"}).fit(model, train)
+    assert ex.missing == "zero"
+    row = ex._features([{"food": "", "service": "Positive"}, {"food": "no majority", "service": "unknown"}])
+    np.testing.assert_array_equal(row, [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]])
+
+    def reference(labels):  # one-hot per concept, zeros where the label is missing
+        return np.array([[float(l[c] == v) for c in CONCEPTS for v in VALUES] for l in labels])
+
+    lr = LogisticRegression(max_iter=1000).fit(reference(train.concepts), train.probs.argmax(1))
+    q = queries_for(train, range(40), "food", "Negative", "Positive")
+    cf = [dict(p, food="Positive") for p in q.base.predicted]
+    np.testing.assert_allclose(ex.explain(q), lr.predict_proba(reference(cf)) - lr.predict_proba(
+        reference(q.base.predicted)), atol=1e-6)
+    # the option: the null value instead (what cprobe did before; documented, not the default)
+    null = EXPLAINERS.build({"name": "s_learner", "missing": "null"}).fit(model, train)
+    np.testing.assert_array_equal(null._features([{"food": "", "service": "Positive"}]), [[0, 0, 1, 0, 1, 0]])
+    assert np.abs(null.explain(q) - ex.explain(q)).max() > 1e-3
+    with pytest.raises(ConfigError, match="missing must be 'zero'"):
+        EXPLAINERS.build({"name": "s_learner", "missing": "negative"})
+
+
+def test_inlp_removes_one_direction_per_class_per_round_for_k_above_2(gappy):
+    """The reference's INLP classifier is one-vs-rest: a 3-way concept loses 3 directions per round (30 in the
+    paper's 10 rounds), a binary one 1."""
+    model, train, _, _ = gappy
+    ex = EXPLAINERS.build({"name": "inlp", "iterations": 2, "head_epochs": 0, "diagnose": False}).fit(model, train)
+    for concept in CONCEPTS:
+        P = ex.P_[concept].numpy()
+        assert np.linalg.matrix_rank(P, tol=1e-4) == 12 - 2 * 3, concept
+    default = EXPLAINERS.build({"name": "inlp"})
+    assert default.directions(3, 768) == 30 and default.directions(2, 768) == 10 and default.directions(5, 20) == 20
+
+
+def test_tcav_drops_texts_whose_label_is_missing(gappy):
+    """TCAV separates texts that mention C from texts that do not (unknown); a missing label is neither, and
+    dropping those rows gives exactly the CAV of the labelled rows alone (the paper, App. G.2)."""
+    _, train, _, _ = gappy
+    reps, concepts = train.reps, list(train.concepts)
+    labelled = [i for i, c in enumerate(concepts) if c["food"] in VALUES]
+    cav = fit_cav(reps, concepts, "food", VALUES, "unknown", seed=0)
+    alone = fit_cav(reps[torch.tensor(labelled)], [concepts[i] for i in labelled], "food", VALUES, "unknown", seed=0)
+    np.testing.assert_allclose(cav, alone)
+    as_unknown = [{**c, "food": c["food"] if c["food"] in VALUES else "unknown"} for c in concepts]
+    assert np.abs(fit_cav(reps, as_unknown, "food", VALUES, "unknown", seed=0) - cav).max() > 1e-3
+
+
+def test_removal_diagnostics_are_near_chance_not_below_it(gappy):
+    model, train, _, _ = gappy
+    for name in ("leace", "inlp"):
+        ex = EXPLAINERS.build({"name": name, "head_epochs": 0} if name == "inlp" else {"name": name}).fit(model, train)
+        before, after, majority = ex.leftover_["food"]
+        assert before > 0.9 and after > majority - 0.1, (name, before, after, majority)
+    quiet = EXPLAINERS.build({"name": "leace", "diagnose": False}).fit(model, train)
+    assert quiet.leftover_ == {}
+
+
+def test_causalm_control_concepts_follow_the_reference_by_default():
+    """The reference's released models pair food→service, service→food, ambiance→food, noise→food; ``mi`` picks
+    the other concept with the highest mutual information of the training labels."""
+    from cprobe.explainers.causalm import REFERENCE_CONTROL, control_concepts
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 3, 500)
+    labels = {"food": a, "service": rng.integers(0, 3, 500), "ambiance": (a + (rng.random(500) < 0.1)) % 3,
+              "noise": rng.integers(0, 3, 500)}
+    aspects = ["food", "service", "ambiance", "noise"]
+    assert EXPLAINERS.build({"name": "causalm"}).control == "reference"
+    assert control_concepts(aspects, labels) == REFERENCE_CONTROL == {
+        "food": "service", "service": "food", "ambiance": "food", "noise": "food"}
+    mi = control_concepts(aspects, labels, "mi")
+    assert mi["food"] == "ambiance" and mi["ambiance"] == "food"
+    # concepts the reference's table does not name (LIBERTy's) fall back to mutual information
+    assert control_concepts(["food", "x"], {"food": a, "x": a}) == {"food": "x", "x": "food"}
+    with pytest.raises(ConfigError, match="control must be 'reference'"):
+        EXPLAINERS.build({"name": "causalm", "control": "pmi"})
+
+
+def test_explainer_settings_must_be_finite():
+    from cprobe.explainers.base import check_explainers
+
+    with pytest.raises(ConfigError, match=r"cebab.explainer.causalm.lr must be a finite number, got nan"):
+        check_explainers(["random"], {"causalm": {"lr": float("nan")}}, "cebab")

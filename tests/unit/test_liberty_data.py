@@ -210,7 +210,7 @@ def test_numeric_ids_and_digit_named_values_load_as_written(tmp_path):
 
 def test_queries_carry_only_the_base_side_and_the_change():
     from cprobe.explainers import Observed
-    from cprobe.tasks.liberty import pair_queries
+    from cprobe.tasks.effects import pair_queries
 
     scm = SCM.load("cv")
     data = generate(scm, LibertyKeys(n_explained=30, n_explainer=10), "cv", 0)
@@ -220,7 +220,7 @@ def test_queries_carry_only_the_base_side_and_the_change():
     everything = Observed(texts=[it.text for it in items], probs=np.full((len(items), 3), 1 / 3),
                           concepts=[dict(it.concepts) for it in items], labels=np.zeros(len(items), dtype=int),
                           predicted=[{"race": "0"}] * len(items), groups=[it.meta["unit"] for it in items])
-    q = pair_queries(data.pairs, everything, index, code)
+    q = pair_queries(data.pairs, everything, index, lambda c, v: code[c][v])
     assert q.base.concepts is None and q.base.labels is None  # no gold label of a query
     assert list(q.base.texts) == [p.base.text for p in data.pairs]  # never the counterfactual's text
     assert q.base.predicted is not None and len(q) == len(data.pairs)
@@ -236,3 +236,27 @@ def test_fine_tuning_precision_is_fp32_or_bf16():
     assert FinetuneConfig(precision="bf16").precision == "bf16" and FinetuneConfig().precision == "fp32"
     with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
         FinetuneConfig(precision="fp16")
+
+
+@pytest.mark.parametrize("benchmark, n_test, pairs, paper", [("cv", 334, 1002, 998), ("disease", 311, 933, 932),
+                                                               ("violence", 439, 1317, 1317)])
+def test_the_benchmarks_have_the_papers_test_texts_and_pair_counts(benchmark, n_test, pairs, paper):
+    """Table 6: D_c⃗ − Pairs = the base texts (1,332 − 998 = 334, 1,243 − 932 = 311, 1,756 − 1,317 = 439), three changes
+    each; the test texts are drawn beside D_f (1.5K), not out of it."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from cprobe.data.registry import split_config
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        node = OmegaConf.to_container(compose("config", overrides=[f"+experiment=liberty_{benchmark}"]))["dataset"]
+    _, _, keys = split_config(node)
+    assert (keys.n_explained, keys.n_test, keys.n_explainer, keys.changes) == (1500, n_test, 500, 3)
+    assert keys.n_test * keys.changes == pairs and pairs - paper in (0, 1, 4)
+    small = generate(SCM.load(benchmark), LibertyKeys(scm=benchmark, n_explained=40, n_test=12, n_explainer=30),
+                     benchmark, 0)
+    assert [len(small.splits[s]) for s in ("train", "test", "explainer")] == [40, 12, 30]
+    assert len(small.pairs) == 36 and {p.base.id for p in small.pairs} == {it.id for it in small.splits["test"]}
+    with pytest.raises(ConfigError, match="dataset.n_test must be >= 1"):
+        LibertyKeys(n_test=0)

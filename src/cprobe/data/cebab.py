@@ -96,33 +96,86 @@ def encode_rating(rating: str | None, task: str) -> int | None:
     return None if star == 3 else int(star >= 4)
 
 
+RATINGS = ("1", "2", "3", "4", "5", "no majority")
+ASPECT_LABELS = (*VALUES, "no majority", "")
+"""What an aspect majority may be: a label, "no majority", or "" / null (the aspect was not annotated)."""
+
+
 def _item(rec: dict[str, Any], where: str) -> TextItem:
+    """One record as a TextItem; a malformed field is a one-line DataError naming it (``where`` names the record)."""
     missing = [k for k in _REQUIRED if k not in rec]
     if missing:
-        raise DataError(f"{where}: record {rec.get('id', '?')!r} lacks field(s) {missing}; is this a CEBaB v1.1 file?")
-    concepts = {a: str(rec.get(f"{a}_aspect_majority") or "") for a in ASPECTS}
+        raise DataError(f"{where}: lacks field(s) {missing}; is this a CEBaB v1.1 file?")
+    text = rec["description"]
+    if not isinstance(text, str) or not text.strip():
+        raise DataError(f"{where}: description is {text!r}; expected the review's text")
+    rating = rec["review_majority"]
+    if isinstance(rating, int) and not isinstance(rating, bool) and 1 <= rating <= 5:
+        rating = str(rating)
+    if rating not in RATINGS:
+        raise DataError(f"{where}: review_majority is {rating!r}; expected one of {list(RATINGS)}")
+    concepts = {}
+    for a in ASPECTS:
+        v = rec.get(f"{a}_aspect_majority")
+        v = "" if v is None else v
+        if v not in ASPECT_LABELS:
+            raise DataError(f"{where}: {a}_aspect_majority is {v!r}; expected one of {list(ASPECT_LABELS)} or null")
+        concepts[a] = v
+    for key in ("id", "original_id"):
+        if not isinstance(rec[key], (str, int)) or isinstance(rec[key], bool) or str(rec[key]) == "":
+            raise DataError(f"{where}: {key} is {rec[key]!r}; expected an id")
+    if not isinstance(rec["is_original"], bool):
+        raise DataError(f"{where}: is_original is {rec['is_original']!r}; expected true or false")
     return TextItem(
-        id=str(rec["id"]), text=str(rec["description"]), concepts=concepts, outcome=str(rec["review_majority"]),
-        meta={"original_id": str(rec["original_id"]), "is_original": bool(rec["is_original"]),
+        id=str(rec["id"]), text=text, concepts=concepts, outcome=rating,
+        meta={"original_id": str(rec["original_id"]), "is_original": rec["is_original"],
               "edit_type": rec.get("edit_type"), "edit_goal": rec.get("edit_goal")})
 
 
+def _line_of(text: str, index: int) -> int | None:
+    """The line on which the ``index``-th record of a JSON list starts (None when the file is not a plain list)."""
+    decoder = json.JSONDecoder()
+    pos = text.index("[") + 1
+    for i in range(index + 1):
+        while text[pos] in " \t\r\n,":
+            pos += 1
+        if i == index:
+            return text.count("\n", 0, pos) + 1
+        try:
+            _, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+    return None
+
+
 def read_split(path: Path) -> tuple[TextItem, ...]:
-    """One CEBaB JSON list as TextItems; a missing or malformed file is a one-line DataError."""
+    """One CEBaB JSON list as TextItems; a missing or malformed file, or a malformed record (a null description, a
+    NaN rating, an unknown aspect label...), is a one-line DataError naming the file, record and line."""
     if not path.is_file():
         raise DataError(f"CEBaB file {path} not found; put CEBaB v1.1's JSON files (CEBaBing/CEBaB, CEBaB-v1.1.zip) "
                         "under the data dir's cebab/ or set dataset.path (see `cprobe data`)")
     try:
-        records = json.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
+        records = json.loads(text)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {path} as JSON ({e})") from None
     if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
         raise DataError(f"{path}: expected a JSON list of records (CEBaB v1.1 format)")
-    items = tuple(_item(r, str(path)) for r in records)
+    items = []
+    for i, rec in enumerate(records):
+        try:
+            items.append(_item(rec, ""))
+        except DataError as e:
+            line = _line_of(text, i)
+            where = f"{path}, record {i}{f' (line {line})' if line else ''}, id {rec.get('id', '?')!r}"
+            raise DataError(f"{where}{e}") from None
     ids = [it.id for it in items]
     if len(set(ids)) != len(ids):
-        raise DataError(f"{path}: duplicated record ids")
-    return items
+        from collections import Counter
+
+        dup = next(i for i, c in Counter(ids).items() if c > 1)
+        raise DataError(f"{path}: duplicated record id {dup!r}")
+    return tuple(items)
 
 
 def load_cebab(cfg: CebabKeys, root: Path, name: str = "cebab") -> CebabData:

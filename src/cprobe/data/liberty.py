@@ -1,16 +1,20 @@
 """LIBERTy benchmarks (Toker et al. 2026): texts generated from a structural causal model, with exact
 structural counterfactuals (``dataset=liberty``).
 
-**Generated** (the default): ``n_explained + n_explainer`` units are sampled from the SCM (:mod:`cprobe.data.scm`,
-``dataset.scm``), each unit's exogenous values stored — the equations' noise, and the text noise of the realiser
-(:mod:`cprobe.data.realiser`: template, persona, sentence order, phrase variants). The splits follow the paper's
-Table 6:
+**Generated** (the default): ``n_explained + n_test + n_explainer`` units are sampled from the SCM
+(:mod:`cprobe.data.scm`, ``dataset.scm``), each unit's exogenous values stored — the equations' noise, and the text
+noise of the realiser (:mod:`cprobe.data.realiser`: template, persona, sentence order, phrase variants). The splits
+follow the paper's Table 6:
 
-- ``train`` / ``test``: D_f, the explained model's training and test texts (1.5K together; ``test_share`` held out);
+- ``train``: D_f (1.5K), the explained model's training texts;
+- ``test``: the counterfactuals' base texts, ``n_test`` of them (Table 6's "D_c⃗" column counts them with their
+  counterfactuals: 1,332 − 998 = 334 for CV, 1,243 − 932 = 311 for Disease, 1,756 − 1,317 = 439 for Violence);
+  with ``n_test: null`` a ``test_share`` of D_f is held out instead;
 - ``explainer``: D_M (0.5K), what explainers fit on and the candidate pool of the matching explainers;
 - ``pairs``: for every test text, ``changes`` (3) distinct concepts picked at random, each set to a random other
   value: abduction (the unit's noise) – action (do(C = c′)) – prediction (the descendants re-solved, the text
-  re-realised with the same text noise). The label is never intervened on.
+  re-realised with the same text noise). The label is never intervened on. 334 / 311 / 439 test texts give
+  1,002 / 933 / 1,317 pairs; the paper has 998 / 932 / 1,317 (it does not say why 4 and 1 are missing).
 
 **Loaded** (``dataset.texts=<file>``, e.g. LLM-written texts such as the released benchmark): a CSV or JSONL file
 with columns ``id``, ``text``, ``split`` (train | test | explainer | counterfactual), one column per SCM variable
@@ -46,8 +50,9 @@ class LibertyKeys:
 
     scm: str = "cv"  # conf/scm/<name>.yaml (cv | violence | disease) or a path to your own SCM file
     realiser: str = "template"  # the text node (registered realisers: cprobe.data.realiser)
-    n_explained: int = 1500  # D_f: the explained model's train + test texts
-    test_share: float = 0.2  # share of D_f held out as test texts (the counterfactuals' bases)
+    n_explained: int = 1500  # D_f: the explained model's training texts (with n_test: null, train + test)
+    n_test: int | None = None  # test texts (the counterfactuals' bases), drawn beside D_f; null: test_share of D_f
+    test_share: float = 0.2  # with n_test: null, the share of D_f held out as test texts
     n_explainer: int = 500  # D_M: the explainers' training texts / matching pool
     changes: int = 3  # concept changes per test text
     texts: str | None = None  # a file of your own generated texts (CSV / JSONL; see the module doc)
@@ -61,7 +66,9 @@ class LibertyKeys:
             raise ConfigError(f"dataset.test_share must lie in (0, 1), got {self.test_share}")
         if self.changes < 1:
             raise ConfigError(f"dataset.changes must be >= 1, got {self.changes}")
-        if self.n_explained - max(1, round(self.test_share * self.n_explained)) < 1:
+        if self.n_test is not None and self.n_test < 1:
+            raise ConfigError(f"dataset.n_test must be >= 1 (or null: test_share of n_explained), got {self.n_test}")
+        if self.n_test is None and self.n_explained - max(1, round(self.test_share * self.n_explained)) < 1:
             raise ConfigError(f"dataset.test_share={self.test_share} leaves no training text of n_explained="
                               f"{self.n_explained}")
 
@@ -103,15 +110,15 @@ def generate(scm: SCM, cfg: LibertyKeys, name: str = "liberty", seed: int = 0) -
     from cprobe.data.realiser import build_realiser
 
     realiser = build_realiser(cfg.realiser, scm)
-    n = cfg.n_explained + cfg.n_explainer
+    n_f = cfg.n_explained + (cfg.n_test or 0)  # D_f and, with n_test, the test texts after it
+    n = n_f + cfg.n_explainer
     rng = np.random.default_rng([seed, 0])
     values, noise = scm.sample(n, rng)
     text_noise = realiser.draw(n, np.random.default_rng([seed, 1]))
     units = [_item(scm, realiser, f"{scm.name}-{i:05d}", values, noise, text_noise[i], i) for i in range(n)]
-    n_test = max(1, round(cfg.test_share * cfg.n_explained))
-    splits = {"train": tuple(units[: cfg.n_explained - n_test]),
-              "test": tuple(units[cfg.n_explained - n_test: cfg.n_explained]),
-              "explainer": tuple(units[cfg.n_explained:])}
+    n_test = cfg.n_test or max(1, round(cfg.test_share * cfg.n_explained))
+    splits = {"train": tuple(units[: n_f - n_test]), "test": tuple(units[n_f - n_test: n_f]),
+              "explainer": tuple(units[n_f:])}
     pairs = counterfactual_pairs(scm, realiser, splits["test"], cfg.changes, seed)
     return LibertyData(name, f"generated from SCM {scm.name} ({scm.digest}) with the {realiser.name} realiser, "
                        f"seed {seed}", scm, splits, pairs)

@@ -15,12 +15,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from cprobe.estimator import Estimator
 from cprobe.registry import Registry
 
 
-class Direction(ABC):
+class Direction(Estimator, ABC):
     """A feature-finding method; after ``fit`` the attribute ``a`` is a unit float32 (d,) tensor (None for the
-    ``whole_vector`` swap)."""
+    ``whole_vector`` swap; reading it, or ``score``, before ``fit`` raises :class:`NotFittedError`:
+    :class:`cprobe.estimator.Estimator`)."""
 
     a: Tensor
     causal: ClassVar[bool] = False
@@ -37,17 +39,13 @@ class Direction(ABC):
     per_model_lambda: ClassVar[bool] = False
     """True when the constructor takes a penalty ``lam`` tuned per model (the paper's probe λ, ``causalgym.probe_lam``);
     several λs run as several methods (``probe0``, ``probe1``)."""
+    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
+    _needs_fitted = ("score",)
+    _fitted_attrs = ("a",)
 
     @abstractmethod
     def fit(self, *args: Any, **kwargs: Any) -> Self:
         """Learn ``self.a``; returns ``self`` (scikit-learn style)."""
-
-    def __getattr__(self, name: str):
-        if name == "a":  # only reached when unset
-            from cprobe.errors import NotFittedError
-
-            raise NotFittedError(self, "fit")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 DIRECTIONS: Registry[type[Direction]] = Registry("direction method")

@@ -18,7 +18,7 @@ from cprobe.directions.base import DIRECTIONS, Direction, check_binary, from_num
 
 
 @DIRECTIONS.register("probe")
-class Probe(Direction):
+class LogisticDirection(Direction):
     """Logistic regression ``softmax(a·x + b)`` on base activations; ``a`` is the direction."""
 
     supervised = True

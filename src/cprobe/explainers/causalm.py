@@ -2,19 +2,29 @@
 
 Per concept C, a copy of the explained model's encoder is trained so that φ_C^CF(x) *forgets* C while keeping
 what else it knew: an adversarial head predicts C's label through a gradient-reversal layer (weight λ, the
-paper's 0.1), a control head keeps the most correlated other concept (the paper's single confounder, chosen by
-mutual information of the training labels), and — in place of CausaLM's masked-LM objective, which needs an
+paper's 0.1), a control head keeps one other concept (the paper's single confounder), and — in place of CausaLM's masked-LM objective, which needs an
 MLM head the offline encoder does not ship — a preservation loss keeps φ_C^CF(x) close (MSE) to the factual
 φ(x). A copy of the head N′ is then trained on the frozen φ_C^CF (the paper's factual/fine-tuning phase: Adam
 lr 1e-3, 50 epochs, batch 256) and the estimate is the TReITE
 
     softmax N′(φ_C^CF(x)) − softmax N(φ(x))                                          (eq. 10)
 
-which models removal only (``c′ = unknown``). Cost: ``epochs`` full passes of the encoder per concept — the
+which models removal only (``c′ = unknown``).
+
+**The control concept** (``control``): ``reference`` (default) is the pairing of the reference's released CEBaB
+models (``causalm.<treated>__<control>``: food→service, service→food, ambiance→food, noise→food); a treated concept
+that table does not name (LIBERTy's) gets the most informative other one. ``mi`` picks, for every concept, the other
+concept with the highest mutual information of the training labels (the paper's wording, "the most correlated
+confounder"; on CEBaB's train_exclusive: food→service, service→ambiance, ambiance→noise, noise→ambiance).
+``control_`` records the choice.
+
+Cost: ``epochs`` full passes of the encoder per concept — the
 most expensive explainer by far (docs/cebab.md has the measured time); it is therefore not in the default
-explainer list and runs with ``cebab.explainers=[...,causalm]``. ``leftover_[C]`` = (accuracy before, after) of a
-fresh cross-validated logistic probe for C on the training φ and φ_C^CF (``diagnose``): adversarial removal is
-leaky (Elazar & Goldberg 2018), and this says how much of C is left.
+explainer list and runs with ``cebab.explainers=[...,causalm]``. ``leftover_[C]`` = (accuracy before, after,
+majority rate) of a fresh logistic probe for C trained on a quarter of the training rows' φ and φ_C^CF and scored on
+another quarter (``diagnose``; the counterfactual encoder itself was trained on every row — refitting it per fold
+would cost another CausaLM run): adversarial removal is leaky (Elazar & Goldberg 2018), and this says how much of C
+is left.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
-                                    per_concept, probe_accuracy)
+                                    leftover, per_concept)
 from cprobe.explainers.inlp import retrain_head
 
 
@@ -79,6 +89,24 @@ def mutual_information(a: np.ndarray, b: np.ndarray) -> float:
     return float((joint[nz] * np.log(joint[nz] / (pa @ pb)[nz])).sum())
 
 
+REFERENCE_CONTROL = {"food": "service", "service": "food", "ambiance": "food", "noise": "food"}
+"""The control concept of each treated aspect in the reference's released CausaLM models (CEBaB's public code)."""
+
+
+def control_concepts(concepts: Sequence[str], labels: dict[str, np.ndarray], rule: str = "reference"
+                     ) -> dict[str, str | None]:
+    """The control concept of every treated concept (module doc): the reference's table, or mutual information."""
+    out: dict[str, str | None] = {}
+    for concept in concepts:
+        others = [c for c in concepts if c != concept]
+        ref = REFERENCE_CONTROL.get(concept)
+        if rule == "reference" and ref in others:
+            out[concept] = ref
+        else:
+            out[concept] = max(others, key=lambda o: mutual_information(labels[concept], labels[o])) if others else None
+    return out
+
+
 @EXPLAINERS.register("causalm")
 class CausaLM(Explainer):
     name = "causalm"
@@ -87,9 +115,14 @@ class CausaLM(Explainer):
 
     def __init__(self, epochs: int = 3, lr: float = 2e-5, batch_size: int = 48, adversarial_weight: float = 0.1,
                  preserve_weight: float = 1.0, head_epochs: int = 50, head_lr: float = 1e-3,
-                 head_batch_size: int = 256, seed: int = 0, diagnose: bool = True) -> None:
+                 head_batch_size: int = 256, seed: int = 0, diagnose: bool = True,
+                 control: str = "reference") -> None:
         if epochs < 1 or batch_size < 1:
             raise ConfigError("causalm: epochs and batch_size must be >= 1")
+        if control not in ("reference", "mi"):
+            raise ConfigError(f"causalm: control must be 'reference' (the reference's released pairs) or 'mi' (mutual "
+                              f"information), got {control!r}")
+        self.control = control
         self.epochs, self.lr, self.batch_size = epochs, lr, batch_size
         self.adversarial_weight, self.preserve_weight = adversarial_weight, preserve_weight
         self.head_epochs, self.head_lr, self.head_batch_size, self.seed = head_epochs, head_lr, head_batch_size, seed
@@ -101,18 +134,16 @@ class CausaLM(Explainer):
         self.model_ = model
         y = np.asarray(train.labels if train.labels is not None else train.probs.argmax(1))
         labels = {c: concept_targets(train.concepts, c, model.values) for c in model.concepts}
-        self.encoders_, self.heads_, self.control_, self.leftover_ = {}, {}, {}, {}
+        self.encoders_, self.heads_, self.leftover_ = {}, {}, {}
+        self.control_ = control_concepts(model.concepts, labels, self.control)
         for concept in model.concepts:
-            others = [c for c in model.concepts if c != concept]
-            control = max(others, key=lambda o: mutual_information(labels[concept], labels[o])) if others else None
-            self.control_[concept] = control
+            control = self.control_[concept]
             enc = self._counterfactual_encoder(model, train, labels[concept],
                                                labels[control] if control else None, len(model.values))
             self.encoders_[concept] = enc
             X = self._features(enc, list(train.texts))
             if self.diagnose:
-                self.leftover_[concept] = (probe_accuracy(train.reps, labels[concept], self.seed),
-                                           probe_accuracy(X, labels[concept], self.seed))
+                self.leftover_[concept] = leftover(train.reps, labels[concept], None, self.seed, erased=X)
             keep = torch.from_numpy(y >= 0)
             self.heads_[concept] = retrain_head(model.head, X[keep], torch.from_numpy(y)[keep], self.head_epochs,
                                                 self.head_lr, self.head_batch_size, self.seed)

@@ -6,7 +6,8 @@ the paper found them to behave like its SGD SVMs) removes C's 3-way label from �
 the explained head is then re-trained on P·φ of the training split (the paper's 5 epochs of Adam at lr 2e-5, full
 batch, as the public code) and the estimate is softmax N′(P φ(x)) − softmax N(φ(x)). It models only the
 removal of C (``c′ = unknown``) and returns the same estimate whatever c′ is. With ``diagnose`` (default),
-``leftover_[C]`` = (accuracy before, after) of a fresh cross-validated logistic probe for C on the training φ.
+``leftover_[C]`` = (accuracy before, after, majority rate) of a fresh logistic probe for C on training rows that an
+INLP projection fit on the other half never saw (:func:`~cprobe.explainers.base.leftover`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 
 from cprobe.errors import ConfigError
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets,
-                                    per_concept, probe_accuracy, rows_of)
+                                    leftover, per_concept, rows_of)
 
 
 def retrain_head(head: nn.Module, X: torch.Tensor, y: torch.Tensor, epochs: int, lr: float,
@@ -77,17 +78,27 @@ class INLPExplainer(Explainer):
             z = concept_targets(train.concepts, concept, model.values)
             rows = torch.from_numpy(np.flatnonzero(z >= 0))
             zz = torch.from_numpy(z)[rows]
-            k = int(zz.unique().numel())
-            rank = min(self.iterations * (k if k > 2 else 1), train.reps.shape[1])
+            rank = self.directions(int(zz.unique().numel()), train.reps.shape[1])
             inlp = INLP(rank=rank, device=self.device).fit(train.reps[rows].float(), zz)
             self.P_[concept] = inlp.P.cpu()
             X = train.reps.float() @ self.P_[concept]
             if self.diagnose:
-                self.leftover_[concept] = (probe_accuracy(train.reps, z, self.seed), probe_accuracy(X, z, self.seed))
+                self.leftover_[concept] = leftover(train.reps, z, self._eraser, self.seed)
             keep = torch.from_numpy(y >= 0)
             self.heads_[concept] = retrain_head(model.head, X[keep], torch.from_numpy(y)[keep], self.head_epochs,
                                                 self.head_lr, self.head_batch_size, self.seed)
         return self
+
+    def directions(self, k: int, d: int) -> int:
+        """Directions removed for a k-class concept in d dimensions: one per class per round for k > 2 (the reference's
+        one-vs-rest classifier has k rows: 30 for a 3-way concept in 10 rounds), one per round for k = 2."""
+        return min(self.iterations * (k if k > 2 else 1), d)
+
+    def _eraser(self, X: torch.Tensor, z: torch.Tensor):
+        from cprobe.interventions.inlp import INLP
+
+        P = INLP(rank=self.directions(int(z.unique().numel()), X.shape[1]), device=self.device).fit(X, z).P.cpu()
+        return lambda Y: Y.float() @ P
 
     def explain(self, queries: Queries) -> np.ndarray:
         reps = queries.base.reps

@@ -119,6 +119,7 @@ class ConVecs(Matching):
     """Concept-based matching: predicted C = c′, cosine over the other concepts' predicted distributions."""
 
     name = "convecs"
+    min_concepts = 2  # it ranks by the *other* concepts' predicted distributions
     needs_concept_probs = True
     needs_predicted_concepts = True
     use_predicted = True

@@ -3,7 +3,10 @@ the explained model's predicted class, fit on the training split; the effect of 
 E(x′ with C := c′) − E(x′), where x′ are the text's concept labels predicted by the concept classifier.
 
 As the public code: scikit-learn ``LogisticRegression()`` with its defaults, target argmax N(φ(x)), features
-from the gold training labels (a missing / no-majority label counts as the null value, ``unknown``).
+from the gold training labels. A missing or no-majority training label (10–42 % of CEBaB's train_exclusive rows per
+aspect) gets an **all-zero block** — the public code's coding (``missing: zero``, default); ``missing: null`` codes
+it as the null value (``unknown``) instead, which tells the regression "not mentioned" where the annotators simply
+did not say. The base texts' predicted labels are never missing.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Self
 
 import numpy as np
 
+from cprobe.errors import ConfigError
 from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
 
 
@@ -21,16 +25,25 @@ class SLearner(Explainer):
     name = "s_learner"
     needs_predicted_concepts = True
 
-    def __init__(self, C: float = 1.0, max_iter: int = 1000) -> None:
+    def __init__(self, C: float = 1.0, max_iter: int = 1000, missing: str = "zero") -> None:
+        if missing not in ("zero", "null"):
+            raise ConfigError(f"s_learner: missing must be 'zero' (the reference's all-zero block) or 'null' (the "
+                              f"null value), got {missing!r}")
         self.C = C
         self.max_iter = max_iter
+        self.missing = missing
 
     def _features(self, labels: Sequence[Mapping[str, str]]) -> np.ndarray:
+        """One block of len(values) per concept: one-hot of the label; a missing label all zeros (or the null
+        value's one-hot with ``missing: null``)."""
         X = np.zeros((len(labels), len(self.concepts_) * len(self.values_)))
         for i, lab in enumerate(labels):
             for j, c in enumerate(self.concepts_):
-                v = lab.get(c, self.null_)
-                v = v if v in self.values_ else self.null_
+                v = lab.get(c)
+                if v not in self.values_:
+                    if self.missing == "zero":
+                        continue
+                    v = self.null_
                 X[i, j * len(self.values_) + self.values_.index(v)] = 1.0
         return X
 

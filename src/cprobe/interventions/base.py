@@ -6,51 +6,33 @@ Two kinds (Canby et al. 2024, §3): *nullifying* interventions remove property Z
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, Self
+from typing import ClassVar, Literal, Self
 
 from torch import Tensor
 
-from cprobe.errors import NotFittedError
+from cprobe.estimator import Estimator
 from cprobe.registry import Registry
 
 Kind = Literal["nullifying", "counterfactual"]
 
 
-class Intervention(ABC):
+class Intervention(Estimator, ABC):
     """Fit on (X, z) from the intervention split; transform test embeddings.
 
     ``X``: float (n, d); ``z``: int64 (n,) class ids in [0, k). ``z_target`` (counterfactual
-    only): int64 (n,) target class per row. Implementations never modify inputs in place.
+    only): int64 (n,) target class per row. Implementations never modify inputs in place. ``fit`` (and
+    ``use_probe``) set ``fitted_``; ``transform`` before it raises :class:`NotFittedError`
+    (:class:`cprobe.estimator.Estimator`).
     """
 
     kind: ClassVar[Kind]
     needs_probe: ClassVar[bool] = False
     """True when the intervention attacks a fitted classifier: ``use_probe(probe)`` replaces ``fit`` (GBIs)."""
-    fitted_: bool = False
-    """Set by ``fit`` (and ``use_probe``); ``transform`` before it raises :class:`NotFittedError`."""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "fit" in cls.__dict__:
-            fit = cls.__dict__["fit"]
-
-            @functools.wraps(fit)
-            def fitted(self, *args: Any, **kw: Any):
-                out = fit(self, *args, **kw)
-                self.fitted_ = True
-                return out
-            cls.fit = fitted  # type: ignore[method-assign]
-        if "transform" in cls.__dict__:
-            transform = cls.__dict__["transform"]
-
-            @functools.wraps(transform)
-            def checked(self, *args: Any, **kw: Any):
-                if not self.fitted_:
-                    raise NotFittedError(self, "fit(X, z)")
-                return transform(self, *args, **kw)
-            cls.transform = checked  # type: ignore[method-assign]
+    CAPABILITIES = ("kind", "needs_probe")
+    _marks_fitted = ("fit", "use_probe")
+    _needs_fitted = ("transform",)
+    _fit_hint = "fit(X, z)"
 
     @abstractmethod
     def fit(self, X: Tensor, z: Tensor) -> Self:

@@ -36,8 +36,11 @@ def avg_odds(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -
 
 
 def task_accuracy(base_yb: Tensor, base_ys: Tensor) -> float:
-    """Fraction of items where the clean model prefers the base label, p(y_b|b) > p(y_s|b)."""
-    return float((base_yb > base_ys).float().mean())
+    """Fraction of items where the clean model prefers the base label, p(y_b|b) > p(y_s|b) (the one definition:
+    :func:`cprobe.models.readouts.task_accuracy` with the base label as the correct candidate)."""
+    from cprobe.models.readouts import task_accuracy as accuracy
+
+    return float(accuracy(torch.stack([base_yb, base_ys], 1)))  # type: ignore[arg-type]
 
 
 def iia(int_yb: Tensor, int_ys: Tensor) -> float:

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.edits import Edit, EditSpec, Replace
+from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import MEAN, Batch, Site
 
@@ -33,21 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 Kind = Literal["mlm", "causal", "encoder", "classifier"]
-
-# Where the blocks and the final norm live, by ``config.model_type``; others are found generically.
-_BLOCKS = {
-    "bert": "encoder.layer",
-    "roberta": "encoder.layer",
-    "distilbert": "transformer.layer",
-    "gpt_neox": "layers",
-    "gpt2": "h",
-    "llama": "layers",
-    "mistral": "layers",
-    "qwen2": "layers",
-    "gemma": "layers",
-}
-_FINAL_NORMS = ("final_layer_norm", "ln_f", "norm")
-
 
 @dataclass
 class Chunk:
@@ -75,8 +61,8 @@ class _Stop(Exception):
 def model_positions(config) -> int | None:
     """How many token positions the model can take (None when its config does not say)."""
     n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if n and config.model_type in ("roberta", "xlm-roberta", "camembert"):
-        n -= 2  # position ids start after the padding index
+    if n and config.model_type in FAMILIES:
+        n -= FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
     return int(n) if n else None
 
 
@@ -124,7 +110,7 @@ class ModelAdapter:
         return next(self.model.parameters()).dtype
 
     def _find_blocks(self, layers_path: str | None) -> nn.ModuleList:
-        path = layers_path or _BLOCKS.get(self.model.config.model_type)
+        path = layers_path or family_of(self.model.config).blocks
         if path is not None:
             try:
                 blocks = _get(self._base, path)
@@ -135,7 +121,7 @@ class ModelAdapter:
             if not lists:
                 raise ConfigError(
                     f"cannot find the transformer blocks of model type {self.model.config.model_type!r}; "
-                    f"supported: {sorted(_BLOCKS)}; or set model.layers_path (e.g. 'encoder.layer')"
+                    f"supported: {sorted(FAMILIES)}; or set model.layers_path (e.g. 'encoder.layer')"
                 )
             blocks = lists[0]
         if len(blocks) != self.n_layers:
@@ -143,9 +129,10 @@ class ModelAdapter:
         return blocks
 
     def _find_final_norm(self) -> nn.Module | None:
-        if self.kind == "mlm" or self.model.config.model_type in ("bert", "roberta", "distilbert"):
+        family = family_of(self.model.config)
+        if self.kind == "mlm" or not (family.final_norm or family.derived):
             return None
-        for n in _FINAL_NORMS:
+        for n in (family.final_norm,) if family.final_norm else GENERIC_FINAL_NORMS:
             m = getattr(self._base, n, None)
             if isinstance(m, nn.Module):
                 return m

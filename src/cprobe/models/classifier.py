@@ -2,10 +2,13 @@
 concept-effect studies (CEBaB, LIBERTy) and their aspect (concept) classifiers.
 
 :class:`SequenceClassifier` = a pretrained encoder φ + the RoBERTa-style non-linear head the CEBaB paper
-puts on every model (dense → tanh → dropout → out), read at the first token (BERT, RoBERTa, MiniLM: ``pool:
-first``) or the last real token (GPT-2: ``pool: last``). φ(x) is therefore a :class:`~cprobe.models.sites.Site`
-— ``Site(L, "cls")`` or ``Site(L, "last")`` of :class:`~cprobe.models.formatters.ClassificationFormatter` — so
-explainers read and edit it through the one model entry point, and ``head`` maps φ to logits.
+puts on every model (dense → tanh → dropout → out). φ(x) is what the head reads, chosen by the model family
+(:mod:`cprobe.models.family`): BERT's pooler over [CLS] (dense + tanh: what ``BertForSequenceClassification`` and
+the CEBaB reference's explainers read), the first token for other encoders (RoBERTa, DistilBERT), the last real token
+for decoders (GPT-2, Llama, ...); ``finetune.pool`` overrides it. The state φ is computed from is a
+:class:`~cprobe.models.sites.Site` — ``Site(L, "cls")`` or ``Site(L, "last")`` of
+:class:`~cprobe.models.formatters.ClassificationFormatter` (:func:`phi_site`, :func:`phi_of`) — so explainers read
+it through the one model entry point, and ``head`` maps φ to logits.
 
 A head may hold several classification tasks at once (``n_tasks`` × ``n_classes`` logits; the aspect
 classifier predicts the four aspects' labels jointly); targets of −100 are ignored.
@@ -44,8 +47,9 @@ from cprobe.models.sites import Site
 
 log = logging.getLogger(__name__)
 
-Pool = Literal["first", "last"]
-POOL_POSITION = {"first": "cls", "last": "last"}
+Pool = Literal["first", "last", "pooler"]
+POOL_POSITION = {"first": "cls", "last": "last", "pooler": "cls"}
+"""Where φ is read: the first token, the last real token, or the base model's pooler over the first token."""
 IGNORE = -100
 
 
@@ -63,32 +67,42 @@ class ClassificationHead(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-    """Encoder + head read at one pooled position; ``forward`` returns an object with ``.logits`` (n, n_out)."""
+    """Encoder + head reading φ(x); ``forward`` returns an object with ``.logits`` (n, n_out).
+
+    φ(x) is the last hidden state at the first token (``pool: first``), at the last real token (``last``), or the
+    base model's pooler over the first token (``pooler``: BERT's dense + tanh, what ``BertForSequenceClassification``
+    and the CEBaB reference's explainers read).
+    """
 
     def __init__(self, encoder: nn.Module, n_out: int, pool: Pool = "first", dropout: float = 0.1) -> None:
         super().__init__()
         if pool not in POOL_POSITION:
             raise ConfigError(f"unknown pooling {pool!r}; choose from {sorted(POOL_POSITION)}")
+        if pool == "pooler" and not isinstance(getattr(encoder, "pooler", None), nn.Module):
+            raise ConfigError(f"finetune.pool=pooler, but the {encoder.config.model_type} encoder has no pooler; set "
+                              "finetune.pool=first")
         self.base_model = encoder
         self.head = ClassificationHead(encoder.config.hidden_size, n_out, dropout)
         self.config = encoder.config
         self.pool = pool
 
     def features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """φ(x): the last hidden state at the pooled token (n, d)."""
+        """φ(x) (n, d): the pooled state (module doc)."""
         h = self.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.pool == "first":
-            return h[:, 0]
-        last = attention_mask.sum(1) - 1
-        return h[torch.arange(len(h), device=h.device), last]
+        if self.pool == "last":
+            last = attention_mask.sum(1) - 1
+            return h[torch.arange(len(h), device=h.device), last]
+        return self.phi(h[:, 0])
+
+    def phi(self, state: Tensor) -> Tensor:
+        """φ from the state read at :func:`phi_site` (n, d): the pooler's output where the classifier reads it, else
+        the state itself."""
+        if self.pool != "pooler":
+            return state
+        return self.base_model.pooler(state[:, None, :])
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, **_: Tensor) -> SimpleNamespace:
         return SimpleNamespace(logits=self.head(self.features(input_ids, attention_mask)))
-
-
-def default_pool(model_type: str) -> Pool:
-    """Where a model family's sequence summary lives: the first token for encoders, the last for decoders."""
-    return "last" if model_type in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma") else "first"
 
 
 @dataclass(frozen=True)
@@ -102,15 +116,23 @@ class FinetuneConfig:
     weight_decay: float = 0.0
     warmup: float = 0.0  # share of steps with a linear warm-up
     dropout: float = 0.1
-    pool: Pool | None = None  # None: the model family's default (first token; last for decoders)
+    pool: Pool | None = None  # None: the model family's (models/family.py): pooler for BERT, first token for other
+    #                            encoders, last token for decoders
     precision: Literal["fp32", "bf16"] = "fp32"  # bf16: mixed precision (autocast; weights and Adam stay fp32)
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.max_length < 2 or self.lr <= 0:
-            raise ValueError(f"bad fine-tuning settings {asdict(self)}: epochs, batch_size >= 1, max_length >= 2, "
-                             "lr > 0")
+        bad = [k for k in ("lr", "weight_decay", "warmup", "dropout") if not math.isfinite(getattr(self, k))]
+        if bad:
+            raise ValueError(f"{bad[0]} must be a finite number, got {getattr(self, bad[0])}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.epochs < 1 or self.batch_size < 1 or self.max_length < 2:
+            raise ValueError(f"epochs and batch_size must be >= 1 and max_length >= 2, got {self.epochs}, "
+                             f"{self.batch_size}, {self.max_length}")
         if not 0 <= self.warmup < 1 or not 0 <= self.dropout < 1:
-            raise ValueError("warmup and dropout must lie in [0, 1)")
+            raise ValueError(f"warmup and dropout must lie in [0, 1), got {self.warmup}, {self.dropout}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
 
@@ -123,17 +145,26 @@ def finetune_config(d: dict | None, where: str, model_defaults: dict | None = No
     return parse(FinetuneConfig, merged, where)
 
 
+def default_pool(encoder: ModelAdapter) -> Pool:
+    """The model family's φ (models/family.py): its pooler where its sequence classifier reads one (BERT), else
+    the first token (encoders) or the last real token (decoders)."""
+    from cprobe.models.family import family_of, pool_of
+
+    return "pooler" if family_of(encoder.model.config).pooler else pool_of(encoder.model.config)
+
+
 def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
          name: str | None = None) -> ModelAdapter:
     """A fresh (untrained-head) classifier on a *copy* of ``encoder``'s model, as a ``classifier`` adapter."""
-    pool = pool or default_pool(encoder.model.config.model_type)
+    pool = pool or default_pool(encoder)
     model = SequenceClassifier(copy.deepcopy(encoder.model), n_out, pool, dropout).to(encoder.device)
     return ModelAdapter(model, encoder.tok, "classifier", name or f"{encoder.name}+head", batch_size=encoder.batch_size,
                         max_length=encoder.max_length)
 
 
 def phi_site(adapter: ModelAdapter) -> Site:
-    """The site holding φ(x) (what the head reads) of a :func:`wrap`-ped classifier."""
+    """The site φ(x) is read from in a :func:`wrap`-ped classifier: φ itself, or — with ``pool: pooler`` — the
+    first token's state the pooler maps to φ (:func:`phi_of`)."""
     return Site(adapter.n_layers, POOL_POSITION[adapter.model.pool], "resid")
 
 
@@ -160,6 +191,7 @@ def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targe
     targets = targets.reshape(len(items), n_tasks).long()
     if cfg.precision == "bf16" and not use_bf16(encoder.device):  # no native bf16 on this CPU: fp32 (logged once)
         cfg = replace(cfg, precision="fp32")
+    cfg = replace(cfg, pool=cfg.pool or default_pool(encoder))  # the cache key names the φ actually trained
     key = train_key(weights_fingerprint(encoder), items, targets, n_tasks * n_classes, cfg, seed)
     with torch.random.fork_rng(devices=[]):  # the head's initialisation depends on the seed alone
         torch.manual_seed(seed)
@@ -267,7 +299,20 @@ def classify(adapter: ModelAdapter, items: Sequence[TextItem], max_length: int |
     """(φ (n, d), class log-probabilities (n, n_out)) of a :func:`wrap`-ped classifier in one pass per batch."""
     site = phi_site(adapter)
     acts, logp = classify_reading(adapter, items, [site], max_length, desc)
-    return acts[site], logp
+    return phi_of(adapter, acts[site]), logp
+
+
+def phi_of(adapter: ModelAdapter, state: Tensor) -> Tensor:
+    """φ (float32, CPU) from the states read at :func:`phi_site` of a :func:`wrap`-ped classifier."""
+    model = adapter.model
+    if model.pool != "pooler":
+        return state
+    p = next(model.parameters())
+    out = []
+    with torch.inference_mode():
+        for chunk in state.split(4096):
+            out.append(model.phi(chunk.to(p.device, p.dtype)).float().cpu())
+    return torch.cat(out) if out else state
 
 
 def classify_reading(adapter: ModelAdapter, items: Sequence[TextItem], sites: Sequence[Site],

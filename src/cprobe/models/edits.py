@@ -8,7 +8,8 @@ base and an optional source, with the site kept as data):
 - :class:`Interchange`: the 1-D distributed interchange intervention (DII) along a unit direction ``a``,
   ``f*(b, s) = f(b) + ((f(s) − f(b))·a) a`` (CausalGym eq. 11), or the vanilla whole-vector swap when
   ``a`` is None;
-- :class:`Apply`: the same function for every row (a fitted eraser's transform, a steering vector).
+- :class:`Apply`: a fitted estimator's ``transform`` (an eraser, a steering intervention; per-item targets for a
+  counterfactual one) or any row-wise function, applied live in the pass.
 
 Edits are computed in float32 and cast back, so half-precision models keep precision; they are
 differentiable in whatever they close over (DAS trains its direction through :class:`Interchange`).
@@ -19,8 +20,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
+
+from cprobe.errors import ConfigError
 
 Edit = Callable[[Tensor], Tensor]
 """Maps the base rows' site vectors (n, d) to their intervened values (n, d)."""
@@ -83,11 +87,40 @@ class Interchange(EditSpec):
         return vanilla_edit(s) if self.direction is None else dii_edit(s, self.direction)
 
 
-@dataclass
 class Apply(EditSpec):
-    """The same row-wise function for every row (e.g. a fitted intervention's ``transform``)."""
+    """A fitted estimator (or any row-wise function) as a live in-model edit: every row's site vector ``h`` becomes
+    ``transform(h)`` during the forward pass — an eraser, a steering intervention — computed per batch on the
+    model's device, so nothing of size (N, d) is held.
 
-    fn: Edit
+    ``Apply(eraser)`` takes anything with a ``transform(X[, z_target])`` method (the interventions), checked fitted
+    here; a counterfactual one needs ``targets`` (N,), the target class of each item, bound per batch like the
+    other specs. ``Apply(fn)`` takes a plain function (n, d) → (n, d). Applied in the model it equals
+    :class:`Replace` with the transformed states of the same pass (tests/unit/test_edits.py).
+    """
+
+    def __init__(self, fn: Edit | Any, targets: Tensor | None = None) -> None:
+        transform = getattr(fn, "transform", None)
+        if transform is not None:
+            check = getattr(fn, "check_fitted", None)
+            if check is not None:
+                check()
+            if getattr(fn, "kind", None) == "counterfactual" and targets is None:
+                raise ConfigError(f"Apply({type(fn).__name__}): a counterfactual intervention needs targets (the "
+                                  "target class of every item)")
+            if getattr(fn, "kind", None) == "nullifying" and targets is not None:
+                raise ConfigError(f"Apply({type(fn).__name__}): a nullifying intervention takes no targets")
+        elif not callable(fn):
+            raise ConfigError(f"Apply needs a fitted estimator (with transform) or a function, got {fn!r}")
+        elif targets is not None:
+            raise ConfigError("Apply(fn): targets go with an estimator's transform(X, z_target), not a function")
+        self.fn = fn
+        self.transform = transform
+        self.targets = targets
 
     def bind(self, rows: Tensor) -> Edit:
-        return lambda h: self.fn(h.float()).to(h.dtype)
+        if self.transform is None:
+            return lambda h: self.fn(h.float()).to(h.dtype)
+        if self.targets is None:
+            return lambda h: self.transform(h.float()).to(h.dtype)
+        z = self.targets[rows.to(self.targets.device)]
+        return lambda h: self.transform(h.float(), z.to(h.device)).to(h.dtype)

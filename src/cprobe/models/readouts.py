@@ -45,11 +45,25 @@ class Readout(ABC):
         return scores.argmax(-1)
 
     def accuracy(self, scores: Tensor, gold: Tensor | None = None) -> float:
-        """Share of rows whose best-scored column is ``gold`` (column 0 when None: "the correct candidate")."""
+        """Share of rows whose best-scored column is ``gold``; without ``gold``, the task accuracy (column 0 is the
+        correct candidate: :func:`task_accuracy`)."""
         if scores.numel() == 0:
             raise ConfigError("accuracy of an empty set of rows is undefined")
-        gold = torch.zeros(len(scores), dtype=torch.long) if gold is None else gold.to(torch.long).cpu()
-        return float((self.predict(scores.cpu()) == gold).float().mean())
+        if gold is None:
+            return float(task_accuracy(scores))  # type: ignore[arg-type]
+        return float((self.predict(scores.cpu()) == gold.to(torch.long).cpu()).double().mean())
+
+
+def task_accuracy(scores: Tensor | None) -> float | None:
+    """The task accuracy of candidate scores (n, k) whose column 0 is the correct candidate: the share of rows where
+    it scores strictly above every other column (a tie counts as wrong; CausalGym's p(y_b|b) > p(y_s|b)). None
+    without scores (a model with no output head); NaN for no rows. The one definition every study uses."""
+    if scores is None:
+        return None
+    scores = scores.detach().cpu()
+    if scores.ndim != 2 or scores.shape[1] < 2:
+        raise ConfigError(f"task accuracy needs (n, k >= 2) candidate scores, got {tuple(scores.shape)}")
+    return float((scores[:, 0] > scores[:, 1:].max(1).values).double().mean())
 
 
 def logits_at(logits: Tensor, batch: Batch) -> Tensor:

@@ -12,24 +12,24 @@ from typing import Self
 import torch
 from torch import Tensor, nn
 
+from cprobe.estimator import Estimator
 from cprobe.registry import Registry
 
 
-class Probe(ABC):
+class Probe(Estimator, ABC):
     """A classifier over hidden states.
 
-    Conventions: ``X`` is float (n, d); ``y`` is int64 (n,) with values in [0, k).
+    Conventions: ``X`` is float (n, d); ``y`` is int64 (n,) with values in [0, k). Fitted (or loaded) state:
+    ``module`` and ``n_classes``; reading them, or scoring, before ``fit`` raises :class:`NotFittedError`
+    (:class:`cprobe.estimator.Estimator`).
     """
 
     module: nn.Module
     n_classes: int
-
-    def __getattr__(self, name: str):
-        if name in ("module", "n_classes"):  # only reached when unset: not fitted (nor loaded) yet
-            from cprobe.errors import NotFittedError
-
-            raise NotFittedError(self, "fit(X, y)")
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    _marks_fitted = ("fit", "fit_stream")
+    _needs_fitted = ("logits",)
+    _fitted_attrs = ("module", "n_classes")
+    _fit_hint = "fit(X, y)"
 
     @abstractmethod
     def fit(self, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None) -> Self:

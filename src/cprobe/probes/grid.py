@@ -238,6 +238,7 @@ def load_probe(probe: GridSearchProbe, path: Path) -> GridSearchProbe | None:
     device = torch.device(probe.device) if probe.device else torch.device("cpu")
     probe.module, probe.best_params, probe.n_classes, probe.d = module.to(device).eval(), params, k, d
     probe.val_accuracy = float(meta["val_accuracy"])
+    probe.fitted_ = True
     return probe
 
 

@@ -10,22 +10,22 @@ task, cached), one seed. It writes a long table (column ``kind``):
 - ``cace`` / ``acace``: the model's CaCE per aspect × direction on the argmax class (Table 4) and ACaCE per aspect;
 - ``icace_error``: ICaCE-Error per explainer × distance, overall (``aspect = all``), per aspect, and per aspect ×
   ordered direction (Table 10, Fig. 2);
-- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx fallbacks, and for the removal
-  explainers a fresh cross-validated probe's accuracy for the removed concept before and after).
+- ``explainer``: diagnostics an explainer reports (ConceptSHAP completeness, Approx / matching fallbacks, and for
+  the removal explainers a fresh probe's accuracy for the removed concept before and after, on rows the eraser never
+  saw, and the majority rate).
 
 ``cebab_pair_effects.parquet`` beside it keeps every evaluation pair: the model's distributions on both texts, the
 true ICaCE and each explainer's estimate (vectors over classes), for analyses beyond the tables.
 
 ``report`` (per job and over a sweep) turns it into Table-10-style ``mean (std)`` tables over seeds and bar charts.
-Everything runs through the core: items (:mod:`cprobe.data.cebab`), the one model entry point
-(:meth:`ModelAdapter.map` via :func:`cprobe.models.classifier.classify`), the explainer registry and
-:mod:`cprobe.metrics.icace`.
+The explained model, the explainers' inputs and the explainer runs are the concept-effect engine's
+(:mod:`cprobe.tasks.effects`, shared with LIBERTy); this module supplies the data (:mod:`cprobe.data.cebab`: items,
+edit pairs, aspect labels as they are), the metrics (:mod:`cprobe.metrics.icace`) and the report.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,12 +51,12 @@ from cprobe.data.cebab import (
 from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
-from cprobe.tasks import Uses
-from cprobe.metrics.icace import DISTANCES, acace, distance, icace_error
-from cprobe.models.classifier import finetune_config
+from cprobe.metrics.icace import acace, icace_error
 from cprobe.plots import new_figure, save
-from cprobe.progress import track
 from cprobe.results import summarise
+from cprobe.tasks import Uses
+from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, run_effects,
+                                  subsample_pairs, validate_effects)
 
 log = logging.getLogger("cprobe")
 
@@ -65,23 +65,16 @@ DEFAULT_EXPLAINERS = ["random", "approx", "conexp", "s_learner", "tcav", "concep
 
 
 @dataclass(frozen=True)
-class Config:
-    """The ``cebab:`` node."""
+class Config(EffectConfig):
+    """The ``cebab:`` node (the keys every concept-effect study shares: :class:`EffectConfig`)."""
 
     task: Literal["2way", "3way", "5way"] = "5way"
     eval_split: Literal["dev", "test"] = "test"
     aspects: list[str] = field(default_factory=lambda: list(ASPECTS))
     explainers: list[str] = field(default_factory=lambda: list(DEFAULT_EXPLAINERS))
-    explainer: dict = field(default_factory=dict)  # per-explainer settings: {name: {key: value}}
-    distances: list[str] = field(default_factory=lambda: ["l2", "cosine", "normdiff"])
-    finetune: dict = field(default_factory=dict)  # the explained model (cprobe.models.classifier.FinetuneConfig)
-    concept_model: dict = field(default_factory=dict)  # the aspect classifier (same keys)
-    max_pairs: int | None = None  # subsample the evaluation pairs (smoke tests)
 
 
 def validate(job: Any) -> None:
-    from cprobe.explainers.base import check_explainers
-
     cfg: Config = job.task_cfg
     if cfg.task not in TASKS:
         raise ConfigError(f"unknown CEBaB task {cfg.task!r}; choose from {sorted(TASKS)}")
@@ -90,14 +83,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"cebab.aspects lists an aspect twice: {list(cfg.aspects)}")
     if bad or not cfg.aspects:
         raise ConfigError(f"unknown aspect(s) {bad or '[] (none given)'}; choose from {list(ASPECTS)}")
-    check_explainers(cfg.explainers, cfg.explainer, "cebab")
-    for d in cfg.distances:
-        distance(d)
-    if not cfg.distances:
-        raise ConfigError(f"cebab.distances is empty; choose from {sorted(DISTANCES)}")
-    defaults = (job.keys.model or {}).get("finetune")
-    finetune_config(cfg.finetune, "cebab.finetune", defaults)
-    finetune_config(cfg.concept_model, "cebab.concept_model", defaults)
+    validate_effects(job, "cebab", cfg.aspects)
     ds = job.keys.dataset or {}
     if ds.get("type", ds.get("name")) != "cebab":
         raise ConfigError("the cebab task needs dataset=cebab")
@@ -106,108 +92,79 @@ def validate(job: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the job
+def study(data: CebabData, config: Config) -> EffectStudy:
+    """CEBaB's part of a concept-effect job: the explained model's training texts (those with a class under the
+    task), every text of train, dev and test, the edit pairs of the evaluation split, aspect labels as they are
+    (``Negative|Positive|unknown``; ``""`` and ``no majority`` are missing), and the aspect classifier's targets."""
+    from cprobe.models.classifier import IGNORE
+
+    train_items, y_train = labelled(data.splits["train"], config.task)
+    pairs = subsample_pairs(task_pairs(data.splits[config.eval_split], config.task, config.aspects), config.max_pairs)
+    if not pairs:
+        raise DataError(f"no edit pairs for aspects {config.aspects} in the {config.eval_split} split")
+    texts: dict[str, TextItem] = {}
+    for it in (*train_items, *data.splits["dev"], *data.splits["test"]):
+        texts.setdefault(it.id, it)
+    items = list(texts.values())
+    index = {it.id: i for i, it in enumerate(items)}
+    aspects = tuple(config.aspects)
+    concept_train = list(data.splits["train"])
+    targets = torch.tensor([[aspect_label(it, a) if aspect_label(it, a) is not None else IGNORE for a in aspects]
+                            for it in concept_train])
+    pf = pair_frame(pairs)
+    return EffectStudy(
+        name="cebab", model_cache=f"cebab-{config.task}", train=train_items, y_train=y_train,
+        n_classes=TASKS[config.task], texts=items, pool=[index[it.id] for it in train_items], pool_labels=y_train,
+        pairs=pairs, pair_columns=pf[["pair", "aspect", "c", "c_prime", "direction", "sign"]].copy(),
+        concepts=aspects, values=VALUES, null_value="unknown",
+        code=lambda it: {a: it.concepts.get(a, "") for a in aspects}, change_code=lambda _a, v: v,
+        group=lambda it: str(it.meta.get("original_id", it.id)), concept_train=concept_train,
+        concept_targets=targets, concept_sizes=[len(VALUES)] * len(aspects), concept_cache="cebab-concepts",
+        concept_rows=range(len(items)))
+
+
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     from cprobe.data.registry import load_dataset
-    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
-    from cprobe.explainers.base import TrainingRegime
+    from cprobe.job import config_hash
 
-    cfg, seed = ctx.cfg, ctx.seed
+    cfg = ctx.cfg
     data = load_dataset(cfg["dataset"], ctx.data_root)
     if not isinstance(data, CebabData):
         raise ConfigError("the cebab task needs dataset=cebab")
     k = TASKS[config.task]
     for note in data.notes:
         ctx.warn(note)
-    train_items, y_train = labelled(data.splits["train"], config.task)
-    pairs = task_pairs(data.splits[config.eval_split], config.task, config.aspects)
-    if config.max_pairs is not None and len(pairs) > config.max_pairs:  # the same pairs for every seed
-        keep = sorted(np.random.default_rng(0).choice(len(pairs), config.max_pairs, replace=False))
-        pairs = [pairs[i] for i in keep]
-    if not pairs:
-        raise DataError(f"no edit pairs for aspects {config.aspects} in the {config.eval_split} split")
-    explainer_classes = [EXPLAINERS.get(n) for n in config.explainers]
-    ft = finetune_config(config.finetune, "cebab.finetune", cfg["model"].get("finetune"))
-
-    # the explained model: the encoder fine-tuned with a classification head (cached)
-    from cprobe.models.classifier import classify, finetuned_classifier
-
-    encoder = ctx.adapter({**cfg["model"], "kind": "encoder"})
-    t0 = time.perf_counter()
-    clf, cached = finetuned_classifier(encoder, train_items, torch.tensor(y_train), 1, k, ft, seed,
-                                       ctx.cache_root / "finetuned", f"cebab-{config.task}", ctx.progress)
-    ctx.timings["finetune_s" if not cached else "load_finetuned_s"] = time.perf_counter() - t0
-    log.info("explained model %s (%s)", clf.name, "cached" if cached else "fine-tuned now")
-
-    # φ and N(φ) of every text the study touches, one pass each
-    texts: dict[str, TextItem] = {}
-    for it in (*train_items, *data.splits["dev"], *data.splits["test"]):
-        texts.setdefault(it.id, it)
-    items = list(texts.values())
-    index = {it.id: i for i, it in enumerate(items)}
-    t0 = time.perf_counter()
-    reps, logp = classify(clf, items, ft.max_length, desc="classify" if ctx.progress else None)
-    probs = logp.exp().double().numpy()
-    ctx.timings["classify_s"] = time.perf_counter() - t0
-
-    rows: list[dict[str, Any]] = []
-    from cprobe.job import config_hash
+    spec = study(data, config)
+    res = run_effects(ctx, spec, config)
 
     setting = {"cebab": {key: v for key, v in asdict(config).items() if key != "task"}, "model": cfg["model"],
                "dataset": cfg["dataset"]}  # everything but the task and the seed: sweeps over it stay apart
-    common = {"model": encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8],
+    common = {"model": res.encoder.name, "cebab_task": config.task, "config_id": config_hash(setting)[:8],
               "train_variant": cfg["dataset"].get("train", "exclusive"), "eval_split": config.eval_split}
+    rows: list[dict[str, Any]] = []
     for split in ("dev", "test"):
         its, y = labelled(data.splits[split], config.task)
-        pred = probs[[index[it.id] for it in its]].argmax(1)
-        rows += _classifier_rows(common, "explained", split, np.asarray(y), pred, k)
-
-    # predicted concept labels, when an explainer needs them
-    predicted = None
-    if any(c.needs_predicted_concepts for c in explainer_classes):
-        predicted = _predict_concepts(ctx, encoder, data, items, config, seed, common, rows)
+        pred = res.probs[[res.index[it.id] for it in its]].argmax(1)
+        rows += classifier_rows(common, "explained", np.asarray(y), pred, k, split=split, aspect="all")
+    if res.concept_pred is not None:  # the aspect classifier's Table 8 rows, when an explainer needed it
+        for split in ("dev", "test"):
+            for j, a in enumerate(config.aspects):
+                gold = [(res.index[it.id], aspect_label(it, a)) for it in data.splits[split]
+                        if aspect_label(it, a) is not None]
+                if gold:
+                    idx, y = zip(*gold)
+                    rows += classifier_rows(common, "concepts", np.asarray(y), res.concept_pred[list(idx), j],
+                                            len(VALUES), split=split, aspect=a)
 
     # the data's and the model's effects
-    pf = pair_frame(pairs)
-    base_idx = np.array([index[p.base.id] for p in pairs])
-    cf_idx = np.array([index[p.source.id] for p in pairs])
-    true = probs[cf_idx] - probs[base_idx]
+    pf = pair_frame(spec.pairs)
     rows += _data_effect_rows(common, pf, config.task, config.aspects)
-    rows += _cace_rows(common, pf, probs[base_idx].argmax(1), probs[cf_idx].argmax(1), config.aspects)
-
-    # explainers
-    everything = Observed(texts=[it.text for it in items], probs=probs, reps=reps,
-                          concepts=[{a: it.concepts.get(a, "") for a in config.aspects} for it in items],
-                          predicted=predicted, groups=[str(it.meta.get("original_id", it.id)) for it in items])
-    train_obs = everything.take([index[it.id] for it in train_items])
-    train_obs.labels = np.asarray(y_train)
-    queries = pair_queries(pairs, everything, index)
-    model = ExplainedModel(clf.model.head.eval(), k, tuple(config.aspects), VALUES, "unknown",
-                           TrainingRegime(clf, ft.max_length, seed))
-    per_pair = pf[["pair", "aspect", "c", "c_prime", "direction", "sign"]].copy()
-    per_pair["base_probs"], per_pair["cf_probs"] = list(probs[base_idx]), list(probs[cf_idx])
-    per_pair["icace"] = list(true)
-    for name in track(config.explainers, "explainers", ctx.progress):
-        t0 = time.perf_counter()
-        ex = EXPLAINERS.build({"name": name, **dict(config.explainer.get(name) or {})}, seed=seed,
-                              device=ctx.device)
-        try:
-            est = ex.fit(model, train_obs).explain(queries)
-        except DataError as e:  # e.g. a concept value no training text has: this explainer has no estimate
-            ctx.warn(f"explainer {name} skipped: {e}")
-            continue
-        ctx.timings[f"explainer_{name}_s"] = time.perf_counter() - t0
-        per_pair[f"estimate_{name}"] = list(est)
+    rows += _cace_rows(common, pf, res.probs[res.base_idx].argmax(1), res.probs[res.cf_idx].argmax(1), config.aspects)
+    for name, est in res.estimates.items():
         for dist in config.distances:
-            err = icace_error(true, est, dist)
-            rows += _error_rows(common, name, dist, pf, err)
-        rows += _explainer_info(common, name, ex)
-    _write_pairs(per_pair, ctx.out_dir / "cebab_pair_effects.parquet")
-    table = pd.DataFrame(rows)
-    for col in ("explainer", "distance", "aspect", "direction", "split", "metric"):
-        if col not in table:
-            table[col] = ""
-        table[col] = table[col].fillna("")
-    return table
+            rows += _error_rows(common, name, dist, pf, icace_error(res.true, est, dist))
+        rows += _explainer_info(common, name, res.explainers[name])
+    return finite_table(rows, ("explainer", "distance", "aspect", "direction", "split", "metric"))
 
 
 def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
@@ -215,61 +172,6 @@ def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
     drops unlabelled rows — 3★ for 2-way, "no majority" — before it builds pairs)."""
     return [p for p in edit_pairs(items) if p.intervened[0] in aspects
             and encode_rating(p.base.outcome, task) is not None and encode_rating(p.source.outcome, task) is not None]
-
-
-def pair_queries(pairs: Sequence[Any], everything: Any, index: dict[str, int]) -> Any:
-    """The explainers' view of the pairs: the base text only (its φ, prediction and *predicted* concept labels —
-    never gold labels, never the counterfactual: the public code's leakage guard) and the intervention."""
-    from cprobe.explainers import Queries
-
-    base = everything.take([index[p.base.id] for p in pairs])
-    base.concepts = None
-    changes = [next(iter(p.changes.items())) for p in pairs]
-    return Queries(base, [a for a, _ in changes], [c for _, (c, _) in changes], [c2 for _, (_, c2) in changes])
-
-
-def _write_pairs(frame: pd.DataFrame, path: Path) -> None:
-    """Every evaluation pair with the model's two distributions, the true ICaCE and each explainer's estimate."""
-    from cprobe.results import write_parquet
-
-    write_parquet(frame, path)
-
-
-def _classifier_rows(common: dict, which: str, split: str, y: np.ndarray, pred: np.ndarray, k: int,
-                     aspect: str = "all") -> list[dict]:
-    from sklearn.metrics import f1_score
-
-    f1 = f1_score(y, pred, average="macro", labels=list(range(k)), zero_division=0)
-    acc = float((y == pred).mean()) if len(y) else float("nan")
-    base = {**common, "kind": "classifier", "explainer": which, "split": split, "aspect": aspect, "n": len(y)}
-    return [{**base, "metric": "macro_f1", "value": float(f1)}, {**base, "metric": "accuracy", "value": acc}]
-
-
-def _predict_concepts(ctx: JobContext, encoder, data: CebabData, items: list[TextItem], config: Config, seed: int,
-                      common: dict, rows: list[dict]) -> list[dict[str, str]]:
-    """Fine-tune (or load) the aspect classifier on the train split's texts and predict every text's labels."""
-    from cprobe.models.classifier import IGNORE, classify, finetuned_classifier
-
-    aspects = list(config.aspects)
-    train = list(data.splits["train"])
-    targets = torch.tensor([[aspect_label(it, a) if aspect_label(it, a) is not None else IGNORE for a in aspects]
-                            for it in train])
-    cm = finetune_config(config.concept_model, "cebab.concept_model", ctx.cfg["model"].get("finetune"))
-    t0 = time.perf_counter()
-    clf, cached = finetuned_classifier(encoder, train, targets, len(aspects), len(VALUES), cm, seed,
-                                       ctx.cache_root / "finetuned", "cebab-concepts", ctx.progress)
-    _, logp = classify(clf, items, cm.max_length, desc="concept labels" if ctx.progress else None)
-    ctx.timings["concept_model_s"] = time.perf_counter() - t0
-    pred = logp.reshape(len(items), len(aspects), len(VALUES)).argmax(-1).numpy()
-    out = [{a: VALUES[pred[i, j]] for j, a in enumerate(aspects)} for i in range(len(items))]
-    index = {it.id: i for i, it in enumerate(items)}
-    for split in ("dev", "test"):
-        for j, a in enumerate(aspects):
-            gold = [(index[it.id], aspect_label(it, a)) for it in data.splits[split] if aspect_label(it, a) is not None]
-            if gold:
-                idx, y = zip(*gold)
-                rows += _classifier_rows(common, "concepts", split, np.asarray(y), pred[list(idx), j], len(VALUES), a)
-    return out
 
 
 def _data_effect_rows(common: dict, pf: pd.DataFrame, task: str, aspects: Sequence[str]) -> list[dict]:
@@ -325,18 +227,8 @@ def _error_rows(common: dict, name: str, dist: str, pf: pd.DataFrame, err: np.nd
 
 def _explainer_info(common: dict, name: str, ex: Any) -> list[dict]:
     base = {**common, "kind": "explainer", "explainer": name, "aspect": "all", "direction": "all", "n": 0}
-    out = []
-    if hasattr(ex, "completeness_"):
-        out.append({**base, "metric": "completeness", "value": float(ex.completeness_)})
-    for k, v in getattr(ex, "fallbacks_", {}).items():
-        out.append({**base, "metric": f"fallback_{k}", "value": float(v)})
-    for concept, (before, after) in getattr(ex, "leftover_", {}).items():  # a fresh probe for the removed concept
-        out.append({**base, "aspect": concept, "metric": "concept_probe_before", "value": before})
-        out.append({**base, "aspect": concept, "metric": "concept_probe_after", "value": after})
-    if hasattr(ex, "control_"):
-        ctx_concepts = ", ".join(f"{k}: {v}" for k, v in ex.control_.items())
-        log.info("causalm control concepts: %s", ctx_concepts)
-    return out
+    return [{**base, **({"aspect": concept} if concept else {}), "metric": metric, "value": value}
+            for metric, concept, value in diagnostics(ex)]
 
 
 # ----------------------------------------------------------------------------------------------- report

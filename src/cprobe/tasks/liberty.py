@@ -18,9 +18,12 @@ split to predict the label, cached; f(x) = its softmax), one seed. It writes a l
 ``report`` writes Tables 1/15 (ED/OF), 16 (global OF), 17 (sensitivity), 2 (top-3 concepts) as ``mean (std)`` over
 seeds, a bar chart of global OF per explainer and a sensitivity heat-map.
 
-Everything runs through the core: items and pairs from the dataset registry, the one model entry point
-(:meth:`ModelAdapter.map`), the fine-tuning of :mod:`cprobe.models.classifier`, the explainer registry (dispatch on
-declared capabilities) and :mod:`cprobe.metrics.liberty` / :mod:`cprobe.metrics.icace`.
+The explained model, the explainers' inputs (embedding spaces, the concept classifier) and the explainer runs are the
+concept-effect engine's (:mod:`cprobe.tasks.effects`, shared with CEBaB: dispatch on declared capabilities); this
+module supplies the benchmark (items and structural pairs from the dataset registry, concept values coded as value
+indices), the SCM's true effects, the metrics (:mod:`cprobe.metrics.liberty`) and the report. Explainers that model
+removal only are refused on an SCM without a ``null_value``; benchmarks below :data:`MIN_SIZES` are refused and
+below :data:`WARN_SIZES` warned about.
 """
 
 from __future__ import annotations
@@ -41,41 +44,51 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import liberty as M
-from cprobe.metrics.icace import DISTANCES, distance
-from cprobe.models.classifier import finetune_config
-from cprobe.models.load import named_model_config
 from cprobe.plots import new_figure, save
-from cprobe.progress import track
 from cprobe.results import summarise
+from cprobe.tasks import Uses
+from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, \
+    run_effects, subsample_pairs, validate_effects
 
 log = logging.getLogger("cprobe")
 
 USES = Uses(groups=("model", "dataset"))  # the explained encoder and the SCM / texts; no layers, probes or splits
-DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "leace", "tcav",
-                      "conceptshap"]
+DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "tcav", "conceptshap"]
+"""Runnable on every SCM; the removal-only LEACE is added where the SCM declares a null value (liberty_disease)."""
+
+
+MIN_SIZES = {"explainer": 30, "test": 10, "train": 30}
+"""Below these a LIBERTy job is refused: D_M texts (a matching pool, the concept classifier's training set), test
+texts (the counterfactuals' bases), the explained model's training texts."""
+WARN_SIZES = {"explainer": 200, "test": 50, "train": 300}
+"""Below these a job runs with a loud, recorded warning (the paper: D_M 500, D_f 1,500, 311–439 test texts)."""
+_SPLIT_NAMES = {"explainer": "D_M (dataset.n_explainer)", "test": "test texts (dataset.n_test)",
+                "train": "D_f, the explained model's training texts (dataset.n_explained)"}
+
+
+def size_problems(sizes: dict[str, int]) -> tuple[str | None, list[str]]:
+    """(why the split sizes are refused or None, the warnings) for a LIBERTy benchmark (MIN_SIZES, WARN_SIZES)."""
+    for split, n in sizes.items():
+        if n < MIN_SIZES[split]:
+            return (f"{_SPLIT_NAMES[split]} has {n} texts, below the minimum of {MIN_SIZES[split]} a LIBERTy job "
+                    f"needs (the paper: D_M 500, D_f 1,500, 311-439 test texts)"), []
+    return None, [f"{_SPLIT_NAMES[split]} has only {n} texts (fewer than {WARN_SIZES[split]}): explainer scores on "
+                  "so small a benchmark are unreliable" for split, n in sizes.items() if n < WARN_SIZES[split]]
 
 
 @dataclass(frozen=True)
-class Config:
-    """The ``liberty:`` node."""
+class Config(EffectConfig):
+    """The ``liberty:`` node (the keys every concept-effect study shares: :class:`EffectConfig`)."""
 
     concepts: list[str] | None = None  # the concepts to intervene on / explain (null: every non-label variable)
     explainers: list[str] = field(default_factory=lambda: list(DEFAULT_EXPLAINERS))
-    explainer: dict = field(default_factory=dict)  # per-explainer settings: {name: {key: value}}
-    distances: list[str] = field(default_factory=lambda: ["l2", "cosine", "normdiff"])
-    finetune: dict = field(default_factory=dict)  # the explained model (cprobe.models.classifier.FinetuneConfig)
-    concept_model: dict = field(default_factory=dict)  # the concept classifier (same keys)
-    st_model: str = "minilm_l6"  # the sentence-transformer of st_match (a model config name)
     mc_samples: int = 200_000  # Monte-Carlo units for the SCM's true effects
-    max_pairs: int | None = None  # subsample the counterfactual pairs (smoke tests)
 
 
 def validate(job: Any) -> None:
     from cprobe.data.liberty import LibertyKeys
     from cprobe.data.registry import split_config
     from cprobe.data.scm import SCM
-    from cprobe.explainers import EXPLAINERS
-    from cprobe.explainers.base import check_explainers
     from cprobe.paths import data_dir
 
     cfg: Config = job.task_cfg
@@ -95,10 +108,15 @@ def validate(job: Any) -> None:
         if not path.is_file():
             raise ConfigError(f"dataset.texts: {keys.texts} not found (relative paths: the current directory, then "
                               f"the data dir {root})")
-    else:  # the text node: known, and its phrase bank complete
+    else:  # the text node: known, and its phrase bank complete; the benchmark big enough to score on
         from cprobe.data.realiser import build_realiser
 
         build_realiser(keys.realiser, scm)
+        n_test = keys.n_test or max(1, round(keys.test_share * keys.n_explained))
+        why, _ = size_problems({"explainer": keys.n_explainer, "test": n_test,
+                                "train": keys.n_explained - (0 if keys.n_test else n_test)})
+        if why:
+            raise ConfigError(why)
     concepts = cfg.concepts if cfg.concepts is not None else list(scm.concepts)
     bad = [c for c in concepts if c not in scm.concepts]
     if bad or not concepts:
@@ -106,117 +124,94 @@ def validate(job: Any) -> None:
                           f"{list(scm.concepts)}")
     if len(set(concepts)) != len(concepts):
         raise ConfigError(f"liberty.concepts lists a concept twice: {concepts}")
-    check_explainers(cfg.explainers, cfg.explainer, "liberty")
-    if not cfg.distances:
-        raise ConfigError(f"liberty.distances is empty; choose from {sorted(DISTANCES)}")
-    for d in cfg.distances:
-        distance(d)
-    defaults = (job.keys.model or {}).get("finetune")
-    finetune_config(cfg.finetune, "liberty.finetune", defaults)
-    finetune_config(cfg.concept_model, "liberty.concept_model", defaults)
+    if scm.null_value is not None:
+        null_index(scm, concepts, scm.null_value)
+    validate_effects(job, "liberty", concepts, removal_supported=scm.null_value is not None)
     if cfg.mc_samples < 1000:
         raise ConfigError(f"liberty.mc_samples must be >= 1000, got {cfg.mc_samples}")
     if cfg.max_pairs is not None and cfg.max_pairs < 2:
         raise ConfigError(f"liberty.max_pairs must be >= 2 (or null for all), got {cfg.max_pairs}")
-    if any(EXPLAINERS.get(n).embedding_space == "st" for n in cfg.explainers):
-        named_model_config(cfg.st_model, "liberty.st_model")
 
 
 # ----------------------------------------------------------------------------------------------- the job
-def run(ctx: JobContext, config: Config) -> pd.DataFrame:
-    from cprobe.data.liberty import LibertyData
-    from cprobe.data.registry import load_dataset
-    from cprobe.data.scm import true_effects
-    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
-    from cprobe.explainers.base import TrainingRegime
-    from cprobe.models.classifier import finetuned_classifier
-
-    cfg, seed = ctx.cfg, ctx.seed
-    data = load_dataset(cfg["dataset"], ctx.data_root)
-    if not isinstance(data, LibertyData):
-        raise ConfigError("the liberty task needs a LIBERTy dataset (dataset=liberty_cv|...)")
-    for note in data.notes:
-        ctx.warn(note)
+def study(data: Any, config: Config) -> EffectStudy:
+    """LIBERTy's part of a concept-effect job: the explained model's training split, the test texts, D_M and the
+    counterfactuals, concept values coded as value indices (``"0"``, ``"1"``, ...; the null value's index where the
+    SCM declares one), and the concept classifier trained on D_M."""
     scm = data.scm
     concepts = list(config.concepts if config.concepts is not None else scm.concepts)
     label = scm.variables[scm.label]
-    k = len(label.values)
-    pairs = [p for p in data.pairs if p.intervened[0] in concepts]
-    if config.max_pairs is not None and len(pairs) > config.max_pairs:  # the same pairs for every seed
-        keep = sorted(np.random.default_rng(0).choice(len(pairs), config.max_pairs, replace=False))
-        pairs = [pairs[i] for i in keep]
+    pairs = subsample_pairs([p for p in data.pairs if p.intervened[0] in concepts], config.max_pairs)
     if not pairs:
         raise DataError(f"no counterfactual pairs on concepts {concepts}")
-    explainer_classes = {n: EXPLAINERS.get(n) for n in config.explainers}
-    ft = finetune_config(config.finetune, "liberty.finetune", cfg["model"].get("finetune"))
-
-    # the explained model: the encoder fine-tuned on the train split to predict the label (cached)
     train_items = list(data.splits["train"])
-    y_train = torch.tensor([label.values.index(it.outcome) for it in train_items])
-    encoder = ctx.adapter({**cfg["model"], "kind": "encoder"})
-    t0 = time.perf_counter()
-    clf, cached = finetuned_classifier(encoder, train_items, y_train, 1, k, ft, seed, ctx.cache_root / "finetuned",
-                                       f"liberty-{scm.name}", ctx.progress)
-    ctx.timings["finetune_s" if not cached else "load_finetuned_s"] = time.perf_counter() - t0
-
-    # f and φ of every text the study touches, one pass
     texts: dict[str, TextItem] = {}
     for it in (*data.splits["test"], *data.splits["explainer"], *(p.source for p in pairs)):
         texts.setdefault(it.id, it)
     items = list(texts.values())
     index = {it.id: i for i, it in enumerate(items)}
-    t0 = time.perf_counter()
-    from cprobe.models.classifier import classify_reading, phi_site
-    from cprobe.models.sites import MEAN, Site
+    pool = [index[it.id] for it in data.splits["explainer"]]
+    sizes = [len(scm.variables[c].values) for c in concepts]
+    values = tuple(str(i) for i in range(max(sizes)))  # explainers see value indices ("0", "1", ...)
+    code = {c: {v: str(i) for i, v in enumerate(scm.variables[c].values)} for c in concepts}
+    null = scm.null_value
+    changes = [next(iter(p.changes.items())) for p in pairs]
+    columns = pd.DataFrame({"pair": [p.id for p in pairs], "example": [p.base.id for p in pairs],
+                            "concept": [c for c, _ in changes], "change": [f"{c}: {v}→{v2}" for c, (v, v2) in changes]})
+    concept_train = list(data.splits["explainer"])
+    targets = torch.tensor([[scm.variables[c].values.index(it.concepts[c]) for c in concepts] for it in concept_train])
+    return EffectStudy(
+        name="liberty", model_cache=f"liberty-{scm.name}", train=train_items,
+        y_train=[label.values.index(it.outcome) for it in train_items], n_classes=len(label.values), texts=items,
+        pool=pool, pool_labels=[label.values.index(items[i].outcome) for i in pool], pairs=pairs,
+        pair_columns=columns, concepts=tuple(concepts), values=values,
+        null_value="0" if null is None else str(null_index(scm, concepts, null)),
+        code=lambda it: {c: code[c][it.concepts[c]] for c in concepts}, change_code=lambda c, v: code[c][v],
+        group=lambda it: str(it.meta.get("unit", it.id)), concept_train=concept_train, concept_targets=targets,
+        concept_sizes=sizes, concept_cache=f"liberty-{scm.name}-concepts", removal_supported=null is not None)
 
-    phi, pooled = phi_site(clf), Site(clf.n_layers, MEAN)
-    acts, logp = classify_reading(clf, items, [phi, pooled], ft.max_length, desc="classify" if ctx.progress else None)
-    reps = acts[phi]  # φ: what the head reads (TCAV, ConceptSHAP, LEACE, ...)
-    probs = logp.exp().double().numpy()
-    ctx.timings["classify_s"] = time.perf_counter() - t0
 
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
+    from cprobe.data.liberty import LibertyData
+    from cprobe.data.registry import load_dataset
+    from cprobe.data.scm import true_effects
     from cprobe.job import config_hash
 
+    cfg = ctx.cfg
+    data = load_dataset(cfg["dataset"], ctx.data_root)
+    if not isinstance(data, LibertyData):
+        raise ConfigError("the liberty task needs a LIBERTy dataset (dataset=liberty_cv|...)")
+    for note in data.notes:
+        ctx.warn(note)
+    why, warnings = size_problems({k: len(data.splits[k]) for k in ("explainer", "test", "train")})
+    if why:  # a file of the user's own texts (generated benchmarks are checked in validation)
+        raise DataError(why)
+    for w in warnings:
+        ctx.warn(w)
+    scm = data.scm
+    spec = study(data, config)
+    res = run_effects(ctx, spec, config)
+    concepts, k = list(spec.concepts), spec.n_classes
+    label = scm.variables[scm.label]
+
     setting = {"liberty": asdict(config), "model": cfg["model"], "dataset": cfg["dataset"]}
-    common = {"model": encoder.name, "scm": scm.name, "config_id": config_hash(setting)[:8]}
+    common = {"model": res.encoder.name, "scm": scm.name, "config_id": config_hash(setting)[:8]}
     rows: list[dict[str, Any]] = []
     test = list(data.splits["test"])
-    rows += _classifier_rows(common, "explained", scm.label,
-                             np.array([label.values.index(it.outcome) for it in test]),
-                             probs[[index[it.id] for it in test]].argmax(1), k)
+    rows += classifier_rows(common, "explained", np.array([label.values.index(it.outcome) for it in test]),
+                            res.probs[[res.index[it.id] for it in test]].argmax(1), k, split="test",
+                            concept=scm.label)
+    if res.concept_pred is not None:  # the concept classifier on the test texts it labelled
+        rows_test = [res.index[it.id] for it in test if res.concept_pred[res.index[it.id], 0] >= 0]
+        for j, c in enumerate(concepts):
+            gold = np.array([scm.variables[c].values.index(spec.texts[i].concepts[c]) for i in rows_test])
+            rows += classifier_rows(common, "concepts", gold, res.concept_pred[rows_test, j], spec.concept_sizes[j],
+                                    split="test", concept=c)
 
-    # the explainers' inputs, computed only where a declared capability asks for them
-    pool = [index[it.id] for it in data.splits["explainer"]]
-    base_idx = np.array([index[p.base.id] for p in pairs])
-    cf_idx = np.array([index[p.source.id] for p in pairs])
-    needed = sorted({c.embedding_space for c in explainer_classes.values() if c.embedding_space})
-    rows_needed = sorted(set(pool) | set(base_idx.tolist()))
-    embeddings = _embeddings(ctx, needed, items, rows_needed, acts[pooled], encoder, ft.max_length, config.st_model)
-    concept_probs = predicted = None
-    if any(c.needs_predicted_concepts or c.needs_concept_probs for c in explainer_classes.values()):
-        predicted, concept_probs = _concept_classifier(ctx, encoder, data, items, rows_needed, concepts, config,
-                                                       seed, common, rows)
-
-    max_values = max(len(scm.variables[c].values) for c in concepts)
-    values = tuple(str(i) for i in range(max_values))  # explainers see value indices ("0", "1", ...)
-    code = {c: {v: str(i) for i, v in enumerate(scm.variables[c].values)} for c in concepts}
-    everything = Observed(texts=[it.text for it in items], probs=probs, reps=reps,
-                          concepts=[{c: code[c][it.concepts[c]] for c in concepts} for it in items],
-                          predicted=predicted, groups=[str(it.meta.get("unit", it.id)) for it in items],
-                          embeddings=embeddings, concept_probs=concept_probs)
-    train_obs = everything.take(pool)
-    train_obs.labels = np.array([label.values.index(items[i].outcome) for i in pool])
-    queries = pair_queries(pairs, everything, index, code)
-    changes = [next(iter(p.changes.items())) for p in pairs]
-    null = scm.null_value
-    model = ExplainedModel(clf.model.head.eval(), k, tuple(concepts), values,
-                           "0" if null is None else str(_null_index(scm, concepts, null)),
-                           TrainingRegime(clf, ft.max_length, seed))
-
-    true = probs[cf_idx] - probs[base_idx]
-    concept_of = [c for c, _ in changes]
-    change = [f"{c}: {v}→{v2}" for c, (v, v2) in changes]
-    example = [p.base.id for p in pairs]
+    true = res.true
+    concept_of = list(spec.pair_columns["concept"])
+    change = list(spec.pair_columns["change"])
+    example = list(spec.pair_columns["example"])
     gold = M.importance(true, concept_of, change)
     rows += _importance_rows(common, "gold", gold, concepts)
     sens = M.sensitivity(true, concept_of)
@@ -228,143 +223,21 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         ctx.timings["true_effects_s"] = time.perf_counter() - t0
         rows += [{**common, "kind": "sensitivity", "explainer": "scm", "concept": c, "value": effects[c],
                   "n": config.mc_samples} for c in concepts]
-
-    per_pair = pd.DataFrame({"pair": [p.id for p in pairs], "example": example, "concept": concept_of,
-                             "change": change})
-    per_pair["base_probs"], per_pair["cf_probs"], per_pair["icace"] = list(probs[base_idx]), list(probs[cf_idx]), \
-        list(true)
-    for name in track(config.explainers, "explainers", ctx.progress):
-        cls = explainer_classes[name]
-        if cls.removal_only and null is None:
-            ctx.warn(f"explainer {name} skipped: it models removal only, and SCM {scm.name} has no null value "
-                     "(set null_value: in the SCM file where value 0 means absent)")
-            continue
-        t0 = time.perf_counter()
-        ex = EXPLAINERS.build({"name": name, **dict(config.explainer.get(name) or {})}, seed=seed,
-                              device=ctx.device)
-        try:
-            est = ex.fit(model, train_obs).explain(queries)
-        except DataError as e:
-            ctx.warn(f"explainer {name} skipped: {e}")
-            continue
-        ctx.timings[f"explainer_{name}_s"] = time.perf_counter() - t0
-        per_pair[f"estimate_{name}"] = list(est)
+    for name, est in res.estimates.items():
         rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances,
                             {c: gold[c] for c in concepts if c in gold})
-        for key, v in getattr(ex, "fallbacks_", {}).items():
-            rows.append({**common, "kind": "explainer", "explainer": name, "metric": f"fallback_{key}",
-                         "value": float(v), "n": len(pairs)})
-    _write_pairs(per_pair, ctx.out_dir / "liberty_pair_effects.parquet")
-    table = pd.DataFrame(rows)
-    for col in ("explainer", "distance", "concept", "metric", "split"):
-        if col not in table:
-            table[col] = ""
-        table[col] = table[col].fillna("")
-    return table
+        for metric, concept, v in diagnostics(res.explainers[name]):
+            rows.append({**common, "kind": "explainer", "explainer": name, "metric": metric, "value": v,
+                         "n": len(spec.pairs), **({"concept": concept} if concept else {})})
+    return finite_table(rows, ("explainer", "distance", "concept", "metric", "split"))
 
 
-def pair_queries(pairs: Sequence[Any], everything: Any, index: Mapping[str, int],
-                 code: Mapping[str, Mapping[str, str]]) -> Any:
-    """The explainers' view of the pairs: the base text only (its f, φ, embeddings and *predicted* concepts — never
-    its gold labels, never anything of the counterfactual) and the change ``(C, c, c′)`` as value indices."""
-    from cprobe.explainers import Queries
-
-    base = everything.take([index[p.base.id] for p in pairs])
-    base.concepts = None
-    base.labels = None
-    changes = [next(iter(p.changes.items())) for p in pairs]
-    return Queries(base, [c for c, _ in changes], [code[c][v] for c, (v, _) in changes],
-                   [code[c][v2] for c, (_, v2) in changes])
-
-
-def _null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
+def null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
+    """The one value index of ``null`` in every concept (a ConfigError when it is not at one index everywhere)."""
     idx = {scm.variables[c].values.index(null) for c in concepts if null in scm.variables[c].values}
     if len(idx) != 1:
         raise ConfigError(f"SCM {scm.name}: null_value {null!r} must be a value of every concept, at one index")
     return idx.pop()
-
-
-def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], rows: list[int],
-                ft_pooled: torch.Tensor, encoder: Any, max_length: int,
-                st_model: str) -> dict[str, torch.Tensor] | None:
-    """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
-    the paper (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
-    ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
-    from cprobe.models.formatters import ClassificationFormatter
-    from cprobe.models.sites import MEAN, Site
-
-    if not spaces:
-        return None
-    out: dict[str, torch.Tensor] = {}
-    sub = [items[i] for i in rows]
-    idx = torch.tensor(rows, dtype=torch.long)
-    for space in spaces:
-        t0 = time.perf_counter()
-        if space == "ft":  # the fine-tuned encoder
-            out[space] = ft_pooled
-            continue
-        if space == "pt":  # the pre-trained encoder
-            adapter = encoder
-            site = Site(adapter.n_layers, MEAN)
-        elif space == "st":  # a sentence-transformer
-            adapter = ctx.adapter({**named_model_config(st_model, "liberty.st_model"), "kind": "encoder"})
-            site = Site(adapter.n_layers, MEAN)
-        else:
-            raise ConfigError(f"unknown embedding space {space!r}; choose from ['ft', 'pt', 'st']")
-        acts = adapter.map(sub, ClassificationFormatter(max_length), read=[site],
-                           desc=f"embed ({space})" if ctx.progress else None).acts[site]
-        full = torch.zeros(len(items), acts.shape[1])
-        full[idx] = acts
-        out[space] = full
-        ctx.timings[f"embed_{space}_s"] = time.perf_counter() - t0
-    return out
-
-
-def _concept_classifier(ctx: JobContext, encoder: Any, data: Any, items: list[TextItem], rows: list[int],
-                        concepts: list[str], config: Config, seed: int, common: dict,
-                        out_rows: list[dict]) -> tuple[list[dict[str, str]], dict[str, np.ndarray]]:
-    """Fine-tune (or load) one multi-task concept classifier on D_M; every needed text's predicted value index per
-    concept and the concatenated predicted distributions (ConVecs)."""
-    from cprobe.models.classifier import classify, finetuned_classifier
-
-    scm = data.scm
-    sizes = [len(scm.variables[c].values) for c in concepts]
-    width = max(sizes)
-    pool = list(data.splits["explainer"])
-    targets = torch.tensor([[scm.variables[c].values.index(it.concepts[c]) for c in concepts] for it in pool])
-    cm = finetune_config(config.concept_model, "liberty.concept_model", ctx.cfg["model"].get("finetune"))
-    t0 = time.perf_counter()
-    clf, _ = finetuned_classifier(encoder, pool, targets, len(concepts), width, cm, seed, ctx.cache_root / "finetuned",
-                                  f"liberty-{scm.name}-concepts", ctx.progress)
-    sub = [items[i] for i in rows]
-    _, logp = classify(clf, sub, cm.max_length, desc="concept labels" if ctx.progress else None)
-    ctx.timings["concept_model_s"] = time.perf_counter() - t0
-    logits = logp.reshape(len(sub), len(concepts), width).clone()
-    for j, m in enumerate(sizes):
-        logits[:, j, m:] = -torch.inf  # a concept's missing values are never predicted
-    dist = logits.softmax(-1).double().numpy()
-    pred = dist.argmax(-1)
-    predicted: list[dict[str, str]] = [{} for _ in items]
-    cprobs = {c: np.zeros((len(items), m)) for c, m in zip(concepts, sizes)}
-    for r, i in enumerate(rows):
-        predicted[i] = {c: str(pred[r, j]) for j, c in enumerate(concepts)}
-        for j, (c, m) in enumerate(zip(concepts, sizes)):
-            cprobs[c][i] = dist[r, j, :m]
-    test_ids = {it.id for it in data.splits["test"]}
-    test_rows = [r for r, i in enumerate(rows) if items[i].id in test_ids]
-    for j, c in enumerate(concepts):
-        gold = np.array([scm.variables[c].values.index(items[rows[r]].concepts[c]) for r in test_rows])
-        out_rows += _classifier_rows(common, "concepts", c, gold, pred[test_rows, j], sizes[j])
-    return predicted, cprobs
-
-
-def _classifier_rows(common: dict, which: str, concept: str, y: np.ndarray, pred: np.ndarray, k: int) -> list[dict]:
-    from sklearn.metrics import f1_score
-
-    f1 = f1_score(y, pred, average="macro", labels=list(range(k)), zero_division=0)
-    base = {**common, "kind": "classifier", "explainer": which, "split": "test", "concept": concept, "n": len(y)}
-    return [{**base, "metric": "macro_f1", "value": float(f1)},
-            {**base, "metric": "accuracy", "value": float((y == pred).mean()) if len(y) else float("nan")}]
 
 
 def _importance_rows(common: dict, name: str, scores: Mapping[str, float], concepts: Sequence[str]) -> list[dict]:
@@ -387,12 +260,6 @@ def _score_rows(common: dict, name: str, true: np.ndarray, est: np.ndarray, exam
     out += _importance_rows(common, name, imp, list(gold))
     out.append({**base, "kind": "global_of", "metric": "global_of", "value": M.global_order_faithfulness(gold, imp)})
     return out
-
-
-def _write_pairs(frame: pd.DataFrame, path: Any) -> None:
-    from cprobe.results import write_parquet
-
-    write_parquet(frame, path)
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -450,6 +317,7 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
         write_table(imp, out_dir / "liberty_importance")
     write_table(summarise(tab, "classifier", [*GROUP, "explainer", "concept", "metric"]),
                 out_dir / "liberty_classifier")
+    write_table(summarise(tab, "explainer", [*GROUP, "explainer", "concept", "metric"]), out_dir / "liberty_explainer")
     _plot_global_of(g, out_dir)
     _plot_sensitivity(sens, out_dir)
 

@@ -1,0 +1,95 @@
+"""The estimator base shared by the four method families (probes, interventions, directions, explainers).
+
+scikit-learn's contract, once: ``fit`` returns ``self`` and sets the trailing-underscore flag ``fitted_``; a method
+that needs a fitted estimator raises :class:`~cprobe.errors.NotFittedError` (one line: what to call first) before it
+runs; a fitted attribute read before ``fit`` raises the same error instead of an AttributeError; capabilities are
+class attributes the callers dispatch on, listed once per family and readable with :meth:`Estimator.capabilities`.
+
+A family declares, as class attributes of its base class:
+
+- ``_marks_fitted``: methods after which the estimator is fitted (``fit``; interventions also ``use_probe``);
+- ``_needs_fitted``: methods that refuse to run unfitted (``transform``, ``explain``, ``logits``, ...);
+- ``_fitted_attrs``: attributes that exist only once fitted (a probe's ``module``, a direction's ``a``);
+- ``_fit_hint``: what the error tells the user to call (``"fit(X, y)"``);
+- ``CAPABILITIES``: the names of the family's capability attributes.
+
+Wrapping happens once per class that *defines* one of those methods (``__init_subclass__``), so a subclass's own
+``fit`` is covered without calling anything from it. A family may also override :meth:`_before` / :meth:`_after`
+(explainers check their inputs and the shape of their output there).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, ClassVar
+
+from cprobe.errors import NotFittedError
+
+
+class Estimator:
+    """Base of every fitted method (module doc)."""
+
+    fitted_: bool = False
+    """True once ``fit`` (or another ``_marks_fitted`` method) has run; loading a saved estimator sets it too."""
+    CAPABILITIES: ClassVar[tuple[str, ...]] = ()
+    _marks_fitted: ClassVar[tuple[str, ...]] = ("fit",)
+    _needs_fitted: ClassVar[tuple[str, ...]] = ()
+    _fitted_attrs: ClassVar[tuple[str, ...]] = ()
+    _fit_hint: ClassVar[str] = "fit"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        for name in cls._marks_fitted:
+            if name in own and not getattr(own[name], "__isabstractmethod__", False):
+                setattr(cls, name, _marking(own[name], name))
+        for name in cls._needs_fitted:
+            if name in own and not getattr(own[name], "__isabstractmethod__", False):
+                setattr(cls, name, _checking(own[name], name))
+
+    def __getattr__(self, name: str) -> Any:  # only reached when the attribute is unset
+        if hasattr(type(self), name):  # a property that raised AttributeError (e.g. NotFittedError): re-raise it
+            return object.__getattribute__(self, name)
+        if name in type(self)._fitted_attrs:
+            raise NotFittedError(self, type(self)._fit_hint)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def check_fitted(self) -> None:
+        """Raise :class:`NotFittedError` unless fitted."""
+        if not self.fitted_:
+            raise NotFittedError(self, type(self)._fit_hint)
+
+    @classmethod
+    def capabilities(cls) -> dict[str, Any]:
+        """The family's declared capabilities and this class's values of them."""
+        return {c: getattr(cls, c) for c in cls.CAPABILITIES}
+
+    def _before(self, method: str, args: tuple, kwargs: dict) -> None:
+        """Hook run before a wrapped method (after the fitted check); families override it."""
+
+    def _after(self, method: str, result: Any, args: tuple, kwargs: dict) -> Any:
+        """Hook run after a wrapped method, returning its (possibly converted) result; families override it."""
+        return result
+
+
+def _marking(fn: Any, name: str) -> Any:
+    @functools.wraps(fn)
+    def wrapper(self: Estimator, *args: Any, **kwargs: Any) -> Any:
+        self._before(name, args, kwargs)
+        out = fn(self, *args, **kwargs)
+        self.fitted_ = True
+        return self._after(name, out, args, kwargs)
+
+    wrapper.__cprobe_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _checking(fn: Any, name: str) -> Any:
+    @functools.wraps(fn)
+    def wrapper(self: Estimator, *args: Any, **kwargs: Any) -> Any:
+        self.check_fitted()
+        self._before(name, args, kwargs)
+        return self._after(name, fn(self, *args, **kwargs), args, kwargs)
+
+    wrapper.__cprobe_wrapped__ = True  # type: ignore[attr-defined]
+    return wrapper
