@@ -295,9 +295,9 @@ def test_rank_instability_over_every_k_model_subset():
 
 def test_rank_instability_rounds_prompt_p1_to_two_decimals():
     # a and b differ by 0.001 under prompt 0 (a tie after rounding: a first) and by 1 the other way under prompt 1
-    p = p1_frame({("a", "R1"): [20.001, 20.0], ("b", "R1"): [20.0, 21.0]})
-    assert M.rank_instability(p) == 0.0  # both prompts: a below b
-    assert M.rank_instability_k(p, 2) == (0.0, 1)
+    p = p1_frame({("a", "R1"): [20.001, 20.0], ("b", "R1"): [20.0, 21.0], ("c", "R1"): [90.0, 90.0]})
+    assert M.rank_instability(p) == 0.0  # both prompts: a below b below c
+    assert M.rank_instability_k(p, 2) == (0.0, 3)
 
 
 def test_table1_gap_threshold_is_strict():
