@@ -266,7 +266,7 @@ def test_fact_models_train_bitwise_the_same_under_other_cpu_paths_and_threads(ki
     for i, extra in enumerate(({}, other)):
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
         r = subprocess.run([sys.executable, "-c", _TRAIN_ONE, str(tmp_path / str(i)), kind], capture_output=True,
-                           text=True, env=env, timeout=600)
+                           text=True, env=env, timeout=600, check=False)
         assert r.returncode == 0, r.stderr[-2000:]
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert runs[0]["sha"] == runs[1]["sha"]

@@ -269,7 +269,7 @@ def test_know_nothing_models_tied_at_zero_are_reported_as_ties():
     # x and y know nothing (0 in every draw): "100% consistent" only because the tie keeps their order
     scores = np.array([[0.0, 0.0, 40.0, 40.5], [0.0, 0.0, 41.0, 40.5], [0.0, 0.0, 40.0, 40.5], [0.0, 0.0, 40.0, 40.0]])
     per_model, overall = M.consistency(M.orderings(scores))
-    assert per_model[:2].tolist() == [100.0, 100.0]
+    assert per_model[:2].tolist() == [100.0, 100.0] and overall == 75.0  # (x, y, p, q) in draws 1, 3 and 4
     tied, any_tie = M.ties(scores)
     assert tied.tolist() == [100.0, 100.0, 25.0, 25.0] and any_tie == 100.0
     pairs = M.pair_stats(scores, ["x", "y", "p", "q"])

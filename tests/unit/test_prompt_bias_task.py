@@ -85,7 +85,8 @@ def test_table4_reports_ties_and_the_closest_pair_per_variant():
     main = t4.loc["main"]
     assert main.loc["x", "original"] == "100.00" and main.loc["Overall Rank", "original"] == "100.00"
     assert main.loc["Draws with a tie (%)", "original"] == "100.00"
-    assert main.loc["Closest pair", "original"] == "x / y" and main.loc["Closest-pair gap (points)", "original"] == "0.00"
+    assert main.loc["Closest pair", "original"] == "x / y"
+    assert main.loc["Closest-pair gap (points)", "original"] == "0.00"
     assert main.loc["Closest-pair flips (%)", "original"] == "0.0"
     assert "no_preference" in t4.index.get_level_values(0)
     ties = T.ties_table(frame(rows)).set_index(["variant", "model"])

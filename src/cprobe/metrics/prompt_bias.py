@@ -193,7 +193,8 @@ def stack(pred: pd.DataFrame, models: Sequence[str] | None = None) -> Stack:
     n_subjects = (n_mentions > 0).sum(axis=1)
     counts = np.bincount(m_idx, minlength=len(models))
     if (counts != counts[0]).any():
-        raise DataError(f"the models in the prediction table were not asked the same queries ({dict(zip(models, counts))})")
+        raise DataError("the models in the prediction table were not asked the same queries "
+                        f"({dict(zip(models, counts.tolist()))})")
     return Stack(tuple(models), tuple(relations), correct, n_prompts, n_subjects, n_mentions)
 
 
