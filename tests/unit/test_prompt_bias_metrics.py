@@ -122,15 +122,16 @@ def test_random_setting_draws_uniformly_over_prompts_and_mentions():
 
 def loop_sampled_scores(st, n_draws, k_prompts, k_mentions, prompt_rng, mention_rng):
     """The specification of :func:`M.sampled_relation_scores` as a plain loop over draws, models, relations, prompts
-    and subjects, reading the same two key streams (and exact fractions, so the 2-decimal rounding agrees)."""
+    and subjects, reading the same two streams (and exact fractions, so the 2-decimal rounding agrees)."""
     from fractions import Fraction
+    from itertools import combinations
 
     n_m, n_r, n_p, n_s, n_x = st.correct.shape
     kp = min(k_prompts, n_p)
     out = np.empty((n_draws, n_m, n_r))
     for d in range(n_draws):
         pkeys = prompt_rng.random((n_m, n_r, n_p))
-        mkeys = mention_rng.random((n_m, n_r, kp, n_s, n_x))
+        u = mention_rng.random((n_m, n_r, kp, n_s))
         for m in range(n_m):
             for r in range(n_r):
                 prompts = np.argsort(pkeys[m, r, :st.n_prompts[r]], kind="stable")[:k_prompts]
@@ -138,8 +139,8 @@ def loop_sampled_scores(st, n_draws, k_prompts, k_mentions, prompt_rng, mention_
                 for j, p in enumerate(prompts):
                     total = Fraction(0)
                     for s in range(st.n_subjects[r]):
-                        nm = st.n_mentions[r, s]
-                        chosen = np.argsort(mkeys[m, r, j, s, :nm], kind="stable")[:k_mentions]
+                        subsets = list(combinations(range(st.n_mentions[r, s]), min(k_mentions, st.n_mentions[r, s])))
+                        chosen = list(subsets[int(u[m, r, j, s] * len(subsets))])
                         total += Fraction(int(st.correct[m, r, p, s, chosen].sum()), len(chosen))
                     p1s.append(round(float(100 * total / st.n_subjects[r]), 2))
                 out[d, m, r] = sum(p1s) / len(p1s)
@@ -173,6 +174,21 @@ def test_vectorised_sampling_equals_the_plain_loop_at_the_same_seed(k_prompts, k
             M.sampled_relation_scores(st, 25, k_prompts, k_mentions, *M.setting_streams(7, "backdoor_sampled")), fast)
     finally:
         M._BUDGET = old
+
+
+def test_popcount_with_and_without_numpys_bitwise_count(monkeypatch):
+    x = np.array([[0b1011, 0], [0b1111, 0b10000]], dtype=np.uint8)
+    assert M._popcount(x, 5).tolist() == [[3, 0], [4, 1]]
+    monkeypatch.delattr(np, "bitwise_count", raising=False)
+    assert M._popcount(x, 5).tolist() == [[3, 0], [4, 1]]
+
+
+def test_mention_subsets_are_every_k_subset_in_lexicographic_order():
+    masks, offset, count = M._subset_masks(4, 2)
+    assert count.tolist() == [1, 1, 1, 3, 6] and masks[offset[0]] == 0
+    assert masks[offset[1]] == 0b1 and masks[offset[2]] == 0b11  # fewer mentions than k: all of them
+    assert masks[offset[3]:offset[3] + 3].tolist() == [0b011, 0b101, 0b110]
+    assert masks[offset[4]:offset[4] + 6].tolist() == [0b0011, 0b0101, 0b1001, 0b0110, 0b1010, 0b1100]
 
 
 def test_relation_draws_are_without_replacement_and_seeded():

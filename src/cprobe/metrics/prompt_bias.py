@@ -246,37 +246,59 @@ def setting_streams(seed: int, setting: str) -> tuple[np.random.Generator, np.ra
     return np.random.default_rng([seed, tag, 1]), np.random.default_rng([seed, tag, 2])
 
 
+def _subset_masks(n_x: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a subject with n = 1..``n_x`` mentions: its ``min(k, n)``-mention subsets as bit masks, in lexicographic
+    order (``masks[offset[n] + i]``, ``i < count[n]``); n = 0 (a padding subject) gets one empty mask."""
+    masks, offset, count = [0], np.zeros(n_x + 1, np.int64), np.ones(n_x + 1, np.int64)
+    for n in range(1, n_x + 1):
+        combos = list(itertools.combinations(range(n), min(k, n)))
+        offset[n], count[n] = len(masks), len(combos)
+        masks += [sum(1 << i for i in c) for c in combos]
+    return np.array(masks, np.int64), offset, count
+
+
+def _popcount(x: np.ndarray, bits: int) -> np.ndarray:
+    """Set bits per element (numpy >= 2's ``bitwise_count``, else a loop over the ``bits`` low bits)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    return sum((x >> b) & 1 for b in range(bits))
+
+
 def sampled_relation_scores(st: Stack, n_draws: int, k_prompts: int, k_mentions: int,
                             prompt_rng: np.random.Generator, mention_rng: np.random.Generator) -> np.ndarray:
     """(draws, models, relations) scores with ``k_prompts`` random prompts per relation and ``k_mentions`` random
     mentions per subject (each without replacement; fewer when a relation or subject has fewer), drawn anew for every
-    draw and model. Per draw, ``prompt_rng.random((models, relations, max_prompts))`` and
-    ``mention_rng.random((models, relations, k_prompts, max_subjects, max_mentions))`` are the keys: the prompts with
-    the smallest keys are taken, in key order, and for the j-th of them each subject's mentions with the smallest
-    keys in slot j. A prompt's P@1 is rounded to 2 decimals; the score is the mean over the taken prompts."""
+    draw and model. Per draw, ``prompt_rng.random((models, relations, max_prompts))`` are the prompts' keys (the
+    ``k_prompts`` smallest are taken, in key order) and ``mention_rng.random((models, relations, k_prompts,
+    max_subjects))`` one number u per subject and taken prompt: of the C(n, k) sets of k of its n mentions (in
+    lexicographic order), the ⌊u · C(n, k)⌋-th — a uniform draw without replacement. A prompt's P@1 is rounded to 2
+    decimals; the score is the mean over the taken prompts."""
     n_m, n_r, n_p, n_s, n_x = st.correct.shape
-    kp, kx = min(k_prompts, n_p), min(k_mentions, n_x)
-    kp_eff = np.minimum(k_prompts, st.n_prompts)  # (relations,)
+    kp = min(k_prompts, n_p)
+    if n_x > 30:
+        raise DataError(f"at most 30 mentions per subject, got {n_x} (dataset.max_mentions)")
+    masks, offset, count = _subset_masks(n_x, k_mentions)
+    dtype = np.uint8 if n_x <= 8 else np.int64
+    masks = masks.astype(dtype)
     kx_eff = np.minimum(k_mentions, st.n_mentions)  # (relations, subjects)
     weight = np.where(kx_eff > 0, st.scale // np.maximum(kx_eff, 1), 0)  # (relations, subjects)
     bad_prompt = np.arange(n_p)[None, :] >= st.n_prompts[:, None]  # (relations, prompts)
-    bad_mention = np.arange(n_x)[None, None, :] >= st.n_mentions[:, :, None]  # (relations, subjects, mentions)
-    slot_ok = np.arange(kx)[None, None, :] < kx_eff[:, :, None]  # (relations, subjects, kx)
+    kp_eff = np.minimum(k_prompts, st.n_prompts)  # (relations,)
     prompt_ok = np.arange(kp)[None, :] < kp_eff[:, None]  # (relations, kp)
-    correct = st.correct[None]
+    bits = (st.correct.astype(np.int64) << np.arange(n_x)).sum(-1).astype(dtype)  # (models, relations, prompts, subj)
+    first, size = offset[st.n_mentions], count[st.n_mentions]  # (relations, subjects)
     out = np.empty((n_draws, n_m, n_r))
-    step = max(1, _BUDGET // max(1, n_m * n_r * kp * n_s * n_x))
+    step = max(1, _BUDGET // max(1, n_m * n_r * max(n_p, kp * n_s)))
     for start in range(0, n_draws, step):
         n = min(step, n_draws - start)
         pk = prompt_rng.random((n, n_m, n_r, n_p))
         pk[:, :, bad_prompt] = np.inf
         chosen = np.argsort(pk, axis=-1, kind="stable")[..., :kp]  # (n, models, relations, kp)
-        mk = mention_rng.random((n, n_m, n_r, kp, n_s, n_x))
-        mk = np.where(bad_mention[:, None], np.inf, mk)
-        pick = np.argsort(mk, axis=-1, kind="stable")[..., :kx]  # (n, models, relations, kp, subjects, kx)
-        rows = np.take_along_axis(correct, chosen[..., None, None], axis=3)  # (n, models, relations, kp, subj, ment)
-        hits = np.take_along_axis(rows, pick, axis=-1) * slot_ok[:, None]  # (n, models, relations, kp, subj, kx)
-        scaled = (hits.sum(-1, dtype=np.int64) * weight[:, None, :]).sum(-1)  # (n, models, relations, kp)
+        u = mention_rng.random((n, n_m, n_r, kp, n_s))
+        taken = masks[first[:, None] + (u * size[:, None]).astype(np.int64)]  # (n, models, relations, kp, subjects)
+        both = np.take_along_axis(bits[None], chosen[..., None], axis=3) & taken
+        hits = _popcount(both, n_x)
+        scaled = (hits.astype(np.int64) * weight[:, None, :]).sum(-1)  # (n, models, relations, kp)
         p = _prompt_p1(scaled, st, axis_relation=-2)
         out[start:start + n] = np.where(prompt_ok, p, 0.0).sum(-1) / kp_eff
     return out
