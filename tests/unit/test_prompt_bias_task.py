@@ -139,3 +139,14 @@ def test_zoo_overrides_skip_null_keys():
     assert out[0]["fact_world"]["corpus"]["sentences"] == 50 and "gamma" not in out[0]["fact_world"]["corpus"]
     assert out[0]["fact_world"]["train"] == {"steps": 2}
     assert T.with_zoo_overrides(ms, {"corpus": {"gamma": None}, "train": {}}) == ms
+
+
+def test_fig3_is_a_grid_of_panels(tmp_path):
+    from PIL import Image
+
+    rows = [{"kind": "p1", "model": f"m{m}", "relation": f"R{r:02d}", "prompt": p, "value": float((m * 7 + r * 3 + p)
+                                                                                                   % 100), "n": 40}
+            for m in range(8) for r in range(24) for p in range(6)]
+    T._plot_prompts(frame(rows), tmp_path)
+    width, height = Image.open(tmp_path / "prompt_bias_prompts.png").size
+    assert width < 2000 and height > width / 2  # 4 rows of 2 panels, not an 8-panel strip (7,900 x 370 px)
