@@ -22,7 +22,8 @@ from tests.unit.test_fact_data import write_lama
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["+experiment=lama_bias", "model=fact_zoo_smoke", "+debug=smoke", "dataset.n_relations=6",
-         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4"]
+         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4",
+         "+prompt_bias.controls.no_preference={prompt_skew: 0.0, alias_skew: 0.0}"]  # smoke runs drop the control
 
 
 def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
