@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, DataError
 from cprobe.metrics import prompt_bias as M
 
 
@@ -86,6 +86,15 @@ def test_stack_pads_relations_prompts_subjects_and_mentions():
     assert st.n_prompts.tolist() == [2, 1] and st.n_subjects.tolist() == [2, 1]
     assert st.n_mentions.tolist() == [[2, 1], [1, 0]] and st.scale == 2
     assert st.correct[0, 0, 1].tolist() == [[1, 1], [1, 0]]  # prompt 1: s1 both right; s2 right, no 2nd mention
+
+
+def test_stack_refuses_models_asked_different_queries():
+    t = cube_table()
+    other = t.assign(model="n")
+    with pytest.raises(DataError, match="not asked the same queries"):
+        M.stack(pd.concat([t, other.iloc[:-1]], ignore_index=True))
+    with pytest.raises(DataError, match="not asked the same queries"):
+        M.stack(pd.concat([t, other.assign(subject="zz")], ignore_index=True))
 
 
 def test_settings_original_and_backdoor_by_hand():

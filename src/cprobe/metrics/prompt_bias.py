@@ -171,15 +171,15 @@ def stack(pred: pd.DataFrame, models: Sequence[str] | None = None) -> Stack:
     models = list(dict.fromkeys(pred["model"])) if models is None else list(models)
     relations = list(dict.fromkeys(pred["relation"]))
     pred = pred[pred["model"].isin(models)]
-    first = pred[pred["model"] == models[0]]
-    subjects = {r: {s: i for i, s in enumerate(dict.fromkeys(g["subject"]))}
-                for r, g in first.groupby("relation", sort=False)}
+    subjects = pred.loc[pred["model"] == models[0], ["relation", "subject"]].drop_duplicates()
+    within = subjects.groupby("relation", sort=False).cumcount().to_numpy()  # a subject's index in its relation
+    at = pd.MultiIndex.from_frame(subjects).get_indexer(pd.MultiIndex.from_frame(pred[["relation", "subject"]]))
     n_r = len(relations)
     n_p = int(pred["prompt"].max()) + 1
-    n_s = max(len(v) for v in subjects.values())
+    n_s = int(within.max()) + 1
     n_x = int(pred["mention"].max()) + 1
     r_idx = pd.Categorical(pred["relation"], categories=relations).codes.astype(np.int64)
-    s_idx = np.array([subjects.get(r, {}).get(s, -1) for r, s in zip(pred["relation"], pred["subject"])], np.int64)
+    s_idx = np.where(at >= 0, within[at], -1).astype(np.int64)
     m_idx = pd.Categorical(pred["model"], categories=models).codes.astype(np.int64)
     if (s_idx < 0).any():
         raise DataError("the models in the prediction table were not asked the same queries")
