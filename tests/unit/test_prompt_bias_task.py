@@ -150,3 +150,23 @@ def test_fig3_is_a_grid_of_panels(tmp_path):
     T._plot_prompts(frame(rows), tmp_path)
     width, height = Image.open(tmp_path / "prompt_bias_prompts.png").size
     assert width < 2000 and height > width / 2  # 4 rows of 2 panels, not an 8-panel strip (7,900 x 370 px)
+
+
+def test_the_docs_zoo_override_runs_as_written():
+    # docs/prompt_bias.md: `prompt_bias.zoo.train.steps=3000` (no `+`): the experiment lists every key as null
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from cprobe.config import parse
+    from cprobe.models.zoo import fact_settings, members
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=lama_bias",
+                                                                  "prompt_bias.zoo.train.steps=3000"]), resolve=False)
+    config = parse(T.Config, cfg["prompt_bias"], "prompt_bias")
+    assert config.subset is None and config.stop_words == "reference" and config.case_sensitive
+    assert config.controls == {"no_preference": {"prompt_skew": 0.0, "alias_skew": 0.0}}
+    ms = T.with_zoo_overrides(members({**cfg["model"], "dtype": "float32"}), config.zoo)
+    assert len(ms) == 8 and {fact_settings(m)[1].steps for m in ms} == {3000}
+    assert {fact_settings(m)[0].sentences for m in ms} == {30_000}  # null keys keep each member's own
