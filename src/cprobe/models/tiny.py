@@ -1,4 +1,5 @@
-"""The project's own tiny BERT (MLM) and GPT-NeoX (causal) models, trained on the agreement grammar.
+"""The project's own tiny BERT (MLM) and GPT-NeoX (causal) models, trained on the agreement grammar
+(:func:`ensure_tiny_model`) or on any sentence corpus, e.g. a fact world's (:func:`ensure_corpus_model`).
 
 The demo must run fully offline, so the models are trained here the first time they are asked
 for and cached under a key that hashes everything that determines them. The saved directory is
@@ -7,6 +8,11 @@ the rest of cprobe loads it exactly like a downloaded model.
 
 Tokenizers are word-level: every grammar word is one token, so the verb slot is one position and
 "P(correct) vs P(wrong)" compares two token ids.
+
+Training always uses :data:`TRAIN_THREADS` (1) intra-op threads, whatever the job's own thread count. Corpus models
+train in a portable process (:func:`train_portable`: ATen and MKL pinned to their AVX2 code paths), so the same key
+gives bitwise the same weights on every x86-64 CPU with AVX2; agreement-grammar models still train in the job's
+process (their studies' documented numbers come from those weights).
 """
 
 from __future__ import annotations
