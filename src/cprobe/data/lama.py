@@ -166,7 +166,11 @@ def check_lama_keys(keys: LamaKeys) -> None:
         raise ConfigError(f"dataset.min_prompts must be >= 1, got {keys.min_prompts}")
 
 
+_LINE = "\x00line"  # each row's line number, under a key no JSON file of this layout uses
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (blank lines skipped), each with its line number under ``_LINE``."""
     rows = []
     with path.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -178,7 +182,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise DataError(f"{path}:{n}: not JSON ({e})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{n}: each line must be a JSON object")
-            rows.append(row)
+            rows.append({**row, _LINE: n})
     return rows
 
 
@@ -192,9 +196,17 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
     if not rel_file.is_file():
         raise DataError(f"{rel_file} not found: LAMA's relations.jsonl goes there (dataset.relations_file)")
     records = _read_jsonl(rel_file)
-    for n, r in enumerate(records, 1):
+    if not records:
+        raise DataError(f"{rel_file} holds no relation: one JSON object a line, e.g. {{\"relation\": \"P19\", "
+                        f"\"template\": \"[X] was born in [Y] .\", \"type\": \"N-1\"}}")
+    for r in records:
+        n = r.pop(_LINE)
         if not isinstance(r.get("relation"), str) or not isinstance(r.get("template"), str):
             raise DataError(f"{rel_file}:{n}: a relation needs string fields 'relation' and 'template'")
+        try:
+            check_prompt(r["template"], r["relation"])
+        except DataError as e:
+            raise DataError(f"{rel_file}:{n}: {e} (the relation's template)") from None
     ids = [r["relation"] for r in records]
     if len(set(ids)) != len(ids):
         raise DataError(f"{rel_file}: relation ids repeat")
@@ -228,21 +240,24 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
         prompts = [rec["template"]]
         pfile = base / keys.prompts_dir / f"{rid}.jsonl"
         if pfile.is_file():
-            for n, row in enumerate(_read_jsonl(pfile), 1):
+            for row in _read_jsonl(pfile):
+                n = row[_LINE]
                 pattern = row.get("pattern", row.get("template"))
                 if not isinstance(pattern, str):
                     raise DataError(f"{pfile}:{n}: a prompt line needs a string 'pattern'")
+                try:
+                    check_prompt(pattern, rid)
+                except DataError as e:
+                    raise DataError(f"{pfile}:{n}: {e}") from None
                 if pattern.strip() not in (p.strip() for p in prompts):
                     prompts.append(pattern.strip())
         if len(prompts) < keys.min_prompts:
             notes.append(f"relation {rid}: {len(prompts)} prompt(s) < dataset.min_prompts={keys.min_prompts}, dropped")
             continue
-        try:
-            relations[rid] = Relation(rid, str(rec.get("label", rid)), tuple(prompts), str(rec.get("type", "N-1")))
-        except DataError as e:
-            raise DataError(f"{pfile if pfile.is_file() else base / keys.relations_file}: {e}") from None
+        relations[rid] = Relation(rid, str(rec.get("label", rid)), tuple(prompts), str(rec.get("type", "N-1")))
         seen: set[str] = set()
-        for n, t in enumerate(_read_jsonl(triples), 1):
+        for t in _read_jsonl(triples):
+            n = t[_LINE]
             sub, obj = t.get("sub_label"), t.get("obj_label")
             if not isinstance(sub, str) or not isinstance(obj, str):
                 raise DataError(f"{triples}:{n}: a triple needs string fields 'sub_label' and 'obj_label'")
