@@ -74,11 +74,25 @@ def test_run_dir_suffix_is_short_and_has_no_paths():
         f"model.tiny.train.key{i}=value{i}" for i in range(20)))  # stable
 
 
-def test_progress_logs_one_line_periodically_when_not_a_terminal(caplog):
+@pytest.mark.parametrize("bars", [True, False])
+def test_progress_logs_one_line_periodically_with_an_eta_bars_or_not(caplog, monkeypatch, bars):
+    """Not a terminal, or progress off (`--smoke`): a log line every `every_s` seconds with an ETA, never silence."""
+    import cprobe.progress as progress
+
+    clock = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     with caplog.at_level(logging.INFO, logger="cprobe"):
-        assert list(track(range(3), "probes", every_s=0.0)) == [0, 1, 2]
+        assert list(track(range(3), "probes", enabled=bars, every_s=0.0)) == [0, 1, 2]
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["probes: 1/3 done (0 s)", "probes: 2/3 done (0 s)", "probes: 3/3 done (0 s)"]
+    assert lines == ["probes: 1/3 (33%) after 10 s, ETA 20 s", "probes: 2/3 (67%) after 20 s, ETA 10 s",
+                     "probes: 3/3 (100%) after 30 s", "probes: 3 done in 40 s"]
+
+
+def test_progress_eta_message_formats_long_durations():
+    from cprobe.progress import eta_message
+
+    assert eta_message("train", 1, 4, 200.0) == "train: 1/4 (25%) after 3 min 20 s, ETA 10 min 00 s"
+    assert eta_message("train", 5, None, 4000.0) == "train: 5 done after 1 h 06 min"
 
 
 def test_list_descriptions_are_whole_sentences(tmp_path):

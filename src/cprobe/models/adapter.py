@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from cprobe.errors import ConfigError
 from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import MEAN, Batch, Site
+from cprobe.progress import track
 
 if TYPE_CHECKING:  # pragma: no cover
     from cprobe.models.formatters import Formatter
@@ -284,7 +284,7 @@ class ModelAdapter:
         chunks = [order[i: i + self.batch_size] for i in range(0, n, self.batch_size)]
         acts: dict[Site, Tensor] = {s: torch.zeros(n, self.hidden_size) for s in read}
         scores: Tensor | None = None
-        for chunk in tqdm(chunks, desc=desc, disable=desc is None or None, leave=False):
+        for chunk in track(chunks, f"{desc or 'forward'} ({self.name}, batches)", enabled=desc is not None):
             rows = torch.tensor(chunk, dtype=torch.long)
             batch = formatter([items[i] for i in chunk], self, rows)
             out = self.run(batch, read, {s: e.bind(rows) for s, e in edits.items()}, readout)
