@@ -76,10 +76,12 @@ class JobContext:
         return None if d == "auto" else d
 
     def warn(self, message: str) -> None:
-        """A loud warning: logged now, and recorded in the job's tables and status.json."""
+        """A loud warning: logged now (once: a repeat is neither logged nor recorded again), and recorded in the
+        job's tables and status.json."""
+        if message in self.warnings:
+            return
         log.warning(message)
-        if message not in self.warnings:
-            self.warnings.append(message)
+        self.warnings.append(message)
 
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.

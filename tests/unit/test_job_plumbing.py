@@ -142,3 +142,45 @@ def test_majority_baseline_takes_tensors_and_the_reliability_oracles_use_it():
     import cprobe.tasks.reliability as rel
 
     assert rel.majority_baseline is majority_baseline
+
+
+def test_a_corrupt_cached_model_is_reported_once_and_rebuilt(tmp_path, caplog):
+    """The double-checked lock used to warn twice about the same failed checksum."""
+    from cprobe.io import write_manifest
+    from cprobe.models.tiny import _FILES, cached_build
+
+    builds = []
+
+    def build(d: Path) -> None:
+        builds.append(d)
+        for name in _FILES:
+            (d / name).write_bytes(b"x" * 32)
+        (d / "training.json").write_text(json.dumps({"key": "k"}))
+        write_manifest(d, ["config.json", "model.safetensors"])
+
+    out = cached_build(tmp_path, "m", "k", build)
+    assert cached_build(tmp_path, "m", "k", build) == out and len(builds) == 1
+    (out / "model.safetensors").write_bytes(b"y" * 32)
+    with caplog.at_level(logging.WARNING):
+        cached_build(tmp_path, "m", "k", build)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(builds) == 2 and len(warnings) == 1 and "model.safetensors failed its checksum" in warnings[0], warnings
+
+
+def test_a_dataset_note_is_logged_once_per_job(tmp_path, caplog):
+    """`dropped 7 duplicated sentence(s)` was logged by the loader and again by the task (twice per sva run)."""
+    from cprobe.data.registry import load_dataset
+
+    f = tmp_path / "dups.tsv"
+    f.write_text("sentence\tcorrect\twrong\tsubject_number\n" + "the dog ***mask*** here\tis\tare\tsg\n" * 2
+                 + "the dogs ***mask*** here\tare\tis\tpl\n")
+    ctx = _ctx(tmp_path)
+    with caplog.at_level(logging.INFO):
+        ds = load_dataset({"name": "generic", "path": str(f), "duplicates": "drop", "properties": {"z_c": "subject_number"},
+                           "columns": {"sentence": "sentence", "correct": "correct", "wrong": "wrong"}}, tmp_path)
+        for _ in range(3):  # e.g. a task that reads its dataset twice, or a note repeated by a helper
+            for note in ds.notes:
+                ctx.warn(note)
+    logged = [r.getMessage() for r in caplog.records if "duplicated" in r.getMessage()]
+    assert logged == ["dropped 1 duplicated sentence(s) of generic (kept the first of each)"]
+    assert ctx.warnings == logged

@@ -255,9 +255,8 @@ def check_items(ds: Dataset, duplicates: str = "error") -> Dataset:
     if duplicates == "error":
         raise DataError(f"dataset {ds.name!r} ({ds.source}): {len(dups)} duplicated sentence(s), e.g. {dups[0]!r}; a "
                         "duplicate would sit in two splits. Remove them, or set dataset.duplicates=drop")
-    note = f"dropped {len(dups)} duplicated sentence(s) of {ds.name} (kept the first of each)"
-    log.warning(note)
-    return ds.subset(keep).with_notes(note)
+    # recorded, not logged: whoever reads the dataset reports its notes once (a job: JobContext.warn)
+    return ds.subset(keep).with_notes(f"dropped {len(dups)} duplicated sentence(s) of {ds.name} (kept the first of each)")
 
 
 def relative_source(source: str, root: Path) -> str:
