@@ -32,6 +32,7 @@ CACHE_KINDS: dict[str, str] = {
     ACTS: "extracted hidden states and readout scores",
     "models": "self-trained and fine-tuned models",
     "probes": "fitted probes (reliability oracles and interventional probes)",
+    "probe_fits": "probing-task probe fits, keyed by the activations' content, the probe config and the seed",
 }
 """Every subdirectory of the cache root that cprobe writes, with what it holds."""
 

@@ -27,6 +27,7 @@ from cprobe.job import JobContext
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.probes import Probe
+from cprobe.probes.grid import PROBE_FITS, fit_cached
 
 log = logging.getLogger("cprobe")
 
@@ -71,17 +72,22 @@ def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str,
     return labels
 
 
-def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray],
+                  cache_dir: Path | None = None) -> dict[str, Any]:
     """Fit on the train split (selecting hyperparameters on the validation split when there is one), score on
-    test; rows whose label is "none" (−1) are left out of every split."""
+    test; rows whose label is "none" (−1) are left out of every split. With ``cache_dir`` the fit is read back
+    when the same probe config and seed saw the same activations and labels before (``probe_source``)."""
     tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
     if len(tr) == 0 or len(te) == 0:
         raise DataError("empty train or test split after dropping 'none' labels")
     yt = torch.from_numpy(y)
-    probe.fit(X[tr], yt[tr], *((X[va], yt[va]) if va is not None and len(va) else ()))
+    t0 = time.perf_counter()
+    val = (X[va], yt[va]) if va is not None and len(va) else (None, None)
+    probe, source = fit_cached(probe, X[tr], yt[tr], *val, cache_dir=cache_dir)
     return {"accuracy": probe.score(X[te], yt[te]), "majority": majority_baseline(y[tr], y[te]),
             "n_train": len(tr), "n_val": 0 if va is None else len(va), "n_test": len(te),
-            "best_params": str(getattr(probe, "best_params", ""))}
+            "best_params": str(getattr(probe, "best_params", "")),
+            "fit_s": time.perf_counter() - t0, "probe_source": source}
 
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
@@ -102,16 +108,20 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     labels = property_labels(ex.dataset, list(config.properties), ctx)
     probes = cfg["probe"]
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
+    fit_cache = ctx.cache_root / PROBE_FITS if ctx.cache.enabled else None
     rows, t0 = [], time.perf_counter()
     for prop, layer, pname in track(jobs, "probes", ctx.progress):
         values, y = labels[prop]
-        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits)
+        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits, fit_cache)
         rows.append({
             "model": adapter.name, "dataset": ex.dataset.name, "dataset_source": ex.dataset.source,
             "layer": layer, "position": cfg["position"], "property": prop, "probe": pname, **scores,
             "n_classes": len(values), "task_accuracy": task_acc, "n_dropped": ex.n_dropped,
         })
     ctx.timings["probes_s"] = time.perf_counter() - t0
+    cached = sum(r["probe_source"] == "cache" for r in rows)
+    if cached:
+        log.info("%d of %d probe fits read from the cache (%s)", cached, len(rows), fit_cache)
     return pd.DataFrame(rows)
 
 
