@@ -207,7 +207,7 @@ def run_job(cfg: DictConfig) -> None:
             table["warnings"] = "; ".join(ctx.warnings)
         from cprobe import results
 
-        results.write_job(table, out_dir)
+        results.write_job(table, out_dir, ctx.timings)
         report(table, out_dir)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
