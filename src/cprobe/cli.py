@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cprobe import __version__
-from cprobe.errors import CprobeError, JobAborted
+from cprobe.errors import CprobeError, JobAborted, Terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -47,10 +47,11 @@ def user_errors() -> Iterator[None]:
         _fail(_one_line(str(e.error)))
     except CprobeError as e:
         _fail(_one_line(str(e)))
-    except KeyboardInterrupt:
-        typer.secho("interrupted (status.json of the running job says so; rerun the same command to resume)",
-                    fg=typer.colors.RED, err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:  # Ctrl-C: 130; SIGTERM (errors.Terminated): 143, as the shells report them
+        signal = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        typer.secho(f"interrupted by {signal} (status.json of the running job says so; rerun the same command to "
+                    "resume)", fg=typer.colors.RED, err=True)
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     except BrokenPipeError:  # `cprobe list | head`
         sys.stderr.close()
         raise typer.Exit(0) from None

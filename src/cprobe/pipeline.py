@@ -10,10 +10,12 @@ leaves no run directory behind; in a sweep it is recorded in the job's ``status.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cprobe.config import parse
-from cprobe.errors import ConfigError, CprobeError, JobAborted
-from cprobe.job import STATUS, JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
+from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
+from cprobe.job import (STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers, read_status,
+                        seed_everything, this_process, write_status)
 from cprobe.paths import cache_dir, data_dir
 
 log = logging.getLogger("cprobe")
@@ -167,8 +170,35 @@ def _plain(cfg: DictConfig) -> dict[str, Any]:
     return plain
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) raises :class:`Terminated`, a KeyboardInterrupt, so a job is marked
+    ``interrupted`` as on Ctrl-C; the previous handler is restored afterwards. Only the main thread can take
+    signals: elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_job(cfg: DictConfig) -> None:
     """Run one job (one point of a sweep). Top-level so joblib/submitit can pickle it by reference."""
+    with sigterm_as_interrupt():
+        _run_job(cfg)
+
+
+def _run_job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -190,6 +220,19 @@ def run_job(cfg: DictConfig) -> None:
         return
     h = config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
     prev = read_status(out_dir)
+    if prev and prev.get("state") == "running" and prev.get("pid") not in (None, os.getpid()):
+        if not process_gone(prev) and prev.get("host") == this_process()["host"]:
+            e = CprobeError(f"{out_dir} is in use by another cprobe process ({describe_state(prev)}); wait for it, "
+                            "or pick another hydra.run.dir / hydra.sweep.dir")
+            if multirun:
+                log.error("job skipped: %s", e)
+                from cprobe import callbacks
+
+                callbacks.FAILED.append(f"{out_dir.name}: {e}")
+                return
+            raise JobAborted(e)
+        log.info("%s: the previous run of this job died while running (%s); running it again", out_dir,
+                 describe_state(prev))
     if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not job.keys.force:
         log.info("job already done with the same config (%s); skipping — pass force=true to redo it", out_dir)
         return
@@ -198,7 +241,8 @@ def run_job(cfg: DictConfig) -> None:
     ctx = JobContext(cfg=plain, out_dir=out_dir, data_root=data_root, cache_root=cache_root,
                      progress=job.keys.progress and not quiet_workers())
     seed_everything(job.keys.seed)
-    write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task)
+    proc = this_process()
+    write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task, **proc)
     try:
         table = job.task.run(ctx, job.task_cfg)
         table["task"] = job.keys.task
@@ -212,9 +256,9 @@ def run_job(cfg: DictConfig) -> None:
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         write_status(out_dir, state="interrupted", config_hash=h, started=t0, duration_s=time.time() - t0,
-                     task=job.keys.task)
+                     task=job.keys.task, signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT", **proc)
         raise
     except Exception as e:
         _fail(out_dir, e, t0, job.keys.task, h, multirun)

@@ -122,6 +122,7 @@ def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
     A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory``.
     """
     from cprobe.errors import CprobeError
+    from cprobe.job import describe_state
 
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
@@ -135,8 +136,7 @@ def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
         except (OSError, ValueError):
             status = {"state": "done" if (job / f"{METRICS}.parquet").is_file() else "unknown"}
         if status.get("state") != "done" or not (job / f"{METRICS}.parquet").is_file():
-            problems.append(f"{rel} is {status.get('state', 'unknown')}"
-                            + (f" ({status['error']})" if status.get("error") else ""))
+            problems.append(f"{rel} is {describe_state(status)}")
             continue
         df = pd.read_parquet(job / f"{METRICS}.parquet")
         for k, v in _job_overrides(job).items():

@@ -195,6 +195,43 @@ def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigkill_leaves_a_dead_job_that_collect_names_and_sigterm_is_handled_like_ctrl_c(tmp_path):
+    """A killed job used to stay `running` forever; SIGTERM now marks it `interrupted` and exits 143."""
+    import signal
+
+    exe = Path(sys.executable).with_name("cprobe")
+    run_dir = tmp_path / "run"
+    argv = [str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
+            f"hydra.run.dir={run_dir}"]
+
+    def start_and_wait_running() -> subprocess.Popen:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        deadline = time.time() + 240
+        while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert p.poll() is None, f"the job ended before the signal: {_status(run_dir)}"
+        return p
+
+    p = start_and_wait_running()
+    assert _status(run_dir)["pid"] == p.pid
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert _status(run_dir)["state"] == "running"  # nobody could write otherwise
+    r = cli("collect", str(run_dir))
+    assert r.returncode == 1 and f"is dead (its process {p.pid} on" in r.stderr, r.stderr
+
+    p = start_and_wait_running()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, f"{err[-1500:]}\n{out[-1000:]}"
+    status = _status(run_dir)
+    assert status["state"] == "interrupted" and status["signal"] == "SIGTERM"
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert "died while running" in err + out  # the rerun said what it found
+
+
+@pytest.mark.slow
 def test_resume_skips_only_a_done_job_with_the_same_config(tmp_path):
     base = ["run", "+experiment=sva_tiny", "--smoke", "probe=linear", "layers=last", f"hydra.run.dir={tmp_path}"]
     assert cli(*base).returncode == 0
