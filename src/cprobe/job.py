@@ -89,7 +89,7 @@ def describe_state(status: Mapping[str, Any]) -> str:
     state = str(status.get("state", "unknown"))
     if process_gone(status):
         return (f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; "
-                "rerun the same command to redo it)")
+                "rerun it)")
     if state == "running" and "pid" in status:
         return f"running (pid {status['pid']} on {status.get('host', '?')})"
     return state + (f" ({status['error']})" if status.get("error") else "")

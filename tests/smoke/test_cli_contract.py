@@ -207,14 +207,14 @@ def test_sigkill_leaves_a_dead_job_that_collect_names_and_sigterm_is_handled_lik
     def start_and_wait_running() -> subprocess.Popen:
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         deadline = time.time() + 240
-        while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
+        while (_status(run_dir).get("state"), _status(run_dir).get("pid")) != ("running", p.pid) \
+                and time.time() < deadline and p.poll() is None:
             time.sleep(0.2)
         time.sleep(1.0)
         assert p.poll() is None, f"the job ended before the signal: {_status(run_dir)}"
         return p
 
     p = start_and_wait_running()
-    assert _status(run_dir)["pid"] == p.pid
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=60)
     assert _status(run_dir)["state"] == "running"  # nobody could write otherwise
