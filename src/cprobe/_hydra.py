@@ -15,15 +15,29 @@ from typing import Any
 NOTICE_EXPERIMENT = "note: treating 'experiment={0}' as '+experiment={0}' (experiment is an addition to the defaults)"
 
 
-def normalise(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Rewrite a bare ``experiment=x`` to ``+experiment=x``; returns (argv, notices)."""
+def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], list[str]]:
+    """Rewrite a bare ``experiment=x`` to ``+experiment=x``, and (``resolve``) add ``--resolve`` to ``--cfg job``
+    and ``--cfg all`` so the config is printed as it will run, not with ``${...}`` interpolations (``--cfg
+    hydra`` stays raw: the hydra node alone refers to job keys it cannot resolve); returns (argv, notices)."""
     out, notes = [], []
     for a in argv:
         if a.startswith("experiment="):
             notes.append(NOTICE_EXPERIMENT.format(a.split("=", 1)[1]))
             a = "+" + a
         out.append(a)
+    if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
+        out.append("--resolve")
     return out, notes
+
+
+def _cfg_kind(argv: Sequence[str]) -> str | None:
+    """The value of ``--cfg``/``-c`` (``job``, ``hydra``, ``all``), or None."""
+    for i, a in enumerate(argv):
+        if a.startswith("--cfg="):
+            return a.split("=", 1)[1]
+        if a in ("--cfg", "-c") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:

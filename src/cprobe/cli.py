@@ -77,6 +77,8 @@ def run(
     ctx: typer.Context,
     smoke: Annotated[bool, typer.Option("--smoke", help="Append +debug=smoke (tiny sizes, for CI); "
                                         f"also set by the environment variable {SMOKE_ENV}=1.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="With --cfg: print the config as composed, interpolations "
+                                      "such as ${compute.device} unresolved (by default they are resolved).")] = False,
 ) -> None:
     from cprobe import _hydra
     from cprobe.paths import config_dir
@@ -86,7 +88,7 @@ def run(
         typer.echo("\nnothing to run: pick an experiment, e.g. `cprobe run +experiment=sva_tiny` "
                    "(`cprobe list experiment` shows them)", err=True)
         raise typer.Exit(2)
-    argv, notes = _hydra.normalise(ctx.args)
+    argv, notes = _hydra.normalise(ctx.args, resolve=not raw)
     for n in notes:
         typer.echo(n, err=True)
     if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:

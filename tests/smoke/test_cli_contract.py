@@ -37,6 +37,22 @@ def test_cfg_job_prints_composed_config():
     assert "name: sva_tiny" in r.stdout and "tiny_bert_sva" in r.stdout
 
 
+def test_cfg_job_is_resolved_by_default_and_raw_on_request():
+    """`--cfg job` prints the config exactly as it will run: `device: auto`, not `device: ${compute.device}`."""
+    import yaml
+
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job")
+    assert r.returncode == 0 and "${" not in r.stdout, r.stdout
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["device"] == "auto" and cfg["model"]["dtype"] == "float32" and cfg["paths"]["root_dir"] == str(REPO)
+    r = cli("run", "+experiment=sva_tiny", "-c", "all")
+    assert r.returncode == 0 and "${" not in r.stdout
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job", "--raw")
+    assert r.returncode == 0 and "device: ${compute.device}" in r.stdout
+    assert _hydra.normalise(["--cfg", "job"]) == (["--cfg", "job", "--resolve"], [])
+    assert _hydra.normalise(["--cfg", "hydra"]) == (["--cfg", "hydra"], [])  # the hydra node alone cannot resolve
+
+
 def test_overrides_on_both_sides_of_multirun_flag():
     """Hydra 1.3's own parse_args rejects `a -m b c`; the intermixed parse keeps every override."""
     from hydra._internal.utils import get_args_parser
