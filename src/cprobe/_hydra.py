@@ -62,3 +62,34 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
         config_path=config_dir,
         config_name="config",
     )
+
+
+def explain_error(e: BaseException) -> str | None:
+    """One actionable line for a Hydra composition error (None when ``e`` is not one): an unknown option names
+    the valid ones, without Hydra's listing and config search path; an unknown key says how to add one."""
+    import re
+
+    mod = type(e).__module__
+    if not mod.startswith(("hydra", "omegaconf")):
+        return None
+    text = str(e)
+    missing = re.search(r"Could not find '([^']*)'", text)
+    if missing:
+        path = missing.group(1)
+        group, _, option = path.rpartition("/")
+        options = getattr(e, "options", None)
+        if options is None:
+            options = [l.strip() for l in text.split("Available options in", 1)[-1].split("Config search path")[0]
+                       .splitlines()[1:] if l.strip()]
+        if group:
+            plus = "+" if group in ("experiment", "sweep", "debug") else ""
+            return f"unknown {group} {option!r}; choose from {list(options)} ({plus}{group}=NAME; `cprobe list " \
+                   f"{group}` describes them)"
+        return f"no config named {path!r}; choose from {list(options)}"
+    override = re.match(r"Could not override '([^']*)'", text)
+    if override:
+        key = override.group(1)
+        return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
+                "`cprobe run +experiment=NAME --cfg job` lists the keys")
+    lines = [l.strip() for l in text.split("Config search path:")[0].splitlines() if l.strip()]
+    return "; ".join(lines)

@@ -56,9 +56,12 @@ def user_errors() -> Iterator[None]:
         sys.stderr.close()
         raise typer.Exit(0) from None
     except Exception as e:  # Hydra/OmegaConf config errors and the like
-        mod = type(e).__module__
-        if mod.startswith(("hydra", "omegaconf")):
-            _fail(_one_line(str(e)) + " (see `cprobe list` and `cprobe run --cfg job`)")
+        from cprobe._hydra import explain_error
+
+        hydra_msg = explain_error(e)
+        if hydra_msg is not None:
+            _fail(hydra_msg if "cprobe list" in hydra_msg or "--cfg job" in hydra_msg
+                  else hydra_msg + " (see `cprobe list` and `cprobe run --cfg job`)")
         _fail(f"{type(e).__name__}: {_one_line(str(e))} (rerun with CPROBE_DEBUG=1 for the traceback)")
 
 

@@ -110,6 +110,20 @@ def test_unknown_experiment_is_one_line():
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "does_not_exist" in r.stderr
 
 
+@pytest.mark.parametrize("args,expected", [
+    (["model=nope"], "error: unknown model 'nope'; choose from ['bert_base_uncased', "),
+    (["+sweep=nope"], "error: unknown sweep 'nope'; choose from ['causalgym_methods', "),
+    (["hydra/launcher=nope"], "error: unknown hydra/launcher 'nope'; choose from ['basic', "),
+    (["nope=1"], "error: unknown config key 'nope': `nope=...` changes an existing key, `+nope=...` adds one"),
+])
+def test_unknown_option_is_one_short_line_with_the_valid_options(args, expected):
+    """Hydra's own message ran to 300-700 characters with its config search path."""
+    r = cli("run", "+experiment=sva_tiny", *args)
+    assert r.returncode == 1 and r.stderr.startswith(expected), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "search path" not in r.stderr and "provider=" not in r.stderr
+    assert len(r.stderr) < 420, len(r.stderr)
+
+
 def test_run_without_arguments_prints_help():
     r = cli("run")
     assert r.returncode == 2 and "Usage" in r.stdout and "nothing to run" in r.stderr
