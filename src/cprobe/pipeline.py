@@ -133,11 +133,13 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
 def _validate_common(job: Job) -> None:
     from cprobe.extract import check_layers_spec
     from cprobe.models.formatters import check_word_position
-    from cprobe.models.load import check_device, parse_model_config
+    from cprobe.models.load import check_device, check_device_available, parse_model_config
 
     keys = job.keys
     check_device(keys.device)
     mc = parse_model_config(keys.model)
+    for device in {keys.device, mc.device} - {"auto", "cpu"}:  # cuda without a GPU: now, not after the run dir exists
+        check_device_available(device)
     if mc.source in ("zoo", "fact_world") and not getattr(job.task, "MODEL_SETS", False):
         raise ConfigError(f"model {mc.name!r} is a {'model zoo' if mc.source == 'zoo' else 'fact-world model'}; only "
                           "the prompt_bias task reads one (+experiment=lama_bias); pick a single model for task "

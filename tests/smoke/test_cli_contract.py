@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +88,14 @@ BAD_INPUTS = [
     (["probe.linear.lrs=[-0.1]"], "lrs values must be positive numbers"),
     (["+probing.propertys=[z_c]"], "unknown key(s) ['propertys'] under probing"),
     (["split.fractions.train=0.9"], "split fractions must be positive numbers summing to 1"),
+    # found only after the run directory existed, which they left behind as `failed` (issue 25)
+    (["+dataset.max_examples=-5"], "dataset.max_examples must be >= 1 (or null for all), got -5"),
+    (["probing.properties=[z_c,z_x]"], "probing.properties: unknown property ['z_x'] for dataset 'synthetic_sva'; "
+                                       "it has ['z_c', 'z_e', 'n_attractors', 'structure']"),
+    pytest.param(["device=cuda"], "device=cuda but no CUDA device is available",
+                 marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")),
+    pytest.param(["compute=gpu"], "device=cuda but no CUDA device is available",
+                 marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")),
 ]
 
 
@@ -94,6 +103,7 @@ BAD_INPUTS = [
     *BAD_INPUTS,
     (["task=reliability", "intervention=pgd", "intervention.eps=-1"], "eps must be a finite number > 0"),
     (["task=reliability", "intervention=inlp", "intervention.rank=-1"], "rank must be a non-negative integer"),
+    (["task=reliability", "intervention=inlp", "+reliability.others=[z_q]"], "unknown property ['z_q']"),
 ])
 def test_bad_input_is_one_line_exit_1_and_leaves_no_run_dir(tmp_path, args, needle):
     extra = ["split=reliability", "probe=all"] if "task=reliability" in args else []

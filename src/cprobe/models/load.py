@@ -96,12 +96,24 @@ def check_device(device: str) -> None:
     raise ConfigError(f"unknown device {device!r}; choose from ['auto', 'cpu', 'cuda', 'cuda:<i>']")
 
 
+def check_device_available(device: str) -> None:
+    """ConfigError when ``device`` names a CUDA device this machine does not have."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device} but no CUDA device is available; use device=cpu or device=auto "
+                          "(or compute=cpu)")
+    index = int(device[5:]) if device.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s) "
+                          f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+
+
 def resolve_device(device: str) -> torch.device:
     check_device(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device} but no CUDA device is available; use device=cpu or device=auto")
+    check_device_available(device)
     return torch.device(device)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
-from cprobe.data.registry import load_dataset
+from cprobe.data.registry import check_properties, load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
@@ -50,6 +50,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(fractions)}")
     if not job.task_cfg.properties:
         raise ConfigError("probing.properties is empty; list the dataset properties to probe, e.g. [z_c]")
+    check_properties(job.keys.dataset, job.task_cfg.properties, "probing.properties")
 
 
 def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str, tuple[list[str], np.ndarray]]:

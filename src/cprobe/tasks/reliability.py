@@ -83,6 +83,9 @@ def validate(job: Any) -> None:
                               f"{sorted(job.keys.probe or {})} (use probe=all)")
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
+    from cprobe.data.registry import check_properties
+
+    check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
     missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
     if missing:
