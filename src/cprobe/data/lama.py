@@ -192,6 +192,9 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
     if not rel_file.is_file():
         raise DataError(f"{rel_file} not found: LAMA's relations.jsonl goes there (dataset.relations_file)")
     records = _read_jsonl(rel_file)
+    if not records:
+        raise DataError(f"{rel_file} is empty: it needs one relation a line, e.g. "
+                        '{"relation": "P19", "template": "[X] was born in [Y] ."}')
     for n, r in enumerate(records, 1):
         if not isinstance(r.get("relation"), str) or not isinstance(r.get("template"), str):
             raise DataError(f"{rel_file}:{n}: a relation needs string fields 'relation' and 'template'")
@@ -212,6 +215,7 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
     notes: list[str] = []
     relations: dict[str, Relation] = {}
     facts: list[Fact] = []
+    empty: list[str] = []  # triples files without a line
     dropped = [r["relation"] for r in records if r.get("type") in keys.drop_types]
     if dropped:
         notes.append(f"dropped {len(dropped)} relation(s) of type {keys.drop_types}: {dropped}")
@@ -242,7 +246,10 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
         except DataError as e:
             raise DataError(f"{pfile if pfile.is_file() else base / keys.relations_file}: {e}") from None
         seen: set[str] = set()
-        for n, t in enumerate(_read_jsonl(triples), 1):
+        rows = _read_jsonl(triples)
+        if not rows:
+            empty.append(triples.name)
+        for n, t in enumerate(rows, 1):
             sub, obj = t.get("sub_label"), t.get("obj_label")
             if not isinstance(sub, str) or not isinstance(obj, str):
                 raise DataError(f"{triples}:{n}: a triple needs string fields 'sub_label' and 'obj_label'")
@@ -255,8 +262,11 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
                 raise DataError(f"{triples}:{n}: 'sub_mentions' / 'aliases' must be a list of strings")
             mentions = tuple(dict.fromkeys([sub.strip(), *(a.strip() for a in aliases if a.strip())]))
             facts.append(Fact(rid, sid, mentions[: keys.max_mentions], obj.strip()))
+    if empty:
+        notes.append(f"empty triples file(s) under {keys.triples_dir}: {empty}")
     if not facts:
-        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations")
+        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations"
+                        + (f": {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty" if empty else ""))
     return FactData(name, str(base), relations, tuple(facts), tuple(notes))
 
 
