@@ -25,6 +25,26 @@ def needs_shared(*parts: str):
     return pytest.mark.skipif(not path.exists(), reason=f"needs {path} (the shared data dir; set CPROBE_DATA_DIR)")
 
 
+def _data_skip(report) -> bool:
+    """A skip because a data file is missing: its reason names the data dir or CPROBE_DATA_DIR."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return str(SHARED_DATA) in reason or "CPROBE_DATA_DIR" in reason or "shared data" in reason
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line naming the data-dependent tests that were skipped and why, so a clone without ``../shared/data``
+    does not pass silently on less than the whole suite."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _data_skip(r)]
+    if not skipped:
+        return
+    names = sorted({r.nodeid.split("::", 1)[-1].split("[")[0] for r in skipped})
+    where = "not found" if not SHARED_DATA.is_dir() else "incomplete"
+    terminalreporter.write_line(
+        f"data: {len(skipped)} data-dependent test(s) skipped because the data dir {SHARED_DATA} is {where} "
+        f"(put the shared data beside the clone as ../shared/data, or set CPROBE_DATA_DIR): {', '.join(names)}",
+        yellow=True, bold=True)
+
+
 def make_word_tokenizer(kind: str):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast

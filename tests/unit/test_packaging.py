@@ -27,3 +27,20 @@ def test_license_is_an_spdx_expression_and_the_build_backend_accepts_it():
     noisy = [str(w.message).splitlines()[0] for w in caught if "Deprecat" in w.category.__name__]
     assert not noisy, noisy
     assert dist.metadata.license_expression == "MIT"
+
+
+def test_skipped_data_dependent_tests_are_named_in_the_summary(tmp_path):
+    """Without ../shared/data the data-dependent tests used to skip silently (issue 25): one line says so."""
+    import os
+    import subprocess
+    import sys
+
+    repo = PYPROJECT.parent
+    env = {**os.environ, "CPROBE_DATA_DIR": str(tmp_path / "no-data")}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/unit/test_datasets.py", "-k", "real_file"], cwd=repo, env=env,
+                       capture_output=True, text=True, timeout=300)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("data: ")]
+    assert r.returncode == 0 and len(lines) == 1, r.stdout[-2000:]
+    assert f"skipped because the data dir {tmp_path / 'no-data'} is not found" in lines[0]
+    assert "test_lgd_real_file" in lines[0] and "test_marvin_linzen_real_files" in lines[0]
