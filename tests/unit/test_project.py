@@ -1,4 +1,4 @@
-"""Packaging metadata: `pip install` must not print setuptools deprecation warnings (issue 25)."""
+"""The project itself: packaging metadata (no setuptools deprecation warnings on install) and the test summary."""
 
 from __future__ import annotations
 
