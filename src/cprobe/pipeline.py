@@ -26,7 +26,7 @@ from cprobe.config import parse
 from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
 from cprobe.job import (STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers, read_status,
                         seed_everything, this_process, write_status)
-from cprobe.paths import cache_dir, data_dir
+from cprobe.paths import cache_dir, data_dir, safe_name
 
 log = logging.getLogger("cprobe")
 
@@ -49,7 +49,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
         if "/" in v or "\\" in v:
             v = Path(v.rstrip("/\\")).name or v
         items.append(f"{k}{sep}{v}")
-    name = ",".join(items).replace("/", "~").replace("\\", "~").replace(" ", "")
+    name = safe_name(",".join(items).replace("/", "~").replace("\\", "~").replace(" ", ""), limit=10**6)
     if len(name) > limit:
         name = name[: limit - 9] + "~" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
     return name
@@ -58,6 +58,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
 # Resolvers the configs use (registered wherever run_job is unpickled, i.e. in launcher workers too).
 OmegaConf.register_new_resolver("cprobe_cwd", _cwd, replace=True)  # paths.root_dir: the launch directory, without HydraConfig
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
+OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
 OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{dir_suffix(s)}" if s else "", replace=True)
 
 

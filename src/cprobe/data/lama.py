@@ -33,6 +33,7 @@ import numpy as np
 
 from cprobe.data.items import OBJECT_SLOT, TextItem
 from cprobe.errors import ConfigError, DataError
+from cprobe.paths import safe_name
 
 SUBJECT_SLOT = "[X]"
 
@@ -199,6 +200,10 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
         if not isinstance(r.get("relation"), str) or not isinstance(r.get("template"), str):
             raise DataError(f"{rel_file}:{n}: a relation needs string fields 'relation' and 'template'")
     ids = [r["relation"] for r in records]
+    for n, rid in enumerate(ids, 1):  # a relation id names its triples and prompts files
+        if safe_name(rid) != rid:
+            raise DataError(f"{rel_file}:{n}: relation id {rid!r} must be a plain name (it names "
+                            f"{keys.triples_dir}/<id>.jsonl), not a path")
     if len(set(ids)) != len(ids):
         raise DataError(f"{rel_file}: relation ids repeat")
     if keys.relations is not None:

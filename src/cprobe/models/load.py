@@ -80,9 +80,9 @@ def named_model_config(name: str, where: str) -> dict[str, Any]:
     model (``where`` is the setting, for the error)."""
     from omegaconf import OmegaConf
 
-    from cprobe.paths import config_dir
+    from cprobe.paths import config_dir, plain_name
 
-    path = config_dir() / "model" / f"{name}.yaml"
+    path = config_dir() / "model" / f"{plain_name(name, where)}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
         raise ConfigError(f"unknown model config {name!r} for {where}; choose from {known}")

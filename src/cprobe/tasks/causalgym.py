@@ -25,6 +25,7 @@ from cprobe.data.causalgym import load_templates
 from cprobe.errors import ConfigError
 from cprobe.job import JobContext
 from cprobe.metrics.odds import control_selectivity, overall_odds
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import write_table
 
@@ -305,9 +306,10 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for (model, name), part in table.groupby(["model", "cg_task"], sort=True):
         acc = float(part["task_accuracy"].iloc[0])
         cap = "" if capable_flag(part).iloc[0] else " — NOT capable"
-        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
+        _heatmaps(part, out_dir / f"heatmap_{safe_name(model)}_{safe_name(name)}.png",
+                  f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
-        _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
+        _odds_by_layer(part, out_dir / f"odds_by_layer_{safe_name(model)}.png", str(model))
 
 
 def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:

@@ -53,6 +53,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import DISTANCES, acace, distance, icace_error
 from cprobe.models.classifier import finetune_config
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.results import summarise
@@ -413,4 +414,4 @@ def _plot(tab: pd.DataFrame, out_dir: Path) -> None:
         model, task, variant, split = key[-4:]
         fig.suptitle(f"CEBaB {task} · {model} · train {variant} · {split} pairs" + (f" · {cid}" if cid else ""),
                      fontsize=10)
-        save(fig, out_dir / (f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "") + ".png"))
+        save(fig, out_dir / (safe_name(f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "")) + ".png"))

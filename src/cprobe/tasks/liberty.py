@@ -43,6 +43,7 @@ from cprobe.metrics import liberty as M
 from cprobe.metrics.icace import DISTANCES, distance
 from cprobe.models.classifier import finetune_config
 from cprobe.models.load import named_model_config
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.results import summarise
@@ -490,4 +491,4 @@ def _plot_sensitivity(sens: pd.DataFrame, out_dir: Any) -> None:
                     * 0.6 else "black")
         ax.set_title(f"LIBERTy {scm}: sensitivity Σ|ICaCE| per concept", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.04)
-        save(fig, out_dir / f"liberty_sensitivity_{scm}.png")
+        save(fig, out_dir / f"liberty_sensitivity_{safe_name(scm)}.png")

@@ -24,6 +24,7 @@ from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
+from cprobe import plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.probes import Probe
@@ -130,6 +131,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     """PNG: probe accuracy by layer (one panel per property; lines per model × probe; dashed = majority)."""
     props = sorted(table["property"].unique())
     fig, axes = new_figure(len(props))
+    n_test = {}
     for ax, prop in zip(axes, props):
         part = table[table["property"] == prop]
         for (model, probe), g in part.groupby(["model", "probe"]):
@@ -137,8 +139,13 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
             ax.plot(g["layer"], g["accuracy"], marker="o", label=f"{model} · {probe}")
         maj = part.groupby("layer")["majority"].mean()
         ax.plot(maj.index, maj.values, "k--", lw=1, label="majority")
-        ax.set(title=f"{prop}", xlabel="layer (0 = embeddings)", ylabel="test accuracy", ylim=(0, 1.02))
+        n_test[prop] = plots.values(part["n_test"]) if "n_test" in part else "?"
+        ax.set(title=f"{prop} (n_test = {n_test[prop]})", xlabel="layer (0 = embeddings)", ylabel="test accuracy",
+               ylim=(0, 1.02))
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    plots.caption(fig, "Probe test accuracy by layer (dashed: majority baseline)", property=props,
+                  model=table["model"], data=table["dataset"], n=plots.counts(n_test, "test items"),
+                  seed=table.get("seed"))
     save(fig, out_dir / "accuracy_by_layer.png")
