@@ -154,6 +154,9 @@ def test_report_writes_tables_and_figures(table, tmp_path):
     assert set(summary["method"]) == set(ALL_METHODS)
     assert (tmp_path / "heatmap_toy_toy_agr.png").is_file()
     assert (tmp_path / "odds_by_layer_toy.png").is_file()
+    from tests.conftest import assert_figures_captioned
+
+    assert len(assert_figures_captioned(tmp_path)) == 2  # every figure names its task, model, data, n, seed
 
 
 def test_layers_and_regions_are_configurable(adapter, template):

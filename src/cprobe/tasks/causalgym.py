@@ -25,6 +25,7 @@ from cprobe.data.causalgym import load_templates
 from cprobe.errors import ConfigError
 from cprobe.job import JobContext
 from cprobe.metrics.odds import control_selectivity, overall_odds
+import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import write_table
@@ -370,7 +371,8 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
     cb.set_label(f"AvgOdds (log odds ratio); scale ±{vmax:.2f}, data {lo:.2f} … {hi:.2f}", fontsize=9)
     cb.ax.tick_params(labelsize=9)
-    fig.suptitle(f"{title}\n{ylabel}", fontsize=11)
+    _caption(fig, "CausalGym AvgOdds by layer × region (rows: task, control, selectivity)", part,
+             note=f"{title}; {ylabel}")
     save(fig, path)
 
 
@@ -393,4 +395,14 @@ def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("max-over-regions AvgOdds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
+    _caption(fig, "CausalGym: max-over-regions AvgOdds by layer, averaged over tasks", part)
     save(fig, path)
+
+
+def _caption(fig: Any, shows: str, part: pd.DataFrame, note: str = "") -> None:
+    """What every CausalGym figure names: the task(s) (the property the pairs differ in), the model, the templates,
+    n (evaluation pairs per site) and the seed."""
+    data = part["templates"] if "templates" in part else "CausalGym templates"
+    n = plots.counts(plots.values(part["n_eval"]), "eval pairs per site") if "n_eval" in part else ""
+    plots.caption(fig, shows, property=part["cg_task"], model=part["model"], data=data, n=n, seed=part.get("seed"),
+                  note=note)

@@ -24,7 +24,7 @@ from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
-from cprobe import plots
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.probes import Probe
