@@ -184,3 +184,27 @@ def test_a_dataset_note_is_logged_once_per_job(tmp_path, caplog):
     logged = [r.getMessage() for r in caplog.records if "duplicated" in r.getMessage()]
     assert logged == ["dropped 1 duplicated sentence(s) of generic (kept the first of each)"]
     assert ctx.warnings == logged
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_cached_model_dirs_follow_the_umask(tmp_path, umask):
+    """mkdtemp made cached model directories 0700: unreadable to collaborators sharing the cache."""
+    import os
+    import stat
+
+    from cprobe.io import write_manifest
+    from cprobe.models.tiny import _FILES, cached_build
+
+    def build(d: Path) -> None:
+        for name in _FILES:
+            (d / name).write_bytes(b"x")
+        (d / "training.json").write_text(json.dumps({"key": "k"}))
+        write_manifest(d, ["config.json"])
+
+    old = os.umask(umask)
+    try:
+        out = cached_build(tmp_path / "models", "m", "k", build)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "checksums.json").stat().st_mode) == 0o666 & ~umask

@@ -22,7 +22,7 @@ FLOORS = {
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("cache", "extract", "job", "results", "plots"),
     5: ("tasks", "causalgym", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "api", "__init__"),
 }
 
 

@@ -34,7 +34,7 @@ class DatasetCommon:
     max_examples: int | None = None
     stratify: str | None = "z_c"
     seed: int = 0
-    duplicates: Literal["error", "drop"] = "error"
+    duplicates: Literal["error", "drop"] | None = None  # None: the type's default (error; drop for generated data)
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,19 @@ class DatasetType:
     loader: Callable[[Any, Path, str], Dataset]
     config: type  # the type-specific keys (a dataclass)
     properties: Callable[[Any], tuple[str, ...]] | None = None  # the properties its items carry, from its config
+    duplicates: str = "error"  # what a repeated sentence is when the config does not say: generators repeat by chance
 
 
 DATASETS: Registry[DatasetType] = Registry("dataset type")
 
 
-def register(name: str, config: type, properties: Callable[[Any], tuple[str, ...]] | None = None):
+def register(name: str, config: type, properties: Callable[[Any], tuple[str, ...]] | None = None,
+             duplicates: str = "error"):
     """Register a loader; ``properties(type-specific keys)`` declares the properties its items will carry, so a
-    config naming another property is rejected before any data is read."""
+    config naming another property is rejected before any data is read; ``duplicates`` is the default of
+    ``dataset.duplicates`` for the type."""
     def deco(fn: Callable[[Any, Path, str], Dataset]) -> Callable[[Any, Path, str], Dataset]:
-        DATASETS.register(name)(DatasetType(fn, config, properties))
+        DATASETS.register(name)(DatasetType(fn, config, properties, duplicates))
         return fn
     return deco
 
@@ -97,7 +100,7 @@ def _grammar_properties(_cfg: Any) -> tuple[str, ...]:
     return tuple(PROPERTIES)
 
 
-@register("synthetic", SyntheticKeys, _grammar_properties)
+@register("synthetic", SyntheticKeys, _grammar_properties, duplicates="drop")  # the grammar repeats a few by chance
 def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
     from cprobe.data.grammar import generate
 
@@ -250,7 +253,7 @@ def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:
                 raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
             ds = ds.subsample(common.max_examples, common.seed)
         return ds
-    ds = check_items(ds, common.duplicates)
+    ds = check_items(ds, common.duplicates or dtype.duplicates)
     if common.max_examples is not None:
         if common.max_examples < 1:
             raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")

@@ -70,6 +70,10 @@ class ModelConfig:
 
 
 def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    if any(isinstance(v, str) and "${" in v for v in cfg.values()):  # a shipped YAML read without Hydra
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[assignment]
     mc = parse(ModelConfig, cfg, "model")
     check_device(mc.device)
     return mc

@@ -17,7 +17,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -45,7 +44,7 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
-from cprobe.io import verify_manifest, write_manifest
+from cprobe.io import make_temp_dir, verify_manifest, write_manifest
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -150,7 +149,7 @@ def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], N
             shutil.rmtree(out)
         for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
+        tmp = make_temp_dir(cache_dir, prefix=f".{name}.tmp-")  # 0777 − umask, not mkdtemp's 0700
         try:
             build(tmp)
             os.replace(tmp, out)
