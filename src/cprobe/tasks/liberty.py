@@ -462,7 +462,8 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
 def _caption(fig: Any, shows: str, tab: pd.DataFrame) -> None:
     """What every LIBERTy figure names: the concepts, the explained model(s), the benchmark (SCM), n (structural
     counterfactual pairs) and the seed(s)."""
-    concepts = [c for c in tab["concept"].dropna().unique() if c != "all"] if "concept" in tab else []
+    concepts = (list(tab.loc[tab["kind"].isin(["sensitivity", "importance"]), "concept"].dropna().unique())
+                if "concept" in tab else [])
     scored = tab[tab["kind"].isin(["ed", "of"])] if "n" in tab else tab.iloc[:0]
     plots.caption(fig, shows, property=concepts or "the SCM's concepts", model=tab["model"],
                   data=[f"LIBERTy {s}" for s in tab["scm"].unique()],
