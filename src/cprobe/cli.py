@@ -153,7 +153,8 @@ def version() -> None:
     typer.echo(f"python {sys.version.split()[0]}")
 
 
-@cache_app.command("info", help="List every cache entry (activations, models, probes) and its size.")
+@cache_app.command("info", help="List every cache entry of every kind (activations, models, probe fits, ...) and its "
+                   "size.")
 def cache_info() -> None:
     from cprobe.cache import CACHE_KINDS, cache_entries
     from cprobe.paths import cache_dir
@@ -170,9 +171,9 @@ def cache_info() -> None:
         typer.echo(f"total: {sum(sizes.values()) / 2**20:.1f} MiB")
 
 
-@cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, probes).")
+@cache_app.command("clear", help="Delete cache entries: all, or one kind (`cprobe cache info` lists them).")
 def cache_clear(
-    what: Annotated[str, typer.Argument(help="all | activations | models | probes")] = "all",
+    what: Annotated[str, typer.Argument(help="all, or a kind: activations, models, probes, probe_fits, ...")] = "all",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     from cprobe.cache import CACHE_KINDS, clear_cache

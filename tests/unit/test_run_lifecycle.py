@@ -116,3 +116,60 @@ def test_status_json_of_a_running_job_records_its_process(tmp_path):
     write_status(tmp_path, state="running", **this_process())
     s = json.loads((tmp_path / "status.json").read_text())
     assert {"pid", "host", "pid_start"} <= set(s)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("../../../../../escaped", "_.._.._.._.._escaped"), ("EleutherAI/pythia-70m", "EleutherAI_pythia-70m"),
+    ("..", "_"), (".hidden", "hidden"), ("a b\\c", "a_b_c"), ("probe=mlp,seed=3", "probe=mlp,seed=3"),
+    ("layers=[2,4]", "layers=[2,4]"), ("word:2", "word:2"), ("", "_"),
+])
+def test_safe_name_keeps_a_name_one_path_component(text, expected):
+    from cprobe.paths import safe_name
+
+    assert safe_name(text) == expected
+    assert "/" not in safe_name(text) and safe_name(text) not in (".", "..")
+
+
+def test_safe_name_cuts_long_names_with_a_stable_hash_and_plain_name_refuses_paths():
+    from cprobe.errors import ConfigError
+    from cprobe.paths import plain_name, safe_name
+
+    long = "x" * 300
+    assert len(safe_name(long)) == 120 and safe_name(long) == safe_name(long) != safe_name(long + "y")
+    assert plain_name("gpt2", "model") == "gpt2"
+    with pytest.raises(ConfigError, match=r"model='\.\./x' must be a plain name"):
+        plain_name("../x", "model")
+
+
+def test_an_experiment_name_that_looks_like_a_path_stays_under_the_output_root(tmp_path):
+    from omegaconf import open_dict
+
+    from cprobe.callbacks import AggregateResults
+
+    cfg, hc = _composed()
+    with open_dict(cfg):
+        cfg.paths.output_root = str(tmp_path / "out")
+        cfg.name = "../../../../escaped"
+    hc.instance().set_config(cfg)
+    AggregateResults().on_run_start(cfg)
+    run = Path(cfg.hydra.run.dir).resolve()
+    assert run.is_relative_to((tmp_path / "out" / "runs").resolve()) and run.parent.name == "_.._.._.._escaped"
+
+
+def test_report_files_named_after_config_strings_stay_in_the_output_dir(tmp_path):
+    from cprobe.tasks.cebab import report as cebab_report
+    from cprobe.tasks.liberty import _plot_sensitivity
+
+    rows = [{"kind": "icace_error", "model": "../../../../escaped", "cebab_task": "5way", "train_variant": "exclusive",
+             "eval_split": "test", "explainer": "random", "distance": "l2", "aspect": "all", "direction": "all",
+             "value": 0.5, "n": 10, "seed": 0, "split": "", "metric": "icace_error"}]
+    out = tmp_path / "a" / "b" / "run"
+    cebab_report(pd.DataFrame(rows), out)
+    sens = pd.DataFrame({"scm": ["../../escaped"] * 2, "model": ["m"] * 2, "explainer": ["model", "scm"],
+                         "concept": ["a", "a"], "mean": [0.1, 0.2]})
+    tab = pd.DataFrame({"scm": ["../../escaped"], "model": ["m"], "kind": ["sensitivity"], "concept": ["a"],
+                        "n": [4], "seed": [0]})
+    _plot_sensitivity(sens, out, tab)
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert all(w.startswith("a/b/run/") and w.count("/") == 3 for w in written), written
+    assert "a/b/run/liberty_sensitivity__.._escaped.png" in written
