@@ -234,8 +234,9 @@ def _run_job(cfg: DictConfig) -> None:
                 callbacks.FAILED.append(f"{out_dir.name}: {e}")
                 return
             raise JobAborted(e)
-        log.info("%s: the previous run of this job died while running (%s); running it again", out_dir,
-                 describe_state(prev))
+        log.info("%s: the previous run of this job %s; running it again", out_dir,
+                 f"died while running ({describe_state(prev)})" if process_gone(prev) else
+                 f"is marked running on host {prev.get('host')} (cannot be checked from here)")
     if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not job.keys.force:
         log.info("job already done with the same config (%s); skipping — pass force=true to redo it", out_dir)
         return
