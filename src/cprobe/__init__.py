@@ -5,7 +5,7 @@ Models and datasets load by config name, without Hydra (the README's "Python" se
     import cprobe
     model = cprobe.load_model("tiny_bert_sva")                     # `cprobe list model`
     data = cprobe.load_dataset("synthetic_sva", max_examples=600)  # `cprobe list dataset`
-    ex = cprobe.extract(model, data, layers=[4])                   # ex.acts[4]: (n, d) at the [MASK]
+    ex = cprobe.read_sites(model, data, layers=[4])                 # ex.acts[4]: (n, d) at the [MASK]
     z = torch.from_numpy(ex.dataset.labels("z_c"))                 # class ids (-1: the property does not apply)
     X_erased = cprobe.LEACE().fit(ex.acts[4], z).transform(ex.acts[4])
     cprobe.task_accuracy(cprobe.intervene(model, ex, layer=4, states=X_erased))
@@ -60,7 +60,7 @@ _EXPORTS = {
     "dataset_config": "cprobe.api",
     "load_model": "cprobe.api",
     "load_dataset": "cprobe.api",
-    "extract": "cprobe.api",
+    "read_sites": "cprobe.api",
     "intervene": "cprobe.api",
     "task_accuracy": "cprobe.api",
 }

@@ -77,7 +77,7 @@ def load_dataset(name: str | Mapping[str, Any], data_root: str | Path | None = N
     return data
 
 
-def extract(model: Any, data: Any, layers: str | int | Sequence[int] = "all", position: str = "target",
+def read_sites(model: Any, data: Any, layers: str | int | Sequence[int] = "all", position: str = "target",
             cache: bool = True, progress: bool = False):
     """Hidden states of agreement items at ``layers`` (``"all"``, ``"last"``, ints; 0 = embeddings) and
     ``position`` (``"target"``: the [MASK] / the last prefix token), and the model's scores of the two verb forms.

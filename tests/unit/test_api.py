@@ -11,9 +11,18 @@ from cprobe.paths import config_dir
 
 
 def test_the_library_names_are_exported():
-    for name in ("load_model", "load_dataset", "model_config", "dataset_config", "extract", "intervene",
+    for name in ("load_model", "load_dataset", "model_config", "dataset_config", "read_sites", "intervene",
                  "task_accuracy", "LEACE", "LinearProbe", "Site"):
         assert name in cprobe.__all__ and callable(getattr(cprobe, name)) or name == "Site"
+
+
+def test_no_export_is_shadowed_by_a_submodule():
+    """Importing ``cprobe.<x>`` sets the package attribute ``x`` to the submodule: an export of that name would
+    turn into a module after first use (``cprobe.extract`` did)."""
+    import importlib.util
+
+    shadowed = [n for n in cprobe.__all__ if n != "__version__" and importlib.util.find_spec(f"cprobe.{n}")]
+    assert not shadowed
 
 
 def test_model_configs_load_by_name_and_every_shipped_yaml_parses_without_hydra():
