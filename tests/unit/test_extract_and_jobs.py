@@ -88,7 +88,8 @@ def test_status_roundtrip_and_config_hash(tmp_path):
 
 
 def _rows():
-    return {"task": ["probing"] * 2, "model": ["m", "m"], "layer": [0, 1], "property": ["z_c"] * 2,
+    return {"task": ["probing"] * 2, "model": ["m", "m"], "dataset": ["d", "d"], "n_test": [10, 10],
+            "layer": [0, 1], "property": ["z_c"] * 2,
             "probe": ["linear"] * 2, "accuracy": [0.5, 0.9], "majority": [0.5, 0.5]}
 
 
@@ -117,9 +118,9 @@ def test_metrics_md_is_compact_constant_columns_once_warnings_once_below(tmp_pat
     write_job(pd.DataFrame(rows), tmp_path)
     md = (tmp_path / "metrics.md").read_text()
     head, table, warnings = md.split("\n\n")
-    assert head == "All rows: task: probing · model: m · property: z_c · probe: linear · majority: 0.5000 · " \
+    assert head == "All rows: task: probing · model: m · dataset: d · property: z_c · probe: linear · majority: 0.5000 · " \
                    "task_accuracy: n/a"
-    assert [c.strip() for c in table.splitlines()[0].split("|")[1:-1]] == ["layer", "accuracy", "n_test"]
+    assert [c.strip() for c in table.splitlines()[0].split("|")[1:-1]] == ["n_test", "layer", "accuracy"]
     assert len(table.splitlines()) == 4
     assert warnings.splitlines() == ["Warnings:", "- dropped 7 duplicated sentence(s)", "- skipping property z_e: one value"]
     assert md.count("duplicated") == 1
