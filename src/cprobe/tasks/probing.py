@@ -146,6 +146,6 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     plots.caption(fig, "Probe test accuracy by layer (dashed: majority baseline)", property=props,
-                  model=table["model"], data=table["dataset"], n=plots.counts(n_test, "test items"),
+                  model=table["model"], data=table.get("dataset", "?"), n=plots.counts(n_test, "test items"),
                   seed=table.get("seed"))
     save(fig, out_dir / "accuracy_by_layer.png")
