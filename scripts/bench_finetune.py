@@ -12,6 +12,7 @@ random-init tiny BERT (no package needed, for smoke runs).
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +56,15 @@ def main() -> None:
     label = data.scm.variables[data.scm.label]
     y = torch.tensor([label.values.index(it.outcome) for it in items])
     enc = _encoder(args.size, [it.text for it in items])
+    from cprobe.compute import BF16_FLAGS, cpu_bf16, cpu_flags, cpu_model
+
+    flags = cpu_flags()
+    shown = sorted(f for f in flags if f.startswith(("avx", "amx")) or f in ("bf16", "sve", "asimd"))
+    print(f"CPU: {cpu_model()}; flags: {' '.join(shown) or '(none found)'}")
+    print(f"native bf16 ({'/'.join(BF16_FLAGS)}): {'yes' if cpu_bf16() else 'no'} — precision: bf16 "
+          f"{'trains in bf16 here' if cpu_bf16() else 'falls back to fp32 here (the bf16 row below is forced)'}")
+    os.environ["CPROBE_CPU_BF16"] = "1"  # measure bf16 itself, even where cprobe would not use it
+    cpu_bf16.cache_clear()
     rates, preds = {}, {}
     for precision in ("fp32", "bf16"):
         cfg = FinetuneConfig(epochs=1, lr=1e-4, batch_size=args.batch_size, max_length=args.max_length,

@@ -1,12 +1,22 @@
-"""Content-addressed caches under ``$CPROBE_CACHE_DIR``: activations (one checksummed safetensors file per
-tensor), and the listing/clearing of every cache kind.
+"""Everything cprobe keeps under ``$CPROBE_CACHE_DIR``: one registry of cache kinds, one checksummed scheme, one
+model identity, and the sharded activation store.
 
-Activation entries are keyed by a hash of what determines them (model fingerprint, dtype, the items'
-fingerprint, the formatter and readout specs, CACHE_VERSION). Inside an entry every tensor (a site's (n, d)
-activations, the readout's scores) is its own file, so a layer sweep or a second probe reuses what an earlier
-job extracted and a request for new sites extracts only those. Two jobs of a parallel sweep asking for the
-same entry serialize on a file lock; the second finds the files. A file that fails to load, fails its
-checksum or has the wrong length is treated as missing and rebuilt.
+**Kinds.** Every subdirectory of the cache root is a registered :class:`CacheKind` (:data:`KINDS`): code that writes
+to the cache gets its directory from :func:`kind_dir`, which refuses an unregistered name, and ``cprobe cache
+info/clear`` list and clear exactly these. Every file is checksummed the one way :mod:`cprobe.io` does it (XXH3 in
+the safetensors metadata of tensor files; a ``checksums.json`` manifest for anything else).
+
+**Model identity.** :func:`model_identity` says what determines a model's outputs without loading it, and never
+holds a machine's absolute paths or file times: a moved or copied cache stays valid.
+
+**Activations** (:class:`ActivationCache`): one entry per hash of what determines the states (model fingerprint,
+dtype, the items' fingerprint, formatter and readout specs, storage dtype, :data:`CACHE_VERSION`). Inside an entry
+every tensor (a site's (n, d) states, the readout's scores) is stored in fixed row ranges, one checksummed
+safetensors *shard* per range (``<entry>/<tensor>/<a>-<b>.safetensors``), written as extraction goes: host memory
+stays at one shard, a killed extraction resumes from its last finished shard, a layer sweep or a second probe
+reuses what an earlier job extracted, and streaming fits read one shard at a time (:meth:`Entry.shards`). Jobs of
+a parallel sweep asking for the same entry serialise on a file lock; the second finds the shards. A shard that
+fails to load or fails its checksum is deleted and recomputed.
 """
 
 from __future__ import annotations
@@ -16,25 +26,92 @@ import json
 import logging
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+import torch
+from torch import Tensor
 
-from cprobe.io import atomic_save_tensors, atomic_write_bytes, load_tensors
+from cprobe.errors import ConfigError
+from cprobe.io import atomic_save_tensors, atomic_write_bytes, read_header, read_into, verify_manifest
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: per-tensor files with checksums, keyed by site and readout
+CACHE_VERSION = 3  # 3: sharded per-tensor files with XXH3 checksums; 2: one file per tensor, SHA-256
 ACTS = "activations"
+SHARD_MB = 256  # default bytes of one shard across all tensors extracted together
 
-CACHE_KINDS: dict[str, str] = {
-    ACTS: "extracted hidden states and readout scores",
-    "models": "self-trained and fine-tuned models",
-    "probes": "fitted probes (reliability oracles and interventional probes)",
-    "probe_fits": "probing-task probe fits, keyed by the activations' content, the probe config and the seed",
-}
-"""Every subdirectory of the cache root that cprobe writes, with what it holds."""
+
+# ----------------------------------------------------------------------------------------------- kinds
+@dataclass(frozen=True)
+class CacheKind:
+    """A subdirectory of the cache root: its name, what it holds, and how ``cprobe cache info`` describes an entry."""
+
+    name: str
+    description: str
+    describe: Callable[[Path], str] | None = None
+
+
+KINDS: dict[str, CacheKind] = {}
+
+
+def register_kind(name: str, description: str, describe: Callable[[Path], str] | None = None) -> CacheKind:
+    kind = CacheKind(name, description, describe)
+    KINDS[name] = kind
+    return kind
+
+
+def kind_dir(root: Path, kind: str) -> Path:
+    """``<root>/<kind>`` for a registered kind (the only way code names a cache directory)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown cache kind {kind!r}; choose from {sorted(KINDS)}")
+    return Path(root) / kind
+
+
+def _json(entry: Path, name: str) -> dict[str, Any]:
+    return json.loads((entry / name).read_text())
+
+
+def _describe_acts(entry: Path) -> str:
+    meta = _json(entry, "meta.json")
+    tensors = sorted(p.name for p in entry.iterdir() if p.is_dir())
+    return (f"{meta.get('model')} × {meta.get('dataset')} n={meta.get('n')} "
+            f"{meta.get('formatter', '')} tensors={len(tensors)} shards of {meta.get('shard_rows')} rows")
+
+
+def _describe_models(entry: Path) -> str:
+    report = _json(entry, "training.json")
+    return ", ".join(f"{k}={report[k]}" for k in ("kind", "heldout_accuracy", "dev_macro_f1") if k in report)
+
+
+def _describe_finetuned(entry: Path) -> str:
+    from cprobe.io import read_metadata
+
+    if entry.suffix != ".safetensors":
+        return ""
+    meta = read_metadata(entry)
+    return ("training checkpoint " if ".partial" in entry.name else "") + meta.get("config", "")[:80]
+
+
+def _describe_cloze(entry: Path) -> str:
+    problem = verify_manifest(entry) if entry.is_dir() else "not a directory"
+    meta = _json(entry, "meta.json") if (entry / "meta.json").is_file() else {}
+    return f"{meta.get('model', '?')} rows={meta.get('rows', '?')}" + (f" ({problem})" if problem else "")
+
+
+register_kind(ACTS, "extracted hidden states and readout scores (sharded)", _describe_acts)
+register_kind("models", "self-trained tiny models (agreement grammar, fact worlds, corpora)", _describe_models)
+register_kind("finetuned", "fine-tuned sequence classifiers (CEBaB, LIBERTy) and their training checkpoints",
+              _describe_finetuned)
+register_kind("probes", "fitted probes (reliability oracles and interventional probes)")
+register_kind("probe_fits", "probing-task probe fits, keyed by the activations' content, the probe config and the seed")
+register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
+register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU")
+
+CACHE_KINDS: dict[str, str] = {k: v.description for k, v in KINDS.items()}
+"""Every subdirectory of the cache root that cprobe writes, with what it holds (a view of :data:`KINDS`)."""
 
 
 def cache_key(fields: Mapping[str, Any]) -> str:
@@ -46,83 +123,288 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-class ActivationCache:
-    """Per-key directory ``<root>/activations/<key>/`` with ``<tensor name>.safetensors`` and ``meta.json``."""
+# ----------------------------------------------------------------------------------------------- checked files
+def store_files(entry: Path, files: Mapping[str, bytes]) -> None:
+    """Write ``files`` into directory ``entry`` atomically, then their ``checksums.json`` manifest (last: an entry
+    without a valid manifest is incomplete)."""
+    from cprobe.io import write_manifest
 
-    def __init__(self, root: Path, enabled: bool = True) -> None:
-        self.root = Path(root) / ACTS
+    for name, data in files.items():
+        atomic_write_bytes(Path(entry) / name, data)
+    write_manifest(Path(entry), list(files))
+
+
+def load_file(entry: Path, name: str) -> bytes | None:
+    """File ``name`` of a :func:`store_files` entry when the entry is complete and every file matches its checksum;
+    None otherwise (a warning when the entry exists but fails)."""
+    entry = Path(entry)
+    if not entry.is_dir():
+        return None
+    problem = verify_manifest(entry)
+    if problem is not None:
+        log.warning("cache entry %s: %s; recomputing it", entry, problem)
+        return None
+    try:
+        return (entry / name).read_bytes()
+    except OSError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- model identity
+def model_identity(m: Mapping[str, Any]) -> dict[str, Any]:
+    """What determines a model's outputs, from its config alone (no loading), free of absolute paths and file times.
+
+    Hub ids by id and revision; installed packages by name, version and subdirectory; local checkpoints by the
+    *contents* of their weight and config files (their ``checksums.json`` manifest when they have one, as the
+    models cprobe trains do; else a digest of the files, computed once per process); plus kind, dtype and
+    max_length. A checkpoint copied or moved elsewhere (a cache on another disk) has the same identity.
+    """
+    ident: dict[str, Any] = {k: m.get(k) for k in ("name", "source", "kind", "dtype", "max_length", "revision",
+                                                   "tiny", "subdir")}
+    src = m.get("source", "hub")
+    if src == "package" and m.get("package"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            ident["package"] = (m["package"], version(str(m["package"]).replace("_", "-")))
+        except PackageNotFoundError:
+            ident["package"] = (m["package"], None)
+    path = Path(str(m.get("path") or "")).expanduser()
+    if m.get("path") and path.is_dir():
+        ident["files"] = _dir_digest(path)
+    elif m.get("path"):
+        ident["path"] = m.get("path")  # a hub id
+    return ident
+
+
+_DIR_DIGESTS: dict[tuple, dict[str, str]] = {}
+
+
+def _dir_digest(path: Path) -> dict[str, str]:
+    """{file name: content digest} of a checkpoint's weights, configs and tokenizer files."""
+    from cprobe.io import MANIFEST, file_digest
+
+    if (path / MANIFEST).is_file():
+        try:
+            return dict(json.loads((path / MANIFEST).read_text()))
+        except (OSError, ValueError):
+            pass
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json", ".txt", ".model"))
+    stamp = (str(path.resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if stamp not in _DIR_DIGESTS:  # the stamp only memoises within the process; the identity is the contents
+        _DIR_DIGESTS[stamp] = {p.name: file_digest(p) for p in files}
+    return _DIR_DIGESTS[stamp]
+
+
+# ----------------------------------------------------------------------------------------------- activations
+class ActivationCache:
+    """Per-key directory ``<root>/activations/<key>/`` with ``meta.json`` and one shard directory per tensor.
+
+    ``dtype`` is how read states are stored: ``float32`` (default), ``bfloat16``, or ``model`` (the model's own
+    dtype: a bf16 model's states take half the space and memory). ``shard_mb`` bounds one shard (all tensors
+    extracted together), which is also the host memory extraction holds.
+    """
+
+    def __init__(self, root: Path, enabled: bool = True, dtype: str = "float32", shard_mb: float = SHARD_MB) -> None:
+        if dtype not in ("float32", "bfloat16", "model"):
+            raise ConfigError(f"cache.dtype={dtype!r}; choose from ['float32', 'bfloat16', 'model']")
+        if shard_mb <= 0:
+            raise ConfigError(f"cache.shard_mb must be > 0, got {shard_mb}")
+        self.root = kind_dir(root, ACTS)
         self.enabled = enabled
+        self.dtype = dtype
+        self.shard_mb = shard_mb
+
+    def store_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "model": model_dtype}[self.dtype]
+
+    def entry(self, fields: Mapping[str, Any], n: int) -> Entry:
+        return Entry(self.root / cache_key(fields), dict(fields), n)
 
     def get_or_compute(
         self, fields: Mapping[str, Any], names: Sequence[str], n: int,
         compute: Callable[[list[str]], Mapping[str, Any]],
     ) -> tuple[dict[str, Any], bool]:
-        """({name: tensor with n rows}, hit): cached tensors, computing only the missing names.
-
-        ``compute(missing)`` returns at least the missing tensors (it may return more; extras are stored).
-        """
+        """({name: tensor with n rows}, hit): cached tensors, computing only the missing names (whole tensors;
+        :func:`cprobe.extract.extract_stream` is the streaming path). ``compute(missing)`` returns at least the
+        missing tensors (extras are stored too)."""
         names = list(dict.fromkeys(names))
         if not self.enabled:
             out = compute(names)
             return {k: out[k] for k in names}, False
-        d = self.root / cache_key(fields)
-        d.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(d) + ".lock"):
-            have = {k: t for k in names if (t := self._read(d, k, n)) is not None}
+        entry = self.entry(fields, n)
+        with entry.lock():
+            have = {k: t for k in names if (t := entry.read(k)) is not None}
             missing = [k for k in names if k not in have]
             if missing:
                 new = compute(missing)
                 for k, t in new.items():
                     if t.shape[0] != n:
                         raise RuntimeError(f"extraction returned {t.shape[0]} rows for {k}, expected {n}")
-                    atomic_save_tensors(d / f"{_safe(k)}.safetensors", {"t": t})
+                row = sum(t[:1].numel() * t.element_size() for t in new.values())
+                entry.init(max(1, int(self.shard_mb * 2**20) // max(row, 1)))
+                for k, t in new.items():
+                    for j, (a, b) in enumerate(entry.ranges()):
+                        entry.write(k, j, t[a:b])
                     have.setdefault(k, t)
-                atomic_write_bytes(d / "meta.json", json.dumps({**fields, "n": n}, indent=1, default=str).encode())
+                entry.finish()
             return {k: have[k] for k in names}, not missing
 
-    @staticmethod
-    def _read(d: Path, name: str, n: int) -> Any:
-        t = load_tensors(d / f"{_safe(name)}.safetensors")
-        if t is None or "t" not in t or t["t"].shape[0] != n:
+
+class Entry:
+    """One activation entry: fixed row ranges (``shard_rows`` each, set when the entry is first written), one
+    checksummed file per (tensor, range)."""
+
+    def __init__(self, path: Path, fields: dict[str, Any], n: int) -> None:
+        self.dir, self.fields, self.n = Path(path), fields, n
+        self.shard_rows: int | None = None
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            meta = json.loads((self.dir / "meta.json").read_text())
+            if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
+                self.shard_rows = meta["shard_rows"]
+        except (OSError, ValueError):
+            pass
+
+    @contextmanager
+    def lock(self) -> Iterator[Entry]:
+        """Hold the entry's file lock (parallel jobs compute it once); the row ranges are re-read inside."""
+        from filelock import FileLock
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.dir) + ".lock"):
+            self._load()  # another job may have fixed the ranges while we waited
+            yield self
+
+    def init(self, shard_rows: int) -> None:
+        """Fix the row ranges (kept when the entry already has them) and record the entry's fields."""
+        if self.shard_rows is None:
+            self.shard_rows = max(1, int(shard_rows))
+            self.finish()
+
+    def finish(self) -> None:
+        atomic_write_bytes(self.dir / "meta.json", json.dumps(
+            {**self.fields, "n": self.n, "shard_rows": self.shard_rows}, indent=1, default=str).encode())
+
+    def ranges(self) -> list[tuple[int, int]]:
+        if self.shard_rows is None:
+            return []
+        r = self.shard_rows
+        return [(a, min(a + r, self.n)) for a in range(0, self.n, r)] or [(0, 0)]
+
+    def path(self, name: str, j: int) -> Path:
+        a, b = self.ranges()[j]
+        return self.dir / _safe(name) / f"{a:010d}-{b:010d}.safetensors"
+
+    def has(self, name: str, j: int) -> bool:
+        return self.shard_rows is not None and self.path(name, j).is_file()
+
+    def missing(self, name: str) -> list[int]:
+        """Ranges of ``name`` not on disk (all when the entry has no ranges yet)."""
+        if self.shard_rows is None:
+            return []
+        return [j for j in range(len(self.ranges())) if not self.has(name, j)]
+
+    def complete(self, name: str) -> bool:
+        return self.shard_rows is not None and not self.missing(name)
+
+    def write(self, name: str, j: int, t: Tensor) -> None:
+        a, b = self.ranges()[j]
+        if t.shape[0] != b - a:
+            raise RuntimeError(f"shard {j} of {name} has {t.shape[0]} rows, expected {b - a}")
+        atomic_save_tensors(self.path(name, j), {"t": t}, {"rows": f"{a}-{b}"})
+
+    def _info(self, name: str, j: int) -> tuple[torch.dtype, list[int]] | None:
+        from cprobe.io import _ST_DTYPES
+
+        try:
+            head, _ = read_header(self.path(name, j))
+            info = head["t"]
+            return getattr(torch, _ST_DTYPES[info["dtype"]]), list(info["shape"])
+        except (OSError, ValueError, KeyError):
             return None
-        return t["t"]
+
+    def read_shard(self, name: str, j: int, out: Tensor | None = None) -> Tensor | None:
+        """Shard ``j`` of ``name`` (into ``out`` when given), or None after deleting a corrupt file."""
+        info = self._info(name, j)
+        if info is None:
+            self.path(name, j).unlink(missing_ok=True)
+            return None
+        if out is None:
+            out = torch.empty(info[1], dtype=info[0])
+        if not read_into(self.path(name, j), "t", out):
+            self.path(name, j).unlink(missing_ok=True)
+            return None
+        return out
+
+    def read(self, name: str) -> Tensor | None:
+        """The whole (n, ...) tensor, read shard by shard straight into one buffer; None when any shard is missing
+        or corrupt (corrupt shards are deleted, so the next extraction recomputes just them)."""
+        if not self.complete(name):
+            return None
+        first = self._info(name, 0)
+        if first is None:
+            self.path(name, 0).unlink(missing_ok=True)
+            return None
+        out = torch.empty([self.n, *first[1][1:]], dtype=first[0])
+        ok = True
+        for j, (a, b) in enumerate(self.ranges()):
+            if self.read_shard(name, j, out[a:b]) is None:
+                ok = False
+        return out if ok else None
+
+    def shards(self, names: Sequence[str]) -> Iterator[tuple[int, int, dict[str, Tensor]]]:
+        """(a, b, {name: rows a..b}) range by range: what a streaming fit consumes, one shard in memory."""
+        for j, (a, b) in enumerate(self.ranges()):
+            got = {k: self.read_shard(k, j) for k in names}
+            bad = [k for k, v in got.items() if v is None]
+            if bad:
+                raise RuntimeError(f"shard {a}-{b} of {bad} is missing or corrupt in {self.dir}; rerun the extraction")
+            yield a, b, got  # type: ignore[misc]
 
 
+# ----------------------------------------------------------------------------------------------- listing
 def _size(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
 
 
 def cache_entries(root: Path) -> Iterator[tuple[str, str, int, str]]:
-    """(kind, name, bytes, description) for every entry of every cache kind."""
+    """(kind, name, bytes, description) for every entry of every registered kind."""
     root = Path(root)
-    for kind in CACHE_KINDS:
-        base = root / kind
+    for kind in KINDS.values():
+        base = root / kind.name
         if not base.is_dir():
             continue
         for entry in sorted(base.iterdir()):
             if entry.name.startswith(".") or entry.suffix == ".lock":
                 continue
-            yield kind, entry.name, _size(entry), _describe(kind, entry)
+            yield kind.name, entry.name, _size(entry), _describe(kind, entry)
 
 
-def _describe(kind: str, entry: Path) -> str:
+def _describe(kind: CacheKind, entry: Path) -> str:
+    if kind.describe is None:
+        return ""
     try:
-        if kind == ACTS:
-            meta = json.loads((entry / "meta.json").read_text())
-            tensors = len(list(entry.glob("*.safetensors")))
-            return (f"{meta.get('model')} × {meta.get('dataset')} n={meta.get('n')} "
-                    f"{meta.get('formatter', meta.get('position', ''))} tensors={tensors}")
-        if kind == "models":
-            report = json.loads((entry / "training.json").read_text())
-            return ", ".join(f"{k}={report[k]}" for k in ("kind", "heldout_accuracy", "dev_macro_f1") if k in report)
-    except (OSError, ValueError):
+        return kind.describe(entry)
+    except (OSError, ValueError, KeyError):
         return "(incomplete)"
-    return ""
+
+
+def unregistered(root: Path) -> list[str]:
+    """Subdirectories of the cache root that no registered kind owns (should be none)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in KINDS)
 
 
 def clear_cache(root: Path, what: str = "all") -> int:
     """Delete the entries of one cache kind (or all); returns how many entries were removed."""
-    kinds = list(CACHE_KINDS) if what == "all" else [what]
+    if what != "all" and what not in KINDS:
+        raise ConfigError(f"unknown cache kind {what!r}; choose from {['all', *KINDS]}")
+    kinds = list(KINDS) if what == "all" else [what]
     n = 0
     for kind in kinds:
         p = Path(root) / kind
@@ -132,5 +414,5 @@ def clear_cache(root: Path, what: str = "all") -> int:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
-                n += not child.name.endswith(".lock")
+                n += not child.name.endswith(".lock") and not child.name.startswith(".")
     return n

@@ -153,8 +153,8 @@ def version() -> None:
     typer.echo(f"python {sys.version.split()[0]}")
 
 
-@cache_app.command("info", help="List every cache entry of every kind (activations, models, probe fits, ...) and its "
-                   "size.")
+@cache_app.command("info", help="List every cache entry (activations, models, finetuned, probes, probe_fits, cloze, "
+                                "engine) and its size.")
 def cache_info() -> None:
     from cprobe.cache import CACHE_KINDS, cache_entries
     from cprobe.paths import cache_dir
@@ -169,11 +169,17 @@ def cache_info() -> None:
         for kind, what in CACHE_KINDS.items():
             typer.echo(f"{kind}: {sizes[kind] / 2**20:.1f} MiB ({what})")
         typer.echo(f"total: {sum(sizes.values()) / 2**20:.1f} MiB")
+        from cprobe.cache import unregistered
+
+        for stray in unregistered(root):
+            typer.echo(f"warning: {root / stray} is not a cprobe cache kind (not listed, never cleared)", err=True)
 
 
-@cache_app.command("clear", help="Delete cache entries: all, or one kind (`cprobe cache info` lists them).")
+@cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, finetuned, probes, "
+                                 "probe_fits, cloze, engine).")
 def cache_clear(
-    what: Annotated[str, typer.Argument(help="all, or a kind: activations, models, probes, probe_fits, ...")] = "all",
+    what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probes | probe_fits | cloze | "
+                                        "engine")] = "all",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     from cprobe.cache import CACHE_KINDS, clear_cache

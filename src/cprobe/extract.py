@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from cprobe.cache import ActivationCache
+from cprobe.cache import ActivationCache, Entry
 from cprobe.data.base import Dataset
 from cprobe.errors import ConfigError, DataError
 from cprobe.models.adapter import ModelAdapter
@@ -30,29 +30,146 @@ log = logging.getLogger(__name__)
 SCORES = "scores"
 
 
+class Activations:
+    """Extracted tensors by name (site keys and ``scores``), held in memory or as the shards of a cache entry.
+
+    :meth:`load` materialises one (n, ...) tensor; :meth:`shards` yields ``(a, b, {name: rows a..b})`` with one shard
+    in memory at a time — what streaming fits consume (:func:`fit_streaming`).
+    """
+
+    def __init__(self, n: int, entry: Entry | None = None, tensors: dict[str, Tensor] | None = None) -> None:
+        self.n, self.entry, self.tensors = n, entry, tensors or {}
+
+    def get(self, name: str) -> Tensor | None:
+        """The whole tensor, or None when a shard is missing or corrupt (corrupt shards are deleted)."""
+        if name in self.tensors:
+            return self.tensors[name]
+        assert self.entry is not None
+        return self.entry.read(name)
+
+    def load(self, name: str) -> Tensor:
+        t = self.get(name)
+        if t is None:
+            raise RuntimeError(f"{name} is missing or corrupt in {self.entry.dir}; rerun the extraction")
+        return t
+
+    def shards(self, names: Sequence[str]) -> Iterator[tuple[int, int, dict[str, Tensor]]]:
+        if self.entry is None:
+            yield 0, self.n, {k: self.tensors[k] for k in names}
+            return
+        yield from self.entry.shards(names)
+
+
+def _fields(adapter: ModelAdapter, items_fingerprint: str, dataset_name: str, formatter: Formatter,
+            readout: Readout | None, store: torch.dtype) -> dict[str, Any]:
+    f = {"model": adapter.name, "weights": fingerprint(adapter), "dtype": str(adapter.dtype),
+         "dataset": dataset_name, "data": items_fingerprint, "formatter": formatter.spec(),
+         "readout": readout.spec() if readout is not None else None, "kind": adapter.kind,
+         "max_length": adapter.max_length}
+    if store != torch.float32:
+        f["store_dtype"] = str(store)
+    return f
+
+
+def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint: str, dataset_name: str,
+                   formatter: Formatter, sites: Sequence[Site], readout: Readout | None, cache: ActivationCache,
+                   progress: bool = True) -> tuple[Activations, bool]:
+    """The states at ``sites`` (and the readout's scores, name ``scores``) of ``items``, as :class:`Activations`,
+    and whether the cache had them all. Only what the cache lacks is computed, in one pass over the model per
+    missing shard, written shard by shard as extraction goes (host memory: one shard); an extraction killed
+    midway resumes from its last finished shard."""
+    store = cache.store_dtype(adapter.dtype)
+    names = [s.key for s in sites] + ([SCORES] if readout is not None else [])
+    by_key = {s.key: s for s in sites}
+    n = len(items)
+    if not cache.enabled or n == 0:
+        out = adapter.map(items, formatter, read=list(sites), readout=readout,
+                          desc="extract" if progress else None, dtype=store)
+        tensors = {s.key: out.acts[s] for s in sites}
+        if out.scores is not None:
+            tensors[SCORES] = out.scores
+        return Activations(n, tensors=tensors), False
+    entry = cache.entry(_fields(adapter, items_fingerprint, dataset_name, formatter, readout, store), n)
+    with entry.lock():
+        if entry.shard_rows is None:  # a new entry: shards of about cache.shard_mb across the tensors extracted now
+            row = sum(adapter.hidden_size * store.itemsize for _ in sites) + (256 if readout is not None else 0)
+            entry.init(max(1, int(cache.shard_mb * 2**20) // max(row, 1)))
+        todo: dict[int, list[str]] = {}
+        for k in names:
+            for j in entry.missing(k):
+                todo.setdefault(j, []).append(k)
+        hit = not todo
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for j, ks in sorted(todo.items()):
+            groups.setdefault(tuple(ks), []).append(j)
+        for ks, shards in groups.items():
+            _extract_shards(adapter, items, formatter, [by_key[k] for k in ks if k in by_key],
+                            readout if SCORES in ks else None, entry, shards, store, progress)
+        if not hit:
+            entry.finish()
+    return Activations(n, entry=entry), hit
+
+
+def _extract_shards(adapter: ModelAdapter, items: Sequence[Any], formatter: Formatter, sites: list[Site],
+                    readout: Readout | None, entry: Entry, shards: list[int], store: torch.dtype,
+                    progress: bool) -> None:
+    """One pass of the engine over the rows of ``shards``, each shard written as soon as its rows are done."""
+    ranges = entry.ranges()
+    windows = [ranges[j] for j in shards]
+    bufs: dict[int, dict[str, Tensor]] = {}
+    filled: dict[int, int] = {}
+    for chunk in adapter.stream(items, formatter, sites, readout=readout, windows=windows, dtype=store,
+                                desc="extract" if progress else None):
+        a, b = windows[chunk.window]
+        buf = bufs.get(chunk.window)
+        if buf is None:
+            buf = bufs[chunk.window] = {s.key: torch.empty(b - a, *chunk.acts[s].shape[1:], dtype=store)
+                                        for s in sites}
+            if chunk.scores is not None:
+                buf[SCORES] = torch.empty(b - a, *chunk.scores.shape[1:], dtype=chunk.scores.dtype)
+        local = chunk.rows - a
+        for s in sites:
+            buf[s.key][local] = chunk.acts[s]
+        if chunk.scores is not None:
+            buf[SCORES][local] = chunk.scores
+        filled[chunk.window] = filled.get(chunk.window, 0) + len(chunk.rows)
+        if filled[chunk.window] == b - a:  # the shard is complete: write it and let it go
+            for k, t in bufs.pop(chunk.window).items():
+                entry.write(k, shards[chunk.window], t)
+
+
 def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint: str, dataset_name: str,
                   formatter: Formatter, sites: Sequence[Site], readout: Readout | None, cache: ActivationCache,
                   progress: bool = True) -> tuple[dict[Site, Tensor], Tensor | None, bool]:
-    """({site: (n, d) float32}, readout scores or None, cache hit) for ``items``, computing only what the
-    cache lacks (one pass over the model for all missing sites and the scores)."""
-    fields = {"model": adapter.name, "weights": fingerprint(adapter), "dtype": str(adapter.dtype),
-              "dataset": dataset_name, "data": items_fingerprint, "formatter": formatter.spec(),
-              "readout": readout.spec() if readout is not None else None, "kind": adapter.kind,
-              "max_length": adapter.max_length}
+    """({site: (n, d)} in the cache's storage dtype (float32 by default), readout scores or None, cache hit) for
+    ``items``, computing only what the cache lacks (:func:`extract_stream`, then each tensor read whole)."""
     names = [s.key for s in sites] + ([SCORES] if readout is not None else [])
-    by_key = {s.key: s for s in sites}
+    for attempt in range(2):  # a shard found corrupt while reading is deleted, then recomputed alone
+        acts, hit = extract_stream(adapter, items, items_fingerprint, dataset_name, formatter, sites, readout, cache,
+                                   progress)
+        got = {k: acts.get(k) for k in names if k != SCORES or acts.entry is not None or SCORES in acts.tensors}
+        if all(v is not None for v in got.values()):
+            return {s: got[s.key] for s in sites}, got.get(SCORES), hit and attempt == 0
+    raise RuntimeError(f"the activation cache under {cache.root} keeps failing its checksums; check the disk")
 
-    def compute(missing: list[str]) -> dict[str, Tensor]:
-        want = [by_key[k] for k in missing if k in by_key]
-        out = adapter.map(items, formatter, read=want, readout=readout if SCORES in missing else None,
-                          desc="extract" if progress else None)
-        new = {s.key: out.acts[s] for s in want}
-        if out.scores is not None:
-            new[SCORES] = out.scores
-        return new
 
-    got, hit = cache.get_or_compute(fields, names, len(items), compute)
-    return {s: got[s.key] for s in sites}, got.get(SCORES), hit
+def fit_streaming(estimator: Any, acts: Activations, name: str, labels: Tensor, rows: Tensor | None = None) -> Any:
+    """Fit an estimator that merges batches (``update(X, z)``: LEACE, mean difference) from the shards of ``name``,
+    one shard in memory at a time; ``rows`` (a boolean mask over all n rows, or indices) restricts the fit."""
+    if not callable(getattr(estimator, "update", None)):
+        raise ConfigError(f"{type(estimator).__name__} cannot fit from a stream (it has no update(X, z))")
+    mask = None
+    if rows is not None:
+        mask = torch.zeros(acts.n, dtype=torch.bool)
+        mask[rows] = True
+    for a, b, got in acts.shards([name]):
+        X, z = got[name], labels[a:b]
+        if mask is not None:
+            keep = mask[a:b]
+            X, z = X[keep], z[keep]
+        if len(X):
+            estimator.update(X, z)
+    return estimator
 
 
 @dataclass

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cprobe.cache import ActivationCache
+from cprobe.cache import SHARD_MB, ActivationCache
 from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,9 @@ class JobContext:
 
     @property
     def cache(self) -> ActivationCache:
-        return ActivationCache(self.cache_root, enabled=bool(self.cfg.get("cache", {}).get("enabled", True)))
+        c = self.cfg.get("cache", {}) or {}
+        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)),
+                               dtype=str(c.get("dtype", "float32")), shard_mb=float(c.get("shard_mb", SHARD_MB)))
 
     @property
     def seed(self) -> int:
@@ -135,7 +137,8 @@ class JobContext:
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
 
-        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``.
+        A job-level ``device`` (e.g. ``device=cuda``) also places a model whose own device is ``auto``. (The compute
+        group's ``batch_size`` / ``batch_tokens`` reach a model through its config's interpolations.)
         """
         from cprobe.models.load import load_adapter
 

@@ -65,6 +65,8 @@ OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{dir_suffix(s)}"
 @dataclass(frozen=True)
 class CacheKeys:
     enabled: bool = True
+    dtype: str = "float32"  # how activations are stored: float32 | bfloat16 | model (the model's dtype)
+    shard_mb: float = 256  # one activation shard (and the host memory extraction holds), MiB
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,7 @@ def _run_job(cfg: DictConfig) -> None:
         return
     if prev and prev.get("state") == "done" and prev.get("config_hash") != h:
         log.info("%s holds a finished job with a different config; running again", out_dir)
+    _fit_to_machine(plain, hc)
     ctx = JobContext(cfg=plain, out_dir=out_dir, data_root=data_root, cache_root=cache_root,
                      progress=job.keys.progress and not quiet_workers())
     seed_everything(job.keys.seed)
@@ -266,6 +269,24 @@ def _run_job(cfg: DictConfig) -> None:
         raise
     except Exception as e:
         _fail(out_dir, e, t0, job.keys.task, h, multirun)
+
+
+def _fit_to_machine(plain: dict[str, Any], hc: Any) -> None:
+    """Threads for the workers sharing this machine, and in a parallel sweep on a multi-GPU box a GPU of this
+    worker's own (``device`` becomes ``cuda:<i>``; the config hash is computed before)."""
+    from cprobe.compute import configure_process, worker_device
+
+    workers = 1
+    launcher = hc.launcher if "launcher" in hc else {}
+    if "joblib" in str(launcher.get("_target_", "")).lower():
+        n = int(launcher.get("n_jobs", 1) or 1)
+        workers = n if n > 0 else os.cpu_count() or 1
+    configure_process(workers)
+    device = str(plain.get("device", "auto"))
+    new = worker_device(device, workers, int(hc.job.get("num", 0) or 0))
+    if new != device:
+        log.info("parallel worker on %s", new)
+        plain["device"] = new
 
 
 def _remove_run_dir(out_dir: Path) -> None:

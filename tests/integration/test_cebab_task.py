@@ -41,10 +41,11 @@ def test_phi_is_the_site_the_head_reads(encoder, world):
     clf = wrap(encoder, 3)
     items = list(load_cebab(CebabKeys(), world[0]).splits["dev"])[:6]
     phi, logp = classify(clf, items, 64)
-    batch = ClassificationFormatter(64)(items, clf, torch.arange(len(items)))
+    batch = ClassificationFormatter(64)(items, clf, torch.arange(len(items))).to(clf.device)  # where the model is
     with torch.inference_mode():
         direct = clf.model.features(batch.input_ids, batch.attention_mask)
         logits = clf.model.head(direct)
+    direct, logits = direct.cpu(), logits.cpu()
     order = torch.arange(len(items))  # map() restores input order
     torch.testing.assert_close(phi[order], direct, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logp, logits.log_softmax(-1), atol=1e-5, rtol=1e-5)

@@ -37,10 +37,10 @@ def test_the_mean_site_is_the_masked_mean_of_the_last_layer(world):
     site = Site(enc.n_layers, MEAN)
     got = enc.map(items, ClassificationFormatter(64), read=[site]).acts[site]
     for i, it in enumerate(items):  # one text at a time: no padding at all
-        ids = enc.tok(it.text, return_tensors="pt")
+        ids = enc.tok(it.text, return_tensors="pt").to(enc.device)  # where device=auto put the model
         with torch.inference_mode():
             h = enc.model(**ids).last_hidden_state[0]
-        torch.testing.assert_close(got[i], h.mean(0), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[i], h.mean(0).cpu(), atol=1e-5, rtol=1e-5)
     from cprobe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="can be read but not edited"):

@@ -21,8 +21,25 @@ def _run(*args: str) -> str:
 
 
 def test_bench_extract_prints_the_ratio_against_a_bare_loop():
-    out = _run("scripts/bench_extract.py", "--size", "tiny", "--n", "32", "--repeats", "1", "--one-at-a-time", "4")
-    assert "cprobe / bare =" in out and "cprobe map" in out
+    out = _run("scripts/bench_extract.py", "--size", "tiny", "--n", "32", "--repeats", "1", "--layer", "2")
+    assert "every layer / bare =" in out and "cprobe, layer 2 only" in out and "MFU" in out
+
+
+def test_bench_cache_prints_the_ratios_against_raw_io(tmp_path):
+    out = _run("scripts/bench_cache.py", "--n", "300", "--d", "64", "--tensors", "3", "--repeats", "2",
+               "--shard-mb", "0.05", "--dir", str(tmp_path))
+    assert "cache write / raw =" in out and "cache read / raw =" in out
+    assert not list(tmp_path.iterdir())  # cleaned up
+
+
+def test_bench_stream_fit_prints_peak_rss():
+    out = _run("scripts/bench_stream_fit.py", "--n", "3000", "--d", "32", "--shard-mb", "0.1")
+    assert "peak RSS" in out and "streaming LEACE fit" in out
+
+
+def test_bench_threads_prints_the_chosen_threads():
+    out = _run("scripts/bench_threads.py", "--repeats", "1")
+    assert "cprobe chooses" in out
 
 
 def test_bench_interventions_on_given_arrays(tmp_path):

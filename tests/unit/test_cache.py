@@ -40,7 +40,7 @@ def test_key_changes_with_any_field():
 def test_torn_entry_is_rebuilt(tmp_path):
     cache, calls = ActivationCache(tmp_path), []
     cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    f = next((tmp_path / "activations").rglob("L0.safetensors"))
+    f = next((tmp_path / "activations").rglob("L0/*.safetensors"))
     f.write_bytes(f.read_bytes()[:20])
     acts, hit = cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
     assert not hit and len(calls) == 2 and acts["L0"].shape == (4, 3)
@@ -50,7 +50,7 @@ def test_bit_flip_inside_tensor_data_is_detected_and_rebuilt(tmp_path):
     """The header (shapes, dtype) stays intact, so only the checksum can tell: the entry must be recomputed."""
     cache, calls = ActivationCache(tmp_path), []
     cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    f = next((tmp_path / "activations").rglob("L0.safetensors"))
+    f = next((tmp_path / "activations").rglob("L0/*.safetensors"))
     data = bytearray(f.read_bytes())
     data[-3] ^= 0x40  # inside the last float of the tensor payload
     f.write_bytes(bytes(data))
@@ -93,10 +93,15 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
     (tmp_path / "models" / "tiny-bert-abc" / "training.json").write_text('{"kind": "bert"}')
     atomic_save_tensors(tmp_path / "probes" / "p.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "probe_fits" / "f.safetensors", {"w": torch.zeros(2)})
+    atomic_save_tensors(tmp_path / "finetuned" / "clf-k.safetensors", {"w": torch.zeros(2)}, {"config": "{}"})
+    (tmp_path / "cloze" / "k").mkdir(parents=True)
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "batch_limits.json").write_text("{}")
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
-    assert kinds == sorted(CACHE_KINDS) == ["activations", "models", "probe_fits", "probes"]
+    assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "models", "probe_fits",
+                                            "probes"]
     assert clear_cache(tmp_path, "probes") == 1 and not list((tmp_path / "probes").iterdir())
-    assert clear_cache(tmp_path) == 3
+    assert clear_cache(tmp_path) == 6
     assert list(cache_entries(tmp_path)) == []
 
 

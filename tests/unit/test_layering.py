@@ -1,8 +1,8 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
-0 base (errors, io, config, paths, progress, registry) < 1 data < 2 models < 3 methods (probes,
-interventions, directions, explainers, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
-plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
+0 base (errors, io, config, paths, progress, registry, the cache store and its kinds, compute: the hardware) < 1 data
+< 2 models < 3 methods (probes, interventions, directions, explainers, metrics) < 4 core pipeline pieces (extraction,
+jobs, results, plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
 package top, which re-exports estimators lazily). Function-level imports count too.
 """
 
@@ -16,11 +16,11 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cprobe"
 FLOORS = {
-    0: ("errors", "io", "config", "paths", "progress", "registry"),
+    0: ("errors", "io", "config", "paths", "progress", "registry", "cache", "compute"),
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
-    4: ("cache", "extract", "job", "results", "plots"),
+    4: ("extract", "job", "results", "plots"),
     5: ("tasks", "causalgym", "bench"),
     6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "api", "__init__"),
 }

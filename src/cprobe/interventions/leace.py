@@ -49,9 +49,16 @@ class LEACE(Intervention):
         self._moments = None
         return self.update(X, z)._solve()
 
+    CHUNK = 8192
+    """Rows merged at a time: a large batch is folded in chunks, so the float64 working copies stay small."""
+
     def update(self, X: Tensor, z: Tensor) -> Self:
         """Merge a batch into the running moments (any batch sizes; classes may be missing from a batch)."""
         if not check_batch(X, z):
+            return self
+        if len(X) > self.CHUNK:
+            for a in range(0, len(X), self.CHUNK):
+                self.update(X[a: a + self.CHUNK], z[a: a + self.CHUNK])
             return self
         x = X.detach().double()
         onehot = torch.nn.functional.one_hot(z.to(X.device).long(), int(z.max()) + 1).double()

@@ -13,7 +13,7 @@ so read → write round-trips are exact.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
+from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import MEAN, Batch, Site
-from cprobe.progress import track
+from cprobe.progress import Progress
 
 if TYPE_CHECKING:  # pragma: no cover
     from cprobe.models.formatters import Formatter
@@ -46,6 +47,17 @@ _BLOCKS = {
     "gemma": "layers",
 }
 _FINAL_NORMS = ("final_layer_norm", "ln_f", "norm")
+
+
+@dataclass
+class Chunk:
+    """Results of one batch of :meth:`ModelAdapter.stream`: its window, its rows (indices into the item list), the
+    read states per site (b, d) on the CPU, and the readout's scores (b, ...) or None."""
+
+    window: int
+    rows: Tensor
+    acts: dict[Site, Tensor]
+    scores: Tensor | None
 
 
 @dataclass
@@ -78,7 +90,8 @@ class ModelAdapter:
     """Wraps an HF model + fast tokenizer. Build with :func:`cprobe.models.load.load_adapter`."""
 
     def __init__(self, model: nn.Module, tokenizer, kind: Kind, name: str, batch_size: int = 32,
-                 layers_path: str | None = None, max_length: int = 256) -> None:
+                 layers_path: str | None = None, max_length: int = 256, batch_tokens: int | None = None,
+                 limits: BatchLimits | None = None, prefetch: bool | None = None) -> None:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -86,6 +99,9 @@ class ModelAdapter:
         self.kind = kind
         self.name = name
         self.batch_size = batch_size
+        self.batch_tokens = batch_tokens  # padded tokens per batch (None: rows only)
+        self.limits = limits or BatchLimits()  # sizes learnt from out-of-memory errors
+        self.prefetch = prefetch  # build batches on a background thread (None: on CUDA devices only)
         self.max_length = min(max_length, model_positions(model.config) or max_length)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
@@ -270,31 +286,163 @@ class ModelAdapter:
 
     def map(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
             edits: Mapping[Site, EditSpec] | None = None, readout: Readout | None = None,
-            desc: str | None = None) -> RunOutput:
-        """:meth:`run` over a whole item list in length-sorted batches; outputs in input order, float32 on CPU.
+            desc: str | None = None, dtype: torch.dtype = torch.float32) -> RunOutput:
+        """:meth:`run` over a whole item list; outputs in input order, on the CPU, read states in ``dtype``
+        (float32 by default; ``torch.bfloat16`` halves the memory of a bf16 model's states).
 
-        Edits are :class:`EditSpec` over the whole list (bound per batch). Replacing the last layer's state at
-        the prediction position and scoring it needs only the LM head: that case skips the model.
+        The list is tokenised once and cut into length-sorted batches (:meth:`stream`). Edits are
+        :class:`EditSpec` over the whole list (bound per batch). Replacing the last layer's state at the prediction
+        position and scoring it needs only the LM head: that case skips the model.
         """
         edits = dict(edits or {})
         n = len(items)
         if self._head_only(read, edits, readout, formatter):
             return self._map_head(n, edits, readout)  # type: ignore[arg-type]
-        order = sorted(range(n), key=lambda i: formatter.length(items[i]), reverse=True)
-        chunks = [order[i: i + self.batch_size] for i in range(0, n, self.batch_size)]
-        acts: dict[Site, Tensor] = {s: torch.zeros(n, self.hidden_size) for s in read}
+        read = list(dict.fromkeys(read))
+        acts: dict[Site, Tensor] = {s: torch.zeros(n, self.hidden_size, dtype=dtype) for s in read}
         scores: Tensor | None = None
-        for chunk in track(chunks, f"{desc or 'forward'} ({self.name}, batches)", enabled=desc is not None):
-            rows = torch.tensor(chunk, dtype=torch.long)
-            batch = formatter([items[i] for i in chunk], self, rows)
-            out = self.run(batch, read, {s: e.bind(rows) for s, e in edits.items()}, readout)
-            for s, v in out.acts.items():
-                acts[s][rows] = v.float().cpu()
-            if out.scores is not None:
+        for chunk in self.stream(items, formatter, read, edits, readout, dtype=dtype, desc=desc):
+            for s, v in chunk.acts.items():
+                acts[s][chunk.rows] = v
+            if chunk.scores is not None:
                 if scores is None:
-                    scores = torch.zeros((n, *out.scores.shape[1:]), dtype=out.scores.dtype)
-                scores[rows] = out.scores.cpu()
+                    scores = torch.zeros((n, *chunk.scores.shape[1:]), dtype=chunk.scores.dtype)
+                scores[chunk.rows] = chunk.scores
         return RunOutput(acts, scores)
+
+    def stream(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
+               edits: Mapping[Site, EditSpec] | None = None, readout: Readout | None = None,
+               windows: Sequence[tuple[int, int]] | None = None, dtype: torch.dtype = torch.float32,
+               desc: str | None = None) -> Iterator[Chunk]:
+        """The engine under :meth:`map` and cached extraction: :class:`Chunk` s of results, batch by batch.
+
+        Items are tokenised once per window (``windows``: row ranges ``[a, b)``, default the whole list; extraction
+        uses the cache's shards), sorted by token length within a window and cut into batches of at most
+        ``batch_size`` rows and ``batch_tokens`` padded tokens (:func:`~cprobe.models.batching.plan_batches`).
+        On a CUDA device the next batches are built on a background thread into pinned memory and copied
+        without blocking, and each batch's read states (all sites at once) come back in one device→host copy
+        that overlaps the next batch's forward. A CUDA out-of-memory error halves the batch and retries; the
+        size that fits is remembered (:class:`~cprobe.models.batching.BatchLimits`). Chunks arrive window by
+        window (a window's chunks in length order; ``Chunk.rows`` says which rows they hold).
+        """
+        edits = dict(edits or {})
+        read = list(dict.fromkeys(read))
+        windows = list(windows) if windows is not None else [(0, len(items))]
+        dev = self.device
+        cuda = dev.type == "cuda"
+        prefetch = self.prefetch if self.prefetch is not None else cuda
+        cap = self.token_cap()
+
+        def batches() -> Iterator[tuple[int, Batch]]:
+            for w, (a, b) in enumerate(windows):
+                enc = formatter.encode(items[a:b], self)
+                for idx in plan_batches(enc.lengths, self.batch_size, cap):
+                    yield w, enc.batch(idx, rows=idx + a)
+
+        source: Any = Prefetcher(batches(), pin=cuda) if prefetch else batches()
+        total = sum(b - a for a, b in windows)
+        # a bar on a terminal when asked (desc), else — always — a log line every 30 s with an ETA
+        bar = Progress(f"{desc or 'forward'} ({self.name}, items)", total, bars=desc is not None)
+        pending: list[tuple[Any, int, Tensor, Tensor | None, Tensor | None]] = []
+        try:
+            for w, batch in source:
+                for piece in self._pieces(batch):
+                    for done in self._run_piece(piece, w, read, edits, readout, dtype, cuda, pending):
+                        bar.update(len(done.rows))
+                        yield done
+            for done in self._drain(pending, read):
+                bar.update(len(done.rows))
+                yield done
+        finally:
+            bar.close()
+            if isinstance(source, Prefetcher):
+                source.close()
+
+    # ----------------------------------------------------------------- the engine's internals
+    def limit_key(self, mode: str = "infer") -> str:
+        """What a remembered batch limit is valid for: model, dtype, max_length, device, inference or training."""
+        return f"{self.name}|{str(self.dtype).removeprefix('torch.')}|max_length={self.max_length}|" \
+               f"{device_label(self.device)}|{mode}"
+
+    def token_cap(self, mode: str = "infer") -> int | None:
+        """The padded-token budget of a batch: ``batch_tokens`` and any limit learnt from an out-of-memory error."""
+        learnt = self.limits.get(self.limit_key(mode))
+        caps = [c for c in (self.batch_tokens, learnt) if c]
+        return min(caps) if caps else None
+
+    def _pieces(self, batch: Batch) -> Iterator[Batch]:
+        """``batch`` itself, or consecutive sub-batches within the current token cap (learnt after an OOM)."""
+        cap = self.token_cap()
+        width = batch.input_ids.shape[1]
+        if cap is None or len(batch) * width <= cap or len(batch) == 1:
+            yield batch
+            return
+        step = max(1, cap // max(width, 1))
+        for s in range(0, len(batch), step):
+            yield batch.select(torch.arange(s, min(s + step, len(batch))))
+
+    def _run_piece(self, piece: Batch, w: int, read: list[Site], edits: Mapping[Site, EditSpec],
+                   readout: Readout | None, dtype: torch.dtype, cuda: bool, pending: list) -> Iterator[Chunk]:
+        work = [piece]
+        while work:
+            p = work.pop(0)
+            oom = False
+            try:
+                out = self.run(p.to(self.device, non_blocking=True), read,
+                               {s: e.bind(p.rows) for s, e in edits.items()}, readout)
+                if cuda:  # one device->host copy of every read site, overlapping the next batch's forward
+                    host = None
+                    if read:
+                        stacked = torch.stack([out.acts[s].to(dtype) for s in read], 1)
+                        host = torch.empty(stacked.shape, dtype=dtype, pin_memory=True)
+                        host.copy_(stacked, non_blocking=True)
+                    sc = None
+                    if out.scores is not None:
+                        sc = torch.empty(out.scores.shape, dtype=out.scores.dtype, pin_memory=True)
+                        sc.copy_(out.scores, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+                    del out
+                    pending.append((event, w, p.rows, host, sc))
+                else:
+                    chunk = Chunk(w, p.rows, {s: out.acts[s].to(dtype) for s in read},
+                                  out.scores.cpu() if out.scores is not None else None)
+            except Exception as e:  # noqa: BLE001 - only an out-of-memory error is handled here
+                if not is_oom(e):
+                    raise
+                oom = True
+            if oom:  # outside the except block: the traceback's tensors are freed before retrying
+                self._backoff(p, work)
+                continue
+            if cuda:
+                while len(pending) > 1:  # the previous batch's copy has had this batch's forward to finish
+                    yield self._finish(pending.pop(0), read)
+            else:
+                yield chunk
+
+    @staticmethod
+    def _finish(p: tuple, read: list[Site]) -> Chunk:
+        event, w, rows, host, sc = p
+        event.synchronize()
+        return Chunk(w, rows, {s: host[:, j] for j, s in enumerate(read)} if host is not None else {}, sc)
+
+    @classmethod
+    def _drain(cls, pending: list, read: list[Site]) -> Iterator[Chunk]:
+        while pending:
+            yield cls._finish(pending.pop(0), read)
+
+    def _backoff(self, p: Batch, work: list[Batch]) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        width = int(p.input_ids.shape[1])
+        if len(p) == 1:
+            raise ConfigError(f"one sequence of {width} tokens does not fit in the memory of {self.device} for "
+                              f"{self.name}; lower model.max_length, use model.dtype=bfloat16 or a larger device")
+        half = len(p) // 2
+        self.limits.set(self.limit_key(), half * width)
+        log.warning("out of memory on %s with %d rows x %d tokens; retrying in halves (this size is remembered "
+                    "for %s)", self.device, len(p), width, self.name)
+        work[:0] = [p.select(torch.arange(half)), p.select(torch.arange(half, len(p)))]
 
     def _head_only(self, read: Sequence[Site], edits: Mapping[Site, EditSpec], readout: Readout | None,
                    formatter: Formatter) -> bool:

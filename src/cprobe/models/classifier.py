@@ -11,8 +11,8 @@ A head may hold several classification tasks at once (``n_tasks`` × ``n_classes
 classifier predicts the four aspects' labels jointly); targets of −100 are ignored.
 
 :func:`finetuned_classifier` trains one (AdamW, linear decay; the paper's lr 2e-5, batch 32, max_len 128),
-with a progress bar (``precision: bf16`` trains under bf16 autocast: 1.4–2× faster on CPU,
-``scripts/bench_finetune.py``), and caches the weights as a checksummed safetensors file keyed by the base model's
+with a progress bar (``precision: bf16`` trains under bf16 autocast: 1.4–2× faster on CPUs with native bf16,
+``scripts/bench_finetune.py``; on CPUs without it, fp32 via :func:`cprobe.compute.use_bf16`), and caches the weights as a checksummed safetensors file keyed by the base model's
 weights, the training data, every hyperparameter and the seed. Training checkpoints after every epoch
 (weights and optimizer moments, safetensors), so an interrupted run resumes from the last finished epoch.
 """
@@ -26,7 +26,7 @@ import logging
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Literal
@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.data.items import TextItem, fingerprint
+from cprobe.compute import use_bf16
 from cprobe.errors import ConfigError
 from cprobe.io import atomic_save_tensors, load_tensors, read_metadata
 from cprobe.paths import safe_name
@@ -158,6 +159,8 @@ def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targe
     from cprobe.models.load import fingerprint as weights_fingerprint
 
     targets = targets.reshape(len(items), n_tasks).long()
+    if cfg.precision == "bf16" and not use_bf16(encoder.device):  # no native bf16 on this CPU: fp32 (logged once)
+        cfg = replace(cfg, precision="fp32")
     key = train_key(weights_fingerprint(encoder), items, targets, n_tasks * n_classes, cfg, seed)
     with torch.random.fork_rng(devices=[]):  # the head's initialisation depends on the seed alone
         torch.manual_seed(seed)

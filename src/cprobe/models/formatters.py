@@ -18,7 +18,6 @@ region holding its last character; special and padding tokens (empty offsets) be
 
 from __future__ import annotations
 
-import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,18 +28,22 @@ from torch import Tensor
 from cprobe.data.base import Example
 from cprobe.data.items import OBJECT_SLOT, TextItem
 from cprobe.errors import ConfigError, DataError
-from cprobe.models.sites import Batch, pad
+from cprobe.models.batching import Encoded, last_tokens, span_tensors
+from cprobe.models.sites import Batch
 
 if TYPE_CHECKING:  # pragma: no cover
     from cprobe.models.adapter import ModelAdapter
 
 
 class Formatter(ABC):
-    """Turns a list of items into a :class:`Batch` for one model."""
+    """Turns a list of items into token ids and named positions for one model: :meth:`encode` tokenises a whole
+    list at once (positions found by tensor ops), :meth:`__call__` gives one padded :class:`Batch`."""
 
     name: str = "formatter"
     pred_position: str | None = None
     """The position whose output token readouts score (the same for every batch of this formatter)."""
+    chunk: int = 4096
+    """Items tokenised per tokenizer call (bounds the padded intermediate tensors)."""
 
     def spec(self) -> dict[str, Any]:
         """A JSON-able identity for cache keys."""
@@ -48,31 +51,56 @@ class Formatter(ABC):
 
     @abstractmethod
     def length(self, item: Any) -> int:
-        """A cheap length proxy used to sort items into batches of similar length."""
+        """A cheap length proxy (words or characters), for callers that sort items before tokenising."""
+
+    def encode(self, items: Sequence[Any], adapter: ModelAdapter) -> Encoded:
+        """Tokenise ``items`` for ``adapter``'s model: ragged ids and every named position (:class:`Encoded`)."""
+        parts = [self._encode(items[i: i + self.chunk], adapter) for i in range(0, len(items), self.chunk)]
+        if not parts:
+            return self._encode([], adapter)
+        return Encoded.cat(parts)
 
     @abstractmethod
+    def _encode(self, items: Sequence[Any], adapter: ModelAdapter) -> Encoded:
+        """One chunk of :meth:`encode`."""
+
     def __call__(self, items: Sequence[Any], adapter: ModelAdapter, rows: Tensor) -> Batch:
-        """Tokenize ``items`` (whose indices in the full list are ``rows``) for ``adapter``'s model."""
+        """Tokenize ``items`` (whose indices in the full list are ``rows``) for ``adapter``'s model, as one batch."""
+        return self.encode(items, adapter).batch(torch.arange(len(items)), rows)
 
 
-def _last_tokens(offsets: Tensor, mask: Tensor, spans: Sequence[tuple[int, int]]) -> dict[int, int]:
-    """Map span index -> index of its last token, via character offsets (spans sorted, disjoint)."""
-    starts = [s for s, _ in spans]
-    out: dict[int, int] = {}
-    for t in range(len(offsets)):
-        s, e = offsets[t].tolist()
-        if not mask[t] or e <= s:
-            continue  # padding or special token
-        i = bisect.bisect_right(starts, e - 1) - 1
-        if i >= 0 and s < spans[i][1]:
-            out[i] = t
-    return out
+def _last_tokens(offsets: Tensor, mask: Tensor, spans: Sequence[Sequence[tuple[int, int]]]) -> Tensor:
+    """(n, W) index of the last token of each span (spans sorted, disjoint, per row), −1 when none; vectorised."""
+    starts, ends, _ = span_tensors(spans)
+    return last_tokens(offsets, mask, starts, ends)
 
 
 def _tokenize(adapter: ModelAdapter, texts: list[str], max_length: int | None = None) -> dict[str, Tensor]:
     limit = min(adapter.max_length, max_length) if max_length else adapter.max_length
+    if not texts:
+        return {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long),
+                "offset_mapping": torch.zeros(0, 0, 2, dtype=torch.long)}
     return adapter.tok(texts, return_offsets_mapping=True, padding=True, truncation=True, max_length=limit,
                        return_tensors="pt")
+
+
+def _unpadded(tok: Any, texts: list[str], pad_id: int) -> dict[str, Tensor]:
+    """Tokenise without special tokens or truncation (no pad token needed), then right-pad with tensor ops."""
+    enc = tok(texts, add_special_tokens=False, return_offsets_mapping=True) if texts else \
+        {"input_ids": [], "offset_mapping": []}
+    lengths = torch.tensor([len(x) for x in enc["input_ids"]], dtype=torch.long)
+    width = int(lengths.max()) if len(texts) else 0
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    ids = torch.full((len(texts), width), pad_id, dtype=torch.long)
+    offsets = torch.zeros((len(texts), width, 2), dtype=torch.long)
+    ids[mask] = torch.tensor([t for row in enc["input_ids"] for t in row], dtype=torch.long)
+    offsets[mask] = torch.tensor([o for row in enc["offset_mapping"] for o in row], dtype=torch.long).reshape(-1, 2)
+    return {"input_ids": ids, "attention_mask": mask.long(), "offset_mapping": offsets}
+
+
+def _pad_id(adapter: ModelAdapter) -> int:
+    tok = adapter.tok
+    return tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
 
 class AgreementFormatter(Formatter):
@@ -105,7 +133,7 @@ class AgreementFormatter(Formatter):
         words[ex.target] = adapter.tok.mask_token
         return words, ex.target
 
-    def __call__(self, items: Sequence[Example], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def _encode(self, items: Sequence[Example], adapter: ModelAdapter) -> Encoded:
         texts, spans, targets = [], [], []
         for ex in items:
             words, target = self.words(ex, adapter)
@@ -118,24 +146,28 @@ class AgreementFormatter(Formatter):
             targets.append(target)
         enc = _tokenize(adapter, texts)
         n = len(items)
-        pos = {p: torch.empty(n, dtype=torch.long) for p in self.positions}
-        for i in range(n):
-            last = _last_tokens(enc["offset_mapping"][i], enc["attention_mask"][i], spans[i])
-            if targets[i] not in last:
-                raise DataError(f"example {items[i].id}: the target word was truncated "
-                                f"(max_length={adapter.max_length})")
-            for p in self.positions:
-                if p == "target":
-                    pos[p][i] = last[targets[i]]
-                elif p == "first":
-                    pos[p][i] = 0
-                else:
-                    w = int(p.split(":", 1)[1])
-                    if not -len(spans[i]) <= w < len(spans[i]):
-                        raise DataError(f"example {items[i].id}: position {p} but the model input has "
-                                        f"{len(spans[i])} words")
-                    pos[p][i] = last.get(w % len(spans[i]), -1)
-        return Batch(enc["input_ids"], enc["attention_mask"], pos, rows, pred=self.pred_position)
+        last = _last_tokens(enc["offset_mapping"], enc["attention_mask"], spans)  # (n, W)
+        rows = torch.arange(n)
+        n_words = torch.tensor([len(s) for s in spans], dtype=torch.long)
+        tgt = last[rows, torch.tensor(targets, dtype=torch.long)] if n else torch.zeros(0, dtype=torch.long)
+        if bool((tgt < 0).any()):
+            i = int((tgt < 0).nonzero()[0])
+            raise DataError(f"example {items[i].id}: the target word was truncated (max_length={adapter.max_length})")
+        pos: dict[str, Tensor] = {}
+        for p in self.positions:
+            if p == "target":
+                pos[p] = tgt
+            elif p == "first":
+                pos[p] = torch.zeros(n, dtype=torch.long)
+            else:
+                w = int(p.split(":", 1)[1])
+                bad = (w < -n_words) | (w >= n_words)
+                if bool(bad.any()):
+                    i = int(bad.nonzero()[0])
+                    raise DataError(f"example {items[i].id}: position {p} but the model input has "
+                                    f"{len(spans[i])} words")
+                pos[p] = last[rows, (w % n_words.clamp(min=1))] if n else torch.zeros(0, dtype=torch.long)
+        return Encoded.from_padded(enc["input_ids"], enc["attention_mask"], pos, _pad_id(adapter), self.pred_position)
 
 
 def check_word_position(rule: str) -> str:
@@ -166,40 +198,40 @@ class RegionFormatter(Formatter):
     def length(self, item: TextItem) -> int:
         return len(item.text)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def _encode(self, items: Sequence[TextItem], adapter: ModelAdapter) -> Encoded:
         tok = adapter.tok
         bos: list[int] = []
         if self.prepend_bos:
             if tok.bos_token_id is None:
                 raise ConfigError(f"model {adapter.name!r} has no BOS token; set prepend_bos=false")
             bos = [tok.bos_token_id]
-        n_regions = max(len(it.regions) for it in items)
-        ids_rows, region_pos = [], torch.full((len(items), n_regions), -1, dtype=torch.long)
-        for i, it in enumerate(items):
+        for it in items:
             if not it.regions:
                 raise DataError(f"item {it.id} has no regions; the region formatter needs region-aligned items")
-            ids, last = encode_regions(tok, it.regions, bos)
-            ids_rows.append(ids)
-            region_pos[i, : len(last)] = torch.tensor(last, dtype=torch.long)
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        input_ids, mask = pad(ids_rows, pad_id)
-        pos = {f"region:{r}": region_pos[:, r] for r in range(n_regions)}
+        n = len(items)
+        spans = []
+        for it in items:  # contiguous regions: [start, start + len)
+            sp, at = [], 0
+            for region in it.regions:
+                sp.append((at, at + len(region)))
+                at += len(region)
+            spans.append(sp)
+        texts = ["".join(it.regions) for it in items]
+        enc = _unpadded(tok, texts, _pad_id(adapter))  # no truncation, no special tokens: the regions alone
+        ids, mask = enc["input_ids"], enc["attention_mask"]
+        starts, ends, _ = span_tensors(spans)
+        # regions tile the text: a token belongs to the region holding its last character (empty regions get none)
+        last = last_tokens(enc["offset_mapping"], mask, starts, torch.full_like(ends, _BIG))
+        last = torch.where(last >= 0, last + len(bos), last)
+        if bos:
+            ids = torch.cat([torch.full((n, 1), bos[0], dtype=ids.dtype), ids], 1)
+            mask = torch.cat([torch.ones((n, 1), dtype=mask.dtype), mask], 1)
+        pos = {f"region:{r}": last[:, r] for r in range(last.shape[1])}
         pos["last"] = mask.sum(1) - 1
-        return Batch(input_ids, mask, pos, rows, pred=self.pred_position)
+        return Encoded.from_padded(ids, mask, pos, _pad_id(adapter), self.pred_position)
 
 
-def encode_regions(tokenizer: Any, regions: Sequence[str], bos: list[int]) -> tuple[list[int], list[int]]:
-    """Token ids of the joined regions (after ``bos``) and, per region, the index of its last token (or −1)."""
-    starts, at = [], 0
-    for region in regions:
-        starts.append(at)
-        at += len(region)
-    enc = tokenizer("".join(regions), add_special_tokens=False, return_offsets_mapping=True)
-    last = [-1] * len(regions)
-    for t, (s, e) in enumerate(enc["offset_mapping"]):
-        if e > s:
-            last[bisect.bisect_right(starts, e - 1) - 1] = t + len(bos)
-    return bos + list(enc["input_ids"]), last
+_BIG = torch.iinfo(torch.int64).max // 4
 
 
 class ClozeFormatter(Formatter):
@@ -224,7 +256,7 @@ class ClozeFormatter(Formatter):
             raise ConfigError(f"model {adapter.name!r} has no mask token; cloze probing needs an MLM or a causal LM")
         return item.text.replace(OBJECT_SLOT, adapter.tok.mask_token)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def _encode(self, items: Sequence[TextItem], adapter: ModelAdapter) -> Encoded:
         texts = [self.text(it, adapter) for it in items]
         enc = _tokenize(adapter, texts)
         mask = enc["attention_mask"]
@@ -237,14 +269,15 @@ class ClozeFormatter(Formatter):
                 bad = items[int((is_mask.sum(1) != 1).nonzero()[0])].id
                 raise DataError(f"cloze item {bad}: the mask was truncated or split (max_length={adapter.max_length})")
             obj = is_mask.long().argmax(1)
-        subj = torch.full((len(items),), -1, dtype=torch.long)
+        spans = []
         for i, it in enumerate(items):
             mention = it.slots.get("subject")
             at = texts[i].find(mention) if mention else -1
-            if at >= 0:
-                subj[i] = _last_tokens(enc["offset_mapping"][i], mask[i], [(at, at + len(mention))]).get(0, -1)
-        return Batch(enc["input_ids"], mask, {"object": obj, "subject": subj, "last": last}, rows,
-                     pred=self.pred_position)
+            spans.append([(at, at + len(mention))] if at >= 0 else [])
+        subj = _last_tokens(enc["offset_mapping"], mask, spans)
+        subj = subj[:, 0] if subj.shape[1] else torch.full((len(items),), -1, dtype=torch.long)
+        return Encoded.from_padded(enc["input_ids"], mask, {"object": obj, "subject": subj, "last": last},
+                                   _pad_id(adapter), self.pred_position)
 
 
 class ClassificationFormatter(Formatter):
@@ -264,8 +297,8 @@ class ClassificationFormatter(Formatter):
     def length(self, item: TextItem) -> int:
         return len(item.text)
 
-    def __call__(self, items: Sequence[TextItem], adapter: ModelAdapter, rows: Tensor) -> Batch:
+    def _encode(self, items: Sequence[TextItem], adapter: ModelAdapter) -> Encoded:
         enc = _tokenize(adapter, [it.text for it in items], self.max_length)
         mask = enc["attention_mask"]
         pos = {"cls": torch.zeros(len(items), dtype=torch.long), "last": mask.sum(1) - 1}
-        return Batch(enc["input_ids"], mask, pos, rows, pred=self.pred_position)
+        return Encoded.from_padded(enc["input_ids"], mask, pos, _pad_id(adapter), self.pred_position)

@@ -44,6 +44,7 @@ class ModelConfig:
     dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
     device: str = "auto"
     batch_size: int = 32
+    batch_tokens: int | None = None  # padded tokens per batch (rows x longest row); None: rows only (batch_size)
     max_length: int = 256
     trust_remote_code: bool = False
     allow_bin: bool = False  # also accept pickle-based .bin weights (only for files you trust)
@@ -57,6 +58,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"model.batch_size must be >= 1, got {self.batch_size}")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise ValueError(f"model.batch_tokens must be >= 1 (or null), got {self.batch_tokens}")
         if self.max_length < 2:
             raise ValueError(f"model.max_length must be >= 2, got {self.max_length}")
         if self.source == "tiny" and not self.tiny:
@@ -109,11 +112,12 @@ def check_device_available(device: str) -> None:
                           "(or compute=cpu)")
     index = int(device[5:]) if device.startswith("cuda:") else 0
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s) "
-                          f"(cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+        raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) are visible "
+                          f"(cuda:0 … cuda:{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)")
 
 
 def resolve_device(device: str) -> torch.device:
+    """``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or ``cuda:<i>``, checked against the visible GPUs."""
     check_device(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -238,8 +242,13 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
 
     if not progress or not interactive():
         hf_logging.disable_progress_bar()
+    from cprobe.cache import kind_dir
+    from cprobe.compute import resolve_dtype
+    from cprobe.models.batching import BatchLimits
+
     mc = parse_model_config(cfg)
     device = resolve_device(mc.device)
+    dtype = _DTYPES[resolve_dtype(mc.dtype, device)]  # bf16 on a CPU without native bf16: fp32, with one log line
     path = resolve_path(cfg, cache_root, progress, data_root)
     auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
             "classifier": AutoModelForSequenceClassification}[mc.kind]
@@ -250,7 +259,7 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
 
     def _load(local_only: bool):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw)
-        model = auto.from_pretrained(path, dtype=_DTYPES[mc.dtype], local_files_only=local_only,
+        model = auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
                                      use_safetensors=None if mc.allow_bin else True, **kw)
         return tok, model
 
@@ -258,8 +267,9 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     if not getattr(tok, "is_fast", False):
         raise ModelLoadError(f"model {path!r} has no fast tokenizer; cprobe needs offsets for word alignment")
     model.to(device)
+    limits = BatchLimits(kind_dir(cache_root, "engine") / "batch_limits.json" if device.type == "cuda" else None)
     return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
-                        max_length=mc.max_length)
+                        max_length=mc.max_length, batch_tokens=mc.batch_tokens, limits=limits)
 
 
 def _pretrained(mc: ModelConfig, path: str, load: Any) -> Any:

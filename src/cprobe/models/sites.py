@@ -91,10 +91,12 @@ class Batch:
                      {k: v[idx.to(v.device)] for k, v in self.positions.items()}, self.rows[idx.to(self.rows.device)],
                      self.pred, {k: v[idx, :width] for k, v in self.extra.items()})
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device),
-                     {k: v.to(device) for k, v in self.positions.items()}, self.rows, self.pred,
-                     {k: v.to(device) for k, v in self.extra.items()})
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """This batch on ``device`` (``rows`` stay where they are: they index host-side data)."""
+        nb = non_blocking
+        return Batch(self.input_ids.to(device, non_blocking=nb), self.attention_mask.to(device, non_blocking=nb),
+                     {k: v.to(device, non_blocking=nb) for k, v in self.positions.items()}, self.rows, self.pred,
+                     {k: v.to(device, non_blocking=nb) for k, v in self.extra.items()})
 
 
 def pad(rows: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:

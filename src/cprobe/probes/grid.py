@@ -9,13 +9,14 @@ from __future__ import annotations
 import itertools
 import json
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import choose_threads, threads
 from cprobe.errors import ConfigError, DataError
 from cprobe.probes.base import Probe
 
@@ -110,13 +111,11 @@ class GridSearchProbe(Probe):
 
         best: tuple[float, dict[str, Any], nn.Module] | None = None
         self.grid_results: list[tuple[dict[str, Any], float]] = []
+        n_threads = choose_threads(self._op_flops(d, k)) if device.type == "cpu" else None
         for params in self._grid():
             gen = torch.Generator().manual_seed(self.seed)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.seed)
-                module = self._build(d, k, params)
-            module = module.to(device)
-            with torch.enable_grad():
+            module = self._init(d, k, params).to(device)
+            with torch.enable_grad(), threads(n_threads or torch.get_num_threads()):
                 self._train(module, X, y, params["lr"], gen)
             with torch.inference_mode():
                 logits = module(X_val)
@@ -128,6 +127,89 @@ class GridSearchProbe(Probe):
             if best is None or (acc, -loss) > (best[0], -best[1]):
                 best = (acc, loss, params, module)
         assert best is not None  # the grid is checked non-empty at construction
+        self.val_accuracy, _, self.best_params, self.module = best
+        return self
+
+
+    def _init(self, d: int, k: int, params: Mapping[str, Any]) -> nn.Module:
+        """A grid point's fresh module, initialised from the seed alone."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return self._build(d, k, params)
+
+    def _op_flops(self, d: int, k: int) -> float:
+        """Flops of the largest matmul of one training step (what decides whether threads pay off)."""
+        with torch.device("meta"):  # shapes only: nothing allocated, no random numbers drawn
+            biggest = max(max(p.numel() for p in self._build(d, k, params).parameters()) for params in self._grid())
+        return 2.0 * self.batch_size * biggest
+
+    def fit_stream(self, shards: Iterable[tuple[Tensor, Tensor]]) -> Self:
+        """Fit from a re-iterable stream of consecutive ``(X, y)`` shards (e.g. an activation cache's), one shard in
+        memory at a time: every grid point trains in lockstep over one pass per epoch; the validation rows are
+        the same seeded share of all rows as :meth:`fit` holds out, and with a single shard the result equals
+        :meth:`fit` exactly.
+        """
+        n, d, k = 0, None, 0
+        for X, y in shards:  # a first pass: sizes and classes
+            if X.ndim != 2 or y.shape != (len(X),):
+                raise DataError(f"X must be (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
+            n, d, k = n + len(X), X.shape[1], max(k, int(y.max()) + 1 if len(y) else 0)
+        if d is None or n == 0:
+            raise DataError("the stream holds no rows")
+        n_val = max(1, round(self.val_fraction * n))
+        if n_val >= n:
+            raise DataError(f"{n} rows are too few to hold out a validation split")
+        device = torch.device(self.device) if self.device else torch.device("cpu")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
+        rank = torch.empty(n, dtype=torch.long)
+        rank[perm] = torch.arange(n)  # where each row sits in fit()'s permuted order
+        is_val = rank < n_val
+        self.n_classes, self.d = k, d
+        grid = self._grid()
+        modules = [self._init(d, k, p).to(device) for p in grid]
+        opts = [torch.optim.Adam(m.parameters(), lr=p["lr"], weight_decay=self.weight_decay)
+                for m, p in zip(modules, grid)]
+        gens = [torch.Generator().manual_seed(self.seed) for _ in grid]
+        loss_fn = nn.CrossEntropyLoss()
+
+        def parts(val: bool):
+            a = 0
+            for X, y in shards:
+                b = a + len(X)
+                sel = (is_val[a:b] if val else ~is_val[a:b]).nonzero().flatten()
+                sel = sel[torch.argsort(rank[a:b][sel])]
+                a = b
+                if len(sel):
+                    yield X[sel].to(device, torch.float32), y[sel].to(device, torch.long)
+
+        n_threads = choose_threads(self._op_flops(d, k)) if device.type == "cpu" else torch.get_num_threads()
+        with torch.enable_grad(), threads(n_threads):
+            for m in modules:
+                m.train()
+            for _ in range(self.epochs):
+                for X, y in parts(val=False):
+                    for m, opt, gen in zip(modules, opts, gens):
+                        for idx in torch.randperm(len(X), generator=gen).to(device).split(self.batch_size):
+                            opt.zero_grad(set_to_none=True)
+                            loss_fn(m(X[idx]), y[idx]).backward()
+                            opt.step()
+            for m in modules:
+                m.eval()
+        correct, loss_sum = [0] * len(grid), [0.0] * len(grid)
+        with torch.inference_mode():
+            for X, y in parts(val=True):
+                for g, m in enumerate(modules):
+                    logits = m(X)
+                    correct[g] += int((logits.argmax(-1) == y).sum())
+                    loss_sum[g] += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        self.grid_results = []
+        best = None
+        for g, params in enumerate(grid):
+            acc, loss = correct[g] / n_val, loss_sum[g] / n_val
+            self.grid_results.append((params, acc))
+            if best is None or (acc, -loss) > (best[0], -best[1]):
+                best = (acc, loss, params, modules[g])
+        assert best is not None
         self.val_accuracy, _, self.best_params, self.module = best
         return self
 

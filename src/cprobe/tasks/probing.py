@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cprobe.cache import kind_dir
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
 from cprobe.data.registry import check_properties, load_dataset
@@ -110,7 +111,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     labels = property_labels(ex.dataset, list(config.properties), ctx)
     probes = cfg["probe"]
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
-    fit_cache = ctx.cache_root / PROBE_FITS if ctx.cache.enabled else None
+    fit_cache = kind_dir(ctx.cache_root, PROBE_FITS) if ctx.cache.enabled else None
     rows, t0 = [], time.perf_counter()
     for prop, layer, pname in track(jobs, "probes", ctx.progress):
         values, y = labels[prop]

@@ -24,7 +24,6 @@ model or ``overall``), ``disparity`` (model, gamma; ``gamma = -1``: the base mod
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -48,7 +47,7 @@ log = logging.getLogger("cprobe")
 
 USES_LAYERS = False
 MODEL_SETS = True  # reads a model zoo (source: zoo) and trains fact-world models (source: fact_world)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries are checksummed directories keyed by the model's content identity
 DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
 _DISPARITY_KEYS = {"base", "gammas", "sentences", "train", "seed"}
 
@@ -202,41 +201,26 @@ def cloze_predictions(adapter: Any, items: Sequence[Any], top_k: int, skip_stop_
                        correct=[p.lower() == g.lower() for p, g in zip(pred, gold)])
 
 
-def _identity(m: Mapping[str, Any]) -> dict[str, Any]:
-    """What determines a model's predictions (its cache identity); local checkpoints add their weights' size/mtime."""
-    ident = {k: m.get(k) for k in ("name", "source", "path", "package", "subdir", "kind", "revision", "dtype", "tiny",
-                                   "max_length")}
-    path = Path(str(m.get("path") or "")).expanduser()
-    if m.get("path") and path.is_dir():
-        ident["files"] = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir()
-                                if p.suffix in (".safetensors", ".json"))
-    return ident
-
-
 def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[Any], config: Config,
                        items_key: str) -> tuple[pd.DataFrame, bool]:
-    """The model's prediction table from the cache (checksummed parquet), or computed and cached."""
-    from cprobe.io import atomic_write_bytes
+    """The model's prediction table from the cache (kind ``cloze``: a checksummed parquet keyed by the model's content
+    identity, so a moved or copied cache stays valid), or computed and cached."""
+    from cprobe.cache import cache_key, kind_dir, load_file, model_identity, store_files
 
-    key = hashlib.sha256(json.dumps({"model": _identity(m), "items": items_key, "top_k": config.top_k,
-                                     "skip": config.skip_stop_words, "version": CACHE_VERSION},
-                                    sort_keys=True, default=str).encode()).hexdigest()[:20]
-    path = ctx.cache_root / "cloze" / f"{key}.parquet"
-    digest = path.with_suffix(".sha256")
+    key = cache_key({"model": model_identity(m), "items": items_key, "top_k": config.top_k,
+                     "skip": config.skip_stop_words, "version": CACHE_VERSION})
+    entry = kind_dir(ctx.cache_root, "cloze") / key
     enabled = bool(ctx.cfg.get("cache", {}).get("enabled", True))
-    if enabled and path.is_file() and digest.is_file():
-        blob = path.read_bytes()
-        if hashlib.sha256(blob).hexdigest() == digest.read_text().strip():
-            return pd.read_parquet(io.BytesIO(blob)), True
-        log.warning("cloze cache %s fails its checksum; recomputing", path)
+    if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:
+        return pd.read_parquet(io.BytesIO(blob)), True
     adapter = ctx.adapter(m)
     frame = cloze_predictions(adapter, items, config.top_k, config.skip_stop_words,
                               desc=f"cloze {m['name']}" if ctx.progress else None)
     if enabled:
         buf = io.BytesIO()
         frame.to_parquet(buf, index=False)
-        atomic_write_bytes(path, buf.getvalue())
-        atomic_write_bytes(digest, hashlib.sha256(buf.getvalue()).hexdigest().encode())
+        meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
+        store_files(entry, {"predictions.parquet": buf.getvalue(), "meta.json": meta})
     return frame, False
 
 

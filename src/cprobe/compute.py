@@ -1,0 +1,268 @@
+"""The hardware a job runs on: native bf16 on this CPU, how many threads fit, which GPU a parallel worker takes.
+
+- :func:`cpu_bf16` — whether this CPU computes bf16 natively (x86 AVX512-BF16 or AMX, ARM BF16), from the CPU's
+  flags, else a timed probe (≤ 1 s, once per process). On AVX2-only CPUs a bf16 matmul is ~90× slower than fp32, so
+  :func:`resolve_dtype` / :func:`use_bf16` fall back to fp32 there with one log line (``CPROBE_CPU_BF16=1|0``
+  overrides the detection).
+- :func:`available_cpus` — the CPUs this process may use: its affinity mask and the cgroup CPU quota.
+- :func:`choose_threads` — intra-op threads from the work's size, the usable CPUs, the parallel workers sharing them
+  and ``OMP_NUM_THREADS``; :func:`threads` applies a choice for a block. Small ops on oversubscribed cores spin:
+  one thread each is faster there.
+- :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
+  its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 (Linux /proc/cpuinfo names)
+ARM_BF16_FLAGS = ("bf16",)  # aarch64 "Features"
+
+
+# ----------------------------------------------------------------------------------------------- CPU bf16
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 ``flags`` / ARM ``Features`` of /proc/cpuinfo); empty where unknown."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown CPU"
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "CPU part"):
+            return value.strip()
+    return "unknown CPU"
+
+
+def _probe_bf16(seconds: float = 1.0) -> bool:
+    """Time a bf16 and an fp32 matmul (one thread, 256×512 @ 512×512); native bf16 is at least half as fast."""
+    import torch
+
+    with threads(1):
+        a, b = torch.randn(256, 512), torch.randn(512, 512)
+        ab, bb = a.bfloat16(), b.bfloat16()
+        rate = {}
+        deadline = time.perf_counter() + seconds
+        for name, (x, y) in (("fp32", (a, b)), ("bf16", (ab, bb))):
+            x @ y  # warm-up
+            t0, k = time.perf_counter(), 0
+            while k < 3 or (time.perf_counter() - t0 < seconds / 4 and time.perf_counter() < deadline):
+                x @ y
+                k += 1
+            rate[name] = k / (time.perf_counter() - t0)
+    return rate["bf16"] >= 0.5 * rate["fp32"]
+
+
+@lru_cache(maxsize=1)
+def cpu_bf16() -> bool:
+    """Whether this CPU runs bf16 matmuls natively (flags, else a ≤ 1 s timed probe); cached per process.
+    ``CPROBE_CPU_BF16=1`` or ``0`` overrides."""
+    env = os.environ.get("CPROBE_CPU_BF16", "").strip().lower()
+    if env in ("1", "true", "yes"):
+        return True
+    if env in ("0", "false", "no"):
+        return False
+    flags = cpu_flags()
+    if flags:
+        return any(f in flags for f in BF16_FLAGS + ARM_BF16_FLAGS)
+    return _probe_bf16()
+
+
+_WARNED: set[str] = set()
+
+
+def _once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg)
+
+
+def use_bf16(device: Any) -> bool:
+    """Whether bf16 compute is worth it on ``device``: always on accelerators, on CPUs only with native bf16
+    (otherwise one log line, and the caller uses fp32)."""
+    dev = str(getattr(device, "type", device)).split(":")[0]
+    if dev != "cpu":
+        return True
+    if cpu_bf16():
+        return True
+    _once(f"this CPU ({cpu_model()}) has no native bf16 (no {'/'.join(BF16_FLAGS)}): bf16 would run ~60x slower "
+          "than fp32 here, so fp32 is used instead (set CPROBE_CPU_BF16=1 to force bf16)")
+    return False
+
+
+def resolve_dtype(dtype: str, device: Any) -> str:
+    """The dtype name a model is loaded in: ``bfloat16``/``bf16`` on a CPU without native bf16 becomes ``float32``."""
+    if dtype in ("bfloat16", "bf16") and not use_bf16(device):
+        return "float32"
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------------- threads
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs allowed by the cgroup quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cfs_period_us``), None if none."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return q / p if q > 0 and p > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def available_cpus() -> int:
+    """CPUs this process may use: the affinity mask, capped by the cgroup quota (rounded up), at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return max(1, n)
+
+
+SMALL_OP_FLOPS = 2e7
+"""Ops below this many flops (e.g. a 64×128 @ 128×256 probe step) run on one thread: synchronising threads costs
+more than it saves, and on busy cores a waiting thread spins for a whole time slice."""
+
+
+BUSY_OP_FLOPS = 1e9
+"""On a busy machine (load average ≥ usable CPUs) ops below this also run on one thread: a thread waiting at a
+barrier for a descheduled sibling loses a whole time slice (measured: 20-100x slower probe fits with 2 threads)."""
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def choose_threads(flops_per_op: float | None = None, workers: int = 1, cpus: int | None = None,
+                   env: dict[str, str] | None = None, load: float | None = None) -> int:
+    """Intra-op threads for work whose typical op costs ``flops_per_op``: ``OMP_NUM_THREADS`` when set (the user
+    decides), else the usable CPUs shared among ``workers`` parallel processes, and 1 for small ops (below
+    :data:`SMALL_OP_FLOPS`, or :data:`BUSY_OP_FLOPS` when the machine's load average already fills its CPUs)."""
+    env = os.environ if env is None else env
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
+    cpus = available_cpus() if cpus is None else cpus
+    n = max(1, cpus // max(1, workers))
+    if flops_per_op is not None:
+        busy = (_load() if load is None else load) >= cpus
+        if flops_per_op < (BUSY_OP_FLOPS if busy else SMALL_OP_FLOPS):
+            return 1
+    if flops_per_op is not None:  # about 1e7 flops per thread keeps each thread busy between barriers
+        n = min(n, max(1, int(flops_per_op // (SMALL_OP_FLOPS / 2))))
+    return n
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` torch intra-op threads (restored afterwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def configure_process(workers: int = 1) -> int:
+    """Set this process's torch threads for ``workers`` parallel jobs sharing the machine; returns the count."""
+    import torch
+
+    n = choose_threads(workers=workers)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+        log.info("torch intra-op threads: %d (%d usable CPUs, %d parallel worker(s))", n, available_cpus(), workers)
+    return n
+
+
+# ----------------------------------------------------------------------------------------------- GPUs
+_CLAIM: dict[str, Any] = {}
+
+
+def claim_gpu(n_gpus: int, lock_dir: Path | None = None) -> int | None:
+    """The index of a GPU no other worker on this machine holds, claimed for the life of this process (a lock
+    file per GPU); None when all are held (the caller shares one)."""
+    import fcntl
+    import tempfile
+
+    if "index" in _CLAIM:
+        return _CLAIM["index"]
+    lock_dir = Path(lock_dir or Path(tempfile.gettempdir()) / f"cprobe-gpus-{os.getuid()}")
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(n_gpus):
+        f = open(lock_dir / f"gpu{i}.lock", "a+")  # noqa: SIM115 - held open while the process lives
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        _CLAIM.update(index=i, file=f)
+        return i
+    return None
+
+
+def release_gpu() -> None:
+    """Give back this process's GPU claim (tests; a worker's claim ends with the process)."""
+    f = _CLAIM.pop("file", None)
+    _CLAIM.pop("index", None)
+    if f is not None:
+        f.close()
+
+
+def worker_device(device: str, workers: int, job_num: int = 0, n_gpus: int | None = None,
+                  lock_dir: Path | None = None) -> str:
+    """The device a job of a parallel sweep uses: with several GPUs and several workers, ``cuda``/``auto`` become
+    ``cuda:<i>`` for a GPU this worker holds (or ``job_num mod n`` when all are held); anything else unchanged."""
+    if workers <= 1 or device not in ("auto", "cuda"):
+        return device
+    if n_gpus is None:
+        import torch
+
+        n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n_gpus <= 1:
+        return device
+    i = claim_gpu(n_gpus, lock_dir)
+    if i is None:
+        i = job_num % n_gpus
+        log.warning("more parallel workers than GPUs (%d): this job shares cuda:%d", n_gpus, i)
+    return f"cuda:{i}"
