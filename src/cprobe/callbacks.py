@@ -3,6 +3,7 @@ failed jobs noted for the CLI's exit code."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from cprobe.paths import LATEST
 
 log = logging.getLogger("cprobe")
 
-FAILED: list[str] = []
+from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
 
 
 def reset() -> None:
@@ -39,13 +40,55 @@ def link_latest(target: Path) -> None:
         log.debug("could not link %s -> %s: %s", link, target, e)
 
 
+def claim_dir(path: Path) -> Path:
+    """Create ``path`` and return it; when it exists already (another run started in the same second),
+    ``<path>_2``, ``<path>_3``, … — ``mkdir`` is atomic, so two processes never get the same directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        candidate = path if i == 1 else path.with_name(f"{path.name}_{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def _timestamped(node: Any, key: str) -> bool:
+    """Whether ``node.key`` is a time-stamped default (``${now:...}``) rather than a directory the user chose
+    (``hydra.run.dir=DIR`` reruns or resumes in DIR, so it is never renamed)."""
+    from omegaconf import OmegaConf
+
+    return "${now:" in str(OmegaConf.to_container(node, resolve=False).get(key, ""))
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "\\'") + "'"
+
+
 class AggregateResults(Callback):
-    """Links ``latest``; on multirun end (in the parent, for every launcher) aggregates the sweep."""
+    """Gives every run (or sweep) a directory of its own and links ``latest`` to it; on multirun end (in the
+    parent, for every launcher) aggregates the sweep."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import read_write
+
+        if _timestamped(config.hydra.run, "dir"):
+            claimed = claim_dir(Path(config.hydra.run.dir))
+            with read_write(config.hydra.run):
+                config.hydra.run.dir = str(claimed)
         link_latest(Path(config.hydra.run.dir))
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import read_write
+
+        if _timestamped(config.hydra.sweep, "dir"):
+            claimed = str(claim_dir(Path(config.hydra.sweep.dir)))
+            with read_write(config.hydra):
+                config.hydra.sweep.dir = claimed
+                # each job's config is composed again from these overrides: pin the claimed directory there
+                config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
         link_latest(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:

@@ -129,6 +129,9 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     for f in ("prompt_bias_table1.md", "prompt_bias_table3.md", "prompt_bias_table4.md", "prompt_bias_prompts.png",
               "prompt_bias_stability.png", "prompt_bias_relations.csv"):
         assert (job / f).is_file(), f
+    from tests.conftest import assert_figures_captioned
+
+    assert len(assert_figures_captioned(job)) == 2  # every figure names its relations, models, data, n, seed
     t4 = pd.read_csv(job / "prompt_bias_table4.csv")
     rows4 = [*models, "Overall Rank", "Draws with a tie (%)", "Closest pair", "Closest-pair gap (points)",
              "Closest-pair flips (%)"]

@@ -24,7 +24,7 @@ FLOORS = {
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("extract", "job", "results", "plots"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "api", "__init__"),
 }
 
 

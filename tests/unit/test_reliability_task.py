@@ -82,7 +82,8 @@ def test_selectivity_never_skips_a_property():
 
 
 def _row(method, kind, hparam, value, c, s, dtask=0.1, **extra):
-    return {"model": "m", "layer": 4, "oracle_probe": "mlp", "method": method, "kind": kind, "hparam": hparam,
+    return {"model": "m", "dataset": "d", "target": "z_c", "n_test": 600, "seed": 0,
+            "layer": 4, "oracle_probe": "mlp", "method": method, "kind": kind, "hparam": hparam,
             "hparam_value": value, "completeness": c, "selectivity": s, "reliability": float(reliability(c, s)),
             "task_acc_before": 1.0, "task_acc_after": 1.0 - dtask, "delta_task_acc": dtask,
             "oracle_acc_z_c": 0.99, "oracle_acc_z_e": 0.8, **extra}

@@ -33,6 +33,7 @@ import numpy as np
 
 from cprobe.data.items import OBJECT_SLOT, TextItem
 from cprobe.errors import ConfigError, DataError
+from cprobe.paths import safe_name
 
 SUBJECT_SLOT = "[X]"
 
@@ -197,8 +198,8 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
         raise DataError(f"{rel_file} not found: LAMA's relations.jsonl goes there (dataset.relations_file)")
     records = _read_jsonl(rel_file)
     if not records:
-        raise DataError(f"{rel_file} holds no relation: one JSON object a line, e.g. {{\"relation\": \"P19\", "
-                        f"\"template\": \"[X] was born in [Y] .\", \"type\": \"N-1\"}}")
+        raise DataError(f"{rel_file} holds no relation: one JSON object a line, e.g. "
+                        '{"relation": "P19", "template": "[X] was born in [Y] .", "type": "N-1"}')
     for r in records:
         n = r.pop(_LINE)
         if not isinstance(r.get("relation"), str) or not isinstance(r.get("template"), str):
@@ -208,6 +209,10 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
         except DataError as e:
             raise DataError(f"{rel_file}:{n}: {e} (the relation's template)") from None
     ids = [r["relation"] for r in records]
+    for n, rid in enumerate(ids, 1):  # a relation id names its triples and prompts files
+        if safe_name(rid) != rid:
+            raise DataError(f"{rel_file}:{n}: relation id {rid!r} must be a plain name (it names "
+                            f"{keys.triples_dir}/<id>.jsonl), not a path")
     if len(set(ids)) != len(ids):
         raise DataError(f"{rel_file}: relation ids repeat")
     if keys.relations is not None:
@@ -224,6 +229,7 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
     notes: list[str] = []
     relations: dict[str, Relation] = {}
     facts: list[Fact] = []
+    empty: list[str] = []  # triples files without a line
     dropped = [r["relation"] for r in records if r.get("type") in keys.drop_types]
     if dropped:
         notes.append(f"dropped {len(dropped)} relation(s) of type {keys.drop_types}: {dropped}")
@@ -256,7 +262,10 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
             continue
         relations[rid] = Relation(rid, str(rec.get("label", rid)), tuple(prompts), str(rec.get("type", "N-1")))
         seen: set[str] = set()
-        for t in _read_jsonl(triples):
+        rows = _read_jsonl(triples)
+        if not rows:
+            empty.append(triples.name)
+        for t in rows:
             n = t[_LINE]
             sub, obj = t.get("sub_label"), t.get("obj_label")
             if not isinstance(sub, str) or not isinstance(obj, str):
@@ -270,8 +279,11 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
                 raise DataError(f"{triples}:{n}: 'sub_mentions' / 'aliases' must be a list of strings")
             mentions = tuple(dict.fromkeys([sub.strip(), *(a.strip() for a in aliases if a.strip())]))
             facts.append(Fact(rid, sid, mentions[: keys.max_mentions], obj.strip()))
+    if empty:
+        notes.append(f"empty triples file(s) under {keys.triples_dir}: {empty}")
     if not facts:
-        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations")
+        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations"
+                        + (f": {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty" if empty else ""))
     return FactData(name, str(base), relations, tuple(facts), tuple(notes))
 
 

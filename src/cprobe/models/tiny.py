@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -51,7 +50,7 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
-from cprobe.io import MANIFEST, verify_manifest, write_manifest
+from cprobe.io import make_temp_dir, verify_manifest, write_manifest
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -145,17 +144,18 @@ def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], N
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / name
-    if _is_complete(out, key):
+    if _problem(out, key) is None:
         return out
     with FileLock(str(cache_dir / f"{name}.lock")):
-        if _is_complete(out, key):  # another job finished it while we waited
+        problem = _problem(out, key)  # checked again: another job may have finished it while we waited
+        if problem is None:
             return out
-        if out.exists():
-            log.warning("rebuilding incomplete tiny model dir %s", out)
+        if out.exists():  # one warning, under the lock (the check before it stays quiet)
+            log.warning("tiny model %s: %s; rebuilding it", out, problem)
             shutil.rmtree(out)
         for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
+        tmp = make_temp_dir(cache_dir, prefix=f".{name}.tmp-")  # 0777 − umask, not mkdtemp's 0700
         try:
             build(tmp)
             os.replace(tmp, out)
@@ -664,19 +664,20 @@ def training_report(path: Path) -> dict:
 
 def _is_complete(path: Path, key: str) -> bool:
     """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    if not all((path / f).is_file() for f in _FILES):
-        return False
+    return _problem(path, key) is None
+
+
+def _problem(path: Path, key: str) -> str | None:
+    """What keeps ``path`` from being a complete, uncorrupted model for ``key`` (None: nothing)."""
+    missing = [f for f in _FILES if not (path / f).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing"
     try:
         if json.loads((path / "training.json").read_text()).get("key") != key:
-            return False
+            return "trained for another configuration"
     except (OSError, ValueError):
-        return False
-    problem = verify_manifest(path)
-    if problem is not None:
-        if (path / MANIFEST).is_file():
-            log.warning("tiny model %s: %s; rebuilding it", path, problem)
-        return False
-    return True
+        return "training.json unreadable"
+    return verify_manifest(path)
 
 
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:

@@ -31,6 +31,8 @@ from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
+import cprobe.plots as plots
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import parquet_bytes, write_table
 from cprobe.tasks import Uses
@@ -376,9 +378,10 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for (model, name), part in table.groupby(["model", "cg_task"], sort=True):
         acc = float(part["task_accuracy"].iloc[0])
         cap = "" if capable_flag(part).iloc[0] else " — NOT capable"
-        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
+        _heatmaps(part, out_dir / f"heatmap_{safe_name(model)}_{safe_name(name)}.png",
+                  f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
-        _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
+        _odds_by_layer(part, out_dir / f"odds_by_layer_{safe_name(model)}.png", str(model))
 
 
 def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:
@@ -439,7 +442,8 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
     cb.set_label(f"AvgOdds (log odds ratio); scale ±{vmax:.2f}, data {lo:.2f} … {hi:.2f}", fontsize=9)
     cb.ax.tick_params(labelsize=9)
-    fig.suptitle(f"{title}\n{ylabel}", fontsize=11)
+    _caption(fig, "CausalGym AvgOdds by layer × region (rows: task, control, selectivity)", part,
+             note=f"{title}; {ylabel}")
     save(fig, path)
 
 
@@ -462,4 +466,14 @@ def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("max-over-regions AvgOdds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
+    _caption(fig, "CausalGym: max-over-regions AvgOdds by layer, averaged over tasks", part)
     save(fig, path)
+
+
+def _caption(fig: Any, shows: str, part: pd.DataFrame, note: str = "") -> None:
+    """What every CausalGym figure names: the task(s) (the property the pairs differ in), the model, the templates,
+    n (evaluation pairs per site) and the seed."""
+    data = part["templates"] if "templates" in part else "CausalGym templates"
+    n = plots.counts(plots.values(part["n_eval"]), "eval pairs per site") if "n_eval" in part else ""
+    plots.caption(fig, shows, property=part["cg_task"], model=part["model"], data=data, n=n, seed=part.get("seed"),
+                  note=note)

@@ -52,6 +52,8 @@ from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import acace, icace_error
+import cprobe.plots as plots
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import summarise
 from cprobe.tasks import Uses
@@ -300,6 +302,11 @@ def _plot(tab: pd.DataFrame, out_dir: Path) -> None:
         axes[0].legend(fontsize=9, ncols=2)
         cid = key[0] if len(key) > 4 else None
         model, task, variant, split = key[-4:]
-        fig.suptitle(f"CEBaB {task} · {model} · train {variant} · {split} pairs" + (f" · {cid}" if cid else ""),
-                     fontsize=10)
-        save(fig, out_dir / (f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "") + ".png"))
+        rows = tab[(tab["model"] == model) & (tab["cebab_task"] == task) & (tab["kind"] == "icace_error")
+                   & (tab["aspect"] == "all") & (tab["direction"] == "all")]
+        plots.caption(fig, f"CEBaB ICaCE-Error per explainer ({task} sentiment), lower is better; bars: mean ± std "
+                      "over seeds", property=[a for a in aspects if a != "all"] or "the aspects together", model=model,
+                      data=f"CEBaB, train {variant}, {split} edit pairs", n=plots.counts(plots.values(rows["n"]),
+                                                                                       "pairs"),
+                      seed=rows.get("seed"), note=cid or "")
+        save(fig, out_dir / (safe_name(f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "")) + ".png"))

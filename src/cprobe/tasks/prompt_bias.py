@@ -46,6 +46,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.results import parquet_bytes, summarise, write_parquet
 
@@ -679,6 +680,7 @@ def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
     p = tab[tab["kind"] == "p1"]
     if p.empty:
         return
+    rows = p
     p = p.groupby(["model", "relation", "prompt"], sort=False)["value"].mean().reset_index()
     models = list(dict.fromkeys(p["model"]))
     relations = list(dict.fromkeys(p["relation"]))
@@ -697,7 +699,18 @@ def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
         if i % (2 if len(relations) > 16 else 4) == 0:
             ax.set_ylabel("P@1 over prompts", fontsize=8)
     axes[0].legend(fontsize=7, loc="upper right")
+    _caption(fig, "Prompt preference: P@1 of each relation over its prompts (× the original prompt)", rows,
+             "facts per relation")
     save(fig, out_dir / "prompt_bias_prompts.png")
+
+
+def _caption(fig: Any, shows: str, rows: pd.DataFrame, unit: str) -> None:
+    """What every prompt-bias figure names: the relations probed, the model(s), the fact data, n and the seed(s)."""
+    ns = rows["n"].dropna().astype(int) if "n" in rows else pd.Series(dtype=int)
+    n = "?" if ns.empty else str(ns.min()) if ns.min() == ns.max() else f"{ns.min()}–{ns.max()}"
+    plots.caption(fig, shows, property=[f"relation {r}" for r in rows["relation"].dropna().unique()],
+                  model=rows["model"], data=rows["dataset"] if "dataset" in rows else "facts",
+                  n=f"{n} {unit}", seed=rows.get("seed"))
 
 
 def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
@@ -705,6 +718,7 @@ def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
     s = tab[tab["kind"] == "stability"]
     if s.empty:
         return
+    rows = s
     s = s.groupby(["model", "relation"], sort=False)["value"].mean().reset_index()
     models = list(dict.fromkeys(s["model"]))
     fig, (ax,) = new_figure(1, width=max(4.0, 0.9 * len(models) + 1.5), height=3.4)
@@ -712,5 +726,6 @@ def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
     ax.set_xticks(np.arange(1, len(models) + 1), models, rotation=45, ha="right", fontsize=8)
     ax.set_ylim(-2, 102)
     ax.set_ylabel("verbalization stability (%)", fontsize=8)
-    ax.set_title("Predictions unchanged across subject mentions, per relation", fontsize=9)
+    _caption(fig, "Verbalization stability: predictions unchanged across subject mentions, per relation", rows,
+             "subjects per relation")
     save(fig, out_dir / "prompt_bias_stability.png")

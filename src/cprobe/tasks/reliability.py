@@ -40,6 +40,7 @@ from cprobe.models.edits import Replace
 from cprobe.models.formatters import AgreementFormatter
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
 from cprobe.probes.grid import load_probe, save_probe
@@ -86,6 +87,9 @@ def validate(job: Any) -> None:
                               f"{sorted(job.keys.probe or {})} (use probe=all)")
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
+    from cprobe.data.registry import check_properties
+
+    check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
     missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
     if missing:
@@ -223,7 +227,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     hval = icfg.get(hparam) if hparam else None
     row = {
         "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
-        "position": cfg["position"], "method": name, "kind": method.kind, "hparam": hparam,
+        "position": cfg["position"], "target": target, "method": name, "kind": method.kind, "hparam": hparam,
         "hparam_value": None if hval is None else float(hval), **scores,
         "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
         **oracle_info, "oracle_probe": config.oracle_probe,
@@ -275,6 +279,14 @@ _FAMILIES = {  # the paper's appendix figures: 2 = GBIs, 3 = AlterRep (+ mean-di
 }
 
 
+def _caption(fig: Any, shows: str, table: pd.DataFrame) -> None:
+    """What every reliability figure names: the targeted property, model, data, n (test items) and seed."""
+    plots.caption(fig, shows, property=[f"{t} (targeted)" for t in table["target"].unique()],
+                  model=[f"{m} layer {l}" for m, l in table[["model", "layer"]].drop_duplicates().itertuples(index=False)],
+                  data=table["dataset"], n=plots.counts(plots.values(table["n_test"]), "test items"),
+                  seed=table.get("seed"))
+
+
 def report(table: pd.DataFrame, out_dir: Path) -> None:
     """Table 1 (Markdown/CSV) and Figs. 1a, 1b, 2–4 of the paper as PNGs (figures only for >1 row)."""
     best = table1(table)
@@ -295,6 +307,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for ax in (ax_a, ax_b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    _caption(fig, "Interventions: selectivity vs completeness, ΔTask Acc vs reliability (Canby et al. Fig. 1)", table)
     save(fig, out_dir / "fig1_tradeoffs.png")
     swept = [m for m in methods if table.loc[table["method"] == m, "hparam_value"].nunique() > 1]
     for stem, family in (*_FAMILIES.items(), ("fig_other", tuple(m for m in swept if not any(
@@ -315,4 +328,6 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                 ax.set_xscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
+        _caption(fig, "Reliability, completeness, selectivity and ΔTask Acc by hyperparameter",
+                 table[table["method"].isin(ms)])
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
