@@ -26,6 +26,7 @@ from cprobe.errors import ConfigError
 from cprobe.job import JobContext
 from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec, const
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -173,7 +174,8 @@ def _grid(part: pd.DataFrame) -> np.ndarray:
 
 
 def overall_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per model × task × method (× seed): overall odds, selectivity, accuracies, capability and cost."""
+    """Per model × task × method (× seed): overall odds, selectivity, accuracies and capability (what it cost is in
+    the job's ``timings.csv``: tables never read timing columns, so a sweep's tables equal its jobs')."""
     keys = [k for k in ("model", "cg_task", "method", "seed") if k in table]
     out = []
     for key, part in table.groupby(keys, sort=True):
@@ -199,7 +201,6 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec["probe_lam"] = float(task["probe_lam"].iloc[0]) if "probe_lam" in task else np.nan
         rec["stream"] = str(task["stream"].iloc[0]) if "stream" in task else "resid"
         rec["probe_accuracy"] = float(task["probe_accuracy"].mean()) if task["probe_accuracy"].notna().any() else np.nan
-        rec["seconds"] = float((part["fit_s"] + part["eval_s"]).sum())
         rec["n_sites"] = len(task)
         out.append(rec)
     return pd.DataFrame(out)
@@ -243,7 +244,7 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
-            "probe_pick": "", "capable_probe_pick": "", "seconds": part["seconds"].sum(),
+            "probe_pick": "", "capable_probe_pick": "",
         })
     out = pd.DataFrame(rows)
     picks = []
@@ -392,3 +393,53 @@ def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     save(fig, path)
+
+
+# ----------------------------------------------------------------------------------------------- records
+_OVERALL = {"overall_odds": "overall_odds", "selectivity": "control_selectivity",
+            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness"}
+
+
+def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
+    """Per task and method the overall numbers of :func:`overall_table` (slice ``cg_task``) and their means over the
+    tasks (slice ``{}``: Table 1's cells), plus the model's accuracy per task."""
+    from cprobe.records import canonical
+
+    overall = overall_table(table)
+    if overall.empty:
+        return pd.DataFrame()
+    base = {"dataset": "causalgym", "family": "direction"}
+    rows = []
+    for rec in overall.to_dict("records"):
+        sl = canonical({"cg_task": rec["cg_task"]})
+        rows += [{**base, "model": rec["model"], "method": rec["method"], "slice": sl, "metric": m, "value": rec[c],
+                  "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
+                 for c, m in _OVERALL.items() if c in rec]
+    for (model, task), part in overall.groupby(["model", "cg_task"], sort=False):
+        rows.append({"dataset": "causalgym", "model": model, "slice": canonical({"cg_task": task}),
+                     "metric": "task_accuracy", "value": part["task_accuracy"].iloc[0]})
+    for (model, method), part in overall.groupby(["model", "method"], sort=False):
+        rows += [{**base, "model": model, "method": method, "slice": "{}", "metric": m, "value": part[c].mean(),
+                  "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+    return pd.DataFrame(rows)
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+    from cprobe.records import breakdown_items
+
+    return breakdown_items(records, list(_OVERALL.values()), "cg_task")
+
+
+RECORDS = RecordSpec(
+    dataset=const("causalgym"), model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]),
+    position="region", method="method", family=const("direction"),
+    setting=Derived(lambda t: [{"stream": s, **({} if pd.isna(lam) else {"probe_lam": lam})}
+                               for s, lam in zip(t["stream"], t["probe_lam"])]),
+    slice=("cg_task", "condition"),
+    metrics={"odds": "avg_odds", "iia": "iia", "probe_accuracy": "direction_probe_accuracy",
+             "oracle_accuracy": "oracle_accuracy", "completeness": "oracle_completeness",
+             "oracle_selectivity": "oracle_selectivity"},
+    n={"*": "n_eval"}, breakdowns=("cg_task", "condition"), extra=_overall_records, items=_record_items)
+"""Per site (layer × region = position, task, condition): AvgOdds, IIA and the oracle scores; per task and over the
+tasks: the overall odds-ratio and the control selectivity (:mod:`cprobe.records`). The tasks are the items of the
+means over tasks."""

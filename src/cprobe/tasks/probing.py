@@ -26,6 +26,7 @@ from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
+from cprobe.records import RecordSpec, const, job_records
 from cprobe.probes import Probe
 
 log = logging.getLogger("cprobe")
@@ -131,3 +132,11 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save(fig, out_dir / "accuracy_by_layer.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", read_layer="layer", position="position", method="probe", family=const("probe"),
+    slice=("property",), metrics={"accuracy": "probe_accuracy", "majority": "majority_baseline"}, n={"*": "n_test"},
+    extra=lambda t: job_records(t, {"task_accuracy": "task_accuracy"}, {"dataset": "dataset", "model": "model"}))
+"""The table's rows as records (:mod:`cprobe.records`); the model's task accuracy once per job."""

@@ -42,6 +42,7 @@ from cprobe.models.sites import Site
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
 from cprobe.probes.grid import load_probe, save_probe
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -313,3 +314,23 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+def _setting(t: pd.DataFrame) -> list[dict]:
+    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with."""
+    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o}
+            for h, v, o in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * len(t)))]
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position="position",
+    method="method", family="kind", setting=Derived(_setting),
+    metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
+             "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
+             "delta_task_acc": "delta_task_accuracy"},
+    patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
+              r"oracle_acc_(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"})
+"""Completeness, selectivity (overall and per non-targeted property), reliability, ΔTask Acc and the oracles'
+accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
