@@ -2,8 +2,8 @@
 
 0 base (errors, io, config, paths, progress, registry) < 1 data < 2 models < 3 methods (probes,
 interventions, directions, explainers, metrics) < 4 core pipeline pieces (activation cache, extraction, jobs, results,
-plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
-package top, which re-exports estimators lazily). Function-level imports count too.
+records, leaderboard, report, plots) < 5 studies (tasks, causalgym, bench) < 6 the application (pipeline, outputs, cli,
+callbacks, catalog and the package top, which re-exports estimators lazily). Function-level imports count too.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ FLOORS = {
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
-    4: ("cache", "extract", "job", "results", "plots"),
+    4: ("cache", "extract", "job", "results", "plots", "records", "leaderboard", "report"),
     5: ("tasks", "causalgym", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "__init__"),
 }
 
 
