@@ -16,6 +16,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias")
+RUN_DIRS = {s: f"{s}_run" for s in STUDIES} | {"causalgym": "causalgym_sweep"}
+"""Where each study's run goes under the root (CausalGym: a two-job sweep over its methods, aggregated when it ends;
+the others: one run each)."""
 
 
 def _cprobe(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -46,19 +49,21 @@ def study_commands(root: Path, shared_data: Path) -> dict[str, tuple[list[str], 
         liberty_encoder(lib_enc)
 
     def run_dir(study: str) -> str:
-        return f"hydra.run.dir={root / study}"
+        return f"hydra.run.dir={root / RUN_DIRS[study]}"
 
     shared = {"CPROBE_DATA_DIR": str(shared_data)}
     return {
         "probing": (["+experiment=sva_tiny", "--smoke", "layers=[2,4]", run_dir("probing")], shared),
         "reliability": (["+experiment=sva_tiny_reliability", "intervention=mean_diff", "--smoke",
                          run_dir("reliability")], shared),
-        "causalgym": (["+experiment=causalgym", "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8",
-                       "causalgym.n_eval=4", "layers=[1,2]", "causalgym.methods=[das,mean,random]",
+        "causalgym": (["-m", "+experiment=causalgym", "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8",
+                       "causalgym.n_eval=4", "layers=[1,2]", "causalgym.methods=[das,mean],[random]",
+                       "causalgym.oracle_probe.widths=[32]", "causalgym.oracle_probe.lrs=[0.01]",
+                       "causalgym.oracle_probe.epochs=4", "causalgym.random_draws=2",
                        "model.tiny.train.steps=30", "+model.tiny.train.layers=2", "model.tiny.grammar.n_sentences=300",
                        "model.tiny.causalgym_corpus.n_per_task=50",
                        "model.tiny.causalgym_corpus.tasks=[agr_sv_num_pp]", "progress=false", "device=cpu",
-                       run_dir("causalgym")], shared),
+                       f"hydra.sweep.dir={root / RUN_DIRS['causalgym']}"], shared),
         "cebab": (["+experiment=cebab", "model=bert_base_uncased", f"model.path={cebab_enc}", "model.finetune.lr=3e-3",
                    "model.finetune.max_length=64", "--smoke", "cebab.explainers=[random,approx,conceptshap,leace]",
                    "cebab.explainer.conceptshap.hidden=16", run_dir("cebab")], {"CPROBE_DATA_DIR": str(cebab_data)}),
@@ -74,7 +79,8 @@ def study_commands(root: Path, shared_data: Path) -> dict[str, tuple[list[str], 
 
 
 def study_runs(root: Path, shared_data: Path, studies: tuple[str, ...] = STUDIES) -> dict[str, Path]:
-    """Run (or reuse) one smoke run per study under ``root``; returns {study: run dir}. Raises on a failed run."""
+    """Run (or reuse) one smoke run per study under ``root``; returns {study: run (or sweep) dir}. Raises on a failed
+    run."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     commands = study_commands(root, shared_data)
@@ -86,5 +92,5 @@ def study_runs(root: Path, shared_data: Path, studies: tuple[str, ...] = STUDIES
         r = _cprobe(["run", *args], cwd=root, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"the {study} smoke run failed:\n{r.stderr[-3000:]}")
-        out[study] = root / study
+        out[study] = root / RUN_DIRS[study]
     return out

@@ -70,7 +70,7 @@ class AggregateResults(Callback):
         try:
             out = collect(sweep_dir, partial=True)
             log.info("sweep report: %s", out.report)
-        except Exception as e:  # noqa: BLE001 - Hydra would swallow it: record it for the exit code
+        except Exception as e:  # Hydra would swallow it: record it for the exit code
             msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
             if not isinstance(e, CprobeError):
                 msg = f"{type(e).__name__}: {msg}"

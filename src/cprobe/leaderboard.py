@@ -124,7 +124,7 @@ def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
         rows.append({**rec, "variant": (variants or {}).get(str(rec["config_id"]), ""), "direction": info.direction,
                      "mean": float(finite.mean()) if len(finite) else np.nan, "ci_low": lo, "ci_high": hi,
                      "seeds": int(len(finite)),
-                     "items": int(sum(len(x) for x in its) / max(1, len(its))) if its else 0,
+                     "items": round(sum(len(x) for x in its) / max(1, len(its))) if its else 0,
                      "ci": CI_TEXT[kind] + ("" if kind == "none" else f" ({n_boot} resamples, {level:.0%} percentile)")})
     out = pd.DataFrame(rows, columns=list(COLUMNS))
     order = {m: i for i, m in enumerate(METRICS)}
@@ -207,8 +207,9 @@ def markdown(board: pd.DataFrame) -> str:
     kinds = sorted(set(board["ci"])) if len(board) else []
     if kinds:
         parts += ["Intervals in this table: " + "; ".join(kinds) + ".", ""]
-    for name, t in wide(board).items():
+    tables = wide(board)
+    for name, t in tables.items():
         parts += [f"## {name}", "", t.to_markdown(index=False), ""]
-    if len(parts) <= 6:
+    if not tables:
         parts.append("No headline metric recorded.")
     return "\n".join(parts) + "\n"

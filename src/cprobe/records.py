@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -87,7 +87,7 @@ def const(value: Any) -> Derived:
     return Derived(lambda t: value)
 
 
-Field = Union[str, Derived, None]
+Field = str | Derived | None
 """A column name (moved into the field, restored by :func:`from_records`), a :class:`Derived`, or None (empty)."""
 
 
@@ -354,6 +354,8 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
             if any(c in s for s in slices) or c in spec.slice_defaults:
                 out[c] = _restore([s.get(c, spec.slice_defaults.get(c)) for s in slices])
     if not spec.wide:
+        if isinstance(spec.metric, str):
+            out[spec.metric] = rows["metric"].astype(str)
         if isinstance(spec.n, str):
             out[spec.n] = _field_back(rows["n"], "n")
         out[spec.value] = rows["value"].astype("float64").to_numpy()
@@ -425,7 +427,11 @@ def item_rows(records: pd.DataFrame, values: Mapping[str, Sequence[float]], item
             continue
         frames.append(pd.DataFrame({**{k: [rec[k]] * len(items) for k in KEY}, "item": [str(i) for i in items],
                                     "value": np.asarray(v, dtype="float64")}))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*KEY, "item", "value"])
+    return finish_items(pd.concat(frames, ignore_index=True)) if frames else _no_items()
+
+
+def _no_items() -> pd.DataFrame:
+    return finish_items(pd.DataFrame(columns=[*KEY, "item", "value"]))
 
 
 def breakdown_items(records: pd.DataFrame, metrics: Sequence[str], key: str) -> pd.DataFrame:
@@ -433,7 +439,7 @@ def breakdown_items(records: pd.DataFrame, metrics: Sequence[str], key: str) -> 
     records that differ only by ``slice[key]`` are its items (CausalGym: tasks; prompt bias: relations)."""
     r = records[records["metric"].isin(list(metrics))]
     if r.empty:
-        return pd.DataFrame(columns=[*KEY, "item", "value"])
+        return _no_items()
     sl = [parse(s) for s in r["slice"]]
     item = [s.pop(key, None) for s in sl]
     r = r.assign(_whole=[canonical(s) for s in sl], _item=item)
@@ -442,9 +448,9 @@ def breakdown_items(records: pd.DataFrame, metrics: Sequence[str], key: str) -> 
     ident = [k for k in KEY if k != "slice"] + ["_whole"]
     merged = wholes[ident].drop_duplicates().merge(parts[[*ident, "_item", "value"]], on=ident, how="inner")
     if merged.empty:
-        return pd.DataFrame(columns=[*KEY, "item", "value"])
+        return _no_items()
     merged = merged.rename(columns={"_whole": "slice", "_item": "item"})
-    return merged[[*KEY, "item", "value"]].reset_index(drop=True)
+    return finish_items(merged[[*KEY, "item", "value"]].reset_index(drop=True))
 
 
 # ----------------------------------------------------------------------------------------------- checks

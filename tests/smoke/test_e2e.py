@@ -54,8 +54,8 @@ def test_same_seed_gives_byte_identical_metric_tables(tmp_path):
                    cwd=REPO)
         assert r.returncode == 0, r.stderr[-3000:]
     a, b = (_run_dir(tmp_path / o) for o in ("a", "b"))
-    for f in ("metrics.csv", "metrics.md"):
-        assert (a / f).read_bytes() == (b / f).read_bytes()
+    for f in ("metrics.csv", "metrics.md", "records.parquet", "leaderboard.csv", "leaderboard.md"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
 def test_multirun_two_probes_one_table_and_shared_activations(tmp_path):

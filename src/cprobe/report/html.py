@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ def _cell(v: Any) -> tuple[str, bool]:
     """(text, is a number) of a table cell."""
     from cprobe.leaderboard import number
 
-    if v is None or v is pd.NA or (isinstance(v, float) and v != v):
+    if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
         return "", False
     if isinstance(v, bool):
         return str(v), False

@@ -331,6 +331,6 @@ RECORDS = RecordSpec(
              "delta_task_acc": "delta_task_accuracy"},
     patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
               r"oracle_acc_(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
-    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"})
-"""Completeness, selectivity (overall and per non-targeted property), reliability, ΔTask Acc and the oracles'
-accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",))
+"""Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
+the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
