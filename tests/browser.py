@@ -169,19 +169,32 @@ class _Pipe:
             self.proc.stderr.close()
 
 
-def check_page(path: Path, binary: str | None = None, width: int = 1400, max_height: int = 12000,
-               settle: float = 0.5) -> PageCheck:
-    """Load ``path`` (a local HTML file) in a fresh headless Chromium profile and check it."""
-    binary = binary or chromium()
-    if binary is None:
-        raise RuntimeError("no Chromium found (apt-get install -y chromium, or set CPROBE_CHROMIUM)")
-    url = Path(path).resolve().as_uri()
-    out = PageCheck(url)
-    with tempfile.TemporaryDirectory(prefix="cprobe-chromium-") as profile:
-        pipe = _Pipe(binary, profile)
+class Browser:
+    """One headless Chromium (a fresh profile) for several pages: ``with Browser() as b: b.check(path)``."""
+
+    def __init__(self, binary: str | None = None) -> None:
+        self.binary = binary or chromium()
+        if self.binary is None:
+            raise RuntimeError("no Chromium found (apt-get install -y chromium, or set CPROBE_CHROMIUM)")
+
+    def __enter__(self) -> Browser:
+        self._profile = tempfile.TemporaryDirectory(prefix="cprobe-chromium-")
+        self.pipe = _Pipe(self.binary, self._profile.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pipe.close()
+        self._profile.cleanup()
+
+    def check(self, path: Path, width: int = 1400, max_height: int = 12000, settle: float = 0.3) -> PageCheck:
+        """Load ``path`` (a local HTML file) in a new tab and check it."""
+        pipe = self.pipe
+        url = Path(path).resolve().as_uri()
+        out = PageCheck(url)
+        start = len(pipe.events)
+        target = pipe.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         try:
-            target = pipe.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-            session = pipe.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
             for domain in ("Page", "Runtime", "Log", "Network"):
                 pipe.send(f"{domain}.enable", session=session)
             pipe.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
@@ -199,8 +212,19 @@ def check_page(path: Path, binary: str | None = None, width: int = 1400, max_hei
                              session=session)
             out.screenshot = base64.b64decode(shot.get("data", ""))
         finally:
-            pipe.close()
-    for m in pipe.events:
+            pipe.send("Target.closeTarget", {"targetId": target})
+        _collect(out, [m for m in pipe.events[start:] if m.get("sessionId") == session])
+        return out
+
+
+def check_page(path: Path, binary: str | None = None, **kw: Any) -> PageCheck:
+    """Load ``path`` in a fresh headless Chromium and check it."""
+    with Browser(binary) as b:
+        return b.check(path, **kw)
+
+
+def _collect(out: PageCheck, events: list[dict[str, Any]]) -> None:
+    for m in events:
         method, p = m.get("method"), m.get("params", {})
         if method == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
             out.console_errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
@@ -214,4 +238,3 @@ def check_page(path: Path, binary: str | None = None, width: int = 1400, max_hei
             out.requests.append(p.get("request", {}).get("url", ""))
         elif method == "Network.loadingFailed" and not p.get("canceled"):
             out.failed.append(f"{p.get('errorText', '')} ({p.get('type', '')})")
-    return out

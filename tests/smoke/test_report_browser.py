@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import check_page, chromium
+from tests.browser import Browser, check_page, chromium
 
 BROWSER = chromium()
 if BROWSER is None and os.environ.get("CPROBE_REQUIRE_CHROMIUM", "") not in ("", "0"):
@@ -53,8 +53,9 @@ def test_every_report_renders_cleanly_in_chromium(study_runs, tmp_path):
     assert len(pages) == 1 + len(study_runs) + 2  # all studies, each run, the CausalGym sweep and its two jobs
     shots = tmp_path / "screenshots"
     shots.mkdir()
-    for page in pages:
-        res = check_page(page)
+    with Browser() as browser:
+        results = {page: browser.check(page) for page in pages}
+    for page, res in results.items():
         name = str(page.parent.relative_to(root)).replace("/", "__") or "root"
         (shots / f"{name}.png").write_bytes(res.screenshot)
         assert res.problems() == [], (page, res.problems())

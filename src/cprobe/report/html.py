@@ -290,8 +290,9 @@ def render(directory: Path) -> str:
                     ("error", (status or {}).get("error"))]) + _records_overview(d)
     sections.append(("overview", "Overview", overview))
     sections.append(("leaderboard", "Leaderboard", _leaderboard(d)))
+    holders = {p for j in jobs for p in j.parents}  # sweeps (and run folders) below: their own pages show them
     dirs = [d] + sorted(p for p in d.iterdir() if p.is_dir() and not _is_job(p) and not p.name.startswith(".")
-                        and p not in jobs and any(p.glob("*.parquet")))
+                        and p not in holders and any(p.glob("*.parquet")))
     tables, figures = [], []
     for sub_dir in dirs:
         heading = "" if sub_dir == d else f"<h3>{esc(sub_dir.name)}</h3>"
