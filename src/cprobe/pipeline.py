@@ -3,7 +3,8 @@
 Order of work in :func:`run_job`: resolve and validate the whole config (:func:`prepare`: the schema, the
 task's typed config, every probe/intervention constructor, the model's layer count read from its config
 file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
-gives byte-identical tables) and ``timings.json``, and the task's report. A config error in a single run
+gives byte-identical tables) and ``timings.csv``, the records, the task's report built from them and the leaderboard
+(:func:`cprobe.outputs.finish_job`), ``status.json`` and ``report.html``. A config error in a single run
 leaves no run directory behind; in a sweep it is recorded in the job's ``status.json`` and the sweep goes on.
 """
 

@@ -180,20 +180,35 @@ def _field(t: pd.DataFrame, f: Field) -> tuple[pd.Series, set[str]]:
     return t[f].reset_index(drop=True), {f}
 
 
+def _values(s: pd.Series) -> list[Any]:
+    """A column as plain Python values (NaN/NA as None), vectorised."""
+    return s.astype(object).where(s.notna(), None).tolist()
+
+
 def _json_column(t: pd.DataFrame, spec: Sequence[str] | Derived, defaults: Mapping[str, Any] = {}
-                 ) -> tuple[list[dict], set[str]]:
-    if isinstance(spec, Derived):
-        return [dict(d) if isinstance(d, Mapping) else {} for d in spec(t)], set()
-    cols = [c for c in spec if c in t.columns]
+                 ) -> tuple[list[str], set[str]]:
+    """Canonical JSON per row of the columns ``spec`` names (or the dicts a Derived gives), equal rows computed
+    once."""
+    cache: dict[Any, str] = {}
     out = []
-    for row in t[cols].itertuples(index=False, name=None) if cols else [()] * len(t):
-        d = {}
-        for c, v in zip(cols, row):
-            v = plain(v)
-            if c in defaults and v == defaults[c]:
+    if isinstance(spec, Derived):
+        for d in spec(t):
+            d = dict(d) if isinstance(d, Mapping) else {}
+            try:
+                key = tuple(sorted(d.items()))
+                hash(key)
+            except TypeError:
+                out.append(canonical(d))
                 continue
-            d[c] = v
-        out.append(d)
+            if key not in cache:
+                cache[key] = canonical(d)
+            out.append(cache[key])
+        return out, set()
+    cols = [c for c in spec if c in t.columns]
+    for row in zip(*(_values(t[c]) for c in cols)) if cols else [()] * len(t):
+        if row not in cache:
+            cache[row] = canonical({c: v for c, v in zip(cols, row) if not (c in defaults and v == defaults[c])})
+        out.append(cache[row])
     return out, set(cols)
 
 
@@ -212,11 +227,16 @@ def _n_column(spec: RecordSpec, metric: str) -> str | None:
 
 
 def _text(s: pd.Series) -> pd.Series:
-    return pd.Series(["" if plain(v) is None else str(plain(v)) for v in s], dtype="str")
+    if s.dtype == object and any(isinstance(v, (float, np.floating)) and not math.isnan(v) for v in s):
+        return pd.Series(["" if plain(v) is None else str(plain(v)) for v in s], dtype="str")
+    return pd.Series(s.astype(object).where(s.notna(), "").astype(str).to_numpy(), dtype="str")
 
 
 def _ints(s: pd.Series) -> pd.Series:
-    return pd.array([None if plain(v) is None else int(plain(v)) for v in s], dtype="Int64")
+    try:
+        return pd.Series(pd.array(pd.to_numeric(s.astype(object).where(s.notna(), None)), dtype="Int64"))
+    except (TypeError, ValueError):
+        return pd.Series(pd.array([None if plain(v) is None else int(plain(v)) for v in s], dtype="Int64"))
 
 
 def finish(frame: pd.DataFrame, study: str = "", seed: int | None = None, config: str = "") -> pd.DataFrame:
@@ -257,6 +277,7 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
     moved |= used
     slices, used = _json_column(t, spec.slice, spec.slice_defaults)
     moved |= used
+    slice_dicts: dict[str, dict] = {}
     if spec.wide:
         metric_cols = [c for c in t.columns if c in spec.metrics or _pattern(spec, c)]
         moved |= set(metric_cols)
@@ -267,17 +288,24 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
         ns, used = _field(t, spec.n if isinstance(spec.n, (str, Derived)) else None)
         moved |= used
     info_cols = [c for c in t.columns if c not in moved]
-    infos = [json.dumps(plain(dict(zip(info_cols, row))), ensure_ascii=False, separators=(",", ":"))
-             for row in t[info_cols].itertuples(index=False, name=None)] if info_cols else ["{}"] * len(t)
-    base = pd.DataFrame({**fields, "setting": [canonical(s) for s in settings], "info": infos})
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+    infos = [dumps(dict(zip(info_cols, row))) for row in zip(*(_values(t[c]) for c in info_cols))] \
+        if info_cols else ["{}"] * len(t)
+    base = pd.DataFrame({**fields, "setting": settings, "info": infos})
     if spec.wide:
         parts = []
         for order, col in enumerate(metric_cols):
             pat = _pattern(spec, col)
             metric = spec.metrics.get(col) if pat is None else pat[0]
-            sl = slices if pat is None else [{**s, pat[1]: pat[2]} for s in slices]
+            if pat is None:
+                sl = slices
+            else:
+                for s in set(slices):
+                    slice_dicts.setdefault(s, parse(s))
+                extended = {s: canonical({**slice_dicts[s], pat[1]: pat[2]}) for s in set(slices)}
+                sl = [extended[s] for s in slices]
             ncol = _n_column(spec, metric)
-            part = base.assign(slice=[canonical(s) for s in sl], metric=metric,
+            part = base.assign(slice=sl, metric=metric,
                                value=pd.to_numeric(t[col], errors="coerce").astype("float64"),
                                n=t[ncol] if ncol in t.columns else None, _row=np.arange(len(t)), _order=order)
             parts.append(part)
@@ -285,7 +313,7 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
         if parts:
             recs = recs.sort_values(["_row", "_order"], kind="stable").drop(columns=["_row", "_order"])
     else:
-        recs = base.assign(slice=[canonical(s) for s in slices], metric=names,
+        recs = base.assign(slice=slices, metric=names,
                            value=pd.to_numeric(t[spec.value], errors="coerce") if spec.value in t else np.nan,
                            n=ns)
     recs = finish(recs, study, seed, config)

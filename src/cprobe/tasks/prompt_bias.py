@@ -548,8 +548,8 @@ _KIND = {"p1": "p_at_1", "stability": "verbalization_stability", "rank_instabili
 def _metric(t: pd.DataFrame) -> list[str]:
     """Each row's registered metric: a relation's prompt spread and the summary's means over relations share their
     names (``lama_p1`` per relation and averaged), Table 1's ``std``/``diff`` named for what they spread over."""
-    return [_SPREAD[m] if k == "spread" else _SUMMARY.get(m, m) if k == "summary" else _KIND[k]
-            for k, m in zip(t["kind"], t["metric"])]
+    return [_SPREAD.get(m, m) if k == "spread" else _SUMMARY.get(m, m) if k == "summary"
+            else _KIND.get(k, f"{k}_{m}" if m else k) for k, m in zip(t["kind"], t["metric"])]
 
 
 def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
