@@ -164,6 +164,12 @@ def cell_text(mean: float, lo: float, hi: float) -> str:
     return f"{number(mean)} [{number(lo, mean)}, {number(hi, mean)}]"
 
 
+def _kv(text: str) -> str:
+    """``{"alpha":1.0,"oracle":"mlp"}`` as ``alpha=1.0 oracle=mlp`` (for reading, not parsing)."""
+    d = parse(text)
+    return " ".join(f"{k}={v}" for k, v in d.items()) if d else ""
+
+
 def _blank(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or str(v) in ("", "{}", "<NA>", "nan")
 
@@ -184,7 +190,8 @@ def wide(board: pd.DataFrame) -> dict[str, pd.DataFrame]:
                      column=[f"{m}{arrow.get(d, '')}" for m, d in zip(g["metric"], g["direction"])])
         keys = [k for k in ROW if not all(_blank(v) for v in g[k])]
         keys = keys or ["method"]
-        frame = g.assign(**{k: ["" if _blank(v) else v for v in g[k]] for k in keys})
+        frame = g.assign(**{k: ["" if _blank(v) else _kv(v) if k in ("setting", "slice") else v for v in g[k]]
+                            for k in keys})
         t = frame.pivot_table(index=keys, columns="column", values="cell", aggfunc="first", sort=False)
         t = t[list(dict.fromkeys(frame["column"]))].reset_index()
         index = [k for k in keys if k != "variant"]
