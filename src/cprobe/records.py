@@ -416,7 +416,7 @@ def _field_back(col: pd.Series, name: str) -> pd.Series:
 
 
 # ----------------------------------------------------------------------------------------------- files
-def _parquet(frame: pd.DataFrame) -> bytes:
+def parquet_bytes(frame: pd.DataFrame) -> bytes:
     buf = io.BytesIO()
     frame.to_parquet(buf, index=False)
     return buf.getvalue()
@@ -424,10 +424,10 @@ def _parquet(frame: pd.DataFrame) -> bytes:
 
 def write_records(records: pd.DataFrame, out_dir: Path, items: pd.DataFrame | None = None) -> None:
     """``records.parquet`` (and ``record_items.parquet`` when there are per-item values), atomically."""
-    atomic_write_bytes(Path(out_dir) / RECORDS_FILE, _parquet(records))
+    atomic_write_bytes(Path(out_dir) / RECORDS_FILE, parquet_bytes(records))
     path = Path(out_dir) / ITEMS_FILE
     if items is not None and len(items):
-        atomic_write_bytes(path, _parquet(finish_items(items)))
+        atomic_write_bytes(path, parquet_bytes(finish_items(items)))
     else:
         path.unlink(missing_ok=True)
 

@@ -26,7 +26,7 @@ REPORT = "report.html"
 MAX_ROWS = 200
 SKIP = {"records", "record_items", "leaderboard", "metrics", "results"}
 """Tables shown in their own section (or not at all: the records are data for analysis, not reading)."""
-BULKY = ("_pair_effects", "_predictions")
+BULKY = ("_pair_effects", "_predictions", "_items")
 """Per-item files (pairs, cloze predictions): linked, not rendered."""
 
 CSS = """
