@@ -101,3 +101,14 @@ def make_random_model(arch: str, seed: int = 0):
         m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
     return m.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def study_runs(tmp_path_factory):
+    """One finished smoke run of every study (CausalGym: a two-job sweep), run once per session through the CLI
+    (``tests/study_runs.py``): {study: run or sweep dir}, all under one root (``.parent``)."""
+    if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").exists():
+        pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
+    from tests.study_runs import study_runs as run_all
+
+    return run_all(tmp_path_factory.mktemp("study_runs"), SHARED_DATA)

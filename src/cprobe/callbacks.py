@@ -1,5 +1,8 @@
 """Hydra callbacks: a ``latest`` link to the newest run/sweep dir, sweep aggregation when a sweep ends, and
-failed jobs noted for the CLI's exit code."""
+failed jobs — and a failed aggregation — noted for the CLI's exit code.
+
+Hydra catches whatever a callback raises and only warns, so a sweep whose report crashed would exit 0: the callback
+catches every error itself, logs it and records it in :data:`REPORT_FAILED`, and ``cprobe run`` exits 1 with it."""
 
 from __future__ import annotations
 
@@ -12,15 +15,17 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
 from cprobe.paths import LATEST
 
 log = logging.getLogger("cprobe")
 
-from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
+REPORT_FAILED: list[str] = []
 
 
 def reset() -> None:
     FAILED.clear()
+    REPORT_FAILED.clear()
 
 
 def link_latest(target: Path) -> None:
@@ -93,7 +98,7 @@ class AggregateResults(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from cprobe.errors import CprobeError
-        from cprobe.pipeline import collect
+        from cprobe.outputs import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)
         for status in sorted(sweep_dir.rglob("status.json")):
@@ -103,8 +108,18 @@ class AggregateResults(Callback):
                 continue
             if s.get("state") != "done":
                 FAILED.append(f"{status.parent.name}: {s.get('error', s.get('state'))}")
+        if not any(sweep_dir.rglob("status.json")):
+            REPORT_FAILED.append(f"no job of the sweep ran (nothing under {sweep_dir})")
+            return
         try:
             out = collect(sweep_dir, partial=True)
-            log.info("sweep table: %s", out)
-        except CprobeError as e:
-            log.error("could not aggregate the sweep: %s", e)
+            log.info("sweep report: %s", out.report)
+        except Exception as e:  # Hydra would swallow it: record it for the exit code
+            msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+            if not isinstance(e, CprobeError):
+                msg = f"{type(e).__name__}: {msg}"
+                log.debug("sweep aggregation failed", exc_info=True)
+            if not FAILED or "no finished job" not in msg:  # all jobs failed: that is the error already
+                REPORT_FAILED.append(f"the sweep's report failed: {msg} (rerun `cprobe collect {sweep_dir}` with "
+                                     "CPROBE_DEBUG=1 for the traceback)")
+            log.error("could not aggregate the sweep: %s", msg)

@@ -103,23 +103,33 @@ def run(
         callbacks.reset()
         _hydra.run(argv, pipeline.run_job, str(config_dir()))
         if callbacks.FAILED:
-            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3]))
+            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3])
+                  + (f"; {callbacks.REPORT_FAILED[0]}" if callbacks.REPORT_FAILED else ""))
+        if callbacks.REPORT_FAILED:
+            _fail(callbacks.REPORT_FAILED[0])
 
 
-@app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...).")
-def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. model.")] = None) -> None:
+@app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...), or "
+             "`cprobe list metrics`: every metric the studies record, its direction, range and reference.")
+def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. model; or metrics.")] = None) -> None:
     from cprobe.catalog import describe_group, groups
 
     with user_errors():
+        if group == "metrics":
+            _list_metrics()
+            return
         for g in [group] if group else groups():
             typer.secho(f"{g}:", bold=True)
             for name, desc in describe_group(g):
                 typer.echo(f"  {name:<28} {desc}")
 
 
-@app.command(help="Aggregate a run or sweep directory into one table (CSV, Parquet, Markdown, figures).")
+@app.command(help="Aggregate any mix of runs and sweeps below a directory: each study's table and paper tables "
+             "(rebuilt from the jobs' records), one leaderboard with bootstrap intervals, records.parquet and "
+             "report.html.")
 def collect(
-    directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest).")],
+    directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest), "
+                                              "or any directory of them.")],
     partial: Annotated[bool, typer.Option("--partial", help="Aggregate the finished jobs even if others failed or "
                                           "have not finished (they are listed as warnings).")] = False,
 ) -> None:
@@ -127,7 +137,38 @@ def collect(
         from cprobe.pipeline import collect as do_collect
 
         out = do_collect(directory, partial=partial)
-        typer.echo(f"wrote {out}")
+        for study, path in out.results.items():
+            typer.echo(f"wrote {path}" + (f" ({study})" if len(out.results) > 1 else ""))
+        typer.echo(f"wrote {out.leaderboard}")
+        typer.echo(f"wrote {out.report} ({out.jobs} job(s): {', '.join(out.studies)})")
+
+
+@app.command(help="(Re)build the self-contained report.html of a run or a collected directory from its files.")
+def report(
+    directory: Annotated[Path, typer.Argument(help="A run dir, or a sweep/collected dir (run `cprobe collect` first "
+                                              "for its leaderboard and tables).")],
+) -> None:
+    with user_errors():
+        from cprobe.report import build_report
+
+        typer.echo(f"wrote {build_report(directory)}")
+
+
+def _list_metrics() -> None:
+    from cprobe.metrics.registry import METRICS
+
+    by_study: dict[str, list] = {}
+    for m in METRICS.values():
+        by_study.setdefault(m.studies[0], []).append(m)
+    for study, ms in by_study.items():
+        typer.secho(f"{study}:", bold=True)
+        for m in ms:
+            unit = f", {m.unit}" if m.unit else ""
+            head = "  [leaderboard]" if m.headline else ""
+            better = {"higher": "higher is better", "lower": "lower is better"}.get(m.direction, "no better direction")
+            typer.echo(f"  {m.name:<26} {better}, range {m.range_text}{unit}{head}")
+            typer.echo(f"      {m.definition}")
+            typer.echo(f"      ref: {m.reference}; studies: {', '.join(m.studies)}")
 
 
 @app.command(help="Where each dataset is expected and how to obtain it.")

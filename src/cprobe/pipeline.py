@@ -3,7 +3,8 @@
 Order of work in :func:`run_job`: resolve and validate the whole config (:func:`prepare`: the schema, the
 task's typed config, every probe/intervention constructor, the model's layer count read from its config
 file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
-gives byte-identical tables) and ``timings.json``, and the task's report. A config error in a single run
+gives byte-identical tables) and ``timings.csv``, the records, the task's report built from them and the leaderboard
+(:func:`cprobe.outputs.finish_job`), ``status.json`` and ``report.html``. A config error in a single run
 leaves no run directory behind; in a sweep it is recorded in the job's ``status.json`` and the sweep goes on.
 """
 
@@ -294,12 +295,13 @@ def _run_job(cfg: DictConfig) -> None:
         table["seed"] = job.keys.seed
         if ctx.warnings:
             table["warnings"] = "; ".join(ctx.warnings)
-        from cprobe import results
+        from cprobe import outputs, results
 
         results.write_job(table, out_dir, ctx.timings)
-        report(table, out_dir)
+        outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
+        outputs.write_report(out_dir)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         write_status(out_dir, state="interrupted", config_hash=h, started=t0, duration_s=time.time() - t0,
@@ -350,27 +352,8 @@ def _fail(out_dir: Path, e: Exception, t0: float, task: str, h: str | None, mult
     raise e
 
 
-def report(table: Any, out_dir: Path) -> None:
-    """Task-specific summaries and figures for one job or an aggregated sweep."""
-    from cprobe.tasks import task_module
+def collect(directory: Path, partial: bool = False):
+    """``cprobe collect``: see :func:`cprobe.outputs.collect`."""
+    from cprobe.outputs import collect as collect_
 
-    for task, part in table.groupby("task"):
-        task_module(str(task)).report(part, out_dir)
-
-
-def collect(directory: Path, partial: bool = False) -> Path:
-    """Aggregate every finished job below ``directory`` into ``results.*`` + the tasks' reports.
-
-    Unfinished or failed jobs are named in the error; with ``partial`` they are skipped with a warning.
-    """
-    from cprobe import results
-
-    table, problems = results.gather(Path(directory))
-    if problems and not partial:
-        raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
-                          + ("; …" if len(problems) > 5 else "") + " — rerun them, or pass --partial to aggregate the rest")
-    for p in problems:
-        log.warning("not aggregated: %s", p)
-    out = results.write_results(table, Path(directory))
-    report(table, Path(directory))
-    return out
+    return collect_(Path(directory), partial=partial)

@@ -1,4 +1,4 @@
-"""Metric tables (CSV + Parquet + Markdown, written atomically), per-job timings, and sweep gathering.
+"""Metric tables (CSV + Parquet + Markdown, written atomically), per-job timings, and finding a sweep's jobs.
 
 A job's ``metrics.*`` hold what it measured and nothing that varies between identical runs: timing columns
 (``*_s``, ``seconds``) and provenance columns (where a probe came from) go to ``timings.csv`` beside them, so
@@ -114,8 +114,8 @@ def write_job(table: pd.DataFrame, out_dir: Path, phases: Mapping[str, float] | 
     atomic_write_bytes(out_dir / f"{TIMINGS}.csv", timings.to_csv(index=False).encode())
 
 
-def _job_overrides(job_dir: Path) -> dict[str, str]:
-    """The job's command-line overrides (``.hydra/overrides.yaml``) as columns."""
+def job_overrides(job_dir: Path) -> dict[str, str]:
+    """The job's command-line overrides (``.hydra/overrides.yaml``) as ``override.<key>`` columns."""
     import yaml
 
     f = job_dir / ".hydra" / "overrides.yaml"
@@ -129,10 +129,10 @@ def _job_overrides(job_dir: Path) -> dict[str, str]:
     return out
 
 
-def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
-    """(every finished job's metrics concatenated, descriptions of jobs that are not done).
+def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
+    """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
-    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory``.
+    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
     """
     from cprobe.errors import CprobeError
     from cprobe.job import describe_state
@@ -141,9 +141,9 @@ def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
-    frames, problems = [], []
+    done, problems = [], []
     for job in jobs:
-        rel = str(job.relative_to(directory)) if job != directory else "."
+        rel = relative(job, directory)
         try:
             status = json.loads((job / "status.json").read_text())
         except (OSError, ValueError):
@@ -151,18 +151,19 @@ def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
         if status.get("state") != "done" or not (job / f"{METRICS}.parquet").is_file():
             problems.append(f"{rel} is {describe_state(status)}")
             continue
-        df = pd.read_parquet(job / f"{METRICS}.parquet")
-        for k, v in _job_overrides(job).items():
-            df[k] = v
-        df["job"] = rel
-        frames.append(df)
-    if not frames:
+        done.append(job)
+    if not done:
         raise CprobeError(f"no finished job under {directory}"
                           + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
-    return pd.concat(frames, ignore_index=True), problems
+    return done, problems
+
+
+def relative(job: Path, directory: Path) -> str:
+    return str(job.relative_to(directory)) if job != directory else "."
 
 
 def write_results(table: pd.DataFrame, directory: Path) -> Path:
+    """A study's jobs' tables, concatenated (with each job's overrides and dir), as ``results.*``."""
     write_table(table, directory / RESULTS, compact=True)
     log.info("aggregated %d job(s), %d rows into %s", table["job"].nunique(), len(table), directory / "results.csv")
     return directory / f"{RESULTS}.csv"

@@ -222,3 +222,18 @@ def test_delta_task_acc_is_accuracy_before_minus_after():
 def test_oracle_at_chance_is_flagged():
     assert oracle_informative(0.90, 0.50) and not oracle_informative(0.51, 0.50)
     assert not oracle_informative(0.635, 0.635)
+
+
+def test_per_row_scores_are_the_items_c_and_s_average():
+    """The rows handed back for the leaderboard's item bootstrap: their means are C and S (rows where no
+    non-targeted property applies are NaN and left out, as in S)."""
+    X, zc, ze, oracles = _toy()
+    applies = torch.tensor([True, False, True, True])
+    X_new = X * torch.tensor([-1.0, 1.0])
+    X_new[0] = -X[0]  # row 0 also flips Z_e
+    rows: dict = {}
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X_new, 1 - zc, {"z_e": applies}, rows=rows)
+    assert rows["completeness"].tolist() == pytest.approx([0.9] * 4)
+    assert rows["selectivity"][0].item() == pytest.approx(1 - 0.8 / 0.9) and rows["selectivity"][1].isnan()
+    assert rows["completeness"].mean().item() == pytest.approx(out["completeness"])
+    assert torch.nanmean(rows["selectivity"]).item() == pytest.approx(out["selectivity"])

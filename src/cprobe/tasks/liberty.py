@@ -47,6 +47,7 @@ from cprobe.metrics import liberty as M
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import summarise
 from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, \
     run_effects, subsample_pairs, validate_effects
@@ -370,3 +371,36 @@ def _plot_sensitivity(sens: pd.DataFrame, out_dir: Any, tab: pd.DataFrame) -> No
         fig.colorbar(im, ax=ax, fraction=0.04)
         _caption(fig, f"LIBERTy {scm}: sensitivity Σ|ICaCE| per concept", tab[tab["scm"] == scm])
         save(fig, out_dir / f"liberty_sensitivity_{safe_name(scm)}.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+_REFERENCES = ("gold", "scm", "model")  # importance from true effects, the SCM's true effect, the model's sensitivity
+
+
+def _metric(t: pd.DataFrame) -> list[str]:
+    """Each row's registered metric: ED per distance (``ed``: their mean, the paper's), OF, global OF, importance,
+    sensitivity (the SCM's row: its true effect), the classifiers' and explainers' metrics by name."""
+    out = []
+    for k, m, d, e in zip(t["kind"], t["metric"], t["distance"], t["explainer"]):
+        if k == "ed":
+            out.append("ed" if d == "mean" else f"ed_{d}")
+        elif k == "sensitivity":
+            out.append("true_effect" if e == "scm" else "sensitivity")
+        elif k in ("classifier", "explainer"):
+            out.append({"completeness": "conceptshap_completeness"}.get(m, m))
+        else:
+            out.append(k)
+    return out
+
+
+def _family(t: pd.DataFrame) -> list[str]:
+    return ["classifier" if k == "classifier" else "reference" if e in _REFERENCES else "explainer"
+            for k, e in zip(t["kind"], t["explainer"])]
+
+
+RECORDS = RecordSpec(
+    dataset="scm", model="model", method="explainer", family=Derived(_family), slice=("split", "concept"),
+    slice_defaults={"split": "", "concept": "all"}, metric=Derived(_metric), value="value", n="n",
+    breakdowns=("split", "concept"))
+"""Every row as a record (:mod:`cprobe.records`); the dataset is the SCM, the explainer the method (``gold``,
+``scm``, ``model``: the references, family ``reference``)."""

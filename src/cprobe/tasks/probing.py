@@ -29,6 +29,7 @@ from cprobe.tasks import Uses
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
+from cprobe.records import RecordSpec, const, job_records
 from cprobe.probes import Probe
 from cprobe.probes.grid import PROBE_FITS, fit_cached
 
@@ -153,3 +154,11 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                   model=table["model"], data=table.get("dataset", "?"), n=plots.counts(n_test, "test items"),
                   seed=table.get("seed"))
     save(fig, out_dir / "accuracy_by_layer.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", read_layer="layer", position="position", method="probe", family=const("probe"),
+    slice=("property",), metrics={"accuracy": "probe_accuracy", "majority": "majority_baseline"}, n={"*": "n_test"},
+    extra=lambda t: job_records(t, {"task_accuracy": "task_accuracy"}, {"dataset": "dataset", "model": "model"}))
+"""The table's rows as records (:mod:`cprobe.records`); the model's task accuracy once per job."""

@@ -48,6 +48,7 @@ from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import parquet_bytes, summarise, write_parquet
 
 log = logging.getLogger("cprobe")
@@ -729,3 +730,34 @@ def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
     _caption(fig, "Verbalization stability: predictions unchanged across subject mentions, per relation", rows,
              "subjects per relation")
     save(fig, out_dir / "prompt_bias_stability.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+_SPREAD = {"original": "lama_p1", "worst": "worst_p1", "best": "best_p1", "std": "prompt_std", "diff": "prompt_diff"}
+_SUMMARY = {"std": "prompt_std", "diff": "prompt_diff", "diff_gt10_share": "prompt_diff_gt10_share"}
+_KIND = {"p1": "p_at_1", "stability": "verbalization_stability", "rank_instability": "rank_instability",
+         "rank_consistency": "rank_consistency", "disparity": "disparity_p1"}
+
+
+def _metric(t: pd.DataFrame) -> list[str]:
+    """Each row's registered metric: a relation's prompt spread and the summary's means over relations share their
+    names (``lama_p1`` per relation and averaged), Table 1's ``std``/``diff`` named for what they spread over."""
+    return [_SPREAD.get(m, m) if k == "spread" else _SUMMARY.get(m, m) if k == "summary"
+            else _KIND.get(k, f"{k}_{m}" if m else k) for k, m in zip(t["kind"], t["metric"])]
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+    """The relations are the items of the means over relations (Table 1's columns)."""
+    from cprobe.records import breakdown_items
+
+    return breakdown_items(records, [*_SPREAD.values(), "verbalization_stability"], "relation")
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model=Derived(lambda t: ["" if m in ("all", "overall") else m for m in t["model"]]),
+    method="setting", family=Derived(lambda t: ["evaluation" if s else "" for s in t["setting"]]),
+    setting=Derived(lambda t: [{} if pd.isna(g) else {"gamma": g} for g in t["gamma"]]),
+    slice=("relation", "prompt"), slice_defaults={"relation": "", "prompt": -1}, metric=Derived(_metric),
+    value="value", n="n", breakdowns=("relation", "prompt"), items=_record_items)
+"""Every row as a record (:mod:`cprobe.records`): the evaluation setting (original / random / backdoor) is the
+method of rank consistency, γ the setting of sample disparity; model ``""``: all models."""

@@ -44,6 +44,7 @@ import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
 from cprobe.probes.grid import load_probe, save_probe
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -222,8 +223,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         acc_after = task_accuracy(written.scores)
     t_task = time.perf_counter() - t0
 
+    per_item: dict[str, Tensor] = {}
     scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
-                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after)
+                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after, per_item)
+    _write_items(ctx.out_dir / ITEMS_FILE, te[rows.numpy()], z_goal, per_item)
     hval = icfg.get(hparam) if hparam else None
     row = {
         "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
@@ -331,3 +334,52 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         _caption(fig, "Reliability, completeness, selectivity and ΔTask Acc by hyperparameter",
                  table[table["method"].isin(ms)])
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+ITEMS_FILE = "reliability_items.parquet"
+"""Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
+
+
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None, per_item: dict[str, Tensor]) -> None:
+    from cprobe.io import atomic_write_bytes
+    from cprobe.records import parquet_bytes
+
+    items = [str(int(i)) for i in test_rows] if z_goal is None else \
+        [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
+    frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})
+    atomic_write_bytes(path, parquet_bytes(frame))
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
+    """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
+    selectivity records."""
+    from cprobe.records import item_rows
+
+    path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
+    if path is None or not path.is_file():
+        return None
+    per = pd.read_parquet(path)
+    whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
+    values = {"oracle_completeness": per["completeness"].to_numpy(), "oracle_selectivity": per["selectivity"].to_numpy()}
+    return item_rows(whole, values, per["item"])
+
+
+def _setting(t: pd.DataFrame) -> list[dict]:
+    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with."""
+    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o}
+            for h, v, o in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * len(t)))]
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position="position",
+    method="method", family="kind", setting=Derived(_setting),
+    metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
+             "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
+             "delta_task_acc": "delta_task_accuracy"},
+    patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
+              r"oracle_acc_(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
+    items=_record_items)
+"""Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
+the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
