@@ -30,6 +30,11 @@ def test_every_study_writes_registered_deterministic_records(study_runs):
             assert R.problems(recs) == [], (study, R.problems(recs))
             assert set(recs["study"]) == {study} and recs["config_id"].nunique() == 1 and len(recs) > 0
             assert not any(c.endswith("_s") for c in recs.columns)
+            # one measurement, one record: two records that differ only in value/n/info would be read as two seeds
+            # of one cell by the leaderboard (a control zoo's models share the main zoo's names, for instance)
+            key = [c for c in R.COLUMNS if c not in ("value", "n", "info")]
+            dup = recs[recs.duplicated(key, keep=False)]
+            assert dup.empty, (study, dup.head(4).to_dict("records"))
             assert not any(k.endswith("_s") or k == "seconds" for s in recs["info"] for k in R.parse(s))
             # the records rebuilt from the job's metric table (timings apart) are byte-identical to its file
             table = pd.read_parquet(job / "metrics.parquet")

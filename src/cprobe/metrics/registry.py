@@ -164,6 +164,9 @@ _ENTRIES = [
     Metric("concept_probe_after", "removed-concept probe (after)",
            "The same probe's accuracy after the concept's removal (near chance when removal worked).", LOWER, (0, 1),
            f"{CEBAB} §5 (INLP); Belrose et al. (2023)", ("cebab",)),
+    Metric("concept_probe_majority", "removed-concept majority rate",
+           "The majority-class rate of the removed concept on the probe's test rows: the chance level that "
+           "concept_probe_after should fall to.", NEITHER, (0, 1), f"{CEBAB} §5 (INLP)", ("cebab", "liberty")),
     Metric("fallback_nearest", "nearest-match fallbacks",
            "Queries where Approx found no exact-match text and used the nearest one.", LOWER, (0, None),
            f"{CEBAB} §5 (Approx)", ("cebab", "liberty"), unit="queries"),
@@ -225,6 +228,17 @@ _ENTRIES = [
            "model, the share (%) of samples in which it takes its most frequent rank; model '' (all): the share "
            "with the most frequent full ordering. method: the evaluation setting.", HIGHER, (0, 100),
            f"{CAO} Table 4", ("prompt_bias",), headline=True, unit="%"),
+    Metric("rank_ties", "rank ties", "Share (%) of rank-consistency draws in which the model's score equals another "
+           "model's (its rank then comes from the models' order, not its score); model 'any': draws with any tie.",
+           LOWER, (0, 100), f"{CAO} Table 4 (diagnostic)", ("prompt_bias",), unit="%"),
+    Metric("rank_pairs_gap", "pair score gap", "For a model pair a|b: the mean score gap b − a over the "
+           "rank-consistency draws; the pair with the smallest |gap| is the closest pair.", NEITHER, (None, None),
+           f"{CAO} Table 4 (diagnostic)", ("prompt_bias",), unit="P@1 points"),
+    Metric("rank_pairs_tied", "pair ties", "For a model pair a|b: the share (%) of draws in which their scores tie.",
+           LOWER, (0, 100), f"{CAO} Table 4 (diagnostic)", ("prompt_bias",), unit="%"),
+    Metric("rank_pairs_flips", "pair flips", "For a model pair a|b: the share (%) of draws in which their order is "
+           "the less frequent one; overall rank consistency cannot exceed 100 − flips of any pair.", NEITHER,
+           (0, 50), f"{CAO} Table 4 (diagnostic)", ("prompt_bias",), unit="%"),
     Metric("disparity_p1", "P@1 after continued training", "Sample disparity: P@1 (%) with the original prompt "
            "after continued training on corpora with evidence share γ (setting); γ = -1: the base model.",
            NEITHER, (0, 100), f"{CAO} Table 3", ("prompt_bias",), unit="%"),

@@ -756,8 +756,10 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
 RECORDS = RecordSpec(
     dataset="dataset", model=Derived(lambda t: ["" if m in ("all", "overall") else m for m in t["model"]]),
     method="setting", family=Derived(lambda t: ["evaluation" if s else "" for s in t["setting"]]),
-    setting=Derived(lambda t: [{} if pd.isna(g) else {"gamma": g} for g in t["gamma"]]),
+    setting=Derived(lambda t: [{**({} if pd.isna(g) else {"gamma": g}), **({} if v == MAIN else {"variant": v})}
+                               for g, v in zip(t["gamma"], t["variant"] if "variant" in t else [MAIN] * len(t))]),
     slice=("relation", "prompt"), slice_defaults={"relation": "", "prompt": -1}, metric=Derived(_metric),
     value="value", n="n", breakdowns=("relation", "prompt"), items=_record_items)
 """Every row as a record (:mod:`cprobe.records`): the evaluation setting (original / random / backdoor) is the
-method of rank consistency, γ the setting of sample disparity; model ``""``: all models."""
+method of rank consistency, γ the setting of sample disparity; a control zoo's rows carry ``variant`` in their
+setting (its models share the main zoo's names); model ``""``: all models."""
