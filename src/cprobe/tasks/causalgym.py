@@ -246,16 +246,24 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         task = part[part["condition"] == "task"]
         if task.empty:
             continue
-        tgrid = task.pivot_table(index="layer", columns="region_idx", values="odds", aggfunc="mean")
-        rec["overall_odds"] = overall_odds(tgrid.to_numpy())
+        rec["edit"] = str(task["edit"].iloc[0]) if "edit" in task else "dii"
         control = part[part["condition"] == "control"]
-        rec["selectivity"] = float("nan")
-        rec["control_overall_odds"] = float("nan")
-        if not control.empty:
-            cgrid = control.pivot_table(index="layer", columns="region_idx", values="odds",
-                                        aggfunc="mean").reindex_like(tgrid)
-            rec["control_overall_odds"] = overall_odds(cgrid.to_numpy())
-            rec["selectivity"] = control_selectivity(tgrid.to_numpy(), cgrid.to_numpy())
+        # odds for every method; for an eraser also its erasure (how far it moved the log-odds toward 0), aggregated
+        # the same way (eq. 19) and with the same control-task selectivity
+        for col, prefix in (("odds", ""), ("erasure", "erasure_"), ("erased_fraction", "erased_fraction_")):
+            if col not in task or (col != "odds" and task[col].isna().all()):
+                continue
+            tgrid = task.pivot_table(index="layer", columns="region_idx", values=col, aggfunc="mean", dropna=False)
+            rec[f"overall_{col}"] = _overall(tgrid.to_numpy())
+            if col == "erased_fraction":
+                continue
+            rec[f"{prefix}selectivity"] = float("nan")
+            rec[f"control_overall_{col}"] = float("nan")
+            if not control.empty:
+                cgrid = control.pivot_table(index="layer", columns="region_idx", values=col, aggfunc="mean",
+                                            dropna=False).reindex_like(tgrid)
+                rec[f"control_overall_{col}"] = _overall(cgrid.to_numpy())
+                rec[f"{prefix}selectivity"] = _overall(tgrid.to_numpy(), cgrid.to_numpy())
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
@@ -267,6 +275,15 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec["n_sites"] = len(task)
         out.append(rec)
     return pd.DataFrame(out)
+
+
+def _overall(grid: np.ndarray, control: np.ndarray | None = None) -> float:
+    """Eq. 19 (mean over layers of the max over regions; with ``control``, of the per-site task − control), NaN
+    where a layer has no scored site (a ``<name>_dir`` run whose intervention edited more than one direction)."""
+    try:
+        return overall_odds(grid) if control is None else control_selectivity(grid, control)
+    except ValueError:
+        return float("nan")
 
 
 def _reliability(task: pd.DataFrame) -> dict[str, float]:
@@ -300,13 +317,18 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
     for (model, method), part in overall.groupby(["model", "method"], sort=True):
         capable = part[capable_flag(part)]
         rows.append({
-            "model": model, "method": method, "n_tasks": part["cg_task"].nunique(),
+            "model": model, "method": method, "edit": str(part["edit"].iloc[0]) if "edit" in part else "dii",
+            "n_tasks": part["cg_task"].nunique(),
             "overall_odds": part["overall_odds"].mean(), "selectivity": part["selectivity"].mean(),
             "n_capable_tasks": capable["cg_task"].nunique(),
             "capable_overall_odds": capable["overall_odds"].mean() if len(capable) else np.nan,
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
+            **{c: part[c].mean() if c in part else np.nan
+               for c in ("overall_erasure", "erasure_selectivity", "overall_erased_fraction")},
+            **({"capable_overall_erasure": capable["overall_erasure"].mean() if len(capable) else np.nan}
+               if "overall_erasure" in part else {}),
             "probe_pick": "", "capable_probe_pick": "",
         })
     out = pd.DataFrame(rows)
@@ -379,6 +401,74 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
         _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
+    reads = read_layers_table(table)
+    if not reads.empty:
+        write_table(reads, out_dir / "causalgym_read_layers")
+        for model, part in reads.groupby("model", sort=True):
+            _read_heatmaps(part, out_dir / f"read_layers_{model}.png", str(model))
+
+
+READ_PREFIX = "completeness_l"
+"""Long-table columns of ``causalgym.read_layers``: ``completeness_l<l'>``, the oracle at layer l' (same region,
+trained on clean states) reading the forward pass edited at the row's layer (NaN for l' < layer)."""
+
+
+def read_layers_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The downstream reads as a long table: per model × task × method × edited layer l × read layer l' ≥ l, the
+    mean completeness over the regions where the oracle at (l', region) decodes the property (eval accuracy ≥
+    DECODABLE_ACCURACY), and how many regions that is. Empty when the run had ``read_layers`` off."""
+    cols = sorted((c for c in table.columns if c.startswith(READ_PREFIX)), key=lambda c: int(c[len(READ_PREFIX):]))
+    if not cols or table.empty:
+        return pd.DataFrame()
+    task = table[table["condition"] == "task"]
+    decodes = {(m, t, int(lr), int(rg)): float(a) for m, t, lr, rg, a in
+               task[["model", "cg_task", "layer", "region_idx", "oracle_accuracy"]].drop_duplicates(
+                   ["model", "cg_task", "layer", "region_idx"]).itertuples(index=False)}
+    out = []
+    for (model, name, method, layer), part in task.groupby(["model", "cg_task", "method", "layer"], sort=True):
+        for col in cols:
+            read = int(col[len(READ_PREFIX):])
+            if read < layer:
+                continue
+            ok = part[[decodes.get((model, name, read, int(r)), 0.0) >= DECODABLE_ACCURACY
+                       for r in part["region_idx"]]]
+            vals = ok[col].dropna()
+            out.append({"model": model, "cg_task": name, "method": method, "layer": int(layer), "read_layer": read,
+                        "completeness": float(vals.mean()) if len(vals) else np.nan, "n_regions": int(len(vals))})
+    return pd.DataFrame(out)
+
+
+def _read_heatmaps(reads: pd.DataFrame, path: Path, title: str) -> None:
+    """Per method, the edited layer l × read layer l' completeness (mean over tasks), one colour scale [0, 1]."""
+    methods = [m for m in METHOD_ORDER if m in set(reads["method"])] + sorted(set(reads["method"]) - set(METHOD_ORDER))
+    layers = sorted(set(reads["layer"]) | set(reads["read_layer"]))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_cols = min(4, len(methods))
+    n_rows = -(-len(methods) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.0 * n_cols + 1.2, 2.8 * n_rows + 1.0), squeeze=False,
+                             layout="constrained")
+    im = None
+    for ax in axes.ravel()[len(methods):]:
+        ax.axis("off")
+    for ax, method in zip(axes.ravel(), methods):
+        grid = reads[reads["method"] == method].pivot_table(index="layer", columns="read_layer",
+                                                            values="completeness", aggfunc="mean")
+        grid = grid.reindex(index=layers, columns=layers)
+        im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, origin="lower", aspect="auto")
+        ax.set_xticks(range(len(layers)), [str(x) for x in layers], fontsize=9)
+        ax.set_yticks(range(len(layers)), [str(x) for x in layers], fontsize=9)
+        ax.set_xlabel("read layer l′", fontsize=9)
+        ax.set_ylabel("edited layer l", fontsize=9)
+        ax.set_title(method, fontsize=10)
+    if im is not None:
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+        cb.set_label("oracle completeness (decodable regions, mean over tasks)", fontsize=9)
+    fig.suptitle(f"{title}: what the oracle at l′ reads of an edit at l (cprobe layers)", fontsize=11)
+    save(fig, path)
 
 
 def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:
