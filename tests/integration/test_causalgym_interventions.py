@@ -182,3 +182,13 @@ def test_bad_methods_and_intervention_settings_are_one_line_errors(kw, needle):
 def test_a_setting_given_in_the_config_replaces_only_that_key():
     config = cg_task.Config(methods=["pgd"], interventions={"pgd": {"eps": 0.25}})
     assert config.intervention_params("pgd") == {**engine.DEFAULT_INTERVENTIONS["pgd"], "eps": 0.25}
+
+
+def test_a_bad_interventional_probe_fails_validation_before_any_model_loads(tmp_path):
+    from tests.integration.test_causalgym_task import SPEC, _validate
+
+    with pytest.raises(ConfigError, match=r"causalgym.interventional_probe: .*nope") as err:
+        _validate(tmp_path, "causalgym.methods=[pgd]", "causalgym.interventional_probe={name: nope}",
+                  specs={"toy": SPEC})
+    assert "\n" not in str(err.value)
+    _validate(tmp_path, "causalgym.methods=[pgd,leace]", specs={"toy": SPEC})

@@ -1,6 +1,9 @@
 """CausalGym (Arora et al. 2024): 1-D distributed interchange interventions along directions found
 by DAS / probe / mean-difference / LDA / PCA / k-means / random (and the vanilla whole-vector swap),
-scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity.
+scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity; the interventions
+of :mod:`cprobe.interventions` run as methods too (counterfactual ones with z′ = the source's class, erasers also scored
+by their erasure, a rank-1 one's direction as a DII: docs/causalgym.md), and ``read_layers`` lets the oracles of every
+later layer read the edited pass.
 
 ``validate`` checks the settings, the templates file, the tasks, regions and ``template_index`` before any model
 loads; ``run`` returns the long table (one row per CausalGym task × condition × method × layer × region), computing
@@ -28,6 +31,7 @@ import torch
 
 from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
+from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
@@ -36,7 +40,7 @@ from cprobe.results import parquet_bytes, write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
-                                           resolve_regions, run_gym_task)
+                                           is_intervention, resolve_regions, run_gym_task)
 
 log = logging.getLogger("cprobe")
 
@@ -75,6 +79,11 @@ def validate(job: Any) -> None:
     config.resolve(job.cfg.get("model") or {})
     if config.reliability:
         PROBES.build(config.oracle_probe, seed=0)
+    if any(is_intervention(m) and INTERVENTIONS.get(m).needs_probe for m in config.methods):
+        try:
+            PROBES.build(config.interventional_probe or config.oracle_probe, seed=0)
+        except ConfigError as e:
+            raise ConfigError(f"causalgym.interventional_probe: {e}") from None
     data_root = getattr(job, "data_root", None)
     if data_root is not None:
         try:

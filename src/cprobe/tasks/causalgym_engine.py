@@ -16,6 +16,13 @@ forward, each copy edited at its own site); then every (site, direction) is scor
 forward. Which method needs what is read from its declared capabilities (``causal``, ``supervised``,
 ``chance_baseline``, ``whole_vector``, ``per_model_lambda``), never from its name.
 
+An intervention of :mod:`cprobe.interventions` listed as a method is fitted per site on the base train states and
+labels (``needs_probe``: given the site's interventional probe), applied to the base eval states (``kind``
+counterfactual: with z′ = the source's class) and its edited states written into the eval run at the site, many sites
+per forward like the DIIs; an eraser (``kind`` nullifying) is also scored by its erasure
+(:func:`cprobe.metrics.odds.erasure`), and one whose fitted edit is one direction (``exposes_direction``,
+``edit_direction()``) also runs that direction as a DII (``<name>_dir``).
+
 Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base train activations
 to predict the targeted property (the task's label type, e.g. singular/plural), and each direction's intervened eval
 vectors are scored by counterfactual completeness (Canby et al. 2024, eq. 1: the oracle's probability of the source's
