@@ -192,3 +192,24 @@ def test_a_bad_interventional_probe_fails_validation_before_any_model_loads(tmp_
                   specs={"toy": SPEC})
     assert "\n" not in str(err.value)
     _validate(tmp_path, "causalgym.methods=[pgd,leace]", specs={"toy": SPEC})
+
+
+def test_records_name_each_interventions_family_and_the_read_layer(table, tmp_path):
+    """In the shared result schema: an intervention's rows carry its kind as family, the erasure its own metric, and
+    each downstream read a record with read_layer = l' (layer = the edited l); the table comes back from them."""
+    from cprobe.records import from_records, to_records
+
+    t = table.assign(model="toy")
+    recs = to_records(t, cg_task.RECORDS, "causalgym", 0, "cfg")
+    fam = recs.drop_duplicates("method").set_index("method")["family"]
+    assert fam["leace"] == "nullifying" and fam["pgd"] == "counterfactual" and fam["mean"] == "direction"
+    assert fam["leace_dir"] == "direction"
+    assert recs.loc[(recs["method"] == "leace") & (recs["metric"] == "erasure"), "value"].notna().all()
+    reads = recs[(recs["metric"] == "oracle_completeness") & recs["read_layer"].notna()
+                 & (recs["read_layer"] != recs["layer"])]
+    assert set(zip(reads["layer"], reads["read_layer"])) == {(1, 2)}
+    back = from_records(recs, cg_task.RECORDS)
+    pd.testing.assert_frame_equal(back[t.columns].reset_index(drop=True), t.reset_index(drop=True),
+                                  check_dtype=False)
+    cg_task.report(t, tmp_path)  # the read-layers table and its figure (captioned: the suite is strict)
+    assert (tmp_path / "causalgym_read_layers.csv").is_file() and (tmp_path / "read_layers_toy.png").is_file()

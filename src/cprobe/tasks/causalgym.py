@@ -584,7 +584,14 @@ def _caption(fig: Any, shows: str, part: pd.DataFrame, note: str = "") -> None:
 
 # ----------------------------------------------------------------------------------------------- records
 _OVERALL = {"overall_odds": "overall_odds", "selectivity": "control_selectivity",
-            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness"}
+            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness",
+            "overall_erasure": "overall_erasure", "erasure_selectivity": "erasure_selectivity"}
+
+
+def _family(t: pd.DataFrame) -> list[str]:
+    """The records' family of each row: ``direction`` for a DII (or the vanilla swap), else the intervention's kind."""
+    edits = t["edit"] if "edit" in t else ["dii"] * len(t)
+    return ["direction" if e in ("dii", "vanilla") else str(e) for e in edits]
 
 
 def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
@@ -595,19 +602,30 @@ def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
     overall = overall_table(table)
     if overall.empty:
         return pd.DataFrame()
-    base = {"dataset": "causalgym", "family": "direction"}
+    base = {"dataset": "causalgym"}
+    family = dict(zip(overall["method"], _family(overall)))
     rows = []
     for rec in overall.to_dict("records"):
         sl = canonical({"cg_task": rec["cg_task"]})
-        rows += [{**base, "model": rec["model"], "method": rec["method"], "slice": sl, "metric": m, "value": rec[c],
-                  "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
+        rows += [{**base, "family": family[rec["method"]], "model": rec["model"], "method": rec["method"], "slice": sl,
+                  "metric": m, "value": rec[c], "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
                  for c, m in _OVERALL.items() if c in rec]
     for (model, task), part in overall.groupby(["model", "cg_task"], sort=False):
         rows.append({"dataset": "causalgym", "model": model, "slice": canonical({"cg_task": task}),
                      "metric": "task_accuracy", "value": part["task_accuracy"].iloc[0]})
     for (model, method), part in overall.groupby(["model", "method"], sort=False):
-        rows += [{**base, "model": model, "method": method, "slice": "{}", "metric": m, "value": part[c].mean(),
-                  "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+        rows += [{**base, "family": family[method], "model": model, "method": method, "slice": "{}", "metric": m,
+                  "value": part[c].mean(), "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+    # read_layers: the oracle at read_layer l' reading the pass edited at layer l, one record per (row, l')
+    fam = _family(table)
+    for col in (c for c in table.columns if c.startswith(READ_PREFIX)):
+        read = int(col[len(READ_PREFIX):])
+        for k in np.flatnonzero(table[col].notna().to_numpy()):
+            r = table.iloc[k]
+            rows.append({**base, "family": fam[k], "model": r["model"], "method": r["method"], "layer": int(r["layer"]),
+                         "read_layer": read, "position": r["region"],
+                         "slice": canonical({"cg_task": r["cg_task"], "condition": r["condition"]}),
+                         "metric": "oracle_completeness", "value": float(r[col]), "n": int(r["n_eval"])})
     return pd.DataFrame(rows)
 
 
@@ -619,13 +637,13 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
 
 RECORDS = RecordSpec(
     dataset=const("causalgym"), model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]),
-    position="region", method="method", family=const("direction"),
+    position="region", method="method", family=Derived(_family),
     setting=Derived(lambda t: [{"stream": s, **({} if pd.isna(lam) else {"probe_lam": lam})}
                                for s, lam in zip(t["stream"], t["probe_lam"])]),
     slice=("cg_task", "condition"),
     metrics={"odds": "avg_odds", "iia": "iia", "probe_accuracy": "direction_probe_accuracy",
              "oracle_accuracy": "oracle_accuracy", "completeness": "oracle_completeness",
-             "oracle_selectivity": "oracle_selectivity"},
+             "oracle_selectivity": "oracle_selectivity", "erasure": "erasure", "erased_fraction": "erased_fraction"},
     n={"*": "n_eval"}, breakdowns=("cg_task", "condition"), extra=_overall_records, items=_record_items)
 """Per site (layer × region = position, task, condition): AvgOdds, IIA and the oracle scores; per task and over the
 tasks: the overall odds-ratio and the control selectivity (:mod:`cprobe.records`). The tasks are the items of the
