@@ -215,3 +215,23 @@ def test_records_name_each_interventions_family_and_the_read_layer(table, tmp_pa
         monkeypatch.setattr(cg_task, figure, lambda *a, **k: None)
     cg_task.report(t, tmp_path)  # the read-layers table and its figure (captioned: the suite is strict)
     assert (tmp_path / "causalgym_read_layers.csv").is_file() and (tmp_path / "read_layers_toy.png").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_interventions_on_a_gpu_match_the_cpu(adapter, template):  # noqa: F811
+    """Fitted, applied and scored on the GPU (model, interventions, oracles and reads on the job's device): the CPU's
+    numbers within float-order differences (the attacks' random starts are device-specific: pgd is left out)."""
+    import copy
+
+    from cprobe.models.adapter import ModelAdapter
+
+    gpu = ModelAdapter(copy.deepcopy(adapter.model).to("cuda"), adapter.tok, "causal", "toy_neox", batch_size=8)
+    kw = dict(methods=["leace", "mean_diff", "inlp", "alterrep", "fgsm"], layers=[1, 2], reliability=True,
+              oracle_probe=ORACLE, read_layers=True)
+    cpu_rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(**kw)))
+    gpu_rows = pd.DataFrame(run_gym_task(gpu, template, *_settings(**kw), device="cuda"))
+    assert gpu_rows["odds"].to_numpy() == pytest.approx(cpu_rows["odds"].to_numpy(), abs=1e-3)
+    assert gpu_rows["erasure"].to_numpy() == pytest.approx(cpu_rows["erasure"].to_numpy(), abs=1e-3, nan_ok=True)
+    assert gpu_rows["completeness_l2"].to_numpy() == pytest.approx(cpu_rows["completeness_l2"].to_numpy(), abs=1e-2,
+                                                                   nan_ok=True)
