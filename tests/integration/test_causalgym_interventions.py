@@ -235,3 +235,16 @@ def test_interventions_on_a_gpu_match_the_cpu(adapter, template):  # noqa: F811
     assert gpu_rows["erasure"].to_numpy() == pytest.approx(cpu_rows["erasure"].to_numpy(), abs=1e-3, nan_ok=True)
     assert gpu_rows["completeness_l2"].to_numpy() == pytest.approx(cpu_rows["completeness_l2"].to_numpy(), abs=1e-2,
                                                                    nan_ok=True)
+
+
+def test_a_site_whose_states_do_not_vary_leaves_the_state_and_is_flagged(adapter, template):  # noqa: F811
+    """Embeddings of the shared word after the subject are one vector: nothing to fit. The eraser leaves the state
+    (odds 0, flagged ``degenerate``); its ``_dir`` row falls back to a chance direction like a direction
+    method's; the other sites are fitted."""
+    s = _settings(methods=["leace"], layers=[0], control=False)
+    rows = pd.DataFrame(run_gym_task(adapter, template, *s)).set_index(["method", "region"])
+    assert rows.loc[("leace", "_near_the"), "degenerate"]
+    assert rows.loc[("leace", "_near_the"), "odds"] == pytest.approx(0.0, abs=1e-5)
+    assert rows.loc[("leace", "_near_the"), "erasure"] == pytest.approx(0.0, abs=1e-6)
+    assert rows.loc[("leace_dir", "_near_the"), "degenerate"]
+    assert not rows.loc[("leace", "{subject}"), "degenerate"]
