@@ -16,7 +16,6 @@ from cprobe.interventions import INTERVENTIONS
 from cprobe.metrics.odds import log_odds_ratio
 from cprobe.models.edits import Replace
 from cprobe.models.formatters import RegionFormatter
-from cprobe.models.readouts import CandidateTokens
 from cprobe.tasks import causalgym as cg_task
 from cprobe.tasks import causalgym_engine as engine
 from cprobe.tasks.causalgym_engine import run_gym_task, site_of
