@@ -150,6 +150,9 @@ class Config:
         for m in self.methods:
             if m not in DIRECTIONS and m not in INTERVENTIONS:
                 raise ValueError(f"unknown method {m!r} in causalgym.methods; choose from {method_names()}")
+            if is_intervention(m) and getattr(INTERVENTIONS.get(m), "needs_model", False):
+                raise ValueError(f"intervention {m!r} trains through the model (needs_model); CausalGym trains such a "
+                                 "method itself: list its direction method instead (e.g. das)")
         unknown = sorted(set(self.interventions or {}) - set(INTERVENTIONS.names()))
         if unknown:
             raise ValueError(f"unknown intervention {unknown[0]!r} in causalgym.interventions; choose from "
