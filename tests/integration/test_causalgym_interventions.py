@@ -247,3 +247,15 @@ def test_a_site_whose_states_do_not_vary_leaves_the_state_and_is_flagged(adapter
     assert rows.loc[("leace", "_near_the"), "erasure"] == pytest.approx(0.0, abs=1e-6)
     assert rows.loc[("leace_dir", "_near_the"), "degenerate"]
     assert not rows.loc[("leace", "{subject}"), "degenerate"]
+
+
+def test_an_intervention_that_trains_through_the_model_is_refused(monkeypatch):
+    """Dispatch on the capability: CausalGym trains a causal method itself (its direction), never through an
+    intervention's ``fit``."""
+
+    class Through(INTERVENTIONS.get("leace")):
+        needs_model = True
+
+    monkeypatch.setitem(INTERVENTIONS._items, "through_model", Through)
+    with pytest.raises(ValueError, match=r"intervention 'through_model' trains through the model \(needs_model\)"):
+        cg_task.Config(methods=["through_model"])
