@@ -178,7 +178,8 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
            "OMP_NUM_THREADS": "1"}
     cmd = [str(Path(sys.executable).parent / "cprobe"), "run", "+experiment=causalgym", f"hydra.run.dir={tmp_path / 'run'}",
            "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8", "causalgym.n_eval=4", "layers=[1,2]",
-           "causalgym.methods=[das,probe,mean,random]", "model.tiny.train.steps=30", "+model.tiny.train.layers=2",
+           "causalgym.methods=[das,probe,mean,random,leace,mean_diff,pgd]", "causalgym.read_layers=true",
+           "model.tiny.train.steps=30", "+model.tiny.train.layers=2",
            "model.tiny.grammar.n_sentences=300", "model.tiny.causalgym_corpus.n_per_task=50",
            "model.tiny.causalgym_corpus.tasks=[agr_sv_num_pp]", "progress=false", "device=cpu"]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -186,14 +187,18 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert set(metrics["cg_task"]) == {"agr_sv_num_pp"} and set(metrics["condition"]) == {"task", "control"}
     overall = pd.read_csv(tmp_path / "run" / "causalgym_overall.csv")
-    assert set(overall["method"]) == {"das", "probe", "mean", "random"}
+    assert set(overall["method"]) == {"das", "probe", "mean", "random", "leace", "leace_dir", "mean_diff",
+                                      "mean_diff_dir", "pgd"}
+    assert overall.loc[overall["method"] == "leace", "overall_erasure"].notna().all()
+    assert (tmp_path / "run" / "causalgym_read_layers.csv").is_file()
     assert overall["selectivity"].notna().all()
     # warm (the model now cached, nothing trained before the task): the same tables, byte for byte
     warm = [c.replace(str(tmp_path / "run"), str(tmp_path / "warm")) for c in cmd]
     res = subprocess.run(warm, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("metrics.csv", "metrics.parquet", "causalgym_overall.csv", "causalgym_summary.parquet",
-                 "causalgym_table1.md", "causalgym_table1_capable.csv", "directions.safetensors"):
+                 "causalgym_table1.md", "causalgym_table1_capable.csv", "directions.safetensors",
+                 "causalgym_read_layers.csv"):
         assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "warm" / name).read_bytes(), name
 
 
@@ -588,8 +593,9 @@ def _job(tmp_path, adapter, monkeypatch, out: str, tasks=("toy_agr", "toy_other"
 
     templates = tmp_path / "templates.json"
     templates.write_text(json.dumps({"toy_agr": SPEC, "toy_other": SPEC}))
-    node = {"templates": str(templates), "tasks": list(tasks), "methods": ["das", "probe", "mean", "random", "vanilla"],
-            "n_train": 8, "n_eval": 4, "probe_lam": 1.0, "random_draws": 2, "reliability": True,
+    node = {"templates": str(templates), "tasks": list(tasks),
+            "methods": ["das", "probe", "mean", "random", "vanilla", "leace", "mean_diff", "fgsm"],  # + interventions
+            "n_train": 8, "n_eval": 4, "probe_lam": 1.0, "random_draws": 2, "reliability": True, "read_layers": True,
             "oracle_probe": ORACLE, "das": {"lr": 0.05}, **cg}
     cfg = {"model": {"name": "toy_neox"}, "layers": [1, 2], "seed": 0, "device": "cpu", "causalgym": node}
     out_dir = tmp_path / out

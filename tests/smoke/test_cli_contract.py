@@ -122,7 +122,7 @@ def test_unknown_experiment_is_one_line():
 
 @pytest.mark.parametrize("args,expected", [
     (["model=nope"], "error: unknown model 'nope'; choose from ['bert_base_uncased', "),
-    (["+sweep=nope"], "error: unknown sweep 'nope'; choose from ['causalgym_methods', "),
+    (["+sweep=nope"], "error: unknown sweep 'nope'; choose from ['causalgym_interventions', 'causalgym_methods', "),
     (["hydra/launcher=nope"], "error: unknown hydra/launcher 'nope'; choose from ['basic', "),
     (["nope=1"], "error: unknown config key 'nope': `nope=...` changes an existing key, `+nope=...` adds one"),
 ])

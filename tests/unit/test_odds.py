@@ -71,3 +71,23 @@ def test_selectivity_differences_per_site_before_aggregating() -> None:
     assert overall_odds(task) - overall_odds(control) == pytest.approx(2.0)
     with pytest.raises(ValueError):
         control_selectivity(task, control[:, :1])
+
+
+def test_erasure_is_the_reduction_of_the_absolute_log_odds_on_a_hand_computed_case() -> None:
+    """Clean log-odds m = log p(y_b) − log p(y_s) per item: 2, −1, 0.5, 3; under the eraser m* = 0.5, −1, −0.5, −3.
+    Erasure |m| − |m*| = 1.5, 0, 0, 0 (the third overshoots to the same |m|, the fourth flips: neither erases);
+    erased fraction 1 − (0.5 + 1 + 0.5 + 3) / (2 + 1 + 0.5 + 3) = 1 − 5 / 6.5 = 3/13."""
+    from cprobe.metrics.odds import erased_fraction, erasure
+
+    base_yb = torch.tensor([-1.0, -2.0, -1.0, -0.5])
+    base_ys = torch.tensor([-3.0, -1.0, -1.5, -3.5])  # m = 2, −1, 0.5, 3
+    int_yb = torch.tensor([-1.0, -3.0, -2.0, -4.0])
+    int_ys = torch.tensor([-1.5, -2.0, -1.5, -1.0])  # m* = 0.5, −1, −0.5, −3
+    assert erasure(base_yb, base_ys, int_yb, int_ys).tolist() == pytest.approx([1.5, 0.0, 0.0, 0.0])
+    assert erased_fraction(base_yb, base_ys, int_yb, int_ys) == pytest.approx(3 / 13)
+    # a perfect eraser (m* = 0 everywhere) removes all of it; the identity none; a sharper model is negative
+    assert erased_fraction(base_yb, base_ys, int_yb, int_yb) == pytest.approx(1.0)
+    assert erasure(base_yb, base_ys, int_yb, int_yb).tolist() == pytest.approx([2.0, 1.0, 0.5, 3.0])
+    assert erased_fraction(base_yb, base_ys, base_yb, base_ys) == 0.0
+    assert erasure(base_yb, base_ys, 2 * base_yb, 2 * base_ys).tolist() == pytest.approx([-2.0, -1.0, -0.5, -3.0])
+    assert math.isnan(erased_fraction(base_yb, base_yb, int_yb, int_ys))  # nothing to erase

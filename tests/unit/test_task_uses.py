@@ -77,12 +77,16 @@ def test_presets_sweeps_and_used_groups_pass(overrides):
 
 
 def test_unknown_causalgym_method_lists_the_valid_names():
-    """An intervention name is not a direction: the message lists the direction methods (no crash)."""
+    """A name that is neither a direction method nor an intervention: the message lists both (no crash); an
+    intervention is a method (issue 22)."""
     with pytest.raises(ConfigError) as err:
-        prepare("+experiment=causalgym", "causalgym.methods=[leace]")
+        prepare("+experiment=causalgym", "causalgym.methods=[nope]")
+    from cprobe.tasks.causalgym_engine import method_names
+
     msg = str(err.value)
-    assert "unknown method(s) ['leace'] in causalgym.methods; choose from ['das', 'kmeans', 'lda', 'mean', 'pca', " \
-           "'probe', 'random', 'vanilla']" in msg and "Registry" not in msg
+    assert f"unknown method 'nope' in causalgym.methods; choose from {method_names()}" in msg and "Registry" not in msg
+    assert {"das", "vanilla", "leace", "autoattack"} <= set(method_names())
+    prepare("+experiment=causalgym", "causalgym.methods=[leace,pgd]")
 
 
 def test_a_model_set_needs_a_task_that_declares_it_reads_one():

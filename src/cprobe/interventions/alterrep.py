@@ -32,6 +32,7 @@ class AlterRep(Intervention):
     """Counterfactual: ``transform(X, z_target)``; ``inlp_kwargs`` go to :class:`INLP`."""
 
     kind = "counterfactual"
+    exposes_direction = True
     forwards_kwargs_to = (INLP,)
 
     def __init__(self, rank: int, alpha: float = 1.0, **inlp_kwargs: object) -> None:
@@ -45,6 +46,11 @@ class AlterRep(Intervention):
         # (d, r) right inverse of the normals: maps target coordinates back into the rowspace
         self._lift = torch.linalg.pinv(self.inlp.directions.double()).float()
         return self
+
+    def edit_direction(self) -> Tensor | None:
+        """The one INLP normal whose coordinate AlterRep sets, when there is one (``rank: 1``, binary Z)."""
+        self.check_fitted()
+        return self.inlp.edit_direction()
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         if z_target is None:

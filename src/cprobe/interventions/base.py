@@ -29,7 +29,11 @@ class Intervention(Estimator, ABC):
     kind: ClassVar[Kind]
     needs_probe: ClassVar[bool] = False
     """True when the intervention attacks a fitted classifier: ``use_probe(probe)`` replaces ``fit`` (GBIs)."""
-    CAPABILITIES = ("kind", "needs_probe")
+    exposes_direction: ClassVar[bool] = False
+    """True when the fitted edit can be confined to one direction (e.g. a rank-1 eraser on a binary property):
+    :meth:`edit_direction` then returns that unit vector, usable as a 1-D DII direction (CausalGym's ``<name>_dir``
+    rows). Declared for what the class *can* do; whether a fitted instance does is what ``edit_direction`` says."""
+    CAPABILITIES = ("kind", "needs_probe", "exposes_direction")
     _marks_fitted = ("fit", "use_probe")
     _needs_fitted = ("transform",)
     _fit_hint = "fit(X, z)"
@@ -42,6 +46,13 @@ class Intervention(Estimator, ABC):
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         """Return intervened embeddings of the same shape and dtype as ``X``."""
 
+    def edit_direction(self) -> Tensor | None:
+        """The unit vector (d,) spanning the subspace the fitted edit changes, when that subspace is one direction
+        (an eraser of rank 1, a mean-difference shift on a binary property); ``None`` otherwise (a higher rank, or a
+        nonlinear edit). Its sign is arbitrary (a DII along ``a`` and ``−a`` is the same edit)."""
+        self.check_fitted()
+        return None
+
 
 INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention")
 
@@ -53,3 +64,19 @@ def check_batch(X: Tensor, z: Tensor) -> bool:
     if X.ndim != 2 or z.shape != (X.shape[0],):
         raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
     return len(z) > 0
+
+
+def projection_direction(P: Tensor) -> Tensor | None:
+    """The unit u with ``I − P = u uᵀ`` when ``I − P`` is (numerically) a rank-1 orthogonal projection, else None:
+    the one direction an orthogonal eraser ``X ↦ X P`` removes. Cheap (no eigendecomposition): the column of
+    ``I − P`` with the largest diagonal entry is ``u·u_j``."""
+    import torch
+
+    M = torch.eye(P.shape[0], dtype=torch.float64, device=P.device) - P.double()
+    if abs(float(torch.trace(M)) - 1.0) > 1e-3:
+        return None
+    j = int(torch.argmax(torch.diagonal(M)))
+    u = M[:, j] / M[:, j].norm()
+    if float((M - torch.outer(u, u)).abs().max()) > 1e-3:
+        return None
+    return u.float()

@@ -81,6 +81,7 @@ class INLP(Intervention):
     """
 
     kind = "nullifying"
+    exposes_direction = True
 
     def __init__(self, rank: int, C: float = 1.0, l2: float | None = None, max_iter: int = 100,
                  device: str | None = None) -> None:
@@ -137,6 +138,11 @@ class INLP(Intervention):
         self.row_classes = torch.cat(classes) if classes else torch.zeros(0, dtype=torch.long, device=device)
         self.P = (torch.eye(d, device=device, dtype=Xd.dtype) - Q @ Q.T).float()
         return self
+
+    def edit_direction(self) -> Tensor | None:
+        """The one classifier normal removed, when INLP removed exactly one (``rank: 1`` on a binary Z)."""
+        self.check_fitted()
+        return self.directions[0].clone() if self.directions.shape[0] == 1 else None
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         P = self.P.to(X.device)

@@ -34,6 +34,7 @@ class LEACE(Intervention):
     """
 
     kind = "nullifying"
+    exposes_direction = True
 
     def __init__(self, affine: bool = True, svd_tol: float = 0.01, shrinkage: bool = True,
                  constrain_cov_trace: bool = True) -> None:
@@ -135,6 +136,16 @@ class LEACE(Intervention):
         """The mean of X the affine eraser centres on (``None`` when ``affine=False``)."""
         self._current()
         return self._bias
+
+    def edit_direction(self) -> Tensor | None:
+        """The one direction LEACE moves ``x`` along, ``left`` normalised (∝ the class-mean difference for a binary
+        Z), when the erased subspace is one-dimensional; None when it is larger (k > 2 classes, or the trace
+        constraint mixing in the orthogonal eraser's direction: ``constrain_cov_trace=false`` avoids that)."""
+        self._current()
+        u, s, _ = torch.linalg.svd(self._left.double(), full_matrices=False)
+        if len(s) == 0 or s[0] <= 0 or (len(s) > 1 and s[1] > 1e-6 * s[0]):
+            return None
+        return u[:, 0].float()
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         self._current()

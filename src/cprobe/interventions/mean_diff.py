@@ -30,6 +30,7 @@ class MeanDiff(Intervention):
     of S (m ≤ k − 1)."""
 
     kind = "counterfactual"
+    exposes_direction = True
 
     def __init__(self, alpha: float = 1.0) -> None:
         if alpha < 0:
@@ -90,6 +91,11 @@ class MeanDiff(Intervention):
     def n_classes(self) -> int:
         self._current()
         return len(self._means)
+
+    def edit_direction(self) -> Tensor | None:
+        """The unit class-mean difference when the mean-difference span is one direction (a binary Z)."""
+        B = self.basis
+        return B[:, 0].clone() if B.shape[1] == 1 else None
 
     def nearest_class(self, X: Tensor) -> Tensor:
         """ĉ(h): the class whose mean is nearest to h within the mean-difference span."""

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, projection_direction
 from cprobe.interventions.inlp import prepare_rank_fit
 from cprobe.interventions.logistic import fit_logistic, log_loss_and_accuracy
 from cprobe.progress import track
@@ -121,6 +121,7 @@ class RLACE(Intervention):
     """
 
     kind = "nullifying"
+    exposes_direction = True
 
     def __init__(
         self,
@@ -241,6 +242,11 @@ class RLACE(Intervention):
             delta = (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(xb)
         W -= self.lr * (delta.T @ erased + self.weight_decay * W)
         b -= self.lr * (delta.sum(0) + self.weight_decay * b)
+
+    def edit_direction(self) -> Tensor | None:
+        """The one direction removed, when the projection has rank d − 1 (``rank: 1``)."""
+        self.check_fitted()
+        return projection_direction(self.P)
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         P = self.P.to(X.device)

@@ -9,6 +9,11 @@ its mean over the eval set for one site (layer l, region r). Over a (layers × r
 of AvgOdds, OverallOdds = mean over layers of the max over regions, and selectivity applies
 the same aggregation to the per-site difference task − control (" dog"/" give" labels).
 Region cells that are not sites (empty region, or before the label region) are NaN.
+
+Erasers (cprobe, beyond the paper) have no source to move toward; they are scored by how far they move the
+clean log-odds m = log p(y_b|b) − log p(y_s|b) toward 0 (indifference between the two labels): per item
+``erasure = |m| − |m*|`` (m* the same log-odds under the intervention; nats), and over a set of items
+``erased_fraction = 1 − Σ|m*| / Σ|m|`` (1: indifferent everywhere, 0: unchanged).
 """
 
 from __future__ import annotations
@@ -46,6 +51,22 @@ def task_accuracy(base_yb: Tensor, base_ys: Tensor) -> float:
 def iia(int_yb: Tensor, int_ys: Tensor) -> float:
     """Interchange-intervention accuracy: the intervened model prefers the source label."""
     return float((int_ys > int_yb).float().mean())
+
+
+def erasure(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -> Tensor:
+    """Per item, how far an edit moved the log-odds toward 0: ``|m| − |m*|`` with m = log p(y_b|b) − log p(y_s|b)
+    on the clean run and m* the same under the intervention (nats). ``|m|`` when the edit leaves the model
+    indifferent, 0 when it leaves |m| unchanged (or flips m to −m: overshooting is not erasing), negative when it
+    makes the model more decided."""
+    return (base_yb - base_ys).abs() - (int_yb - int_ys).abs()
+
+
+def erased_fraction(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -> float:
+    """The fraction of the clean |log-odds| an edit removed over a set of items: ``1 − Σ|m*| / Σ|m|`` (1: the
+    model indifferent on every item, 0: as decided as before, < 0: more decided); NaN when Σ|m| = 0."""
+    before = float((base_yb - base_ys).abs().sum())
+    after = float((int_yb - int_ys).abs().sum())
+    return 1.0 - after / before if before > 0 else float("nan")
 
 
 def overall_odds(table: ArrayLike | Tensor) -> float:

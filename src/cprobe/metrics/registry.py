@@ -132,6 +132,23 @@ _ENTRIES = [
     Metric("control_overall_odds", "control overall odds",
            "Overall odds-ratio (eq. 19) on the control task.", NEITHER, (None, None), f"{ARORA} §5.2",
            ("causalgym",), unit="log odds"),
+    Metric("erasure", "erasure",
+           "At one site, for an eraser (a nullifying intervention) in CausalGym: the mean over eval items of "
+           "|m| − |m*|, with m = log p(y_b|b) − log p(y_s|b) on the clean run and m* the same with the erased state "
+           "written back — how far the edit moved the log-odds toward 0 (|m| when the model is left indifferent).",
+           HIGHER, (None, None), "cprobe (issue 22); " + ARORA + " eq. 9's log-odds", ("causalgym",), unit="log odds"),
+    Metric("erased_fraction", "erased fraction",
+           "At one site, for an eraser in CausalGym: 1 − Σ|m*| / Σ|m| over the eval items, the share of the clean "
+           "|log-odds| the edit removed (1: indifferent on every item, 0: as decided as before).",
+           HIGHER, (None, 1), "cprobe (issue 22)", ("causalgym",)),
+    Metric("overall_erasure", "overall erasure",
+           "Eq. 19 applied to an eraser's erasure: the mean over layers of the max over regions (per task; slice {} "
+           "is the mean over tasks).", HIGHER, (None, None), f"{ARORA} eq. 19; cprobe (issue 22)", ("causalgym",),
+           unit="log odds"),
+    Metric("erasure_selectivity", "erasure selectivity (control)",
+           "Overall erasure of the per-site difference task − control (the dog/give control labels): how specific "
+           "the erasure is to the task's feature.", HIGHER, (None, None), f"{ARORA} §5.2; cprobe (issue 22)",
+           ("causalgym",), unit="log odds"),
     Metric("direction_probe_accuracy", "direction probe accuracy",
            "Held-out accuracy of the classifier a supervised direction method fits at a site (probe, LDA).",
            NEITHER, (0, 1), f"{ARORA} §3", ("causalgym",)),

@@ -1,6 +1,9 @@
 """CausalGym (Arora et al. 2024): 1-D distributed interchange interventions along directions found
 by DAS / probe / mean-difference / LDA / PCA / k-means / random (and the vanilla whole-vector swap),
-scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity.
+scored by the log odds-ratio at every (layer, region) site, with dog/give control-task selectivity; the interventions
+of :mod:`cprobe.interventions` run as methods too (counterfactual ones with z′ = the source's class, erasers also scored
+by their erasure, a rank-1 one's direction as a DII: docs/causalgym.md), and ``read_layers`` lets the oracles of every
+later layer read the edited pass.
 
 ``validate`` checks the settings, the templates file, the tasks, regions and ``template_index`` before any model
 loads; ``run`` returns the long table (one row per CausalGym task × condition × method × layer × region), computing
@@ -28,6 +31,7 @@ import torch
 
 from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
+from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
@@ -38,7 +42,7 @@ from cprobe.results import parquet_bytes, write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
-                                           resolve_regions, run_gym_task)
+                                           is_intervention, resolve_regions, run_gym_task)
 from cprobe.records import Derived, RecordSpec, const
 
 log = logging.getLogger("cprobe")
@@ -78,6 +82,11 @@ def validate(job: Any) -> None:
     config.resolve(job.cfg.get("model") or {})
     if config.reliability:
         PROBES.build(config.oracle_probe, seed=0)
+    if any(is_intervention(m) and INTERVENTIONS.get(m).needs_probe for m in config.methods):
+        try:
+            PROBES.build(config.interventional_probe or config.oracle_probe, seed=0)
+        except ConfigError as e:
+            raise ConfigError(f"causalgym.interventional_probe: {e}") from None
     data_root = getattr(job, "data_root", None)
     if data_root is not None:
         try:
@@ -249,16 +258,24 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         task = part[part["condition"] == "task"]
         if task.empty:
             continue
-        tgrid = task.pivot_table(index="layer", columns="region_idx", values="odds", aggfunc="mean")
-        rec["overall_odds"] = overall_odds(tgrid.to_numpy())
+        rec["edit"] = str(task["edit"].iloc[0]) if "edit" in task else "dii"
         control = part[part["condition"] == "control"]
-        rec["selectivity"] = float("nan")
-        rec["control_overall_odds"] = float("nan")
-        if not control.empty:
-            cgrid = control.pivot_table(index="layer", columns="region_idx", values="odds",
-                                        aggfunc="mean").reindex_like(tgrid)
-            rec["control_overall_odds"] = overall_odds(cgrid.to_numpy())
-            rec["selectivity"] = control_selectivity(tgrid.to_numpy(), cgrid.to_numpy())
+        # odds for every method; for an eraser also its erasure (how far it moved the log-odds toward 0), aggregated
+        # the same way (eq. 19) and with the same control-task selectivity
+        for col, prefix in (("odds", ""), ("erasure", "erasure_"), ("erased_fraction", "erased_fraction_")):
+            if col not in task or (col != "odds" and task[col].isna().all()):
+                continue
+            tgrid = task.pivot_table(index="layer", columns="region_idx", values=col, aggfunc="mean", dropna=False)
+            rec[f"overall_{col}"] = _overall(tgrid.to_numpy())
+            if col == "erased_fraction":
+                continue
+            rec[f"{prefix}selectivity"] = float("nan")
+            rec[f"control_overall_{col}"] = float("nan")
+            if not control.empty:
+                cgrid = control.pivot_table(index="layer", columns="region_idx", values=col, aggfunc="mean",
+                                            dropna=False).reindex_like(tgrid)
+                rec[f"control_overall_{col}"] = _overall(cgrid.to_numpy())
+                rec[f"{prefix}selectivity"] = _overall(tgrid.to_numpy(), cgrid.to_numpy())
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])
@@ -270,6 +287,15 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
         rec["n_sites"] = len(task)
         out.append(rec)
     return pd.DataFrame(out)
+
+
+def _overall(grid: np.ndarray, control: np.ndarray | None = None) -> float:
+    """Eq. 19 (mean over layers of the max over regions; with ``control``, of the per-site task − control), NaN
+    where a layer has no scored site (a ``<name>_dir`` run whose intervention edited more than one direction)."""
+    try:
+        return overall_odds(grid) if control is None else control_selectivity(grid, control)
+    except ValueError:
+        return float("nan")
 
 
 def _reliability(task: pd.DataFrame) -> dict[str, float]:
@@ -303,13 +329,18 @@ def summary_table(overall: pd.DataFrame) -> pd.DataFrame:
     for (model, method), part in overall.groupby(["model", "method"], sort=True):
         capable = part[capable_flag(part)]
         rows.append({
-            "model": model, "method": method, "n_tasks": part["cg_task"].nunique(),
+            "model": model, "method": method, "edit": str(part["edit"].iloc[0]) if "edit" in part else "dii",
+            "n_tasks": part["cg_task"].nunique(),
             "overall_odds": part["overall_odds"].mean(), "selectivity": part["selectivity"].mean(),
             "n_capable_tasks": capable["cg_task"].nunique(),
             "capable_overall_odds": capable["overall_odds"].mean() if len(capable) else np.nan,
             "capable_selectivity": capable["selectivity"].mean() if len(capable) else np.nan,
             "completeness": part["completeness"].mean() if "completeness" in part else np.nan,
             "oracle_selectivity": part["oracle_selectivity"].mean() if "oracle_selectivity" in part else np.nan,
+            **{c: part[c].mean() if c in part else np.nan
+               for c in ("overall_erasure", "erasure_selectivity", "overall_erased_fraction")},
+            **({"capable_overall_erasure": capable["overall_erasure"].mean() if len(capable) else np.nan}
+               if "overall_erasure" in part else {}),
             "probe_pick": "", "capable_probe_pick": "",
         })
     out = pd.DataFrame(rows)
@@ -383,6 +414,77 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                   f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
         _odds_by_layer(part, out_dir / f"odds_by_layer_{safe_name(model)}.png", str(model))
+    reads = read_layers_table(table)
+    if not reads.empty:
+        write_table(reads, out_dir / "causalgym_read_layers")
+        for model, part in reads.groupby("model", sort=True):
+            _read_heatmaps(part, out_dir / f"read_layers_{safe_name(model)}.png", str(model))
+
+
+READ_PREFIX = "completeness_l"
+"""Long-table columns of ``causalgym.read_layers``: ``completeness_l<l'>``, the oracle at layer l' (same region,
+trained on clean states) reading the forward pass edited at the row's layer (NaN for l' < layer)."""
+
+
+def read_layers_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The downstream reads as a long table: per model × task × method × edited layer l × read layer l' ≥ l, the
+    mean completeness over the regions where the oracle at (l', region) decodes the property (eval accuracy ≥
+    DECODABLE_ACCURACY), and how many regions that is. Empty when the run had ``read_layers`` off."""
+    cols = sorted((c for c in table.columns if c.startswith(READ_PREFIX)), key=lambda c: int(c[len(READ_PREFIX):]))
+    if not cols or table.empty:
+        return pd.DataFrame()
+    task = table[table["condition"] == "task"]
+    decodes = {(m, t, int(lr), int(rg)): float(a) for m, t, lr, rg, a in
+               task[["model", "cg_task", "layer", "region_idx", "oracle_accuracy"]].drop_duplicates(
+                   ["model", "cg_task", "layer", "region_idx"]).itertuples(index=False)}
+    out = []
+    for (model, name, method, layer), part in task.groupby(["model", "cg_task", "method", "layer"], sort=True):
+        for col in cols:
+            read = int(col[len(READ_PREFIX):])
+            if read < layer:
+                continue
+            ok = part[[decodes.get((model, name, read, int(r)), 0.0) >= DECODABLE_ACCURACY
+                       for r in part["region_idx"]]]
+            vals = ok[col].dropna()
+            out.append({"model": model, "cg_task": name, "method": method, "layer": int(layer), "read_layer": read,
+                        "completeness": float(vals.mean()) if len(vals) else np.nan, "n_regions": int(len(vals)),
+                        "n_eval": int(part["n_eval"].max()),
+                        **({"seed": part["seed"].iloc[0]} if "seed" in part else {})})
+    return pd.DataFrame(out)
+
+
+def _read_heatmaps(reads: pd.DataFrame, path: Path, title: str) -> None:
+    """Per method, the edited layer l × read layer l' completeness (mean over tasks), one colour scale [0, 1]."""
+    methods = [m for m in METHOD_ORDER if m in set(reads["method"])] + sorted(set(reads["method"]) - set(METHOD_ORDER))
+    layers = sorted(set(reads["layer"]) | set(reads["read_layer"]))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n_cols = min(4, len(methods))
+    n_rows = -(-len(methods) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.0 * n_cols + 1.2, 2.8 * n_rows + 1.0), squeeze=False,
+                             layout="constrained")
+    im = None
+    for ax in axes.ravel()[len(methods):]:
+        ax.axis("off")
+    for ax, method in zip(axes.ravel(), methods):
+        grid = reads[reads["method"] == method].pivot_table(index="layer", columns="read_layer",
+                                                            values="completeness", aggfunc="mean")
+        grid = grid.reindex(index=layers, columns=layers)
+        im = ax.imshow(grid.to_numpy(dtype=float), cmap="viridis", vmin=0, vmax=1, origin="lower", aspect="auto")
+        ax.set_xticks(range(len(layers)), [str(x) for x in layers], fontsize=9)
+        ax.set_yticks(range(len(layers)), [str(x) for x in layers], fontsize=9)
+        ax.set_xlabel("read layer l′", fontsize=9)
+        ax.set_ylabel("edited layer l", fontsize=9)
+        ax.set_title(method, fontsize=10)
+    if im is not None:
+        cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+        cb.set_label("oracle completeness (decodable regions, mean over tasks)", fontsize=9)
+    _caption(fig, "CausalGym read layers: the oracle at l′ (trained on clean states) reading the pass edited at l",
+             reads, note=f"{title}; cprobe layers; mean over tasks of the regions whose oracle at l′ decodes")
+    save(fig, path)
 
 
 def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:
@@ -482,7 +584,14 @@ def _caption(fig: Any, shows: str, part: pd.DataFrame, note: str = "") -> None:
 
 # ----------------------------------------------------------------------------------------------- records
 _OVERALL = {"overall_odds": "overall_odds", "selectivity": "control_selectivity",
-            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness"}
+            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness",
+            "overall_erasure": "overall_erasure", "erasure_selectivity": "erasure_selectivity"}
+
+
+def _family(t: pd.DataFrame) -> list[str]:
+    """The records' family of each row: ``direction`` for a DII (or the vanilla swap), else the intervention's kind."""
+    edits = t["edit"] if "edit" in t else ["dii"] * len(t)
+    return ["direction" if e in ("dii", "vanilla") else str(e) for e in edits]
 
 
 def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
@@ -493,19 +602,30 @@ def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
     overall = overall_table(table)
     if overall.empty:
         return pd.DataFrame()
-    base = {"dataset": "causalgym", "family": "direction"}
+    base = {"dataset": "causalgym"}
+    family = dict(zip(overall["method"], _family(overall)))
     rows = []
     for rec in overall.to_dict("records"):
         sl = canonical({"cg_task": rec["cg_task"]})
-        rows += [{**base, "model": rec["model"], "method": rec["method"], "slice": sl, "metric": m, "value": rec[c],
-                  "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
+        rows += [{**base, "family": family[rec["method"]], "model": rec["model"], "method": rec["method"], "slice": sl,
+                  "metric": m, "value": rec[c], "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
                  for c, m in _OVERALL.items() if c in rec]
     for (model, task), part in overall.groupby(["model", "cg_task"], sort=False):
         rows.append({"dataset": "causalgym", "model": model, "slice": canonical({"cg_task": task}),
                      "metric": "task_accuracy", "value": part["task_accuracy"].iloc[0]})
     for (model, method), part in overall.groupby(["model", "method"], sort=False):
-        rows += [{**base, "model": model, "method": method, "slice": "{}", "metric": m, "value": part[c].mean(),
-                  "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+        rows += [{**base, "family": family[method], "model": model, "method": method, "slice": "{}", "metric": m,
+                  "value": part[c].mean(), "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+    # read_layers: the oracle at read_layer l' reading the pass edited at layer l, one record per (row, l')
+    fam = _family(table)
+    for col in (c for c in table.columns if c.startswith(READ_PREFIX)):
+        read = int(col[len(READ_PREFIX):])
+        for k in np.flatnonzero(table[col].notna().to_numpy()):
+            r = table.iloc[k]
+            rows.append({**base, "family": fam[k], "model": r["model"], "method": r["method"], "layer": int(r["layer"]),
+                         "read_layer": read, "position": r["region"],
+                         "slice": canonical({"cg_task": r["cg_task"], "condition": r["condition"]}),
+                         "metric": "oracle_completeness", "value": float(r[col]), "n": int(r["n_eval"])})
     return pd.DataFrame(rows)
 
 
@@ -517,13 +637,13 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
 
 RECORDS = RecordSpec(
     dataset=const("causalgym"), model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]),
-    position="region", method="method", family=const("direction"),
+    position="region", method="method", family=Derived(_family),
     setting=Derived(lambda t: [{"stream": s, **({} if pd.isna(lam) else {"probe_lam": lam})}
                                for s, lam in zip(t["stream"], t["probe_lam"])]),
     slice=("cg_task", "condition"),
     metrics={"odds": "avg_odds", "iia": "iia", "probe_accuracy": "direction_probe_accuracy",
              "oracle_accuracy": "oracle_accuracy", "completeness": "oracle_completeness",
-             "oracle_selectivity": "oracle_selectivity"},
+             "oracle_selectivity": "oracle_selectivity", "erasure": "erasure", "erased_fraction": "erased_fraction"},
     n={"*": "n_eval"}, breakdowns=("cg_task", "condition"), extra=_overall_records, items=_record_items)
 """Per site (layer × region = position, task, condition): AvgOdds, IIA and the oracle scores; per task and over the
 tasks: the overall odds-ratio and the control selectivity (:mod:`cprobe.records`). The tasks are the items of the

@@ -16,6 +16,13 @@ forward, each copy edited at its own site); then every (site, direction) is scor
 forward. Which method needs what is read from its declared capabilities (``causal``, ``supervised``,
 ``chance_baseline``, ``whole_vector``, ``per_model_lambda``), never from its name.
 
+An intervention of :mod:`cprobe.interventions` listed as a method is fitted per site on the base train states and
+labels (``needs_probe``: given the site's interventional probe), applied to the base eval states (``kind``
+counterfactual: with z′ = the source's class) and its edited states written into the eval run at the site, many sites
+per forward like the DIIs; an eraser (``kind`` nullifying) is also scored by its erasure
+(:func:`cprobe.metrics.odds.erasure`), and one whose fitted edit is one direction (``exposes_direction``,
+``edit_direction()``) also runs that direction as a DII (``<name>_dir``).
+
 Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base train activations
 to predict the targeted property (the task's label type, e.g. singular/plural), and each direction's intervened eval
 vectors are scored by counterfactual completeness (Canby et al. 2024, eq. 1: the oracle's probability of the source's
@@ -45,8 +52,9 @@ from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
-from cprobe.metrics.odds import iia, log_odds_ratio, task_accuracy
-from cprobe.metrics.reliability import counterfactual_completeness
+from cprobe.interventions import INTERVENTIONS
+from cprobe.metrics.odds import erased_fraction, erasure, iia, log_odds_ratio, task_accuracy
+from cprobe.metrics.reliability import counterfactual_completeness, nullifying_completeness
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
 from cprobe.models.formatters import RegionFormatter
@@ -74,6 +82,16 @@ PAPER_PROBE_LAMS = {"pythia_14m": (10.0,), "pythia_31m": (1e2,), "pythia_70m": (
 REFERENCE_PICK = {"pythia_410m": 1}
 PAPER_PROBE_LAM = {m: lams[REFERENCE_PICK.get(m, 0)] for m, lams in PAPER_PROBE_LAMS.items()}
 PAPER_DAS = {"lr": 5e-3, "batch_size": 4, "epochs": 1, "warmup": 0.1, "parametrization": "orthogonal"}
+DEFAULT_INTERVENTIONS: dict[str, dict[str, Any]] = {
+    "inlp": {"rank": 1}, "rlace": {"rank": 1, "max_steps": 3000}, "leace": {}, "alterrep": {"rank": 1, "alpha": 1.0},
+    "mean_diff": {"alpha": 1.0}, "fgsm": {"eps": 0.1}, "pgd": {"eps": 0.1, "steps": 40},
+    "autoattack": {"eps": 0.1, "n_queries": 500}}
+"""``causalgym.interventions``: the settings of each intervention when it is one of ``causalgym.methods`` (constructor
+keys; a key given in the config replaces the one here). Rank 1 for the rank-r erasers, as CausalGym's methods are
+1-D (and a rank-1 eraser's direction is then also scored as a DII direction, ``<name>_dir``); the gradient attacks'
+L∞ radius is the reliability study's 0.1 (conf/intervention/*.yaml), 0.3–1 per-coordinate sd of the tiny model's
+states; RLACE stops at 3000 steps (its rank-1 game converges well before on 400 vectors); AutoAttack's Square
+search takes 500 queries."""
 
 
 # ----------------------------------------------------------------------------------------- settings
@@ -121,11 +139,26 @@ class Config:
     reliability: bool = True
     oracle_probe: dict = field(default_factory=lambda: dict(DEFAULT_ORACLE))
     sites_per_pass: int | None = None  # DAS: sites trained in one batched pass (null: as model.batch_size allows)
+    interventions: dict = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_INTERVENTIONS.items()})
+    interventional_probe: dict | None = None  # the probe gradient attacks attack (null: oracle_probe's config)
+    intervention_directions: bool = True  # a rank-1 intervention's direction also scored as a DII (<name>_dir)
+    read_layers: bool = False  # oracles at every layer l' >= l read the forward pass edited at l
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.methods if m not in DIRECTIONS]
-        if unknown or not self.methods:
-            raise ValueError(f"unknown method(s) {unknown} in causalgym.methods; choose from {DIRECTIONS.names()}")
+        if not self.methods:
+            raise ValueError(f"causalgym.methods is empty; choose from {method_names()}")
+        for m in self.methods:
+            if m not in DIRECTIONS and m not in INTERVENTIONS:
+                raise ValueError(f"unknown method {m!r} in causalgym.methods; choose from {method_names()}")
+            if is_intervention(m) and getattr(INTERVENTIONS.get(m), "needs_model", False):
+                raise ValueError(f"intervention {m!r} trains through the model (needs_model); CausalGym trains such a "
+                                 "method itself: list its direction method instead (e.g. das)")
+        unknown = sorted(set(self.interventions or {}) - set(INTERVENTIONS.names()))
+        if unknown:
+            raise ValueError(f"unknown intervention {unknown[0]!r} in causalgym.interventions; choose from "
+                             f"{INTERVENTIONS.names()}")
+        if self.read_layers and not self.reliability:
+            raise ValueError("causalgym.read_layers needs causalgym.reliability=true (its oracles are the readers)")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"causalgym.methods lists a method twice: {list(self.methods)}")
         if self.n_train < 1 or self.n_eval < 1:
@@ -162,7 +195,7 @@ class Config:
         lam = self.probe_lam if self.probe_lam is not None else per.probe_lam
         if lam is None:
             lam = PAPER_PROBE_LAMS.get(str(model.get("name")))
-        takes = [m for m in self.methods if DIRECTIONS.get(m).per_model_lambda]
+        takes = [m for m in self.methods if not is_intervention(m) and DIRECTIONS.get(m).per_model_lambda]
         if lam is None and takes:
             raise ConfigError(
                 f"no probe λ for model {model.get('name')!r}: the paper tunes it per model (known: "
@@ -171,12 +204,36 @@ class Config:
         if takes and (not lams or min(lams) <= 0):
             raise ConfigError(f"causalgym.probe_lam must be one λ > 0 or a list of them, got {list(lams)}")
         for m in self.methods:
-            if DIRECTIONS.get(m).causal:  # the `das` settings configure the causal method(s)
+            if is_intervention(m):  # built once here, so a bad setting fails before any model loads
+                try:
+                    build_intervention(m, self.intervention_params(m), seed=0)
+                except ConfigError as e:
+                    raise ConfigError(f"bad causalgym.interventions.{m}: {e}") from None
+            elif DIRECTIONS.get(m).causal:  # the `das` settings configure the causal method(s)
                 try:
                     DIRECTIONS.build({"name": m, **das}, seed=0)
                 except ConfigError as e:
                     raise ConfigError(f"bad causalgym.das: {e}") from None
         return dataclasses.replace(self, probe_lam=lams, das=DASKeys(**das))
+
+    def intervention_params(self, name: str) -> dict[str, Any]:
+        """The constructor settings of intervention ``name``: the defaults, then ``causalgym.interventions.<name>``."""
+        return {**DEFAULT_INTERVENTIONS.get(name, {}), **dict((self.interventions or {}).get(name) or {})}
+
+
+def method_names() -> list[str]:
+    """Every name ``causalgym.methods`` accepts: the direction methods and the interventions."""
+    return sorted(set(DIRECTIONS.names()) | set(INTERVENTIONS.names()))
+
+
+def is_intervention(name: str) -> bool:
+    """A method of ``causalgym.methods`` that runs as an intervention (a name that is both runs as the direction)."""
+    return name not in DIRECTIONS and name in INTERVENTIONS
+
+
+def build_intervention(name: str, params: Mapping[str, Any], seed: int, device: str | None = None):
+    """One intervention from the registry's factory (``seed``/``device`` reach constructors that take them)."""
+    return INTERVENTIONS.build({"name": name, **params}, seed=seed, device=device)
 
 
 def check_regions_spec(spec: Any) -> None:
@@ -214,16 +271,20 @@ class MethodRun:
     label: str
     name: str
     params: dict[str, Any]
+    intervention: bool = False  # an intervention of cprobe.interventions (else a direction method)
 
 
 def method_runs(config: Config) -> list[MethodRun]:
     """One run per method, read from its capabilities: a method taking the per-model λ (``per_model_lambda``, the
     probe) runs once per λ — as ``probe0`` and ``probe1`` for the paper's Probe⁰ / Probe¹ of models above 70m —
-    and a causal one gets the ``das`` budget."""
+    a causal one gets the ``das`` budget, and an intervention its ``causalgym.interventions`` settings."""
     if not config.resolved:
         raise ValueError("method_runs needs a resolved config (Config.resolve)")
     out = []
     for name in config.methods:
+        if is_intervention(name):
+            out.append(MethodRun(name, name, config.intervention_params(name), intervention=True))
+            continue
         cls = DIRECTIONS.get(name)
         if cls.per_model_lambda:
             lams = config.probe_lam
@@ -341,7 +402,9 @@ class _Run:
     degenerate: bool = False
     fit_s: float = 0.0
     eval_s: float = 0.0
-    scored: dict[str, list[tuple[Tensor, float, float]]] = field(default_factory=dict)
+    scored: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    edit: str = "dii"  # dii | vanilla (whole-vector swap) | counterfactual | nullifying (an intervention's own edit)
+    edited: Tensor | None = None  # an intervention's edited eval states at the site (n_eval rows of ok_ev, d)
 
 
 @dataclass
@@ -354,6 +417,59 @@ class _SitePlan:
     oracle: Any = None
     oracle_acc: float = float("nan")
     runs: list[_Run] = field(default_factory=list)
+
+
+def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, z_source: Tensor, config: Config,
+                      conditions: list[str], seed: int, site_seed: int, device: str | None, gbi_probe: list[Any],
+                      layer: int, region: int) -> list[_Run]:
+    """An intervention at one site: fitted on the base train states with the property labels (or, when it attacks a
+    classifier — ``needs_probe`` — given the site's interventional probe, trained once per site on the same data,
+    its own object: ``causalgym.interventional_probe``, else the oracle's config with seed + 1), then applied to the
+    base eval states — with ``z′`` = the source's class when it is counterfactual. The edited states go into the
+    eval run at the site (:func:`_score`), as the reliability study writes its edited states back. When the class
+    ``exposes_direction`` and the fitted edit is one direction, a second run ``<label>_dir`` scores that direction as
+    a DII, exactly as a direction method's."""
+    cls = INTERVENTIONS.get(run.name)
+    dev = device or X_tr.device
+    t0 = time.perf_counter()
+    a: Tensor | None = None
+    degenerate = False
+    try:
+        if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
+            raise ValueError("the train activations at this site are all equal")
+        inter = build_intervention(run.name, run.params, seed=seed, device=device)
+        with warnings.catch_warnings():  # e.g. INLP stopping early: the fit is still usable
+            warnings.simplefilter("ignore", UserWarning)
+            if cls.needs_probe:
+                if not gbi_probe:
+                    probe_cfg = config.interventional_probe or config.oracle_probe
+                    gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device))
+                inter.use_probe(gbi_probe[0])
+            else:
+                inter.fit(X_tr.float().to(dev), y_tr.to(dev))
+        X = X_ev.float().to(dev)
+        edited = inter.transform(X, z_source.to(dev)) if cls.kind == "counterfactual" else inter.transform(X)
+        edited = edited.float().cpu()
+        if cls.exposes_direction and config.intervention_directions:
+            a = inter.edit_direction()
+            a = None if a is None else (a / a.norm()).float().cpu()
+    except (ValueError, IndexError, np.linalg.LinAlgError, DataError, ConfigError, torch.linalg.LinAlgError) as err:
+        # as for the direction methods: activations that do not vary with the class give nothing to fit; the site
+        # keeps its state (odds 0) and is flagged
+        log.debug("%s at layer %d region %d: %s; no edit there", run.label, layer, region, err)
+        edited, degenerate = X_ev.float().clone(), True
+    fit_s = time.perf_counter() - t0
+    out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=cls.kind,
+                edited=edited)]
+    if cls.exposes_direction and config.intervention_directions:
+        if a is None and degenerate:
+            a = _fallback_direction(X_tr, site_seed)
+        if a is None:
+            log.info("%s at layer %d region %d edits more than one direction: its %s_dir row there is NaN",
+                     run.label, layer, region, run.label)
+        out.append(_Run(MethodRun(f"{run.label}_dir", run.name, run.params, intervention=True), False,
+                        {c: [] if a is None else [a] for c in conditions}, degenerate=degenerate))
+    return out
 
 
 def _fallback_direction(X: Tensor, seed: int) -> Tensor:
@@ -467,14 +583,21 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
             plan.oracle_acc = plan.oracle.score(X_ev, y_ev)
             cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
         site_seed = seed * 100_003 + 1000 * layer + region + task_seed
+        gbi_probe: list[Any] = []  # the site's interventional probe, trained once for every attack that needs one
         for run in runs:
+            if run.intervention:
+                if len(torch.unique(y_tr)) < 2:
+                    continue  # every intervention is fitted on the two classes
+                plan.runs.extend(_fit_intervention(run, X_tr, y_tr, base_ev[site][ok_ev], ev_src_class[ok_ev], config,
+                                                   conditions, seed, site_seed, device, gbi_probe, layer, region))
+                continue
             cls = DIRECTIONS.get(run.name)
             t_fit = time.perf_counter()
             if cls.causal:  # trained through the model, on each condition's labels (below, many sites at once)
                 plan.runs.append(_Run(run, True, {c: [None] for c in conditions}))
                 continue
             if cls.whole_vector:  # the whole-vector swap: no direction
-                plan.runs.append(_Run(run, False, {c: [None] for c in conditions}))
+                plan.runs.append(_Run(run, False, {c: [None] for c in conditions}, edit="vanilla"))
                 continue
             if cls.chance_baseline:  # several independent draws per site, averaged
                 draws = [build_direction(run.name, run.params, site_seed + 7_919 * k).fit(X_tr).a
@@ -509,11 +632,12 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
     # 3. Score every (site, direction) on the eval set, many per forward.
     t_ev = time.perf_counter()
     _score(adapter, plans, conditions, eval_batch, base_ev, src_ev, ev_ids, clean_by, ev_src_class, progress,
-           template.name)
+           template.name, read_layers=config.read_layers, stream=config.stream)
     eval_s = time.perf_counter() - t_ev
     n_scored = sum(len(r.dirs[c]) for p in plans for r in p.runs for c in (conditions if r.causal else conditions[:1]))
 
     rows: list[dict[str, Any]] = []
+    read_layers_of = sorted({p.layer for p in plans})
     for plan in plans:
         for r in plan.runs:
             label = r.run.label
@@ -528,21 +652,33 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
                         directions[key] = torch.stack([x.detach().float().cpu() for x in got]).squeeze(0)
             for c in conditions:
                 res = r.scored[c]
-                rows.append({
+
+                def mean(key: str) -> float:  # over the run's directions (the random draws); NaN where it has none
+                    vals = [float(x[key].mean()) if isinstance(x[key], Tensor) else x[key] for x in res]
+                    return float(np.mean(vals)) if vals else float("nan")
+
+                row = {
                     "cg_task": template.name, "condition": c, "method": label, "layer": plan.layer,
                     "paper_layer": plan.layer - 1, "stream": config.stream,
                     "region": template.region_names[plan.region], "region_idx": plan.region,
-                    "odds": float(np.mean([float(o.mean()) for o, _, _ in res])),
-                    "odds_draw_sd": (float(np.std([float(o.mean()) for o, _, _ in res])) if len(res) > 1
+                    "edit": r.edit,
+                    "odds": mean("odds"),
+                    "odds_draw_sd": (float(np.std([float(x["odds"].mean()) for x in res])) if len(res) > 1
                                      else float("nan")),
-                    "iia": float(np.mean([i for _, i, _ in res])), "probe_accuracy": r.probe_acc,
+                    "iia": mean("iia"), "erasure": mean("erasure"), "erased_fraction": mean("erased_fraction"),
+                    "probe_accuracy": r.probe_acc,
                     "probe_lam": r.run.params.get("lam", float("nan")), "task_accuracy": acc, "capable": capable,
                     "unknown_labels": " ".join(unknown),
-                    "oracle_accuracy": plan.oracle_acc, "completeness": float(np.mean([x for _, _, x in res])),
+                    "oracle_accuracy": plan.oracle_acc, "completeness": mean("completeness"),
                     "oracle_selectivity": float("nan"),  # no non-targeted property in the templates
                     "n_train": len(plan.ok_tr), "n_eval": len(plan.ok_ev), "degenerate": r.degenerate,
                     "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
-                })
+                }
+                if config.read_layers:  # the oracle at l' >= layer reading the pass edited here (NaN below layer)
+                    for lr in read_layers_of:
+                        row[f"completeness_l{lr}"] = float(np.mean([x["read"].get(lr, np.nan) for x in res])) \
+                            if res else float("nan")
+                rows.append(row)
     if timings is not None:
         timings[f"{template.name}/read_s"] = read_s
         for m, s in cost.items():
@@ -588,11 +724,15 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
 
 def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str], eval_batch: Batch,
            base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor], ev_ids: Tensor,
-           clean_by: dict[str, tuple[Tensor, Tensor]], ev_src_class: Tensor, progress: bool, name: str) -> None:
-    """Every (site, run, direction) scored on its eval rows: the DII's per-item log odds-ratio, IIA and, with an
-    oracle, completeness, into each run's ``scored``. Rows of many (site, direction) pairs share a forward (one
-    row per eval item and direction, ``model.batch_size`` rows per pass, length-sorted)."""
-    # One job per direction to score: the conditions it is scored under (a shared direction: all at once).
+           clean_by: dict[str, tuple[Tensor, Tensor]], ev_src_class: Tensor, progress: bool, name: str,
+           read_layers: bool = False, stream: str = "block") -> None:
+    """Every (site, run, direction or edit) scored on its eval rows: the per-item log odds-ratio, IIA, the erasure of
+    an eraser's edit and, with an oracle, completeness, into each run's ``scored``. Rows of many (site, edit) pairs
+    share a forward (one row per eval item and edit, ``model.batch_size`` rows per pass, length-sorted): a DII's row
+    carries its source vector and direction, an intervention's row its precomputed edited state (a whole-vector
+    replace). With ``read_layers`` every pass also reads each row's region at every layer l′ ≥ the edited layer, and
+    the oracle of (l′, region) — trained on clean states — scores it (``read`` per layer)."""
+    # One job per edit to score: the conditions it is scored under (a shared direction: all at once).
     jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]] = []
     for plan in plans:
         for r in plan.runs:
@@ -610,29 +750,73 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     job_whole = torch.tensor([a is None for _, _, a, _ in jobs])
     job_of_row = torch.cat([torch.full((len(p.ok_ev),), j) for j, (p, _, _, _) in enumerate(jobs)])
     item_of_row = torch.cat([p.ok_ev for p, _, _, _ in jobs])
+    # an intervention's rows take its edited states instead of the source's (row_edit: index into edit_store, or -1)
+    edited = [r.edited for _, r, _, _ in jobs if r.edited is not None]
+    edit_store = torch.cat(edited) if edited else torch.zeros(0, d)
+    row_edit, offset = [], 0
+    for p, r, _, _ in jobs:
+        n = len(p.ok_ev)
+        row_edit.append(torch.arange(offset, offset + n) if r.edited is not None else torch.full((n,), -1))
+        offset += n if r.edited is not None else 0
+    row_edit_t = torch.cat(row_edit)
     order = torch.argsort(-eval_batch.attention_mask.sum(1)[item_of_row], stable=True)  # length-sorted passes
     src_all = torch.stack([src_ev[s] for s in site_list])  # (sites, N, d)
     scores = torch.zeros(len(item_of_row), ev_ids.shape[1])
+    # downstream reads: per row, the oracle's completeness at every layer l' >= its edited layer (NaN elsewhere)
+    by_site = {(p.layer, p.region): p for p in plans}
+    layers = sorted({p.layer for p in plans})
+    readers = [(k, by_site[lr, rg]) for k, lr in enumerate(layers) for rg in sorted({p.region for p in plans})
+               if (lr, rg) in by_site and by_site[lr, rg].oracle is not None] if read_layers else []
+    read_sites = [site_of(p.layer, p.region, stream) for _, p in readers]
+    read_comp = torch.full((len(item_of_row), len(layers)), float("nan"))
+    row_layer = torch.tensor([p.layer for p, _, _, _ in jobs])[job_of_row]
+    row_region = torch.tensor([p.region for p, _, _, _ in jobs])[job_of_row]
+    row_null = torch.tensor([r.edit == "nullifying" for _, r, _, _ in jobs])[job_of_row]
     step = adapter.batch_size
     for start in tqdm(range(0, len(order), step), desc=f"{name} DII", disable=not progress or None, leave=False):
         rows = order[start:start + step]
         jr, items = job_of_row[rows], item_of_row[rows]
         batch, at = site_batch(eval_batch, items, job_site[jr], site_list)
         dev = adapter.device
-        edit = rowwise_dii(src_all[job_site[jr], items].to(dev), job_dir[jr].to(dev), job_whole[jr].to(dev))
-        out = adapter.run(batch.to(dev), edits={s: edit for s in at}, readout=CandidateTokens(ev_ids[items]))
+        source = src_all[job_site[jr], items]
+        mine = row_edit_t[rows]
+        if bool((mine >= 0).any()):
+            source[mine >= 0] = edit_store[mine[mine >= 0]]
+        edit = rowwise_dii(source.to(dev), job_dir[jr].to(dev), job_whole[jr].to(dev))
+        out = adapter.run(batch.to(dev), read=read_sites, edits={s: edit for s in at},
+                          readout=CandidateTokens(ev_ids[items]))
         scores[rows] = out.scores.float().cpu()
+        for (k, plan), s in zip(readers, read_sites):
+            take = ((row_region[rows] == plan.region) & (row_layer[rows] <= plan.layer)).nonzero().squeeze(1)
+            if len(take) == 0:
+                continue
+            p_hat = plan.oracle.predict_proba(out.acts[s][take.to(dev)].float()).float().cpu()
+            null = row_null[rows][take]
+            cf = counterfactual_completeness(p_hat, ev_src_class[items[take]])
+            read_comp[rows[take], k] = torch.where(null, nullifying_completeness(p_hat), cf)
     first = 0
     for plan, r, a, conds in jobs:
         n = len(plan.ok_ev)
-        out, first = scores[first:first + n], first + n
+        out, read, first = scores[first:first + n], read_comp[first:first + n], first + n
         comp = float("nan")
         if plan.oracle is not None:
             X_ev, hs_ev = base_ev[plan.site][plan.ok_ev], src_ev[plan.site][plan.ok_ev]
-            h_new = hs_ev if a is None else dii(X_ev, hs_ev, a.to(X_ev.device, torch.float32))
-            comp = float(counterfactual_completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev]).mean())
+            if r.edited is not None:
+                p_hat = plan.oracle.predict_proba(r.edited)
+                per = (nullifying_completeness(p_hat) if r.edit == "nullifying"
+                       else counterfactual_completeness(p_hat, ev_src_class[plan.ok_ev]))
+            else:
+                h_new = hs_ev if a is None else dii(X_ev, hs_ev, a.to(X_ev.device, torch.float32))
+                per = counterfactual_completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev])
+            comp = float(per.mean())
+        by_layer = {lr: float(read[:, k].mean()) for k, lr in enumerate(layers) if lr >= plan.layer} if readers else {}
         for k, c in enumerate(conditions):
             if c in conds:
                 cb, cs = clean_by[c][0][plan.ok_ev], clean_by[c][1][plan.ok_ev]
                 ob, os_ = out[:, 2 * k], out[:, 2 * k + 1]
-                r.scored[c].append((log_odds_ratio(cb, cs, ob, os_), iia(ob, os_), comp))
+                null = r.edit == "nullifying"
+                r.scored[c].append({
+                    "odds": log_odds_ratio(cb, cs, ob, os_), "iia": iia(ob, os_), "completeness": comp,
+                    "erasure": float(erasure(cb, cs, ob, os_).mean()) if null else float("nan"),
+                    "erased_fraction": erased_fraction(cb, cs, ob, os_) if null else float("nan"),
+                    "read": by_layer})
