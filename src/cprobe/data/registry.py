@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from cprobe.config import parse
-from cprobe.data.base import Dataset
+from cprobe.data.base import Dataset, Example
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
@@ -41,14 +41,17 @@ class DatasetCommon:
 class DatasetType:
     loader: Callable[[Any, Path, str], Dataset]
     config: type  # the type-specific keys (a dataclass)
+    twins: Callable[[Any, Path, str, str], Dataset] | None = None  # minimal-pair twins (see :func:`minimal_pairs`)
+    flippable: tuple[str, ...] = ()  # the properties ``twins`` can flip
 
 
 DATASETS: Registry[DatasetType] = Registry("dataset type")
 
 
-def register(name: str, config: type):
+def register(name: str, config: type, twins: Callable[[Any, Path, str, str], Dataset] | None = None,
+             flippable: tuple[str, ...] = ()):
     def deco(fn: Callable[[Any, Path, str], Dataset]) -> Callable[[Any, Path, str], Dataset]:
-        DATASETS.register(name)(DatasetType(fn, config))
+        DATASETS.register(name)(DatasetType(fn, config, twins, flippable))
         return fn
     return deco
 
@@ -71,7 +74,13 @@ class SyntheticKeys:
     grammar: dict = field(default_factory=dict)
 
 
-@register("synthetic", SyntheticKeys)
+def _synthetic_twins(cfg: SyntheticKeys, _root: Path, name: str, prop: str) -> Dataset:
+    from cprobe.data.grammar import generate
+
+    return replace(generate(grammar_config(cfg.grammar), flip=prop), name=name, source="built-in (cprobe.data.grammar)")
+
+
+@register("synthetic", SyntheticKeys, twins=_synthetic_twins, flippable=("z_c",))
 def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
     from cprobe.data.grammar import generate
 
@@ -204,6 +213,37 @@ def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, An
     common = parse(DatasetCommon, {k: v for k, v in cfg.items() if k in common_names}, "dataset")
     specific = parse(dtype.config, {k: v for k, v in cfg.items() if k in specific_names}, "dataset")
     return common, dtype, specific
+
+
+def pairs_refusal(cfg: Mapping[str, Any], prop: str) -> str | None:
+    """Why the dataset ``cfg`` cannot emit minimal pairs that flip ``prop`` (None when it can); no data is read."""
+    _, dtype, _ = split_config(cfg)
+    if dtype.twins is None:
+        kinds = sorted(n for n in DATASETS.names() if DATASETS.get(n).twins is not None)
+        return (f"dataset {cfg.get('name')!r} (type {cfg.get('type', cfg.get('name'))!r}) cannot emit minimal pairs; "
+                f"dataset types that can: {kinds}")
+    if prop not in dtype.flippable:
+        return f"dataset {cfg.get('name')!r} can emit minimal pairs flipping {list(dtype.flippable)}, not {prop!r}"
+    return None
+
+
+def minimal_pairs(cfg: Mapping[str, Any], root: Path, prop: str, examples: Sequence[Example]) -> list[Example]:
+    """The minimal-pair twin of each of ``examples`` (items of the dataset ``cfg`` loads): the same input with only
+    ``prop`` flipped, matched by id — the sources of a causal direction's interchange training (DAS). A dataset type
+    declares ``twins`` to emit them (the synthetic grammar: :func:`cprobe.data.grammar.generate` with ``flip``)."""
+    why = pairs_refusal(cfg, prop)
+    if why:
+        raise ConfigError(why)
+    common, dtype, specific = split_config(cfg)
+    twins = {e.id: e for e in dtype.twins(specific, Path(root), common.name, prop).examples}
+    missing = [e.id for e in examples if e.id not in twins]
+    if missing:
+        raise DataError(f"no minimal-pair twin for {len(missing)} item(s), e.g. {missing[0]!r}")
+    out = [twins[e.id] for e in examples]
+    bad = [e.id for e, t in zip(examples, out) if e.props.get(prop) == t.props.get(prop)]
+    if bad:
+        raise DataError(f"minimal-pair twin of {bad[0]!r} does not flip {prop!r}")
+    return out
 
 
 def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:

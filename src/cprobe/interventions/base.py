@@ -29,7 +29,10 @@ class Intervention(Estimator, ABC):
     kind: ClassVar[Kind]
     needs_probe: ClassVar[bool] = False
     """True when the intervention attacks a fitted classifier: ``use_probe(probe)`` replaces ``fit`` (GBIs)."""
-    CAPABILITIES = ("kind", "needs_probe")
+    needs_model: ClassVar[bool] = False
+    """True when ``fit`` trains through the frozen model on minimal pairs (a direction found by DAS): the study passes
+    ``fit(X, z, through=Through(forward, h_source, target))`` (:mod:`cprobe.interventions.direction`)."""
+    CAPABILITIES = ("kind", "needs_probe", "needs_model")
     _marks_fitted = ("fit", "use_probe")
     _needs_fitted = ("transform",)
     _fit_hint = "fit(X, z)"
