@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cprobe.errors import ConfigError
-from cprobe.explainers import EXPLAINERS
+from cprobe.explainers import EXPLAINERS, ExplainedModel
 from cprobe.interventions import INTERVENTIONS
 from cprobe.tasks.effects import refusal
 from tests.unit.test_explainers import SMALL_PROBE, queries_for, world  # noqa: F401  (world is a fixture)
@@ -48,6 +48,7 @@ def test_via_inlp_equals_the_home_inlp_explainer_without_its_head_retraining(wor
     """The home INLP explainer re-trains a copy of the head on the projected states (CEBaB App. F); with no epochs of
     it, and the same number of directions (iterations · k for a k = 3 concept), the bridge gives its numbers."""
     model, train, _, _ = world
+    model = ExplainedModel(model.head, model.n_classes, ("service",), model.values)  # one concept: half the fits
     q = queries_for(train, range(0, 600, 5), "service", "Positive", "unknown")
     home = EXPLAINERS.build({"name": "inlp", "iterations": 1, "head_epochs": 0, "diagnose": False})
     bridged = EXPLAINERS.build({"name": "via_inlp", "rank": 3})
