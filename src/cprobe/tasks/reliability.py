@@ -40,9 +40,11 @@ from cprobe.models.edits import Replace
 from cprobe.models.formatters import AgreementFormatter
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
 from cprobe.probes.grid import load_probe, save_probe
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -92,6 +94,9 @@ def validate(job: Any) -> None:
                               f"{sorted(job.keys.probe or {})} (use probe=all)")
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
+    from cprobe.data.registry import check_properties
+
+    check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
     missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
     if missing:
@@ -229,12 +234,14 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         acc_after = task_accuracy(written.scores)
     t_task = time.perf_counter() - t0
 
+    per_item: dict[str, Tensor] = {}
     scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
-                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after)
+                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after, per_item)
+    _write_items(ctx.out_dir / ITEMS_FILE, te[rows.numpy()], z_goal, per_item)
     hval = icfg.get(hparam) if hparam else None
     row = {
         "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
-        "position": cfg["position"], "method": name, "kind": method.kind, "hparam": hparam,
+        "position": cfg["position"], "target": target, "method": name, "kind": method.kind, "hparam": hparam,
         "hparam_value": None if hval is None else float(hval), **scores,
         "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
         **oracle_info, "oracle_probe": config.oracle_probe,
@@ -317,6 +324,14 @@ _FAMILIES = {  # the paper's appendix figures: 2 = GBIs, 3 = AlterRep (+ mean-di
 }
 
 
+def _caption(fig: Any, shows: str, table: pd.DataFrame) -> None:
+    """What every reliability figure names: the targeted property, model, data, n (test items) and seed."""
+    plots.caption(fig, shows, property=[f"{t} (targeted)" for t in table["target"].unique()],
+                  model=[f"{m} layer {l}" for m, l in table[["model", "layer"]].drop_duplicates().itertuples(index=False)],
+                  data=table["dataset"], n=plots.counts(plots.values(table["n_test"]), "test items"),
+                  seed=table.get("seed"))
+
+
 def report(table: pd.DataFrame, out_dir: Path) -> None:
     """Table 1 (Markdown/CSV) and Figs. 1a, 1b, 2–4 of the paper as PNGs (figures only for >1 row)."""
     best = table1(table)
@@ -337,6 +352,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for ax in (ax_a, ax_b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    _caption(fig, "Interventions: selectivity vs completeness, ΔTask Acc vs reliability (Canby et al. Fig. 1)", table)
     save(fig, out_dir / "fig1_tradeoffs.png")
     swept = [m for m in methods if table.loc[table["method"] == m, "hparam_value"].nunique() > 1]
     for stem, family in (*_FAMILIES.items(), ("fig_other", tuple(m for m in swept if not any(
@@ -357,4 +373,55 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                 ax.set_xscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
+        _caption(fig, "Reliability, completeness, selectivity and ΔTask Acc by hyperparameter",
+                 table[table["method"].isin(ms)])
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+ITEMS_FILE = "reliability_items.parquet"
+"""Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
+
+
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None, per_item: dict[str, Tensor]) -> None:
+    from cprobe.io import atomic_write_bytes
+    from cprobe.records import parquet_bytes
+
+    items = [str(int(i)) for i in test_rows] if z_goal is None else \
+        [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
+    frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})
+    atomic_write_bytes(path, parquet_bytes(frame))
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
+    """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
+    selectivity records."""
+    from cprobe.records import item_rows
+
+    path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
+    if path is None or not path.is_file():
+        return None
+    per = pd.read_parquet(path)
+    whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
+    values = {"oracle_completeness": per["completeness"].to_numpy(), "oracle_selectivity": per["selectivity"].to_numpy()}
+    return item_rows(whole, values, per["item"])
+
+
+def _setting(t: pd.DataFrame) -> list[dict]:
+    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with."""
+    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o}
+            for h, v, o in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * len(t)))]
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position="position",
+    method="method", family="kind", setting=Derived(_setting),
+    metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
+             "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
+             "delta_task_acc": "delta_task_accuracy"},
+    patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
+              r"oracle_acc_(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
+    items=_record_items)
+"""Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
+the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
