@@ -3,7 +3,6 @@ implementation of class means and logistic regression the method families share 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

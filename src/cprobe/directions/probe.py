@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Self
 
-import torch
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction, check_binary, unit
