@@ -34,6 +34,25 @@ def test_every_direction_but_the_whole_vector_swap_is_bridged_under_its_own_name
     assert INTERVENTIONS.get("das").needs_model and not INTERVENTIONS.get("mean_direction").needs_model
 
 
+@pytest.mark.parametrize("name", list(BRIDGED))
+def test_the_bridge_finds_the_home_methods_direction(name):
+    """Through the bridge, a direction is the one its home study (CausalGym) finds on the same rows and seed."""
+    from cprobe.directions import DIRECTIONS
+
+    X, z = _data()
+    home = DIRECTIONS.build({"name": BRIDGED[name], **({"epochs": 1} if name == "das" else {})}, seed=3)
+    bridged = INTERVENTIONS.build({"name": name, **({"epochs": 1} if name == "das" else {})}, seed=3)
+    if bridged.needs_model:
+        W = torch.randn(2, X.shape[1], generator=torch.Generator().manual_seed(1))
+        forward = lambda edit, idx: edit(X[idx]) @ W.T  # noqa: E731
+        home.fit(forward, X.flip(0), 1 - z)
+        bridged.fit(X, z, through=Through(forward, X.flip(0), 1 - z))
+    else:
+        home.fit(X, z)
+        bridged.fit(X, z)
+    torch.testing.assert_close(bridged.a, home.a, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("name", NON_CAUSAL)
 def test_counterfactual_sets_the_coordinate_to_the_target_class_mean_and_keeps_the_complement(name):
     X, z = _data()
