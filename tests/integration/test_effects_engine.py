@@ -21,8 +21,13 @@ from cprobe.explainers import EXPLAINERS
 from tests.conftest import REPO
 
 # toy budgets for the slow explainers; every other setting is the study's default
+_PROBE = "{name:mlp,lrs:[0.01],epochs:3,widths:[16],n_layers:[1]}"
 TOY = {"conceptshap": {"epochs": 2, "hidden": 16}, "causalm": {"epochs": 1, "head_epochs": 2, "batch_size": 16},
-       "inlp": {"iterations": 2}}
+       "inlp": {"iterations": 2},
+       # interventions as explainers (cprobe.explainers.intervention): required settings, toy budgets
+       "via_inlp": {"rank": 2}, "via_alterrep": {"rank": 2}, "via_rlace": {"rank": 1, "max_steps": 50},
+       "via_fgsm": {"eps": 0.5, "probe": _PROBE}, "via_pgd": {"eps": 0.5, "steps": 5, "probe": _PROBE},
+       "via_autoattack": {"eps": 0.5, "n_queries": 20, "probe": _PROBE}}
 
 
 def _compose(*overrides: str) -> dict:

@@ -12,12 +12,12 @@ pytestmark = pytest.mark.slow
 
 def test_reliability_methods_smoke(tmp_path):
     r = cprobe("run", "-m", "+experiment=sva_tiny_reliability",
-               "intervention=inlp,rlace,alterrep,leace,mean_diff,fgsm,pgd,autoattack",
+               "intervention=inlp,rlace,alterrep,leace,mean_diff,fgsm,pgd,autoattack,das,mean_direction",
                "--smoke", f"hydra.sweep.dir={tmp_path}", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     t = pd.read_csv(tmp_path / "results.csv")
     assert sorted(t["method"]) == sorted(["inlp", "rlace", "alterrep", "leace", "mean_diff", "fgsm", "pgd",
-                                          "autoattack"])
+                                          "autoattack", "das", "mean_direction"])  # directions as interventions too
     for col in ("completeness", "selectivity", "reliability"):
         assert t[col].between(0, 1).all(), t[["method", col]]
     assert t["task_acc_before"].notna().all() and t["oracle_acc_z_c"].notna().all()

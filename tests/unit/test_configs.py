@@ -135,3 +135,24 @@ def test_model_configs_load_outside_hydra():
     for path in sorted((REPO / "conf" / "model").glob("*.yaml")):
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         assert parse_model_config(node).dtype == "float32", path.name
+
+
+def test_a_direction_trained_through_the_model_is_refused_where_the_data_cannot_emit_minimal_pairs(tmp_path):
+    """DAS needs minimal pairs flipping the target: the grammar emits them for z_c; a file dataset cannot, and a
+    target the grammar cannot flip is refused too — at validation, before any model or data loads."""
+    from cprobe.errors import ConfigError
+    from cprobe.pipeline import prepare
+
+    def plain(*overrides: str) -> dict:
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", "intervention=das",
+                                               f"paths.cache_dir={tmp_path}", *overrides])
+        out = OmegaConf.to_container(cfg, resolve=True)
+        out.pop("paths", None)
+        return out
+
+    prepare(plain())
+    with pytest.raises(ConfigError, match="cannot emit minimal pairs"):
+        prepare(plain("dataset=marvin_linzen"))
+    with pytest.raises(ConfigError, match="not 'z_e'"):
+        prepare(plain("reliability.target=z_e", "reliability.others=[z_c]"))

@@ -20,7 +20,7 @@ SMALL = {  # required arguments (and budgets small enough for a unit test)
     ("intervention", "pgd"): {"eps": 0.5}, ("intervention", "autoattack"): {"eps": 0.5},
     ("probe", "linear"): {"lrs": (1e-1,), "epochs": 20}, ("probe", "mlp"): {"lrs": (1e-2,), "epochs": 10,
                                                                           "widths": (16,), "n_layers": (1,)},
-    ("direction", "das"): {"epochs": 1},
+    ("direction", "das"): {"epochs": 1}, ("intervention", "das"): {"epochs": 1},
 }
 GBI_PROBE = {"name": "mlp", "lrs": (1e-2,), "epochs": 3, "widths": (16,), "n_layers": (1,)}
 
@@ -44,6 +44,10 @@ def build(kind: str, name: str, seed: int = 0):
 def fit(kind: str, est, X, z):
     if kind == "direction" and type(est).causal:
         return est.fit(_toy_forward(X.shape[1]), X.clone(), z.clone())
+    if kind == "intervention" and type(est).needs_model:  # trained through the model on minimal pairs (DAS)
+        from cprobe.interventions.direction import Through
+
+        return est.fit(X, z, through=Through(_toy_forward(X.shape[1]), X.clone(), z.clone()))
     return est.fit(X, z)
 
 
@@ -64,6 +68,8 @@ DIRECTION_NAMES = DIRECTIONS.names()
 
 def test_every_registered_name_is_checked():
     assert {"inlp", "rlace", "leace", "alterrep", "mean_diff", "fgsm", "pgd", "autoattack"} <= set(INTERVENTION_NAMES)
+    assert {"das", "probe_direction", "mean_direction", "lda_direction", "pca_direction", "kmeans_direction",
+            "random_direction"} <= set(INTERVENTION_NAMES)  # directions as interventions
     assert {"das", "probe", "mean", "lda", "pca", "kmeans", "random", "vanilla"} <= set(DIRECTION_NAMES)
     assert {"linear", "mlp"} <= set(PROBE_NAMES)
 

@@ -72,7 +72,12 @@ def queries_for(train: Observed, rows, aspect, c, c2) -> Queries:
 
 
 # ------------------------------------------------------------------------------------------- conformance
-FAST = {"conceptshap": {"epochs": 3, "hidden": 32}, "causalm": {}}
+SMALL_PROBE = {"name": "mlp", "lrs": (1e-2,), "epochs": 5, "widths": (16,), "n_layers": (1,)}
+FAST = {"conceptshap": {"epochs": 3, "hidden": 32}, "causalm": {},
+        # interventions as explainers: required settings and small budgets
+        "via_inlp": {"rank": 2}, "via_alterrep": {"rank": 2}, "via_rlace": {"rank": 1, "max_steps": 50},
+        "via_fgsm": {"eps": 0.5, "probe": SMALL_PROBE}, "via_pgd": {"eps": 0.5, "steps": 5, "probe": SMALL_PROBE},
+        "via_autoattack": {"eps": 0.5, "n_queries": 20, "probe": SMALL_PROBE}}
 
 
 @pytest.mark.parametrize("name", [n for n in EXPLAINERS.names() if n != "causalm"])

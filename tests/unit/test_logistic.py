@@ -9,7 +9,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 from sklearn.multiclass import OneVsRestClassifier
 
-from cprobe.interventions.logistic import fit_logistic, l2_for_C, log_loss_and_accuracy
+from cprobe.stats import fit_logistic, l2_for_C, log_loss_and_accuracy
 from tests.unit.test_inlp import gaussian_classes
 
 

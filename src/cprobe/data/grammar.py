@@ -88,9 +88,15 @@ class _Builder:
         self.rng = rng
         self.nouns = nouns
         self.attractor_agreement = attractor_agreement
+        self.flip_subject = False
 
     def number(self) -> str:
         return self.rng.choice((SG, PL))
+
+    def subject_number(self) -> str:
+        """The subject's number (z_c): one draw like :meth:`number`, flipped while building a minimal-pair twin."""
+        n = self.number()
+        return (PL if n == SG else SG) if self.flip_subject else n
 
     def lemmas(self, k: int) -> list[tuple[str, str]]:
         """``k`` distinct noun lemmas, so no sentence repeats a noun (labels stay unambiguous)."""
@@ -136,40 +142,40 @@ def mark(verb: str, z_e: str) -> str:
 
 def _simple(b: _Builder) -> _Sentence:
     (s,) = b.lemmas(1)
-    zc = b.number()
+    zc = b.subject_number()
     return b.finish(b.np_(s, zc), zc, NONE, 0)
 
 
 def _pp(b: _Builder) -> _Sentence:
     s, a = b.lemmas(2)
-    zc, za = b.number(), b.number()
+    zc, za = b.subject_number(), b.number()
     return b.finish([*b.np_(s, zc), b.rng.choice(PREPOSITIONS), *b.np_(a, za)], zc, za, 1)
 
 
 def _pp_pp(b: _Builder) -> _Sentence:
     s, a1, a2 = b.lemmas(3)
-    zc, z1, z2 = b.number(), b.number(), b.number()
+    zc, z1, z2 = b.subject_number(), b.number(), b.number()
     p1, p2 = b.rng.choice(PREPOSITIONS), b.rng.choice(PREPOSITIONS)
     return b.finish([*b.np_(s, zc), p1, *b.np_(a1, z1), p2, *b.np_(a2, z2)], zc, z2, 2)
 
 
 def _subj_rel(b: _Builder) -> _Sentence:
     s, a = b.lemmas(2)
-    zc, za = b.number(), b.number()
+    zc, za = b.subject_number(), b.number()
     rel = b.form(b.rng.choice(TRANSITIVE), zc)  # the relative verb agrees with the head noun
     return b.finish([*b.np_(s, zc), "that", rel, *b.np_(a, za)], zc, za, 1)
 
 
 def _obj_rel(b: _Builder) -> _Sentence:
     s, a = b.lemmas(2)
-    zc, za = b.number(), b.number()
+    zc, za = b.subject_number(), b.number()
     rel = b.form(b.rng.choice(TRANSITIVE), za)  # the relative verb agrees with the attractor
     return b.finish([*b.np_(s, zc), "that", *b.np_(a, za), rel], zc, za, 1)
 
 
 def _intro_pp(b: _Builder) -> _Sentence:
     s, f = b.lemmas(2)
-    zc, zf = b.number(), b.number()
+    zc, zf = b.subject_number(), b.number()
     return b.finish([b.rng.choice(PREPOSITIONS), *b.np_(f, zf), ",", *b.np_(s, zc)], zc, NONE, 0)
 
 
@@ -180,13 +186,13 @@ def _frame_words(b: _Builder, lemma: tuple[str, str]) -> list[str]:
 
 def _frame(b: _Builder) -> _Sentence:
     s, f = b.lemmas(2)
-    zc = b.number()
+    zc = b.subject_number()
     return b.finish([*_frame_words(b, f), *b.np_(s, zc)], zc, NONE, 0)
 
 
 def _frame_pp(b: _Builder) -> _Sentence:
     s, f, a = b.lemmas(3)
-    zc, za = b.number(), b.number()
+    zc, za = b.subject_number(), b.number()
     frame = _frame_words(b, f)
     return b.finish([*frame, *b.np_(s, zc), b.rng.choice(PREPOSITIONS), *b.np_(a, za)], zc, za, 1)
 
@@ -236,8 +242,20 @@ class GrammarConfig:
             raise ConfigError(f"grammar.structures weights must be >= 0 with a positive sum, got {pairs}")
 
 
-def generate(cfg: GrammarConfig) -> Dataset:
-    """``cfg.n_sentences`` labelled agreement sentences, deterministic given ``cfg``."""
+FLIPPABLE = ("z_c",)
+"""Properties :func:`generate` can flip to emit minimal pairs."""
+
+
+def generate(cfg: GrammarConfig, flip: str | None = None) -> Dataset:
+    """``cfg.n_sentences`` labelled agreement sentences, deterministic given ``cfg``.
+
+    ``flip="z_c"`` gives each sentence's **minimal-pair twin** instead, under the same id: the same draws (nouns,
+    verbs, attractors, structure) with only the subject's number flipped — and with it every word that agrees with
+    the subject (the subject noun, a subject relative's verb, the main verb: the twin's correct verb is the base's
+    wrong one). A base and its twin differ only in z_c, as DAS's interchange needs (a source that differs from
+    its base only in the property)."""
+    if flip is not None and flip not in FLIPPABLE:
+        raise ConfigError(f"the agreement grammar can flip {list(FLIPPABLE)} to emit minimal pairs, not {flip!r}")
     rng = random.Random(cfg.seed)
     builder = _Builder(rng, NOUNS[: cfg.n_nouns], cfg.attractor_agreement)
     names = [n for n, _ in cfg.structures]
@@ -245,7 +263,17 @@ def generate(cfg: GrammarConfig) -> Dataset:
     examples = []
     for i in range(cfg.n_sentences):
         name = rng.choices(names, weights)[0]
-        s = STRUCTURES[name](builder)
+        if flip is not None:  # the twin: replay the sentence's draws with the subject's number flipped
+            state = rng.getstate()
+            STRUCTURES[name](builder)
+            after = rng.getstate()
+            rng.setstate(state)
+            builder.flip_subject = True
+            s = STRUCTURES[name](builder)
+            builder.flip_subject = False
+            assert rng.getstate() == after, "a minimal-pair twin must consume the same draws"
+        else:
+            s = STRUCTURES[name](builder)
         props = {"z_c": s.z_c, "z_e": s.z_e, "n_attractors": str(s.n_attractors), "structure": name}
         examples.append(Example(f"grammar-{cfg.seed}-{i:06d}", tuple(s.words), s.target, s.correct, s.wrong, props))
     return Dataset("grammar", tuple(examples), PROPERTIES)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from cprobe.config import parse
-from cprobe.data.base import Dataset
+from cprobe.data.base import Dataset, Example
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
@@ -43,18 +43,22 @@ class DatasetType:
     config: type  # the type-specific keys (a dataclass)
     properties: Callable[[Any], tuple[str, ...]] | None = None  # the properties its items carry, from its config
     duplicates: str = "error"  # what a repeated sentence is when the config does not say: generators repeat by chance
+    twins: Callable[[Any, Path, str, str], Dataset] | None = None  # minimal-pair twins (see :func:`minimal_pairs`)
+    flippable: tuple[str, ...] = ()  # the properties ``twins`` can flip
 
 
 DATASETS: Registry[DatasetType] = Registry("dataset type")
 
 
 def register(name: str, config: type, properties: Callable[[Any], tuple[str, ...]] | None = None,
-             duplicates: str = "error"):
+             duplicates: str = "error", twins: Callable[[Any, Path, str, str], Dataset] | None = None,
+             flippable: tuple[str, ...] = ()):
     """Register a loader; ``properties(type-specific keys)`` declares the properties its items will carry, so a
     config naming another property is rejected before any data is read; ``duplicates`` is the default of
-    ``dataset.duplicates`` for the type."""
+    ``dataset.duplicates`` for the type; ``twins`` emits each item's minimal-pair twin with one of the ``flippable``
+    properties flipped (:func:`minimal_pairs`)."""
     def deco(fn: Callable[[Any, Path, str], Dataset]) -> Callable[[Any, Path, str], Dataset]:
-        DATASETS.register(name)(DatasetType(fn, config, properties, duplicates))
+        DATASETS.register(name)(DatasetType(fn, config, properties, duplicates, twins, flippable))
         return fn
     return deco
 
@@ -100,7 +104,14 @@ def _grammar_properties(_cfg: Any) -> tuple[str, ...]:
     return tuple(PROPERTIES)
 
 
-@register("synthetic", SyntheticKeys, _grammar_properties, duplicates="drop")  # the grammar repeats a few by chance
+def _synthetic_twins(cfg: SyntheticKeys, _root: Path, name: str, prop: str) -> Dataset:
+    from cprobe.data.grammar import generate
+
+    return replace(generate(grammar_config(cfg.grammar), flip=prop), name=name, source="built-in (cprobe.data.grammar)")
+
+
+@register("synthetic", SyntheticKeys, _grammar_properties, duplicates="drop",  # the grammar repeats a few by chance
+          twins=_synthetic_twins, flippable=("z_c",))
 def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
     from cprobe.data.grammar import generate
 
@@ -240,6 +251,37 @@ def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, An
     if common.max_examples is not None and common.max_examples < 1:
         raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
     return common, dtype, specific
+
+
+def pairs_refusal(cfg: Mapping[str, Any], prop: str) -> str | None:
+    """Why the dataset ``cfg`` cannot emit minimal pairs that flip ``prop`` (None when it can); no data is read."""
+    _, dtype, _ = split_config(cfg)
+    if dtype.twins is None:
+        kinds = sorted(n for n in DATASETS.names() if DATASETS.get(n).twins is not None)
+        return (f"dataset {cfg.get('name')!r} (type {cfg.get('type', cfg.get('name'))!r}) cannot emit minimal pairs; "
+                f"dataset types that can: {kinds}")
+    if prop not in dtype.flippable:
+        return f"dataset {cfg.get('name')!r} can emit minimal pairs flipping {list(dtype.flippable)}, not {prop!r}"
+    return None
+
+
+def minimal_pairs(cfg: Mapping[str, Any], root: Path, prop: str, examples: Sequence[Example]) -> list[Example]:
+    """The minimal-pair twin of each of ``examples`` (items of the dataset ``cfg`` loads): the same input with only
+    ``prop`` flipped, matched by id — the sources of a causal direction's interchange training (DAS). A dataset type
+    declares ``twins`` to emit them (the synthetic grammar: :func:`cprobe.data.grammar.generate` with ``flip``)."""
+    why = pairs_refusal(cfg, prop)
+    if why:
+        raise ConfigError(why)
+    common, dtype, specific = split_config(cfg)
+    twins = {e.id: e for e in dtype.twins(specific, Path(root), common.name, prop).examples}
+    missing = [e.id for e in examples if e.id not in twins]
+    if missing:
+        raise DataError(f"no minimal-pair twin for {len(missing)} item(s), e.g. {missing[0]!r}")
+    out = [twins[e.id] for e in examples]
+    bad = [e.id for e, t in zip(examples, out) if e.props.get(prop) == t.props.get(prop)]
+    if bad:
+        raise DataError(f"minimal-pair twin of {bad[0]!r} does not flip {prop!r}")
+    return out
 
 
 def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:

@@ -7,6 +7,7 @@ from typing import Self
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction, check_binary, unit
+from cprobe.stats import class_means
 
 
 @DIRECTIONS.register("mean")
@@ -17,6 +18,6 @@ class MeanDirection(Direction):
 
     def fit(self, X: Tensor, y: Tensor) -> Self:
         check_binary(X, y)
-        X = X.float()
-        self.a = unit(X[y == 1].mean(0) - X[y == 0].mean(0))
+        means = class_means(X.float(), y)  # the one class-means implementation (float64), shared with mean_diff
+        self.a = unit((means[1] - means[0]).float())
         return self

@@ -2,7 +2,8 @@
 
 from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
 
-for _m in ("random", "conexp", "approx", "s_learner", "tcav", "conceptshap", "inlp", "leace", "causalm", "matching"):
+for _m in ("random", "conexp", "approx", "s_learner", "tcav", "conceptshap", "inlp", "leace", "causalm", "matching",
+           "intervention"):
     __import__(f"cprobe.explainers.{_m}")
 
 __all__ = ["EXPLAINERS", "ExplainedModel", "Explainer", "Observed", "Queries"]

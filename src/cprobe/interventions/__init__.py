@@ -8,6 +8,7 @@ from typing import Any
 from cprobe.interventions import (  # noqa: F401
     alterrep,
     autoattack,
+    direction,
     fgsm,
     inlp,
     leace,

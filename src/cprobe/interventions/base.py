@@ -33,7 +33,10 @@ class Intervention(Estimator, ABC):
     """True when the fitted edit can be confined to one direction (e.g. a rank-1 eraser on a binary property):
     :meth:`edit_direction` then returns that unit vector, usable as a 1-D DII direction (CausalGym's ``<name>_dir``
     rows). Declared for what the class *can* do; whether a fitted instance does is what ``edit_direction`` says."""
-    CAPABILITIES = ("kind", "needs_probe", "exposes_direction")
+    needs_model: ClassVar[bool] = False
+    """True when ``fit`` trains through the frozen model on minimal pairs (a direction found by DAS): the study passes
+    ``fit(X, z, through=Through(forward, h_source, target))`` (:mod:`cprobe.interventions.direction`)."""
+    CAPABILITIES = ("kind", "needs_probe", "needs_model", "exposes_direction")
     _marks_fitted = ("fit", "use_probe")
     _needs_fitted = ("transform",)
     _fit_hint = "fit(X, z)"

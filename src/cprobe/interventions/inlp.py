@@ -8,7 +8,7 @@ original's LinearSVC loop; the last iteration keeps only its largest-norm rows s
 
 The classifier is the reference's: scikit-learn's ``LogisticRegression()`` objective at its default C = 1
 (penalty ½‖w‖² against the summed log-loss), solved to its optimum by Newton's method
-(:mod:`cprobe.interventions.logistic`). ``l2`` instead sets a per-sample penalty (mean log-loss +
+(:mod:`cprobe.stats`). ``l2`` instead sets a per-sample penalty (mean log-loss +
 l2/2 ‖w‖²; cprobe ≤ 0.3 used l2 = 1e-3, i.e. C ≈ 0.2 on 4.5k rows), which makes the regularisation
 independent of the sample size.
 """
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from cprobe.errors import ConfigError, DataError
 from cprobe.interventions.base import INTERVENTIONS, Intervention
-from cprobe.interventions.logistic import fit_logistic, l2_for_C
+from cprobe.stats import fit_logistic, l2_for_C
 
 
 def n_classes_of(z: Tensor) -> int:

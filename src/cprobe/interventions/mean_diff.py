@@ -9,7 +9,8 @@ that ignores directions carrying no class signal), and moved by the difference o
 At α = 1 the row keeps its offset from its own class centre but around z′'s centre; rows
 already nearest to μ_{z′} are left unchanged; α = 0 is the identity. Works for any k ≥ 2.
 
-Streaming: ``update(X, z)`` adds a batch to per-class sums and counts (float64); ``fit`` = one update.
+Streaming: ``update(X, z)`` adds a batch to per-class sums and counts (float64, :class:`cprobe.stats.ClassMeans`, the
+one class-means implementation the ``mean`` direction shares); ``fit`` = one update.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import Tensor
 from cprobe.errors import ConfigError, NotFittedError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
 from cprobe.interventions.inlp import n_classes_of
+from cprobe.stats import ClassMeans
 
 
 @INTERVENTIONS.register("mean_diff")
@@ -39,30 +41,26 @@ class MeanDiff(Intervention):
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
         n_classes_of(z)
-        self._sums = self._counts = None
+        self._stats = None
         return self.update(X, z)._solve()
 
     def update(self, X: Tensor, z: Tensor) -> Self:
         """Add a batch to the per-class sums and counts (classes may be missing from a batch)."""
         if not check_batch(X, z):
             return self
-        zd = z.to(X.device).long()
-        k = max(int(zd.max()) + 1, 0 if getattr(self, "_counts", None) is None else len(self._counts))
-        sums = torch.zeros(k, X.shape[1], dtype=torch.float64, device=X.device).index_add_(0, zd, X.detach().double())
-        counts = torch.bincount(zd, minlength=k)
-        if getattr(self, "_counts", None) is not None:
-            sums[: len(self._counts)] += self._sums.to(X.device)
-            counts[: len(self._counts)] += self._counts.to(X.device)
-        self._sums, self._counts = sums, counts
+        if getattr(self, "_stats", None) is None:
+            self._stats = ClassMeans()
+        self._stats.update(X, z)
         self._stale, self.fitted_ = True, True
         return self
 
     def _solve(self) -> Self:
-        counts, k = self._counts, len(self._counts)
+        counts = self._stats.counts
+        k = len(counts)
         if (counts == 0).any() or k < 2:
-            missing = (counts == 0).nonzero().flatten().tolist()
-            raise ConfigError(f"classes {missing} have no rows; MeanDiff needs every class in [0, {k}) (k >= 2)")
-        means = self._sums / counts[:, None]
+            raise ConfigError(f"classes {self._stats.missing()} have no rows; MeanDiff needs every class in [0, {k}) "
+                              "(k >= 2)")
+        means = self._stats.means()
         u, s, _ = torch.linalg.svd((means[1:] - means[0]).T, full_matrices=False)
         self._basis = u[:, s > s.max() * 1e-6].float()
         self._means = means.float()
@@ -70,7 +68,7 @@ class MeanDiff(Intervention):
         return self
 
     def _current(self) -> None:
-        if getattr(self, "_counts", None) is None:
+        if getattr(self, "_stats", None) is None:
             raise NotFittedError(self, "fit(X, z) or update(X, z)")
         if self._stale:
             self._solve()

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, projection_direction
 from cprobe.interventions.inlp import prepare_rank_fit
-from cprobe.interventions.logistic import fit_logistic, log_loss_and_accuracy
+from cprobe.stats import fit_logistic, log_loss_and_accuracy
 from cprobe.progress import track
 
 

@@ -70,13 +70,19 @@ class Config:
 def validate(job: Any) -> None:
     rc: Config = job.task_cfg
     if job.keys.intervention is None:
-        raise ConfigError("the reliability task needs an intervention: intervention=inlp|rlace|alterrep|leace|"
-                          "mean_diff|fgsm|pgd|autoattack")
+        raise ConfigError(f"the reliability task needs an intervention: intervention=<one of {INTERVENTIONS.names()}>")
     icfg = dict(job.keys.intervention)
     hparam = icfg.pop("hparam", None)
     if hparam is not None and hparam not in icfg:
         raise ConfigError(f"intervention.hparam={hparam!r} is not a key of the intervention config {sorted(icfg)}")
-    INTERVENTIONS.build(icfg, seed=job.keys.seed)
+    method = INTERVENTIONS.build(icfg, seed=job.keys.seed)
+    if method.needs_model and job.keys.dataset is not None:
+        from cprobe.data.registry import pairs_refusal
+
+        why = pairs_refusal(job.keys.dataset, rc.target)
+        if why:
+            raise ConfigError(f"intervention {icfg['name']!r} is trained through the model on minimal pairs that "
+                              f"flip {rc.target!r}: {why}")
     if rc.target in rc.others:
         raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
     if not rc.others:
@@ -197,6 +203,11 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             probe_dir)
         assert all(probe is not o for o in oracles.values())
         method.use_probe(probe)  # type: ignore[attr-defined]
+    elif method.needs_model:
+        # A direction trained through the frozen model (DAS) on the intervention split's minimal pairs.
+        through = minimal_pair_training(adapter, data, ex, inter, layer, cfg["position"], target, cfg["dataset"],
+                                        ctx.data_root, ctx.progress)
+        method.fit(X[inter].to(dev), z_inter.to(dev), through=through)  # type: ignore[call-arg]
     else:
         method.fit(X[inter].to(dev), z_inter.to(dev))
     t_fit = time.perf_counter() - t0
@@ -243,6 +254,37 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     log.info("%s %s=%s: C=%.3f S=%.3f R=%.3f ΔTask=%s (%.1fs)", name, hparam, hval, scores["completeness"],
              scores["selectivity"], scores["reliability"], scores.get("delta_task_acc"), row["job_s"])
     return pd.DataFrame([row])
+
+
+def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: int, position: str, prop: str,
+                          dataset_cfg: Mapping[str, Any], data_root: Path, progress: bool = False) -> Any:
+    """What a direction trained through the model (``needs_model``: DAS) fits on, from the items ``rows`` (the
+    intervention split): each base item's minimal-pair twin (the same sentence with only ``prop`` flipped,
+    :func:`cprobe.data.registry.minimal_pairs`) is read at the site; training runs the base items with the site's
+    coordinate along ``a`` interchanged toward the twin's (the 1-D DII) and maximises the log-probability of the
+    twin's correct verb — the base's wrong one — over the whole vocabulary at the target (CausalGym eq. 12)."""
+    from cprobe.data.registry import minimal_pairs
+    from cprobe.interventions.direction import Through
+    from cprobe.models.readouts import Vocabulary
+
+    if ex.scores is None or ex.candidates is None:
+        raise ConfigError(f"model {adapter.name!r} has no LM head: a direction trained through the model (DAS) needs "
+                          "its predictions")
+    base = [data.examples[i] for i in rows]
+    twins = minimal_pairs(dataset_cfg, data_root, prop, base)
+    wrong = [t.id for b, t in zip(base, twins) if t.correct != b.wrong]
+    if wrong:
+        raise DataError(f"minimal-pair twin of {wrong[0]!r}: its correct verb is not the base's wrong one")
+    fmt = AgreementFormatter((position,))
+    site = Site(layer, position)
+    h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
+    enc = fmt.encode(base, adapter)
+    readout = Vocabulary()
+
+    def forward(edit: Any, idx: Tensor) -> Tensor:
+        return adapter.run(enc.batch(idx.cpu()), edits={site: edit}, readout=readout, grad=True).scores
+
+    return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())
 
 
 _KIND_ORDER = {"counterfactual": 0, "nullifying": 1}

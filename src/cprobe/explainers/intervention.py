@@ -1,0 +1,137 @@
+"""Interventions as explainers: every registered intervention gets ICaCE-Error (CEBaB) and ED / order-faithfulness
+(LIBERTy) through one generic explainer, registered as ``via_<intervention>`` (``via_rlace``, ``via_alterrep``,
+``via_mean_diff``, ``via_fgsm``, ``via_pgd``, ``via_autoattack``, ``via_leace``, ``via_inlp``, ``via_mean_direction``, ...).
+
+Per concept C, the intervention is fitted on φ(x) of the explainer's training texts against C's coded label (the
+study's value coding, e.g. Negative / Positive / unknown; rows without a label are left out); an intervention that
+attacks a classifier (``needs_probe``: the gradient attacks) attacks a probe for C trained on the same rows (the
+``probe`` setting, a probe config; default a small MLP). The estimate for a query ``(C: c → c′)`` is
+
+    softmax N(φ′) − softmax N(φ(x)),
+
+with the explained head N unchanged and φ′ chosen by the intervention's declared ``kind``:
+
+- ``counterfactual`` → φ′ = transform(φ(x), z′ = c′): the counterfactual to the query's target value;
+- ``nullifying``     → φ′ = transform(φ(x)): concept removal, so the explainer is ``removal_only`` and the studies
+  refuse it at validation where no concept value means "absent" (as they refuse the home INLP / LEACE explainers).
+
+An intervention trained through the model on minimal pairs (``needs_model``: DAS) has no bridge: an explainer sees
+φ(x) of texts, not counterfactual texts to train through. Settings of the intervention go in the study's
+``explainer.via_<name>`` node (``cebab.explainer.via_rlace.rank=1``) and are checked against the intervention.
+
+Same numbers as the home explainers where both apply: ``via_leace`` equals :class:`~cprobe.explainers.leace.
+LEACEExplainer` (the same eraser on the same rows, the head unchanged). ``via_inlp`` keeps the explained head; the
+home INLP explainer re-trains a copy of the head on the projected states (CEBaB App. F) — with ``head_epochs=0`` and
+``rank = iterations · (k if k > 2 else 1)`` the two are equal (``tests/unit/test_explainer_bridge.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+import numpy as np
+import torch
+
+from cprobe.errors import ConfigError, DataError
+from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets, leftover,
+                                    per_concept, rows_of)
+from cprobe.interventions import INTERVENTIONS, Intervention
+from cprobe.probes import PROBES
+
+DEFAULT_PROBE = {"name": "mlp", "lrs": (1e-3, 1e-2), "epochs": 20, "widths": (64,), "n_layers": (1,)}
+"""The probe a gradient attack attacks when the ``probe`` setting is not given (one hidden layer, a small grid)."""
+
+
+class InterventionExplainer(Explainer):
+    """A registered intervention as a concept-effect explainer (module doc). After ``fit``: ``interventions_`` (per
+    concept, the fitted intervention) and, with ``diagnose`` on a nullifying one, ``leftover_`` as the home erasers
+    report it."""
+
+    intervention: ClassVar[str] = ""
+    needs_representation = True
+    forwards_kwargs_to: ClassVar[tuple[type, ...]] = ()
+
+    def __init__(self, probe: Mapping[str, Any] | None = None, seed: int = 0, device: str | None = None,
+                 diagnose: bool = False, **params: Any) -> None:
+        cls = INTERVENTIONS.get(self.intervention)
+        if "kind" in params and params["kind"] != cls.kind:
+            raise ConfigError(f"explainer {self.name!r}: kind is the intervention's declared {cls.kind!r} (it decides "
+                              "removal vs counterfactual, checked before any model loads)")
+        self.params, self.seed, self.device, self.diagnose = dict(params), seed, device, diagnose
+        self.probe = dict(probe) if probe is not None else (dict(DEFAULT_PROBE) if cls.needs_probe else None)
+        if probe is not None and not cls.needs_probe:
+            raise ConfigError(f"explainer {self.name!r}: probe is only for interventions that attack a classifier")
+        try:
+            self._build()
+            if self.probe is not None:
+                PROBES.build(self.probe, seed=seed)
+        except ConfigError as e:
+            raise ConfigError(f"explainer {self.name!r}: {e} (set it in <study>.explainer.{self.name})") from None
+
+    def _build(self) -> Intervention:
+        return INTERVENTIONS.build({"name": self.intervention, **self.params}, seed=self.seed, device=self.device)
+
+    def _fit_one(self, X: torch.Tensor, z: torch.Tensor) -> Intervention:
+        method = self._build()
+        if method.needs_probe:
+            probe = PROBES.build(self.probe, seed=self.seed, device=self.device).fit(X, z)
+            return method.use_probe(probe)  # type: ignore[attr-defined]
+        return method.fit(X, z)
+
+    def fit(self, model: ExplainedModel, train: Observed) -> Self:
+        assert train.reps is not None and train.concepts is not None
+        self.model_ = model
+        self.interventions_: dict[str, Intervention] = {}
+        self.leftover_: dict[str, tuple[float, float, float]] = {}
+        for concept in model.concepts:
+            z = concept_targets(train.concepts, concept, model.values)
+            rows = torch.from_numpy(np.flatnonzero(z >= 0))
+            if len(rows) == 0:
+                continue
+            self.interventions_[concept] = self._fit_one(train.reps[rows].float(), torch.from_numpy(z)[rows])
+            if self.diagnose and self.removal_only:
+                self.leftover_[concept] = leftover(train.reps, z, lambda X, y: self._fit_one(X, y).transform,
+                                                   self.seed)
+        return self
+
+    def explain(self, queries: Queries) -> np.ndarray:
+        reps = queries.base.reps
+        assert reps is not None
+        values = list(self.model_.values)
+
+        def estimate(concept: str, rows: np.ndarray) -> np.ndarray:
+            method = self.interventions_[concept]
+            X = rows_of(reps, rows)
+            if method.kind == "nullifying":
+                new = method.transform(X)
+            else:
+                goal = [values.index(queries.c_prime[r]) if queries.c_prime[r] in values else -1 for r in rows]
+                k = getattr(method, "n_classes", None)
+                bad = [v for v, r in zip(goal, rows) if v < 0 or (k is not None and v >= k)]
+                if bad:
+                    raise DataError(f"{self.name}: target value {queries.c_prime[rows[goal.index(bad[0])]]!r} of "
+                                    f"concept {concept!r} has no training text to fit the counterfactual on")
+                new = method.transform(X, torch.tensor(goal, dtype=torch.long))
+            return self.model_.head_probs(new.float()) - queries.base.probs[rows]
+
+        missing = sorted(set(queries.aspect) - set(self.interventions_))
+        if missing:
+            raise DataError(f"{self.name}: concept(s) {missing} have no labelled training text")
+        return per_concept(queries, self.n_classes_, list(self.interventions_), estimate)
+
+
+def _register(name: str) -> type[InterventionExplainer] | None:
+    cls = INTERVENTIONS.get(name)
+    if cls.needs_model:  # trained through the model on minimal pairs: not from φ(x) alone (module doc)
+        return None
+    sub = type(f"Via{cls.__name__}", (InterventionExplainer,), {
+        "__doc__": f"The {name!r} intervention as an explainer (:class:`InterventionExplainer`).",
+        "name": f"via_{name}", "intervention": name, "removal_only": cls.kind == "nullifying",
+        "forwards_kwargs_to": (cls,), "__module__": __name__,
+    })
+    return EXPLAINERS.register(f"via_{name}")(sub)
+
+
+BRIDGED = {name: cls for name in INTERVENTIONS.names() if (cls := _register(name)) is not None}
+"""Intervention name → its explainer class."""

@@ -1,0 +1,160 @@
+"""Directions as interventions: any fitted direction of :mod:`cprobe.directions` used wherever an intervention is.
+
+One adapter, :class:`DirectionIntervention`, registered once per direction method under an intervention name
+(:data:`BRIDGED`: ``das``, ``probe_direction``, ``mean_direction``, ``lda_direction``, ``pca_direction``,
+``kmeans_direction``, ``random_direction`` — ``probe``/``mean``/... alone would read as the probe config group or
+collide with ``mean_diff``). It finds the unit direction ``a`` with the direction method, then edits only the
+coordinate ``aᵀx`` and leaves the orthogonal complement exactly as it was:
+
+- ``kind: counterfactual`` (default): ``x′ = x + (t_{z′} − aᵀx) a``, so ``aᵀx′ = t_{z′}``. The target statistic
+  ``t_c`` is the **mean of aᵀx over the fitting rows of class c** (the intervention split): the expected value of
+  the 1-D interchange intervention toward a source of class c (CausalGym's DII sets ``aᵀx`` to one source's ``aᵀs``;
+  averaging over the sources of class c gives ``t_c``), so the study's counterfactual is the DII with an average
+  source. It needs no model, works for any number of classes, and is not an extreme of the class (a max or a
+  margin would overshoot into off-distribution states).
+- ``kind: nullifying``: ``x′ = x − (aᵀx) a`` (the coordinate projected out, ``aᵀx′ = 0``).
+
+A ``supervised`` direction separates two classes; on a property with k > 2 values (CEBaB's and LIBERTy's concepts)
+the adapter fits one direction per class, class c against the rest: the counterfactual to z′ sets the coordinate
+along z′'s direction to ``t_{z′}`` (the class-z′ mean along it), the nullifying one projects all k out. For k = 2 the
+two one-vs-rest directions are one line (±a), so one direction is fitted.
+
+What a direction needs is read from its declared capabilities, never from its name: a ``causal`` direction (DAS)
+is trained through the frozen model on minimal pairs — this adapter declares ``needs_model`` and the study passes
+``fit(X, z, through=Through(forward, h_source, target))`` (the reliability study builds them from the agreement
+data's minimal pairs, :func:`cprobe.data.registry.minimal_pairs`); a ``supervised`` one needs exactly two classes;
+a ``chance_baseline`` one (random) ignores the labels for ``a`` (one draw per seed: sweep ``seed`` for several).
+The whole-vector swap (``vanilla``) learns no direction and is not bridged.
+
+Settings of the direction method go in the same config (``intervention.lr=...`` for DAS, ``intervention.lam=...``
+for the probe): the constructor forwards them to the direction, and the registry checks them against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import torch
+from torch import Tensor
+
+from cprobe.directions import DIRECTIONS, Direction
+from cprobe.errors import ConfigError, DataError
+from cprobe.interventions.base import INTERVENTIONS, Intervention, Kind
+from cprobe.interventions.inlp import n_classes_of
+
+BRIDGED: dict[str, str] = {
+    "das": "das", "probe_direction": "probe", "mean_direction": "mean", "lda_direction": "lda",
+    "pca_direction": "pca", "kmeans_direction": "kmeans", "random_direction": "random",
+}
+"""Intervention name → direction method (every registered direction that learns a direction)."""
+
+
+@dataclass
+class Through:
+    """What a direction trained through the model (``causal``: DAS) fits on: ``forward(edit, rows)`` runs the base
+    rows ``rows`` (a tensor of indices into the fitting rows) with their site vectors replaced by ``edit(h)`` and
+    returns the frozen model's scores (n, V); ``h_source`` (n, d) are the site vectors of each base row's minimal-pair
+    source (the same input with the property flipped); ``target`` (n,) the token id the source's label predicts."""
+
+    forward: Callable[[Callable[[Tensor], Tensor], Tensor], Tensor]
+    h_source: Tensor
+    target: Tensor
+
+
+class DirectionIntervention(Intervention):
+    """A direction method as an intervention (module doc). After ``fit``: ``A`` (m, d) unit float32 directions (m = 1,
+    except a ``supervised`` method on k > 2 classes: one one-vs-rest direction per class, m = k), ``a`` = ``A[0]``,
+    ``targets_`` (k,) float64 with ``targets_[c]`` the mean over the fitting rows of class c of the coordinate along
+    class c's direction, ``n_classes`` and ``directions_`` the fitted direction methods."""
+
+    kind: Kind = "counterfactual"
+    direction_name: ClassVar[str] = ""
+    forwards_kwargs_to: ClassVar[tuple[type, ...]] = ()
+    _fitted_attrs = ("A", "a", "targets_", "directions_")
+
+    def __init__(self, kind: str = "counterfactual", seed: int = 0, device: str | None = None, **params: Any) -> None:
+        if kind not in ("counterfactual", "nullifying"):
+            raise ConfigError(f"intervention {self.direction_name!r} direction: kind must be counterfactual or "
+                              f"nullifying, got {kind!r}")
+        self.kind = kind  # type: ignore[misc]
+        self.seed, self.device, self.params = seed, device, dict(params)
+        self._method()  # unknown or bad direction settings fail here, at validation
+
+    @classmethod
+    def direction_class(cls) -> type[Direction]:
+        return DIRECTIONS.get(cls.direction_name)
+
+    def _method(self) -> Direction:
+        return DIRECTIONS.build({"name": self.direction_name, **self.params}, seed=self.seed)
+
+    def fit(self, X: Tensor, z: Tensor, through: Through | None = None) -> Self:
+        k = n_classes_of(z)
+        cls = self.direction_class()
+        dev = torch.device(self.device) if self.device else X.device
+        Xd, zd = X.to(dev).float(), z.to(dev).long()
+        methods: list[Direction] = []
+        try:
+            if cls.causal:
+                if through is None:
+                    raise ConfigError(f"{self.direction_name} is trained through the model on minimal pairs "
+                                      "(needs_model): pass fit(X, z, through=Through(forward, h_source, target))")
+                methods.append(self._method().fit(through.forward, through.h_source.to(dev), through.target.to(dev)))
+            elif cls.supervised and k > 2:  # one direction per class, class c against the rest
+                methods.extend(self._method().fit(Xd, (zd == c).long()) for c in range(k))
+            else:
+                methods.append(self._method().fit(Xd, zd))
+        except ValueError as e:  # a direction method's own input check
+            raise DataError(f"direction {self.direction_name!r}: {e}") from None
+        A = torch.stack([m.a.detach().float().to(dev) for m in methods])
+        row = torch.arange(k, device=dev) if len(A) == k > 2 else torch.zeros(k, dtype=torch.long, device=dev)
+        coord = (Xd.double() * A[row[zd]].double()).sum(1)  # each row along its own class's direction
+        self.targets_ = torch.zeros(k, dtype=torch.float64, device=dev).index_add_(0, zd, coord) / \
+            torch.bincount(zd, minlength=k).to(dev)
+        self.A, self.a, self._row, self.n_classes, self.directions_ = A, A[0], row, k, methods
+        Q, _ = torch.linalg.qr(A.double().T)  # (d, m) orthonormal basis of the directions (nullifying)
+        self._basis = Q
+        return self
+
+    def coordinate(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
+        """The edited coordinate per row (n,): ``aᵀx``, or along the direction of ``z_target``'s class where there is
+        one direction per class; in X's precision (float32 or float64)."""
+        self.check_fitted()
+        dt = torch.float64 if X.dtype == torch.float64 else torch.float32
+        D = self._directions(X, z_target, dt)
+        return (X.to(dt) * D).sum(1)
+
+    def _directions(self, X: Tensor, z_target: Tensor | None, dt: torch.dtype) -> Tensor:
+        A = self.A.to(X.device, dt)
+        if z_target is None:
+            return A[0].expand_as(X)
+        return A[self._row.to(X.device)[z_target.to(X.device).long()]]
+
+    def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
+        dt = torch.float64 if X.dtype == torch.float64 else torch.float32
+        Xf = X.to(dt)
+        if self.kind == "nullifying":
+            Q = self._basis.to(X.device, dt)
+            return (Xf - (Xf @ Q) @ Q.T).to(X.dtype)
+        if z_target is None:
+            raise ConfigError(f"{self.direction_name} (counterfactual): pass z_target (the value to set Z to)")
+        if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
+            raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
+        D = self._directions(X, z_target, dt)
+        goal = self.targets_.to(X.device, dt)[z_target.to(X.device).long()]
+        return (Xf + (goal - (Xf * D).sum(1))[:, None] * D).to(X.dtype)
+
+
+def _register(name: str, direction: str) -> type[DirectionIntervention]:
+    method = DIRECTIONS.get(direction)
+    cls = type(f"{method.__name__}Intervention", (DirectionIntervention,), {
+        "__doc__": f"The {direction!r} direction as an intervention (:class:`DirectionIntervention`).",
+        "direction_name": direction, "needs_model": bool(method.causal), "forwards_kwargs_to": (method,),
+        "__module__": __name__,
+    })
+    return INTERVENTIONS.register(name)(cls)
+
+
+for _name, _direction in BRIDGED.items():
+    _register(_name, _direction)
