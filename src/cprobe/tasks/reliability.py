@@ -135,9 +135,7 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
         dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if dup:
             raise ConfigError(f"reliability.sites lists {dup} more than once")
-    if rc.mode == "sequential":
-        if rc.sites is None:
-            raise ConfigError("reliability.mode=sequential refits site after site: set reliability.sites (e.g. [2, 3])")
+    if rc.mode == "sequential":  # with one site both modes are the same edit
         if method.kind != "nullifying":
             raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
                               f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
@@ -365,6 +363,23 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
     return splits, values, labels
 
 
+def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites: Sequence[Site],
+              clean: Mapping[Site, Tensor], fit: Any, mode: str, progress: bool = False) -> dict[Site, Intervention]:
+    """Fit one intervention per site, in the order given (by layer): ``fit(site, X, upstream)`` gets the fitting
+    items' states at the site — the clean ones (``simultaneous``: every site fitted on unedited states), or
+    (``sequential``) the states read at the site in one forward pass with the edits fitted so far applied upstream
+    (``upstream`` names them), so each eraser removes what is left after the ones before it."""
+    fitted: dict[Site, Intervention] = {}
+    for s in sites:
+        if mode == "sequential" and fitted:
+            X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
+                            desc=f"refit at layer {s.layer}" if progress else None).acts[s]
+            fitted[s] = fit(s, X, list(fitted))
+        else:
+            fitted[s] = fit(s, clean[s], [])
+    return fitted
+
+
 def _site_name(s: Site, position: str) -> str:
     return str(s.layer) if s.position == position else f"{s.layer}@{s.position}"
 
@@ -412,21 +427,18 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     name = icfg["name"]
     z_inter = labels[target][inter]
     t0 = time.perf_counter()
-    fitted: dict[Site, Intervention] = {}
     sources: dict[str, str] = {}
-    inter_items = [data.examples[i] for i in inter]
-    for i, s in enumerate(sites):
-        X_clean = exs[s.position].acts[s.layer].float()[inter]
-        if config.mode == "sequential" and fitted:
-            X_fit = adapter.map(inter_items, fmt, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
-                                desc=f"refit {s.layer}" if ctx.progress else None).acts[s]
-            key = {**_acts_key(adapter, data, s.layer, s.position, seed, cfg["split"]),
-                   "after": [[u.layer, u.position] for u in fitted], "intervention": icfg}
-        else:
-            X_fit, key = X_clean, _acts_key(adapter, data, s.layer, s.position, seed, cfg["split"])
+
+    def fit_at(s: Site, X_fit: Tensor, upstream: Sequence[Site]) -> Intervention:
+        key = _acts_key(adapter, data, s.layer, s.position, seed, cfg["split"])
+        if upstream:  # refitted on edited states: its interventional probe (if any) is keyed by the edits too
+            key = {**key, "after": [[u.layer, u.position] for u in upstream], "intervention": icfg}
         tag = "" if len(sites) == 1 else f"@{_site_name(s, position)}"
-        fitted[s] = _fit_intervention(ctx, config, icfg, X_fit, z_inter, key, probe_dir, dev, sources, all_oracles,
-                                      tag)
+        return _fit_intervention(ctx, config, icfg, X_fit, z_inter, key, probe_dir, dev, sources, all_oracles, tag)
+
+    fitted = fit_sites(adapter, [data.examples[i] for i in inter], fmt, sites,
+                       {s: exs[s.position].acts[s.layer].float()[inter] for s in sites}, fit_at, config.mode,
+                       progress=ctx.progress)
     t_fit = time.perf_counter() - t0
     kind = next(iter(fitted.values())).kind
 
@@ -626,14 +638,18 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
         for i, (col, label, cmap) in enumerate(((acc_col, f"oracle acc. ({target})", "viridis"),
                                                 ("reliability", "reliability R", "magma"))):
             grid = np.full((n, n), np.nan)
+            chance = np.zeros((n, n), dtype=bool)
             for r in g.itertuples(index=False):
-                grid[int(getattr(r, "layer")) - lo, int(getattr(r, "read_layer")) - lo] = getattr(r, col)
+                a, b = int(getattr(r, "layer")) - lo, int(getattr(r, "read_layer")) - lo
+                grid[a, b] = getattr(r, col)
+                chance[a, b] = not bool(getattr(r, f"oracle_informative_{target}", True))
             ax = axes[i][j]
-            im = ax.imshow(grid, vmin=0.0 if col == "reliability" else 0.4, vmax=1.0, cmap=cmap, origin="upper")
+            im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap=cmap, origin="upper")
             for a in range(n):
                 for b in range(n):
                     if not np.isnan(grid[a, b]):
-                        ax.text(b, a, f"{grid[a, b]:.2f}", ha="center", va="center", fontsize=6,
+                        ax.text(b, a, f"{'~' if chance[a, b] else ''}{grid[a, b]:.2f}", ha="center", va="center",
+                                fontsize=6,
                                 color="white" if grid[a, b] < 0.75 else "black")
             ax.set_xticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
             ax.set_yticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
@@ -645,6 +661,7 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
             ims[i] = im
     for i, im in ims.items():
         fig.colorbar(im, ax=list(axes[i]), shrink=0.8)
-    fig.suptitle(f"Does erased {target} come back downstream? Oracles at l′ on the pass edited at l", fontsize=8)
+    fig.suptitle(f"Does {target} come back downstream? Oracles trained on clean states at l′ read the pass edited at "
+                 f"l (~: the clean {target} oracle at l′ is at chance)", fontsize=8)
     save(fig, path)
     return path
