@@ -183,6 +183,8 @@ def test_read_layer_table_and_heatmap(tmp_path):
     assert read_layer_heatmap(_rows(), tmp_path / "h.png") == tmp_path / "h.png"
     assert (tmp_path / "h.png").stat().st_size < 200_000
     assert read_layer_heatmap(_rows().query("read_layer == layer").head(1), tmp_path / "none.png") is None
+    two = pd.concat([_rows(), _rows().assign(oracle_probe="mlp")])  # one panel column per oracle, never merged
+    assert read_layer_heatmap(two, tmp_path / "two.png") is not None
 
 
 def test_report_with_read_layers_writes_the_table_and_the_heatmap(tmp_path):

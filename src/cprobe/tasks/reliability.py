@@ -615,6 +615,9 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
     if t.empty or "target" not in t.columns:
         return None
     t = t.assign(setting=[_setting(r) for r in t.to_dict("records")])
+    for col in ("oracle_probe", "model"):  # several models / oracles in one table: one panel column each
+        if col in t.columns and t[col].nunique() > 1:
+            t["setting"] = t[col].astype(str) + "\n" + t["setting"]
     settings = [s for s, g in t.groupby("setting", sort=True) if len(g[["layer", "read_layer"]].drop_duplicates()) > 1]
     if not settings:
         return None
