@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+os.environ.setdefault("CPROBE_STRICT_FIGURES", "1")  # a figure whose title does not name what it shows fails
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
 os.environ.setdefault("CPROBE_DATA_DIR", str(SHARED_DATA))
@@ -23,6 +25,40 @@ def needs_shared(*parts: str):
     """Skip unless ``../shared/data/<parts>`` exists (CI has it; a bare clone may not)."""
     path = SHARED_DATA.joinpath(*parts)
     return pytest.mark.skipif(not path.exists(), reason=f"needs {path} (the shared data dir; set CPROBE_DATA_DIR)")
+
+
+def assert_figures_captioned(directory: Path) -> list[Path]:
+    """Every PNG under ``directory`` names the property, model, data and n (and the seed) in its title, and
+    carries that caption in its metadata. Returns the PNGs checked."""
+    from cprobe.plots import FIELDS, missing_fields, read_caption
+
+    pngs = sorted(Path(directory).rglob("*.png"))
+    for png in pngs:
+        cap = read_caption(png)
+        assert cap is not None, f"{png.name} has no caption"
+        assert not missing_fields(cap), f"{png.name}: title {cap['title']!r} lacks {missing_fields(cap)}"
+        assert all(f"{f}: {cap[f]}" in cap["title"] for f in FIELDS), cap["title"]
+    return pngs
+
+
+def _data_skip(report) -> bool:
+    """A skip because a data file is missing: its reason names the data dir or CPROBE_DATA_DIR."""
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return str(SHARED_DATA) in reason or "CPROBE_DATA_DIR" in reason or "shared data" in reason
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """One line naming the data-dependent tests that were skipped and why, so a clone without ``../shared/data``
+    does not pass silently on less than the whole suite."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if _data_skip(r)]
+    if not skipped:
+        return
+    names = sorted({r.nodeid.split("::", 1)[-1].split("[")[0] for r in skipped})
+    where = "not found" if not SHARED_DATA.is_dir() else "incomplete"
+    terminalreporter.write_line(
+        f"data: {len(skipped)} data-dependent test(s) skipped because the data dir {SHARED_DATA} is {where} "
+        f"(put the shared data beside the clone as ../shared/data, or set CPROBE_DATA_DIR): {', '.join(names)}",
+        yellow=True, bold=True)
 
 
 def make_word_tokenizer(kind: str):
@@ -65,3 +101,14 @@ def make_random_model(arch: str, seed: int = 0):
         m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
     return m.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def study_runs(tmp_path_factory):
+    """One finished smoke run of every study (CausalGym: a two-job sweep), run once per session through the CLI
+    (``tests/study_runs.py``): {study: run or sweep dir}, all under one root (``.parent``)."""
+    if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").exists():
+        pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
+    from tests.study_runs import study_runs as run_all
+
+    return run_all(tmp_path_factory.mktemp("study_runs"), SHARED_DATA)

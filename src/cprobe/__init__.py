@@ -1,5 +1,15 @@
 """cprobe: a config-driven causal-probing workbench for language models.
 
+Models and datasets load by config name, without Hydra (the README's "Python" section runs as written)::
+
+    import cprobe
+    model = cprobe.load_model("tiny_bert_sva")                     # `cprobe list model`
+    data = cprobe.load_dataset("synthetic_sva", max_examples=600)  # `cprobe list dataset`
+    ex = cprobe.read_sites(model, data, layers=[4])                 # ex.acts[4]: (n, d) at the [MASK]
+    z = torch.from_numpy(ex.dataset.labels("z_c"))                 # class ids (-1: the property does not apply)
+    X_erased = cprobe.LEACE().fit(ex.acts[4], z).transform(ex.acts[4])
+    cprobe.task_accuracy(cprobe.intervene(model, ex, layer=4, states=X_erased))
+
 The estimators are importable from the package top for use in a notebook, e.g.::
 
     from cprobe import LEACE, INLP, LinearProbe
@@ -45,6 +55,14 @@ _EXPORTS = {
     "ModelAdapter": "cprobe.models.adapter",
     "Site": "cprobe.models.sites",
     "load_adapter": "cprobe.models.load",
+    # the library path (cprobe.api): by config name, without Hydra
+    "model_config": "cprobe.api",
+    "dataset_config": "cprobe.api",
+    "load_model": "cprobe.api",
+    "load_dataset": "cprobe.api",
+    "read_sites": "cprobe.api",
+    "intervene": "cprobe.api",
+    "task_accuracy": "cprobe.api",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -15,15 +15,29 @@ from typing import Any
 NOTICE_EXPERIMENT = "note: treating 'experiment={0}' as '+experiment={0}' (experiment is an addition to the defaults)"
 
 
-def normalise(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Rewrite a bare ``experiment=x`` to ``+experiment=x``; returns (argv, notices)."""
+def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], list[str]]:
+    """Rewrite a bare ``experiment=x`` to ``+experiment=x``, and (``resolve``) add ``--resolve`` to ``--cfg job``
+    and ``--cfg all`` so the config is printed as it will run, not with ``${...}`` interpolations (``--cfg
+    hydra`` stays raw: the hydra node alone refers to job keys it cannot resolve); returns (argv, notices)."""
     out, notes = [], []
     for a in argv:
         if a.startswith("experiment="):
             notes.append(NOTICE_EXPERIMENT.format(a.split("=", 1)[1]))
             a = "+" + a
         out.append(a)
+    if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
+        out.append("--resolve")
     return out, notes
+
+
+def _cfg_kind(argv: Sequence[str]) -> str | None:
+    """The value of ``--cfg``/``-c`` (``job``, ``hydra``, ``all``), or None."""
+    for i, a in enumerate(argv):
+        if a.startswith("--cfg="):
+            return a.split("=", 1)[1]
+        if a in ("--cfg", "-c") and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
@@ -48,3 +62,34 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
         config_path=config_dir,
         config_name="config",
     )
+
+
+def explain_error(e: BaseException) -> str | None:
+    """One actionable line for a Hydra composition error (None when ``e`` is not one): an unknown option names
+    the valid ones, without Hydra's listing and config search path; an unknown key says how to add one."""
+    import re
+
+    mod = type(e).__module__
+    if not mod.startswith(("hydra", "omegaconf")):
+        return None
+    text = str(e)
+    missing = re.search(r"Could not find '([^']*)'", text)
+    if missing:
+        path = missing.group(1)
+        group, _, option = path.rpartition("/")
+        options = getattr(e, "options", None)
+        if options is None:
+            options = [l.strip() for l in text.split("Available options in", 1)[-1].split("Config search path")[0]
+                       .splitlines()[1:] if l.strip()]
+        if group:
+            plus = "+" if group in ("experiment", "sweep", "debug") else ""
+            return f"unknown {group} {option!r}; choose from {list(options)} ({plus}{group}=NAME; `cprobe list " \
+                   f"{group}` describes them)"
+        return f"no config named {path!r}; choose from {list(options)}"
+    override = re.match(r"Could not override '([^']*)'", text)
+    if override:
+        key = override.group(1)
+        return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
+                "`cprobe run +experiment=NAME --cfg job` lists the keys")
+    lines = [l.strip() for l in text.split("Config search path:")[0].splitlines() if l.strip()]
+    return "; ".join(lines)

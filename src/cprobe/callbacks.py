@@ -1,8 +1,12 @@
 """Hydra callbacks: a ``latest`` link to the newest run/sweep dir, sweep aggregation when a sweep ends, and
-failed jobs noted for the CLI's exit code."""
+failed jobs — and a failed aggregation — noted for the CLI's exit code.
+
+Hydra catches whatever a callback raises and only warns, so a sweep whose report crashed would exit 0: the callback
+catches every error itself, logs it and records it in :data:`REPORT_FAILED`, and ``cprobe run`` exits 1 with it."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -11,15 +15,17 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
 from cprobe.paths import LATEST
 
 log = logging.getLogger("cprobe")
 
-FAILED: list[str] = []
+REPORT_FAILED: list[str] = []
 
 
 def reset() -> None:
     FAILED.clear()
+    REPORT_FAILED.clear()
 
 
 def link_latest(target: Path) -> None:
@@ -39,18 +45,60 @@ def link_latest(target: Path) -> None:
         log.debug("could not link %s -> %s: %s", link, target, e)
 
 
+def claim_dir(path: Path) -> Path:
+    """Create ``path`` and return it; when it exists already (another run started in the same second),
+    ``<path>_2``, ``<path>_3``, … — ``mkdir`` is atomic, so two processes never get the same directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        candidate = path if i == 1 else path.with_name(f"{path.name}_{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
+
+
+def _timestamped(node: Any, key: str) -> bool:
+    """Whether ``node.key`` is a time-stamped default (``${now:...}``) rather than a directory the user chose
+    (``hydra.run.dir=DIR`` reruns or resumes in DIR, so it is never renamed)."""
+    from omegaconf import OmegaConf
+
+    return "${now:" in str(OmegaConf.to_container(node, resolve=False).get(key, ""))
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "\\'") + "'"
+
+
 class AggregateResults(Callback):
-    """Links ``latest``; on multirun end (in the parent, for every launcher) aggregates the sweep."""
+    """Gives every run (or sweep) a directory of its own and links ``latest`` to it; on multirun end (in the
+    parent, for every launcher) aggregates the sweep."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import read_write
+
+        if _timestamped(config.hydra.run, "dir"):
+            claimed = claim_dir(Path(config.hydra.run.dir))
+            with read_write(config.hydra.run):
+                config.hydra.run.dir = str(claimed)
         link_latest(Path(config.hydra.run.dir))
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import read_write
+
+        if _timestamped(config.hydra.sweep, "dir"):
+            claimed = str(claim_dir(Path(config.hydra.sweep.dir)))
+            with read_write(config.hydra):
+                config.hydra.sweep.dir = claimed
+                # each job's config is composed again from these overrides: pin the claimed directory there
+                config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
         link_latest(Path(config.hydra.sweep.dir))
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from cprobe.errors import CprobeError
-        from cprobe.pipeline import collect
+        from cprobe.outputs import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)
         for status in sorted(sweep_dir.rglob("status.json")):
@@ -60,8 +108,18 @@ class AggregateResults(Callback):
                 continue
             if s.get("state") != "done":
                 FAILED.append(f"{status.parent.name}: {s.get('error', s.get('state'))}")
+        if not any(sweep_dir.rglob("status.json")):
+            REPORT_FAILED.append(f"no job of the sweep ran (nothing under {sweep_dir})")
+            return
         try:
             out = collect(sweep_dir, partial=True)
-            log.info("sweep table: %s", out)
-        except CprobeError as e:
-            log.error("could not aggregate the sweep: %s", e)
+            log.info("sweep report: %s", out.report)
+        except Exception as e:  # Hydra would swallow it: record it for the exit code
+            msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+            if not isinstance(e, CprobeError):
+                msg = f"{type(e).__name__}: {msg}"
+                log.debug("sweep aggregation failed", exc_info=True)
+            if not FAILED or "no finished job" not in msg:  # all jobs failed: that is the error already
+                REPORT_FAILED.append(f"the sweep's report failed: {msg} (rerun `cprobe collect {sweep_dir}` with "
+                                     "CPROBE_DEBUG=1 for the traceback)")
+            log.error("could not aggregate the sweep: %s", msg)

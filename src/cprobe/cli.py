@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cprobe import __version__
-from cprobe.errors import CprobeError, JobAborted
+from cprobe.errors import CprobeError, JobAborted, Terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -47,17 +47,21 @@ def user_errors() -> Iterator[None]:
         _fail(_one_line(str(e.error)))
     except CprobeError as e:
         _fail(_one_line(str(e)))
-    except KeyboardInterrupt:
-        typer.secho("interrupted (status.json of the running job says so; rerun the same command to resume)",
-                    fg=typer.colors.RED, err=True)
-        raise typer.Exit(130) from None
+    except KeyboardInterrupt as e:  # Ctrl-C: 130; SIGTERM (errors.Terminated): 143, as the shells report them
+        signal = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        typer.secho(f"interrupted by {signal} (status.json of the running job says so; rerun the same command to "
+                    "resume)", fg=typer.colors.RED, err=True)
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     except BrokenPipeError:  # `cprobe list | head`
         sys.stderr.close()
         raise typer.Exit(0) from None
     except Exception as e:  # Hydra/OmegaConf config errors and the like
-        mod = type(e).__module__
-        if mod.startswith(("hydra", "omegaconf")):
-            _fail(_one_line(str(e)) + " (see `cprobe list` and `cprobe run --cfg job`)")
+        from cprobe._hydra import explain_error
+
+        hydra_msg = explain_error(e)
+        if hydra_msg is not None:
+            _fail(hydra_msg if "cprobe list" in hydra_msg or "--cfg job" in hydra_msg
+                  else hydra_msg + " (see `cprobe list` and `cprobe run --cfg job`)")
         _fail(f"{type(e).__name__}: {_one_line(str(e))} (rerun with CPROBE_DEBUG=1 for the traceback)")
 
 
@@ -76,6 +80,8 @@ def run(
     ctx: typer.Context,
     smoke: Annotated[bool, typer.Option("--smoke", help="Append +debug=smoke (tiny sizes, for CI); "
                                         f"also set by the environment variable {SMOKE_ENV}=1.")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="With --cfg: print the config as composed, interpolations "
+                                      "such as ${compute.device} unresolved (by default they are resolved).")] = False,
 ) -> None:
     from cprobe import _hydra
     from cprobe.paths import config_dir
@@ -85,7 +91,7 @@ def run(
         typer.echo("\nnothing to run: pick an experiment, e.g. `cprobe run +experiment=sva_tiny` "
                    "(`cprobe list experiment` shows them)", err=True)
         raise typer.Exit(2)
-    argv, notes = _hydra.normalise(ctx.args)
+    argv, notes = _hydra.normalise(ctx.args, resolve=not raw)
     for n in notes:
         typer.echo(n, err=True)
     if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:
@@ -97,23 +103,33 @@ def run(
         callbacks.reset()
         _hydra.run(argv, pipeline.run_job, str(config_dir()))
         if callbacks.FAILED:
-            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3]))
+            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3])
+                  + (f"; {callbacks.REPORT_FAILED[0]}" if callbacks.REPORT_FAILED else ""))
+        if callbacks.REPORT_FAILED:
+            _fail(callbacks.REPORT_FAILED[0])
 
 
-@app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...).")
-def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. model.")] = None) -> None:
+@app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...), or "
+             "`cprobe list metrics`: every metric the studies record, its direction, range and reference.")
+def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. model; or metrics.")] = None) -> None:
     from cprobe.catalog import describe_group, groups
 
     with user_errors():
+        if group == "metrics":
+            _list_metrics()
+            return
         for g in [group] if group else groups():
             typer.secho(f"{g}:", bold=True)
             for name, desc in describe_group(g):
                 typer.echo(f"  {name:<28} {desc}")
 
 
-@app.command(help="Aggregate a run or sweep directory into one table (CSV, Parquet, Markdown, figures).")
+@app.command(help="Aggregate any mix of runs and sweeps below a directory: each study's table and paper tables "
+             "(rebuilt from the jobs' records), one leaderboard with bootstrap intervals, records.parquet and "
+             "report.html.")
 def collect(
-    directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest).")],
+    directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest), "
+                                              "or any directory of them.")],
     partial: Annotated[bool, typer.Option("--partial", help="Aggregate the finished jobs even if others failed or "
                                           "have not finished (they are listed as warnings).")] = False,
 ) -> None:
@@ -121,7 +137,38 @@ def collect(
         from cprobe.pipeline import collect as do_collect
 
         out = do_collect(directory, partial=partial)
-        typer.echo(f"wrote {out}")
+        for study, path in out.results.items():
+            typer.echo(f"wrote {path}" + (f" ({study})" if len(out.results) > 1 else ""))
+        typer.echo(f"wrote {out.leaderboard}")
+        typer.echo(f"wrote {out.report} ({out.jobs} job(s): {', '.join(out.studies)})")
+
+
+@app.command(help="(Re)build the self-contained report.html of a run or a collected directory from its files.")
+def report(
+    directory: Annotated[Path, typer.Argument(help="A run dir, or a sweep/collected dir (run `cprobe collect` first "
+                                              "for its leaderboard and tables).")],
+) -> None:
+    with user_errors():
+        from cprobe.report import build_report
+
+        typer.echo(f"wrote {build_report(directory)}")
+
+
+def _list_metrics() -> None:
+    from cprobe.metrics.registry import METRICS
+
+    by_study: dict[str, list] = {}
+    for m in METRICS.values():
+        by_study.setdefault(m.studies[0], []).append(m)
+    for study, ms in by_study.items():
+        typer.secho(f"{study}:", bold=True)
+        for m in ms:
+            unit = f", {m.unit}" if m.unit else ""
+            head = "  [leaderboard]" if m.headline else ""
+            better = {"higher": "higher is better", "lower": "lower is better"}.get(m.direction, "no better direction")
+            typer.echo(f"  {m.name:<26} {better}, range {m.range_text}{unit}{head}")
+            typer.echo(f"      {m.definition}")
+            typer.echo(f"      ref: {m.reference}; studies: {', '.join(m.studies)}")
 
 
 @app.command(help="Where each dataset is expected and how to obtain it.")
@@ -147,8 +194,8 @@ def version() -> None:
     typer.echo(f"python {sys.version.split()[0]}")
 
 
-@cache_app.command("info", help="List every cache entry (activations, models, finetuned, probes, cloze, engine) "
-                                "and its size.")
+@cache_app.command("info", help="List every cache entry (activations, models, finetuned, probes, probe_fits, cloze, "
+                                "engine) and its size.")
 def cache_info() -> None:
     from cprobe.cache import CACHE_KINDS, cache_entries
     from cprobe.paths import cache_dir
@@ -170,9 +217,10 @@ def cache_info() -> None:
 
 
 @cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, finetuned, probes, "
-                                 "cloze, engine).")
+                                 "probe_fits, cloze, engine).")
 def cache_clear(
-    what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probes | cloze | engine")] = "all",
+    what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probes | probe_fits | cloze | "
+                                        "engine")] = "all",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     from cprobe.cache import CACHE_KINDS, clear_cache

@@ -37,3 +37,7 @@ class JobAborted(BaseException):
     def __init__(self, error: CprobeError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM received during a job: handled like Ctrl-C (the job is marked ``interrupted``), exit code 143."""

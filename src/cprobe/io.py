@@ -139,6 +139,15 @@ def atomic_write_with(path: Path, write: Any) -> None:
         raise
 
 
+def make_temp_dir(parent: Path, prefix: str) -> Path:
+    """A fresh directory in ``parent`` (to fill, then rename into place) with the permissions a plain ``mkdir``
+    would give (0777 minus the umask), not ``mkdtemp``'s private 0700: a cache shared on a machine stays readable
+    by collaborators once the directory is renamed to its final name."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~_umask())
+    return path
+
+
 def read_header(path: Path) -> tuple[dict[str, Any], int]:
     """(the safetensors header of ``path``, the byte offset where tensor data starts); ValueError if malformed."""
     with open(path, "rb") as f:

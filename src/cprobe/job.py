@@ -18,6 +18,9 @@ from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
+FAILED: list[str] = []
+"""Jobs of this process's sweep that failed or were skipped (the CLI exits non-zero when any is listed)."""
+
 STATUS = "status.json"
 
 
@@ -44,6 +47,55 @@ def read_status(out_dir: Path) -> dict[str, Any] | None:
 
 def write_status(out_dir: Path, **fields: Any) -> None:
     atomic_write_bytes(out_dir / STATUS, json.dumps(fields, indent=1, default=str).encode())
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux ``/proc``): with the pid, it names one process
+    even after the pid is reused. None where there is no ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def this_process() -> dict[str, Any]:
+    """What ``status.json`` records about the process running a job, to tell later whether it still runs."""
+    import socket
+
+    return {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": _start_ticks(os.getpid())}
+
+
+def process_gone(status: Mapping[str, Any]) -> bool:
+    """True when ``status`` says ``running`` but its process is gone (killed with SIGKILL, out of memory, the
+    machine rebooted). False when it may still run: alive here, or on another host (which cannot be checked)."""
+    import socket
+
+    if status.get("state") != "running" or "pid" not in status:
+        return False
+    if status.get("host") != socket.gethostname():
+        return False
+    pid = int(status["pid"])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    start = status.get("pid_start")
+    return start is not None and _start_ticks(pid) not in (None, start)  # the pid now names another process
+
+
+def describe_state(status: Mapping[str, Any]) -> str:
+    """A job's state for people: ``done``, ``failed (why)``, ``running (pid 12 on host)``, or ``dead`` for a
+    ``running`` job whose process is gone."""
+    state = str(status.get("state", "unknown"))
+    if process_gone(status):
+        return (f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; "
+                "rerun it)")
+    if state == "running" and "pid" in status:
+        return f"running (pid {status['pid']} on {status.get('host', '?')})"
+    return state + (f" ({status['error']})" if status.get("error") else "")
 
 
 _ADAPTER: dict[str, Any] = {}
@@ -78,10 +130,12 @@ class JobContext:
         return None if d == "auto" else d
 
     def warn(self, message: str) -> None:
-        """A loud warning: logged now, and recorded in the job's tables and status.json."""
+        """A loud warning: logged now (once: a repeat is neither logged nor recorded again), and recorded in the
+        job's tables and status.json."""
+        if message in self.warnings:
+            return
         log.warning(message)
-        if message not in self.warnings:
-            self.warnings.append(message)
+        self.warnings.append(message)
 
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.

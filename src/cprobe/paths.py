@@ -35,3 +35,34 @@ def cache_dir() -> Path:
     """``$CPROBE_CACHE_DIR``, else ``~/.cache/cprobe`` (never under outputs/, so cleaning runs keeps it)."""
     env = os.environ.get("CPROBE_CACHE_DIR")
     return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "cprobe"
+
+
+_NAME_OK = frozenset("._,=+~@:[]-")
+
+
+def safe_name(text: object, limit: int = 120) -> str:
+    """``text`` made safe as one file or directory name: every character other than letters, digits and
+    ``._,=+~@:[]-`` becomes ``_`` (so ``/`` and ``\\`` cannot add path components), leading dots are dropped (no
+    hidden files, no ``.``/``..``), and a name longer than ``limit`` is cut and given a stable hash.
+
+    Every config or data string that becomes part of a path goes through this (model names, template and SCM
+    names, experiment names in run directories): ``model.name='../../escaped'`` stays inside the run directory.
+    """
+    import hashlib
+
+    raw = str(text)
+    name = "".join(c if c.isalnum() or c in _NAME_OK else "_" for c in raw).lstrip(".") or "_"
+    if len(name) > limit:
+        name = name[: limit - 9] + "~" + hashlib.sha1(raw.encode()).hexdigest()[:8]
+    return name
+
+
+def plain_name(text: str, what: str) -> str:
+    """``text`` when it is already a safe single name (see :func:`safe_name`), else a ConfigError: for names that
+    select an existing file (a model config, a relation's triples), where rewriting would read another one."""
+    from cprobe.errors import ConfigError
+
+    if not text or safe_name(text) != text:
+        raise ConfigError(f"{what}={text!r} must be a plain name (letters, digits, {''.join(sorted(_NAME_OK))}), "
+                          "not a path")
+    return text

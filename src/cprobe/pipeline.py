@@ -3,7 +3,8 @@
 Order of work in :func:`run_job`: resolve and validate the whole config (:func:`prepare`: the schema, the
 task's typed config, every probe/intervention constructor, the model's layer count read from its config
 file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
-gives byte-identical tables) and ``timings.json``, and the task's report. A config error in a single run
+gives byte-identical tables) and ``timings.csv``, the records, the task's report built from them and the leaderboard
+(:func:`cprobe.outputs.finish_job`), ``status.json`` and ``report.html``. A config error in a single run
 leaves no run directory behind; in a sweep it is recorded in the job's ``status.json`` and the sweep goes on.
 """
 
@@ -14,7 +15,8 @@ import os
 import shutil
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from cprobe.config import parse
-from cprobe.errors import ConfigError, CprobeError, JobAborted
-from cprobe.job import STATUS, JobContext, config_hash, quiet_workers, read_status, seed_everything, write_status
-from cprobe.paths import LATEST, cache_dir, data_dir
+from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
+from cprobe.job import (FAILED, STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers,
+                        read_status, seed_everything, this_process, write_status)
+from cprobe.paths import LATEST, cache_dir, data_dir, safe_name
 
 log = logging.getLogger("cprobe")
 
@@ -47,7 +50,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
         if "/" in v or "\\" in v:
             v = Path(v.rstrip("/\\")).name or v
         items.append(f"{k}{sep}{v}")
-    name = ",".join(items).replace("/", "~").replace("\\", "~").replace(" ", "")
+    name = safe_name(",".join(items).replace("/", "~").replace("\\", "~").replace(" ", ""), limit=10**6)
     if len(name) > limit:
         name = name[: limit - 9] + "~" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
     return name
@@ -56,6 +59,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
 # Resolvers the configs use (registered wherever run_job is unpickled, i.e. in launcher workers too).
 OmegaConf.register_new_resolver("cprobe_cwd", _cwd, replace=True)  # paths.root_dir: the launch directory, without HydraConfig
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
+OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
 OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{dir_suffix(s)}" if s else "", replace=True)
 
 
@@ -167,12 +171,14 @@ def check_overrides(task: str, uses: Any, overrides: Sequence[str]) -> None:
 def _validate_common(job: Job) -> None:
     from cprobe.extract import check_layers_spec
     from cprobe.models.formatters import check_word_position
-    from cprobe.models.load import check_device, parse_model_config
+    from cprobe.models.load import check_device, check_device_available, parse_model_config
     from cprobe.tasks import TASK_MODULES, tasks_with
 
     keys, uses = job.keys, job.uses
     check_device(keys.device)
     mc = parse_model_config(keys.model)
+    for device in {keys.device, mc.device} - {"auto", "cpu"}:  # cuda without a GPU: now, not after the run dir exists
+        check_device_available(device)
     if mc.reads_as_set and "model_sets" not in uses.capabilities:
         readers = tasks_with("model_sets")
         raise ConfigError(f"model {mc.name!r} is {mc.reads_as_set}; only task(s) {readers} read one; pick a single "
@@ -210,8 +216,35 @@ def _plain(cfg: DictConfig) -> dict[str, Any]:
     return plain
 
 
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) raises :class:`Terminated`, a KeyboardInterrupt, so a job is marked
+    ``interrupted`` as on Ctrl-C; the previous handler is restored afterwards. Only the main thread can take
+    signals: elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated(f"terminated by signal {signum} (SIGTERM)")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_job(cfg: DictConfig) -> None:
     """Run one job (one point of a sweep). Top-level so joblib/submitit can pickle it by reference."""
+    with sigterm_as_interrupt():
+        _run_job(cfg)
+
+
+def _run_job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -233,6 +266,18 @@ def run_job(cfg: DictConfig) -> None:
         return
     h = config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
     prev = read_status(out_dir)
+    if prev and prev.get("state") == "running" and prev.get("pid") not in (None, os.getpid()):
+        if not process_gone(prev) and prev.get("host") == this_process()["host"]:
+            e = CprobeError(f"{out_dir} is in use by another cprobe process ({describe_state(prev)}); wait for it, "
+                            "or pick another hydra.run.dir / hydra.sweep.dir")
+            if multirun:
+                log.error("job skipped: %s", e)
+                FAILED.append(f"{out_dir.name}: {e}")
+                return
+            raise JobAborted(e)
+        log.info("%s: the previous run of this job %s; running it again", out_dir,
+                 f"died while running ({describe_state(prev)})" if process_gone(prev) else
+                 f"is marked running on host {prev.get('host')} (cannot be checked from here)")
     if prev and prev.get("state") == "done" and prev.get("config_hash") == h and not job.keys.force:
         log.info("job already done with the same config (%s); skipping — pass force=true to redo it", out_dir)
         return
@@ -242,23 +287,25 @@ def run_job(cfg: DictConfig) -> None:
     ctx = JobContext(cfg=plain, out_dir=out_dir, data_root=data_root, cache_root=cache_root,
                      progress=job.keys.progress and not quiet_workers())
     seed_everything(job.keys.seed)
-    write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task)
+    proc = this_process()
+    write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task, **proc)
     try:
         table = job.task.run(ctx, job.task_cfg)
         table["task"] = job.keys.task
         table["seed"] = job.keys.seed
         if ctx.warnings:
             table["warnings"] = "; ".join(ctx.warnings)
-        from cprobe import results
+        from cprobe import outputs, results
 
-        results.write_job(table, out_dir)
-        report(table, out_dir)
+        results.write_job(table, out_dir, ctx.timings)
+        outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
+        outputs.write_report(out_dir)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
         write_status(out_dir, state="interrupted", config_hash=h, started=t0, duration_s=time.time() - t0,
-                     task=job.keys.task)
+                     task=job.keys.task, signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT", **proc)
         raise
     except Exception as e:
         _fail(out_dir, e, t0, job.keys.task, h, multirun)
@@ -305,27 +352,8 @@ def _fail(out_dir: Path, e: Exception, t0: float, task: str, h: str | None, mult
     raise e
 
 
-def report(table: Any, out_dir: Path) -> None:
-    """Task-specific summaries and figures for one job or an aggregated sweep."""
-    from cprobe.tasks import task_module
+def collect(directory: Path, partial: bool = False):
+    """``cprobe collect``: see :func:`cprobe.outputs.collect`."""
+    from cprobe.outputs import collect as collect_
 
-    for task, part in table.groupby("task"):
-        task_module(str(task)).report(part, out_dir)
-
-
-def collect(directory: Path, partial: bool = False) -> Path:
-    """Aggregate every finished job below ``directory`` into ``results.*`` + the tasks' reports.
-
-    Unfinished or failed jobs are named in the error; with ``partial`` they are skipped with a warning.
-    """
-    from cprobe import results
-
-    table, problems = results.gather(Path(directory))
-    if problems and not partial:
-        raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
-                          + ("; …" if len(problems) > 5 else "") + " — rerun them, or pass --partial to aggregate the rest")
-    for p in problems:
-        log.warning("not aggregated: %s", p)
-    out = results.write_results(table, Path(directory))
-    report(table, Path(directory))
-    return out
+    return collect_(Path(directory), partial=partial)

@@ -1,4 +1,4 @@
-"""Metric tables (CSV + Parquet + Markdown, written atomically), per-job timings, and sweep gathering.
+"""Metric tables (CSV + Parquet + Markdown, written atomically), per-job timings, and finding a sweep's jobs.
 
 A job's ``metrics.*`` hold what it measured and nothing that varies between identical runs: timing columns
 (``*_s``, ``seconds``) and provenance columns (where a probe came from) go to ``timings.csv`` beside them, so
@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -45,16 +45,50 @@ def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
     return data
 
 
-def write_table(df: pd.DataFrame, stem: Path) -> None:
+def write_table(df: pd.DataFrame, stem: Path, compact: bool = False) -> None:
     """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
-    leaves the previous tables (or none), never a half-written one."""
-    blobs = {".parquet": parquet_bytes(df), ".csv": df.to_csv(index=False).encode(), ".md": to_markdown(df).encode()}
+    leaves the previous tables (or none), never a half-written one. ``compact``: the Markdown is
+    :func:`compact_markdown` (the CSV and Parquet keep every column)."""
+    md = compact_markdown(df) if compact else to_markdown(df)
+    blobs = {".parquet": parquet_bytes(df), ".csv": df.to_csv(index=False).encode(), ".md": md.encode()}
     for suffix, data in blobs.items():
         atomic_write_bytes(stem.with_suffix(suffix), data)
 
 
 def to_markdown(df: pd.DataFrame) -> str:
     return df.to_markdown(index=False, floatfmt=".4f") + "\n"
+
+
+WARNINGS = "warnings"
+
+
+def _cell(v: object) -> str:
+    if isinstance(v, float):
+        return "n/a" if v != v else f"{v:.4f}"
+    return str(v)
+
+
+def compact_markdown(df: pd.DataFrame) -> str:
+    """A table a person reads: columns that hold one value on every row are stated once above it, the
+    ``warnings`` column once below it (each distinct warning once), the varying columns in between."""
+    warnings: list[str] = []
+    if WARNINGS in df:
+        for cell in df[WARNINGS].dropna().astype(str):
+            warnings += [w for w in cell.split("; ") if w and w not in warnings]
+        df = df.drop(columns=[WARNINGS])
+    if len(df) > 1:
+        same = [c for c in df.columns if df[c].astype(str).nunique(dropna=False) == 1]
+        varying = [c for c in df.columns if c not in same]
+        head = " · ".join(f"{c}: {_cell(df[c].iloc[0])}" for c in same)
+        body = df[varying].to_markdown(index=False, floatfmt=".4f") if varying else ""
+    else:  # one row: a key | value table
+        head = ""
+        pairs = pd.DataFrame({"key": list(df.columns), "value": [_cell(v) for v in df.iloc[0]] if len(df) else []})
+        body = pairs.to_markdown(index=False) if len(df) else "(no rows)"
+    parts = [f"All rows: {head}" if head else "", body]
+    if warnings:
+        parts.append("Warnings:\n" + "\n".join(f"- {w}" for w in warnings))
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def split_volatile(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -69,16 +103,19 @@ def split_volatile(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return metrics, timings
 
 
-def write_job(table: pd.DataFrame, out_dir: Path) -> None:
-    """A job's ``metrics.*`` and, when it has timing columns, ``timings.csv``."""
+def write_job(table: pd.DataFrame, out_dir: Path, phases: Mapping[str, float] | None = None) -> None:
+    """A job's ``metrics.*`` (compact Markdown) and ``timings.csv``: one line per metric row with its timing and
+    provenance columns, and the job's phase timings (``phases``, e.g. ``extract_s``) as ``job_<phase>``
+    columns."""
     metrics, timings = split_volatile(table.reset_index(drop=True))
-    write_table(metrics, out_dir / METRICS)
-    if timings.shape[1] > 1:
-        atomic_write_bytes(out_dir / f"{TIMINGS}.csv", timings.to_csv(index=False).encode())
+    write_table(metrics, out_dir / METRICS, compact=True)
+    for name, seconds in (phases or {}).items():
+        timings[f"job_{name}"] = seconds
+    atomic_write_bytes(out_dir / f"{TIMINGS}.csv", timings.to_csv(index=False).encode())
 
 
-def _job_overrides(job_dir: Path) -> dict[str, str]:
-    """The job's command-line overrides (``.hydra/overrides.yaml``) as columns."""
+def job_overrides(job_dir: Path) -> dict[str, str]:
+    """The job's command-line overrides (``.hydra/overrides.yaml``) as ``override.<key>`` columns."""
     import yaml
 
     f = job_dir / ".hydra" / "overrides.yaml"
@@ -92,41 +129,42 @@ def _job_overrides(job_dir: Path) -> dict[str, str]:
     return out
 
 
-def gather(directory: Path) -> tuple[pd.DataFrame, list[str]]:
-    """(every finished job's metrics concatenated, descriptions of jobs that are not done).
+def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
+    """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
-    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory``.
+    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
     """
     from cprobe.errors import CprobeError
+    from cprobe.job import describe_state
 
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
-    frames, problems = [], []
+    done, problems = [], []
     for job in jobs:
-        rel = str(job.relative_to(directory)) if job != directory else "."
+        rel = relative(job, directory)
         try:
             status = json.loads((job / "status.json").read_text())
         except (OSError, ValueError):
             status = {"state": "done" if (job / f"{METRICS}.parquet").is_file() else "unknown"}
         if status.get("state") != "done" or not (job / f"{METRICS}.parquet").is_file():
-            problems.append(f"{rel} is {status.get('state', 'unknown')}"
-                            + (f" ({status['error']})" if status.get("error") else ""))
+            problems.append(f"{rel} is {describe_state(status)}")
             continue
-        df = pd.read_parquet(job / f"{METRICS}.parquet")
-        for k, v in _job_overrides(job).items():
-            df[k] = v
-        df["job"] = rel
-        frames.append(df)
-    if not frames:
+        done.append(job)
+    if not done:
         raise CprobeError(f"no finished job under {directory}"
                           + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
-    return pd.concat(frames, ignore_index=True), problems
+    return done, problems
+
+
+def relative(job: Path, directory: Path) -> str:
+    return str(job.relative_to(directory)) if job != directory else "."
 
 
 def write_results(table: pd.DataFrame, directory: Path) -> Path:
-    write_table(table, directory / RESULTS)
+    """A study's jobs' tables, concatenated (with each job's overrides and dir), as ``results.*``."""
+    write_table(table, directory / RESULTS, compact=True)
     log.info("aggregated %d job(s), %d rows into %s", table["job"].nunique(), len(table), directory / "results.csv")
     return directory / f"{RESULTS}.csv"
 

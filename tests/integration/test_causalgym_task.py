@@ -153,6 +153,14 @@ def test_report_writes_tables_and_figures(table, tmp_path):
     assert set(summary["method"]) == set(ALL_METHODS)
     assert (tmp_path / "heatmap_toy_toy_agr.png").is_file()
     assert (tmp_path / "odds_by_layer_toy.png").is_file()
+    from tests.conftest import assert_figures_captioned
+
+    assert len(assert_figures_captioned(tmp_path)) == 2  # every figure names its task, model, data, n, seed
+    # a model or task name that looks like a path stays one file name inside the output dir
+    cg_task.report(t.assign(model="../../../../escaped", cg_task="a/b"), tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [
+        "heatmap__.._.._.._escaped_a_b.png", "odds_by_layer__.._.._.._escaped.png"]
+    assert not list(tmp_path.parent.glob("escaped*")) and not list(tmp_path.glob("escaped*"))
 
 
 def test_layers_and_regions_are_configurable(adapter, template):

@@ -159,6 +159,9 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     sens = pd.read_csv(sweep / "liberty_sensitivity.csv")
     assert set(sens["explainer"]) == {"model", "scm"} and {"a", "b", "c"} <= set(sens.columns)
     assert (sweep / "liberty_global_of.png").is_file() and (sweep / "liberty_sensitivity_tiny.png").is_file()
+    from tests.conftest import assert_figures_captioned
+
+    assert len(assert_figures_captioned(sweep)) >= 2  # every figure names its concepts, model, data, n, seed
     top = pd.read_csv(sweep / "liberty_top3.csv")
     assert set(top["explainer"]) >= {"gold", "ft_match"}
 

@@ -22,7 +22,8 @@ from tests.unit.test_fact_data import write_lama
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["+experiment=lama_bias", "model=fact_zoo_smoke", "+debug=smoke", "dataset.n_relations=6",
-         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4"]
+         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4",
+         "+prompt_bias.controls.no_preference={prompt_skew: 0.0, alias_skew: 0.0}"]  # smoke runs drop the control
 
 
 def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
@@ -46,6 +47,9 @@ def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None =
     ("dataset.prompts_per_relation=12", "prompts_per_relation must be in [1, 8]"),
     ("prompt_bias.top_k=0", "must be >= 1"),
     ("prompt_bias.disparity.gammas=[0.5,2]", "gammas must be a non-empty list in [0, 1]"),
+    ("prompt_bias.instability_models=1", "prompt_bias.instability_models must be >= 2"),
+    ("+prompt_bias.controls.main={prompt_skew: 0}", "'main' names the study's own zoo"),
+    ("prompt_bias.controls.no_preference.prompt_skew=-1", "prompt_bias.controls.no_preference: "),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
     args = [a for a in SMALL if not a.startswith("dataset.")] if override.startswith("dataset=") else SMALL
@@ -54,6 +58,20 @@ def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
     err = r.stderr.strip().splitlines()
     assert err and message in err[-1] and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not list(tmp_path.rglob("status.json"))
+
+
+@pytest.mark.parametrize("relations, message", [
+    ("", "relations.jsonl holds no relation"),
+    ('{"relation": "P47", "template": "[X] borders [Y] .", "type": "N-M"}\n',
+     "no relation left to probe: the 1 in relations.jsonl are all of a dropped type"),
+])
+def test_lama_without_relations_is_refused_before_any_model_loads(relations, message, tmp_path):
+    base = write_lama(tmp_path)
+    (base / "relations.jsonl").write_text(relations)
+    r = cprobe("run", "+experiment=lama_bias", "dataset=lama", f"dataset.path={base}", "model=lama_hub_zoo",
+               f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path, data=tmp_path)
+    assert r.returncode != 0 and message in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not list(tmp_path.rglob("status.json"))
 
 
 def test_a_zoo_is_refused_by_other_tasks(tmp_path):
@@ -73,7 +91,13 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     pred = pd.read_parquet(job / "prompt_bias_predictions.parquet")
     world = generate_world(FactWorldKeys(n_relations=6, facts_per_relation=10, n_entities=40))
     n_queries = sum(len(r.prompts) * sum(len(f.mentions) for f in world.of(rid)) for rid, r in world.relations.items())
-    assert len(pred) == 3 * n_queries and set(pred["model"]) == {"bert_small", "neox_small", "bert_lowgamma"}
+    # the study's zoo and the no-preference control zoo (the experiment's default control)
+    assert len(pred) == 2 * 3 * n_queries and set(pred["model"]) == {"bert_small", "neox_small", "bert_lowgamma"}
+    assert pred.groupby("variant").size().to_dict() == {"main": 3 * n_queries, "no_preference": 3 * n_queries}
+    ctrl = pred[pred["variant"] == "no_preference"]
+    pred = pred[pred["variant"] == "main"]
+    assert not (ctrl["prediction"].to_numpy() == pred["prediction"].to_numpy()).all()  # other corpora, other models
+    t, tc = t[t["variant"] == "main"], t[t["variant"] == "no_preference"]
     # every number is an aggregation of the prediction file
     p1 = M.precision_at_1(pred)
     mine = t[t["kind"] == "p1"].merge(p1, on=["model", "relation", "prompt"])
@@ -88,11 +112,15 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     rc = t[t["kind"] == "rank_consistency"]
     assert set(rc["setting"]) == {"original", "random", "backdoor", "backdoor_sampled"}
     models = ["bert_small", "neox_small", "bert_lowgamma"]
-    per, overall = M.consistency(M.bootstrap_orderings(M.cubes(pred), models, list(dict.fromkeys(pred["relation"])),
-                                                       "backdoor", n_samples=100, subset=4, seed=42))
-    got = rc[rc["setting"] == "backdoor"].set_index("model")["value"]
-    np.testing.assert_allclose(got[models], per)
-    assert got["overall"] == pytest.approx(overall)
+    for part, rows in ((pred, rc), (ctrl, tc[tc["kind"] == "rank_consistency"])):
+        per, overall = M.consistency(M.bootstrap_orderings(M.stack(part, models), "backdoor", n_samples=100, subset=4,
+                                                           seed=42))
+        got = rows[rows["setting"] == "backdoor"].set_index("model")["value"]
+        np.testing.assert_allclose(got[models], per)
+        assert got["overall"] == pytest.approx(overall)
+    # the control's corpora state the same facts (true knowledge) without prompt or name preferences
+    know = tc[(tc["kind"] == "summary") & (tc["metric"] == "true_knowledge")].set_index("model")["value"]
+    np.testing.assert_allclose(know[models], summary.loc[models, "true_knowledge"])
     disp = t[t["kind"] == "disparity"]
     assert sorted(disp["gamma"]) == [-1.0, -1.0, 0.0, 0.0, 1.0, 1.0]
     assert set(disp["model"]) == {"bert_small", "neox_small"}
@@ -101,8 +129,13 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     for f in ("prompt_bias_table1.md", "prompt_bias_table3.md", "prompt_bias_table4.md", "prompt_bias_prompts.png",
               "prompt_bias_stability.png", "prompt_bias_relations.csv"):
         assert (job / f).is_file(), f
+    from tests.conftest import assert_figures_captioned
+
+    assert len(assert_figures_captioned(job)) == 2  # every figure names its relations, models, data, n, seed
     t4 = pd.read_csv(job / "prompt_bias_table4.csv")
-    assert list(t4["model"]) == [*models, "Overall Rank"]
+    rows4 = [*models, "Overall Rank", "Draws with a tie (%)", "Closest pair", "Closest-pair gap (points)",
+             "Closest-pair flips (%)"]
+    assert list(t4["model"]) == rows4 * 2 and list(t4["variant"]) == ["main"] * 8 + ["no_preference"] * 8
     assert list(t4.columns[-5:]) == ["original", "random", "backdoor", "backdoor_sampled", "true_knowledge"]
     # warm: a second job (another seed) trains nothing and reads every prediction table from the cache
     r2 = cprobe("run", *SMALL, "seed=1", "hydra.run.dir=" + str(out / "job2"), cwd=tmp_path, cache=cache)
@@ -112,6 +145,7 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     assert "cached" in log and "computed" not in log and "training tiny" not in log, log[-2000:]
     assert timings["state"] == "done" and timings["timings"]["zoo_s"] < 5
     t2 = pd.read_parquet(out / "job2" / "metrics.parquet")
+    t2 = t2[t2["variant"] == "main"]
     same, cols = ["p1", "spread", "stability", "summary"], ["kind", "model", "relation", "prompt", "metric", "value"]
     pd.testing.assert_frame_equal(t[t["kind"].isin(same)][cols].reset_index(drop=True),
                                   t2[t2["kind"].isin(same)][cols].reset_index(drop=True), check_dtype=False)
@@ -123,7 +157,7 @@ def test_the_fact_world_study_end_to_end_and_warm(tmp_path):
     r3 = cprobe("collect", str(out), cwd=tmp_path, cache=cache)
     assert r3.returncode == 0, r3.stderr[-3000:]
     t4 = pd.read_csv(out / "prompt_bias_table4.csv")
-    cell = t4.loc[t4["model"] == "Overall Rank", "random"].iloc[0]
+    cell = t4.loc[(t4["model"] == "Overall Rank") & (t4["variant"] == "main"), "random"].iloc[0]
     both = sorted([r0.loc[("random", "overall")], r1.loc[("random", "overall")]])
     assert cell == f"{np.mean(both):.2f} ({np.std(both, ddof=1):.2f})"
     assert pd.read_csv(out / "prompt_bias_table1.csv")["LAMA P@1"].str.endswith("(0.00)").all()
@@ -162,7 +196,7 @@ def test_real_lama_files_need_only_the_path_and_a_model(tmp_path):
     # two local checkpoints as an inline zoo: the causal one lacks "Woolsthorpe", so that fact goes
     members = f"[{{name: m1, path: '{mlm}', kind: mlm}}, {{name: c1, path: '{clm}', kind: causal}}]"
     r = cprobe("run", "+experiment=lama_bias", "dataset=lama", f"dataset.path={base}", "model=lama_hub_zoo",
-               f"model.members={members}", "prompt_bias.subset=2", "prompt_bias.n_samples=20",
+               f"model.members={members}", "prompt_bias.n_samples=20",  # the default subset: 2 relations -> 1
                "hydra.run.dir=" + str(out / "two"), "progress=false", cwd=tmp_path, data=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     pred = pd.read_parquet(out / "two" / "prompt_bias_predictions.parquet")
@@ -209,3 +243,42 @@ def test_fact_models_are_cached_and_continue_training(tmp_path):
     assert AutoTokenizer.from_pretrained(more).get_vocab() == AutoTokenizer.from_pretrained(first).get_vocab()
     other = {**m, "fact_world": {**m["fact_world"], "corpus": {"sentences": 200, "gamma": 0.6}}}
     assert fact_model_dir(other, world, tmp_path, progress=False) != first  # the corpus is in the key
+
+
+_TRAIN_BOTH = """
+import hashlib, json, sys
+from pathlib import Path
+from cprobe.data.fact_world import FactWorldKeys, generate_world
+from cprobe.models.tiny import training_report
+from cprobe.models.zoo import fact_model_dir
+world = generate_world(FactWorldKeys(n_relations=2, n_entities=10, facts_per_relation=5))
+out = {}
+for kind in ("mlm", "causal"):
+    m = {"name": "b", "source": "fact_world", "kind": kind, "fact_world": {
+        "corpus": {"sentences": 300, "gamma": 0.5},
+        "train": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_positions": 24, "steps": 25}}}
+    p = fact_model_dir(m, world, Path(sys.argv[1]), progress=False)
+    out[kind] = {"sha": hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest(),
+                 "numerics": training_report(p)["numerics"]}
+print(json.dumps(out))
+"""
+
+
+def test_fact_models_train_bitwise_the_same_under_other_cpu_paths_and_threads(tmp_path):
+    # a process started as on another machine (ATen's generic kernels, MKL's SSE path, 3 threads) trains the same
+    # BERT and GPT-NeoX weights: training runs in a process of its own with the CPU paths and the thread count pinned
+    other = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "MKL_CBWR": "COMPATIBLE",
+             "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
+    runs = []
+    for i, extra in enumerate(({}, other)):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
+        r = subprocess.run([sys.executable, "-c", _TRAIN_BOTH, str(tmp_path / str(i))], capture_output=True,
+                           text=True, env=env, timeout=600, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    for kind in ("mlm", "causal"):
+        assert runs[0][kind]["sha"] == runs[1][kind]["sha"], kind
+        assert runs[1][kind]["numerics"]["threads"] == 1
+        if torch.cpu._is_avx2_supported():
+            assert runs[1][kind]["numerics"]["cpu_capability"] == "AVX2"
+            assert runs[1][kind]["numerics"]["mkl_cbwr"] == "AVX2,STRICT"

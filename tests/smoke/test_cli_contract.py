@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,22 @@ def test_cfg_job_prints_composed_config():
     r = cli("run", "+experiment=sva_tiny", "--cfg", "job")
     assert r.returncode == 0, r.stderr
     assert "name: sva_tiny" in r.stdout and "tiny_bert_sva" in r.stdout
+
+
+def test_cfg_job_is_resolved_by_default_and_raw_on_request():
+    """`--cfg job` prints the config exactly as it will run: `device: auto`, not `device: ${compute.device}`."""
+    import yaml
+
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job")
+    assert r.returncode == 0 and "${" not in r.stdout, r.stdout
+    cfg = yaml.safe_load(r.stdout)
+    assert cfg["device"] == "auto" and cfg["model"]["dtype"] == "float32" and cfg["paths"]["root_dir"] == str(REPO)
+    r = cli("run", "+experiment=sva_tiny", "-c", "all")
+    assert r.returncode == 0 and "${" not in r.stdout
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job", "--raw")
+    assert r.returncode == 0 and "device: ${compute.device}" in r.stdout
+    assert _hydra.normalise(["--cfg", "job"]) == (["--cfg", "job", "--resolve"], [])
+    assert _hydra.normalise(["--cfg", "hydra"]) == (["--cfg", "hydra"], [])  # the hydra node alone cannot resolve
 
 
 def test_overrides_on_both_sides_of_multirun_flag():
@@ -71,6 +88,14 @@ BAD_INPUTS = [
     (["probe.linear.lrs=[-0.1]"], "lrs values must be positive numbers"),
     (["+probing.propertys=[z_c]"], "unknown key(s) ['propertys'] under probing"),
     (["split.fractions.train=0.9"], "split fractions must be positive numbers summing to 1"),
+    # found only after the run directory existed, which they left behind as `failed` (issue 25)
+    (["+dataset.max_examples=-5"], "dataset.max_examples must be >= 1 (or null for all), got -5"),
+    (["probing.properties=[z_c,z_x]"], "probing.properties: unknown property ['z_x'] for dataset 'synthetic_sva'; "
+                                       "it has ['z_c', 'z_e', 'n_attractors', 'structure']"),
+    pytest.param(["device=cuda"], "device=cuda but no CUDA device is available",
+                 marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")),
+    pytest.param(["compute=gpu"], "device=cuda but no CUDA device is available",
+                 marks=pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")),
 ]
 
 
@@ -78,6 +103,7 @@ BAD_INPUTS = [
     *BAD_INPUTS,
     (["task=reliability", "intervention=pgd", "intervention.eps=-1"], "eps must be a finite number > 0"),
     (["task=reliability", "intervention=inlp", "intervention.rank=-1"], "rank must be a non-negative integer"),
+    (["task=reliability", "intervention=inlp", "+reliability.others=[z_q]"], "unknown property ['z_q']"),
 ])
 def test_bad_input_is_one_line_exit_1_and_leaves_no_run_dir(tmp_path, args, needle):
     extra = ["split=reliability", "probe=all"] if "task=reliability" in args else []
@@ -92,6 +118,20 @@ def test_bad_input_is_one_line_exit_1_and_leaves_no_run_dir(tmp_path, args, need
 def test_unknown_experiment_is_one_line():
     r = cli("run", "+experiment=does_not_exist")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "does_not_exist" in r.stderr
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["model=nope"], "error: unknown model 'nope'; choose from ['bert_base_uncased', "),
+    (["+sweep=nope"], "error: unknown sweep 'nope'; choose from ['causalgym_methods', "),
+    (["hydra/launcher=nope"], "error: unknown hydra/launcher 'nope'; choose from ['basic', "),
+    (["nope=1"], "error: unknown config key 'nope': `nope=...` changes an existing key, `+nope=...` adds one"),
+])
+def test_unknown_option_is_one_short_line_with_the_valid_options(args, expected):
+    """Hydra's own message ran to 300-700 characters with its config search path."""
+    r = cli("run", "+experiment=sva_tiny", *args)
+    assert r.returncode == 1 and r.stderr.startswith(expected), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "search path" not in r.stderr and "provider=" not in r.stderr
+    assert len(r.stderr) < 600, len(r.stderr)  # the list of valid names is most of it
 
 
 def test_run_without_arguments_prints_help():
@@ -192,6 +232,43 @@ def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
     assert p.returncode == 130, f"{err[-1500:]}\n{out[-1000:]}"
     assert _status(run_dir)["state"] == "interrupted"
     assert "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_a_dead_job_that_collect_names_and_sigterm_is_handled_like_ctrl_c(tmp_path):
+    """A killed job used to stay `running` forever; SIGTERM now marks it `interrupted` and exits 143."""
+    import signal
+
+    exe = Path(sys.executable).with_name("cprobe")
+    run_dir = tmp_path / "run"
+    argv = [str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
+            f"hydra.run.dir={run_dir}"]
+
+    def start_and_wait_running() -> subprocess.Popen:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        deadline = time.time() + 240
+        while (_status(run_dir).get("state"), _status(run_dir).get("pid")) != ("running", p.pid) \
+                and time.time() < deadline and p.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert p.poll() is None, f"the job ended before the signal: {_status(run_dir)}"
+        return p
+
+    p = start_and_wait_running()
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert _status(run_dir)["state"] == "running"  # nobody could write otherwise
+    r = cli("collect", str(run_dir))
+    assert r.returncode == 1 and f"is dead (its process {p.pid} on" in r.stderr, r.stderr
+
+    p = start_and_wait_running()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 143, f"{err[-1500:]}\n{out[-1000:]}"
+    status = _status(run_dir)
+    assert status["state"] == "interrupted" and status["signal"] == "SIGTERM"
+    assert "interrupted by SIGTERM" in err and "Traceback" not in err
+    assert "died while running" in err + out  # the rerun said what it found
 
 
 @pytest.mark.slow

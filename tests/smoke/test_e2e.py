@@ -53,9 +53,10 @@ def test_same_seed_gives_byte_identical_metric_tables(tmp_path):
         r = cprobe("run", "+experiment=sva_tiny", "--smoke", "layers=[2,4]", f"paths.output_root={tmp_path / out}",
                    cwd=REPO)
         assert r.returncode == 0, r.stderr[-3000:]
+        assert (r.stdout + r.stderr).count("duplicated sentence(s)") == 1, r.stdout  # a dataset note is logged once
     a, b = (_run_dir(tmp_path / o) for o in ("a", "b"))
-    for f in ("metrics.csv", "metrics.md"):
-        assert (a / f).read_bytes() == (b / f).read_bytes()
+    for f in ("metrics.csv", "metrics.md", "records.parquet", "leaderboard.csv", "leaderboard.md"):
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
 def test_multirun_two_probes_one_table_and_shared_activations(tmp_path):

@@ -35,7 +35,24 @@ def readme_commands(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
+def readme_python_blocks(text: str) -> list[str]:
+    """The source of every ```python block."""
+    out, block = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if block is not None:
+                out.append("\n".join(block) + "\n")
+                block = None
+            elif line.strip() == "```python":
+                block = []
+            continue
+        if block is not None:
+            block.append(line)
+    return out
+
+
 COMMANDS = readme_commands((REPO / "README.md").read_text())
+PYTHON_BLOCKS = readme_python_blocks((REPO / "README.md").read_text())
 
 
 def test_the_readme_has_commands_of_every_kind():
@@ -84,3 +101,26 @@ def test_readme_command(command, needs, workdir, cache_dir):
     assert "\r" not in r.stderr, "progress bars in a non-terminal log"
     if needs == "slurm":
         assert "SlurmLauncher" in r.stdout
+
+
+def test_the_readme_has_a_python_section():
+    assert len(PYTHON_BLOCKS) == 1 and "cprobe.load_model(" in PYTHON_BLOCKS[0]
+    assert 10 <= len(PYTHON_BLOCKS[0].splitlines()) <= 25
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
+def test_readme_python_block_runs_as_written(block, workdir, cache_dir):
+    """The library path: the block runs exactly as written (full size, not smoke) and prints what it says."""
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_CACHE_DIR": str(cache_dir)}
+    env.pop("CPROBE_SMOKE", None)
+    script = workdir / "readme_block.py"
+    script.write_text(block)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=workdir, env=env,
+                       timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = r.stdout.splitlines()
+    assert out[0] == "['pl', 'sg'] (600, 128) 1.0", out
+    after_leace = float(out[1].rsplit(" ", 1)[1])
+    assert 0.35 <= after_leace <= 0.65, out[1]  # z_c erased: the probe is at chance
+    before, after = (float(x) for x in out[2].split(": ")[1].split(" -> "))
+    assert before >= 0.95 and after < before, out[2]  # the model used z_c for agreement

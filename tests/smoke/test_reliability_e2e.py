@@ -41,7 +41,7 @@ def test_identity_intervention_through_the_whole_study(tmp_path):
 # The columns of a plain reliability row (read_layers=null, no sites): pinned, so the downstream-read work leaves the
 # study's table as it was (the values were compared against the code before it, at smoke and full sizes).
 PLAIN_COLUMNS = [
-    "model", "dataset", "dataset_source", "layer", "position", "method", "kind", "hparam", "hparam_value",
+    "model", "dataset", "dataset_source", "layer", "position", "target", "method", "kind", "hparam", "hparam_value",
     "completeness", "selectivity", "reliability", "selectivity_z_e", "task_acc_before", "task_acc_after",
     "delta_task_acc", "selectivity_valid", "oracle_acc_z_c", "oracle_majority_z_c", "oracle_informative_z_c",
     "oracle_acc_z_e", "oracle_majority_z_e", "oracle_informative_z_e", "oracle_probe", "n_test", "n_scored",
@@ -61,7 +61,7 @@ def test_read_layers_and_sites_through_the_cli(tmp_path):
     (plain,) = [t for t in jobs if "read_layer" not in t.columns]
     cols = [c for c in plain.columns if not c.endswith("_s")]
     assert cols[:len(PLAIN_COLUMNS)] == PLAIN_COLUMNS and len(plain) == 1  # then the pipeline's (task, seed, ...)
-    assert not {"read_layer", "sites", "mode", "target", "oracle_acc_edited_z_c"} & set(cols)
+    assert not {"read_layer", "sites", "mode", "oracle_acc_edited_z_c"} & set(cols)
     (down,) = [t for t in jobs if "read_layer" in t.columns and (t["mode"] == "single").all()]
     assert down["read_layer"].tolist() == [2, 3, 4] and (down["layer"] == 2).all()
     same = down[down["read_layer"] == 2].iloc[0]
@@ -75,3 +75,13 @@ def test_read_layers_and_sites_through_the_cli(tmp_path):
     for col in ("completeness", "oracle_acc_edited_z_c", "delta_task_acc"):
         assert seq[0][col].iloc[0] == pytest.approx(seq[1][col].iloc[0], abs=1e-6), col
     assert (tmp_path / "read_layers.md").is_file() and (tmp_path / "fig_read_layers.png").is_file()
+    from tests.conftest import assert_figures_captioned
+
+    assert tmp_path / "fig_read_layers.png" in assert_figures_captioned(tmp_path)
+    recs = pd.read_parquet(tmp_path / "records.parquet")  # the records read each l′ with that l′'s oracles
+    edited = recs[(recs["metric"] == "edited_oracle_accuracy") & (recs["layer"] == 2)
+                  & (recs["slice"] == '{"property":"z_c"}')]
+    assert sorted(edited["read_layer"]) == [2, 3, 4]
+    items = pd.read_parquet(tmp_path / "record_items.parquet")
+    per = items[(items["layer"] == 2) & (items["metric"] == "oracle_completeness")].groupby("read_layer")["value"]
+    assert per.size().to_dict() == {2: 160, 3: 80, 4: 80}  # l′ = 2: the plain job's items and the downstream job's

@@ -92,14 +92,16 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
     (tmp_path / "models" / "tiny-bert-abc").mkdir(parents=True)
     (tmp_path / "models" / "tiny-bert-abc" / "training.json").write_text('{"kind": "bert"}')
     atomic_save_tensors(tmp_path / "probes" / "p.safetensors", {"w": torch.zeros(2)})
+    atomic_save_tensors(tmp_path / "probe_fits" / "f.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "finetuned" / "clf-k.safetensors", {"w": torch.zeros(2)}, {"config": "{}"})
     (tmp_path / "cloze" / "k").mkdir(parents=True)
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "batch_limits.json").write_text("{}")
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
-    assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "models", "probes"]
+    assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "models", "probe_fits",
+                                            "probes"]
     assert clear_cache(tmp_path, "probes") == 1 and not list((tmp_path / "probes").iterdir())
-    assert clear_cache(tmp_path) == 5
+    assert clear_cache(tmp_path) == 6
     assert list(cache_entries(tmp_path)) == []
 
 

@@ -92,6 +92,8 @@ def test_every_option_of_every_group_composes_and_validates(group, name, tmp_pat
         if group == "model" and "source: zoo" in (REPO / "conf" / "model" / f"{name}.yaml").read_text():
             base = "lama_bias"  # model sets are read by the prompt-bias study only
         extra = ["prompt_bias.disparity.base=[]"] if base == "lama_bias" and "fact" not in name else []
+        if (group, name) == ("dataset", "generic"):  # the reliability study needs z_e too: name its column
+            extra.append("+dataset.properties.z_e=attractor_number")
         cfg = compose("config", overrides=[f"+experiment={base}", override, f"paths.cache_dir={tmp_path}", *extra])
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("paths", None)

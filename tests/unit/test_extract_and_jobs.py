@@ -88,7 +88,8 @@ def test_status_roundtrip_and_config_hash(tmp_path):
 
 
 def _rows():
-    return {"task": ["probing"] * 2, "model": ["m", "m"], "layer": [0, 1], "property": ["z_c"] * 2,
+    return {"task": ["probing"] * 2, "model": ["m", "m"], "dataset": ["d", "d"], "n_test": [10, 10],
+            "layer": [0, 1], "property": ["z_c"] * 2,
             "probe": ["linear"] * 2, "accuracy": [0.5, 0.9], "majority": [0.5, 0.5]}
 
 
@@ -101,6 +102,33 @@ def test_metric_tables_are_byte_identical_across_runs_timings_kept_apart(tmp_pat
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
     assert "fit_s" not in pd.read_csv(tmp_path / "a" / "metrics.csv")
     assert pd.read_csv(tmp_path / "b" / "timings.csv")["fit_s"].tolist() == [7.0, 9.0]
+
+
+def test_timings_csv_is_always_written_with_the_job_phases(tmp_path):
+    """The README lists timings.csv as always written; a table without timing columns used to get none."""
+    write_job(pd.DataFrame(_rows()), tmp_path, {"extract_s": 1.5, "probes_s": 3.0})
+    t = pd.read_csv(tmp_path / "timings.csv")
+    assert list(t.columns) == ["row", "job_extract_s", "job_probes_s"] and t["row"].tolist() == [0, 1]
+    assert t["job_probes_s"].tolist() == [3.0, 3.0]
+
+
+def test_metrics_md_is_compact_constant_columns_once_warnings_once_below(tmp_path):
+    rows = {**_rows(), "n_test": [10, 12], "task_accuracy": [float("nan")] * 2,
+            "warnings": ["dropped 7 duplicated sentence(s); skipping property z_e: one value"] * 2}
+    write_job(pd.DataFrame(rows), tmp_path)
+    md = (tmp_path / "metrics.md").read_text()
+    head, table, warnings = md.split("\n\n")
+    assert head == "All rows: task: probing · model: m · dataset: d · property: z_c · probe: linear · majority: 0.5000 · " \
+                   "task_accuracy: n/a"
+    assert [c.strip() for c in table.splitlines()[0].split("|")[1:-1]] == ["n_test", "layer", "accuracy"]
+    assert len(table.splitlines()) == 4
+    assert warnings.splitlines() == ["Warnings:", "- dropped 7 duplicated sentence(s)", "- skipping property z_e: one value"]
+    assert md.count("duplicated") == 1
+    assert "warnings" in pd.read_csv(tmp_path / "metrics.csv")  # the CSV keeps every column
+    write_job(pd.DataFrame({k: v[:1] for k, v in rows.items()}), tmp_path / "one")  # one row: key | value
+    one = [[c.strip() for c in line.split("|")[1:-1]] for line in (tmp_path / "one" / "metrics.md").read_text().splitlines()
+           if line.startswith("|")]
+    assert one[0] == ["key", "value"] and ["accuracy", "0.5000"] in one and ["task_accuracy", "n/a"] in one
 
 
 def test_metrics_are_float64(tmp_path):
@@ -123,9 +151,9 @@ def test_collect_aggregates_finished_jobs_with_overrides(tmp_path):
     _job(tmp_path, "probe=a")
     _job(tmp_path, "probe=b")
     out = collect(tmp_path)
-    t = pd.read_csv(out)
+    t = pd.read_csv(out.results_csv)
     assert len(t) == 4 and set(t["override.probe"]) == {"a", "b"} and set(t["override.experiment"]) == {"x"}
-    assert (tmp_path / "results.md").read_text().startswith("|")
+    assert "| probe=a" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "accuracy_by_layer.png").stat().st_size > 1000
 
 
@@ -137,7 +165,7 @@ def test_collect_names_unfinished_jobs_and_needs_partial(tmp_path):
     write_status(d, state="running")
     with pytest.raises(CprobeError, match=r"2 job\(s\) not done: probe=b is failed \(boom\); probe=c is running"):
         collect(tmp_path)
-    t = pd.read_csv(collect(tmp_path, partial=True))
+    t = pd.read_csv(collect(tmp_path, partial=True).results_csv)
     assert set(t["job"]) == {"probe=a"}
     with pytest.raises(CprobeError, match="not a directory"):
         collect(tmp_path / "nope")

@@ -86,6 +86,28 @@ def test_lama_malformed_lines_name_the_file_and_line(tmp_path):
         load_lama(LamaKeys(path="lama"), tmp_path, "lama")
 
 
+def test_a_bad_prompt_is_blamed_on_its_own_file_and_line(tmp_path):
+    base = write_lama(tmp_path)
+    (base / "prompts" / "P19.jsonl").write_text('{"pattern": "[X] was born in [Y] ."}\n\n{"pattern": "[X] [X] [Y]"}\n')
+    with pytest.raises(DataError, match=r"prompts/P19.jsonl:3: relation P19: prompt '\[X\] \[X\] \[Y\]' must hold"):
+        load_lama(LamaKeys(path="lama"), tmp_path, "lama")
+    (base / "prompts" / "P19.jsonl").unlink()
+    lines = (base / "relations.jsonl").read_text().splitlines()
+    lines[1] = json.dumps({"relation": "P36", "template": "The capital of [X] is .", "type": "1-1"})
+    (base / "relations.jsonl").write_text("\n".join(lines) + "\n")
+    # the template is the relations file's, on line 2 — not the prompts file's (P36 has none)
+    with pytest.raises(DataError, match=r"relations.jsonl:2: relation P36: prompt .* must hold .*\(the relation's "
+                                        r"template\)"):
+        load_lama(LamaKeys(path="lama"), tmp_path, "lama")
+
+
+def test_an_empty_relations_file_says_so(tmp_path):
+    base = write_lama(tmp_path)
+    (base / "relations.jsonl").write_text("\n")
+    with pytest.raises(DataError, match=r"relations.jsonl holds no relation: one JSON object a line"):
+        load_lama(LamaKeys(path="lama"), tmp_path, "lama")
+
+
 def test_queries_cover_relation_prompt_fact_mention(tmp_path):
     write_lama(tmp_path)
     d = load_lama(LamaKeys(path="lama"), tmp_path, "lama")

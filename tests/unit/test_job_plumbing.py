@@ -74,11 +74,25 @@ def test_run_dir_suffix_is_short_and_has_no_paths():
         f"model.tiny.train.key{i}=value{i}" for i in range(20)))  # stable
 
 
-def test_progress_logs_one_line_periodically_when_not_a_terminal(caplog):
+@pytest.mark.parametrize("bars", [True, False])
+def test_progress_logs_one_line_periodically_with_an_eta_bars_or_not(caplog, monkeypatch, bars):
+    """Not a terminal, or progress off (`--smoke`): a log line every `every_s` seconds with an ETA, never silence."""
+    import cprobe.progress as progress
+
+    clock = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     with caplog.at_level(logging.INFO, logger="cprobe"):
-        assert list(track(range(3), "probes", every_s=0.0)) == [0, 1, 2]
+        assert list(track(range(3), "probes", enabled=bars, every_s=0.0)) == [0, 1, 2]
     lines = [r.getMessage() for r in caplog.records]
-    assert lines == ["probes: 1/3 done (0 s)", "probes: 2/3 done (0 s)", "probes: 3/3 done (0 s)"]
+    assert lines == ["probes: 1/3 (33%) after 10 s, ETA 20 s", "probes: 2/3 (67%) after 20 s, ETA 10 s",
+                     "probes: 3/3 (100%) after 30 s", "probes: 3 done in 40 s"]
+
+
+def test_progress_eta_message_formats_long_durations():
+    from cprobe.progress import eta_message
+
+    assert eta_message("train", 1, 4, 200.0) == "train: 1/4 (25%) after 3 min 20 s, ETA 10 min 00 s"
+    assert eta_message("train", 5, None, 4000.0) == "train: 5 done after 1 h 06 min"
 
 
 def test_list_descriptions_are_whole_sentences(tmp_path):
@@ -128,3 +142,69 @@ def test_majority_baseline_takes_tensors_and_the_reliability_oracles_use_it():
     import cprobe.tasks.reliability as rel
 
     assert rel.majority_baseline is majority_baseline
+
+
+def test_a_corrupt_cached_model_is_reported_once_and_rebuilt(tmp_path, caplog):
+    """The double-checked lock used to warn twice about the same failed checksum."""
+    from cprobe.io import write_manifest
+    from cprobe.models.tiny import _FILES, cached_build
+
+    builds = []
+
+    def build(d: Path) -> None:
+        builds.append(d)
+        for name in _FILES:
+            (d / name).write_bytes(b"x" * 32)
+        (d / "training.json").write_text(json.dumps({"key": "k"}))
+        write_manifest(d, ["config.json", "model.safetensors"])
+
+    out = cached_build(tmp_path, "m", "k", build)
+    assert cached_build(tmp_path, "m", "k", build) == out and len(builds) == 1
+    (out / "model.safetensors").write_bytes(b"y" * 32)
+    with caplog.at_level(logging.WARNING):
+        cached_build(tmp_path, "m", "k", build)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(builds) == 2 and len(warnings) == 1 and "model.safetensors failed its checksum" in warnings[0], warnings
+
+
+def test_a_dataset_note_is_logged_once_per_job(tmp_path, caplog):
+    """`dropped 7 duplicated sentence(s)` was logged by the loader and again by the task (twice per sva run)."""
+    from cprobe.data.registry import load_dataset
+
+    f = tmp_path / "dups.tsv"
+    f.write_text("sentence\tcorrect\twrong\tsubject_number\n" + "the dog ***mask*** here\tis\tare\tsg\n" * 2
+                 + "the dogs ***mask*** here\tare\tis\tpl\n")
+    ctx = _ctx(tmp_path)
+    with caplog.at_level(logging.INFO):
+        ds = load_dataset({"name": "generic", "path": str(f), "duplicates": "drop", "properties": {"z_c": "subject_number"},
+                           "columns": {"sentence": "sentence", "correct": "correct", "wrong": "wrong"}}, tmp_path)
+        for _ in range(3):  # e.g. a task that reads its dataset twice, or a note repeated by a helper
+            for note in ds.notes:
+                ctx.warn(note)
+    logged = [r.getMessage() for r in caplog.records if "duplicated" in r.getMessage()]
+    assert logged == ["dropped 1 duplicated sentence(s) of generic (kept the first of each)"]
+    assert ctx.warnings == logged
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_cached_model_dirs_follow_the_umask(tmp_path, umask):
+    """mkdtemp made cached model directories 0700: unreadable to collaborators sharing the cache."""
+    import os
+    import stat
+
+    from cprobe.io import write_manifest
+    from cprobe.models.tiny import _FILES, cached_build
+
+    def build(d: Path) -> None:
+        for name in _FILES:
+            (d / name).write_bytes(b"x")
+        (d / "training.json").write_text(json.dumps({"key": "k"}))
+        write_manifest(d, ["config.json"])
+
+    old = os.umask(umask)
+    try:
+        out = cached_build(tmp_path / "models", "m", "k", build)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((out / "checksums.json").stat().st_mode) == 0o666 & ~umask

@@ -1,11 +1,11 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
 0 base (errors, io, config, paths, progress, registry, estimator, the cache store and its kinds, compute: the
-hardware) < 1 data
-< 2 models < 3 methods (probes, interventions, directions, explainers, metrics) < 4 core pipeline pieces (extraction,
-jobs, results, plots) < 5 studies (tasks, bench) < 6 the application (pipeline, cli, callbacks, catalog and the
-package top, which re-exports estimators lazily). Function-level and ``TYPE_CHECKING`` imports count too, and no
-two modules may import each other, directly or round a longer loop (an import circle), even on one floor.
+hardware) < 1 data < 2 models < 3 methods (probes, interventions, directions, explainers, metrics) < 4 core pipeline
+pieces (extraction, jobs, results, records, leaderboard, report, plots) < 5 studies (tasks, bench) < 6 the
+application (pipeline, outputs, cli, callbacks, catalog, the Python API and the package top, which re-exports
+estimators lazily). Function-level and ``TYPE_CHECKING`` imports count too, and no two modules may import each other,
+directly or round a longer loop (an import circle), even on one floor.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ FLOORS = {
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
-    4: ("extract", "job", "results", "plots"),
+    4: ("extract", "job", "results", "plots", "records", "leaderboard", "report"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "__init__"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "__init__"),
 }
 
 

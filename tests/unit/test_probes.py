@@ -124,3 +124,44 @@ def test_save_load_roundtrip_without_pickle(tmp_path, cfg) -> None:
     again = load_probe(build_probe(cfg), tmp_path / "p.safetensors")
     torch.testing.assert_close(again.predict_proba(X), probe.predict_proba(X))
     assert again.best_params == probe.best_params and again.n_classes == 3
+
+
+def test_probe_fits_are_cached_by_activations_config_and_seed(tmp_path, monkeypatch) -> None:
+    """A warm demo reads its probe fits back instead of refitting them (issue 25): same weights, same scores."""
+    from cprobe.probes.grid import fit_cached
+
+    X, z = gaussian_classes(300, 6)
+    Xv, zv = gaussian_classes(100, 6, seed=1)
+    cfg = {"name": "mlp", "n_layers": [1], "widths": [8], "lrs": [1e-2], "epochs": 2}
+    first, src = fit_cached(build_probe(cfg, seed=0), X, z, Xv, zv, cache_dir=tmp_path)
+    assert src == "fit" and len(list(tmp_path.glob("*.safetensors"))) == 1
+    fits = []
+    real_fit = MLPProbe.fit
+    monkeypatch.setattr(MLPProbe, "fit", lambda self, *a, **k: fits.append(1) or real_fit(self, *a, **k))
+    again, src = fit_cached(build_probe(cfg, seed=0), X, z, Xv, zv, cache_dir=tmp_path)
+    assert src == "cache" and not fits
+    assert torch.equal(again.logits(Xv), first.logits(Xv)) and again.best_params == first.best_params
+    # anything that changes the fit misses: the seed, a setting, the activations, the labels, the validation split
+    X2 = X.clone()
+    X2[0, 0] += 1e-3
+    for probe, args in [(build_probe(cfg, seed=1), (X, z, Xv, zv)), (build_probe({**cfg, "epochs": 3}, seed=0),
+                        (X, z, Xv, zv)), (build_probe(cfg, seed=0), (X2, z, Xv, zv)),
+                        (build_probe(cfg, seed=0), (X, 1 - z, Xv, zv)), (build_probe(cfg, seed=0), (X, z, None, None))]:
+        assert fit_cached(probe, *args, cache_dir=tmp_path)[1] == "fit"
+    assert len(fits) == 5
+    # without a cache dir (cache.enabled=false) it simply fits
+    assert fit_cached(build_probe(cfg, seed=0), X, z, Xv, zv, cache_dir=None)[1] == "fit"
+
+
+def test_a_corrupt_cached_probe_fit_is_refit(tmp_path) -> None:
+    from cprobe.probes.grid import fit_cached
+
+    X, z = gaussian_classes(200, 4)
+    cfg = {"name": "linear", "lrs": [1e-2], "epochs": 1}
+    fit_cached(build_probe(cfg, seed=0), X, z, cache_dir=tmp_path)
+    (f,) = tmp_path.glob("*.safetensors")
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 0x10
+    f.write_bytes(bytes(data))
+    assert fit_cached(build_probe(cfg, seed=0), X, z, cache_dir=tmp_path)[1] == "fit"
+    assert fit_cached(build_probe(cfg, seed=0), X, z, cache_dir=tmp_path)[1] == "cache"

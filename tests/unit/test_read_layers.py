@@ -165,7 +165,7 @@ def _rows():
         for l in range(1, 4):
             for lp in range(l, 4):
                 acc = base + 0.1 * (lp - l)
-                rows.append({"model": "m", "oracle_probe": "linear", "method": method, "kind": kind,
+                rows.append({"model": "m", "dataset": "d", "n_test": 40, "seed": 0, "oracle_probe": "linear", "method": method, "kind": kind,
                              "hparam": None if method == "leace" else "alpha",
                              "hparam_value": None if method == "leace" else 1.0, "layer": l, "read_layer": lp,
                              "sites": str(l), "mode": "single", "target": "z_c", "completeness": 1 - acc,
@@ -188,6 +188,29 @@ def test_read_layer_table_and_heatmap(tmp_path):
 
 
 def test_report_with_read_layers_writes_the_table_and_the_heatmap(tmp_path):
+    from tests.conftest import assert_figures_captioned
+
     report(_rows(), tmp_path)
     assert (tmp_path / "read_layers.md").is_file() and (tmp_path / "fig_read_layers.png").is_file()
+    assert tmp_path / "fig_read_layers.png" in assert_figures_captioned(tmp_path)
     assert (tmp_path / "table1.md").is_file()
+
+
+def test_downstream_rows_become_records_at_their_read_layer():
+    """Records (cprobe.records): read_layer is the oracles' layer l′ (the edited layer for a plain row), the oracle's
+    accuracy on the edited states is its own registered metric (never an `oracle_accuracy` of a property
+    "edited_z_c"), and a multi-site edit's sites and mode are part of its setting."""
+    from cprobe import records as R
+    from cprobe.tasks.reliability import RECORDS
+
+    t = _rows().assign(n_scored=40)
+    recs = R.to_records(t, RECORDS, "reliability", 0, "cfg")
+    assert not R.problems(recs)
+    c = recs[(recs["metric"] == "oracle_completeness") & (recs["method"] == "leace")]
+    assert list(zip(c["layer"], c["read_layer"])) == [(l, lp) for l in range(1, 4) for lp in range(l, 4)]
+    edited = recs[recs["metric"] == "edited_oracle_accuracy"]
+    assert len(edited) == len(t) and set(edited["slice"]) == {'{"property":"z_c"}'}
+    assert set(recs.loc[recs["metric"] == "oracle_accuracy", "slice"]) == {'{"property":"z_c"}'}
+    multi = t.head(1).assign(mode="sequential", sites="2,3")
+    (setting,) = set(R.to_records(multi, RECORDS, "reliability", 0, "cfg")["setting"])
+    assert R.parse(setting) == {"oracle": "linear", "sites": "2,3", "mode": "sequential"}

@@ -82,7 +82,8 @@ def test_selectivity_never_skips_a_property():
 
 
 def _row(method, kind, hparam, value, c, s, dtask=0.1, **extra):
-    return {"model": "m", "layer": 4, "oracle_probe": "mlp", "method": method, "kind": kind, "hparam": hparam,
+    return {"model": "m", "dataset": "d", "target": "z_c", "n_test": 600, "seed": 0,
+            "layer": 4, "oracle_probe": "mlp", "method": method, "kind": kind, "hparam": hparam,
             "hparam_value": value, "completeness": c, "selectivity": s, "reliability": float(reliability(c, s)),
             "task_acc_before": 1.0, "task_acc_after": 1.0 - dtask, "delta_task_acc": dtask,
             "oracle_acc_z_c": 0.99, "oracle_acc_z_e": 0.8, **extra}
@@ -221,3 +222,18 @@ def test_delta_task_acc_is_accuracy_before_minus_after():
 def test_oracle_at_chance_is_flagged():
     assert oracle_informative(0.90, 0.50) and not oracle_informative(0.51, 0.50)
     assert not oracle_informative(0.635, 0.635)
+
+
+def test_per_row_scores_are_the_items_c_and_s_average():
+    """The rows handed back for the leaderboard's item bootstrap: their means are C and S (rows where no
+    non-targeted property applies are NaN and left out, as in S)."""
+    X, zc, ze, oracles = _toy()
+    applies = torch.tensor([True, False, True, True])
+    X_new = X * torch.tensor([-1.0, 1.0])
+    X_new[0] = -X[0]  # row 0 also flips Z_e
+    rows: dict = {}
+    out = score_intervention(oracles, "z_c", ["z_e"], X, X_new, 1 - zc, {"z_e": applies}, rows=rows)
+    assert rows["completeness"].tolist() == pytest.approx([0.9] * 4)
+    assert rows["selectivity"][0].item() == pytest.approx(1 - 0.8 / 0.9) and rows["selectivity"][1].isnan()
+    assert rows["completeness"].mean().item() == pytest.approx(out["completeness"])
+    assert torch.nanmean(rows["selectivity"]).item() == pytest.approx(out["selectivity"])

@@ -48,6 +48,8 @@ def read_rows(path: Path, fmt: str = "auto", quoting: str = "csv") -> Iterator[t
     if quoting not in QUOTING:
         raise DataError(f"unknown quoting {quoting!r}; choose from {list(QUOTING)}")
     text = read_text(path)
+    if not text.strip():
+        raise DataError(f"{path} is empty; it needs one row per item")
     if fmt == "jsonl":
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -33,6 +33,7 @@ import numpy as np
 
 from cprobe.data.items import OBJECT_SLOT, TextItem
 from cprobe.errors import ConfigError, DataError
+from cprobe.paths import safe_name
 
 SUBJECT_SLOT = "[X]"
 
@@ -166,7 +167,11 @@ def check_lama_keys(keys: LamaKeys) -> None:
         raise ConfigError(f"dataset.min_prompts must be >= 1, got {keys.min_prompts}")
 
 
+_LINE = "\x00line"  # each row's line number, under a key no JSON file of this layout uses
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (blank lines skipped), each with its line number under ``_LINE``."""
     rows = []
     with path.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -178,7 +183,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise DataError(f"{path}:{n}: not JSON ({e})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{n}: each line must be a JSON object")
-            rows.append(row)
+            rows.append({**row, _LINE: n})
     return rows
 
 
@@ -192,10 +197,22 @@ def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
     if not rel_file.is_file():
         raise DataError(f"{rel_file} not found: LAMA's relations.jsonl goes there (dataset.relations_file)")
     records = _read_jsonl(rel_file)
-    for n, r in enumerate(records, 1):
+    if not records:
+        raise DataError(f"{rel_file} holds no relation: one JSON object a line, e.g. "
+                        '{"relation": "P19", "template": "[X] was born in [Y] .", "type": "N-1"}')
+    for r in records:
+        n = r.pop(_LINE)
         if not isinstance(r.get("relation"), str) or not isinstance(r.get("template"), str):
             raise DataError(f"{rel_file}:{n}: a relation needs string fields 'relation' and 'template'")
+        try:
+            check_prompt(r["template"], r["relation"])
+        except DataError as e:
+            raise DataError(f"{rel_file}:{n}: {e} (the relation's template)") from None
     ids = [r["relation"] for r in records]
+    for n, rid in enumerate(ids, 1):  # a relation id names its triples and prompts files
+        if safe_name(rid) != rid:
+            raise DataError(f"{rel_file}:{n}: relation id {rid!r} must be a plain name (it names "
+                            f"{keys.triples_dir}/<id>.jsonl), not a path")
     if len(set(ids)) != len(ids):
         raise DataError(f"{rel_file}: relation ids repeat")
     if keys.relations is not None:
@@ -212,6 +229,7 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
     notes: list[str] = []
     relations: dict[str, Relation] = {}
     facts: list[Fact] = []
+    empty: list[str] = []  # triples files without a line
     dropped = [r["relation"] for r in records if r.get("type") in keys.drop_types]
     if dropped:
         notes.append(f"dropped {len(dropped)} relation(s) of type {keys.drop_types}: {dropped}")
@@ -228,21 +246,27 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
         prompts = [rec["template"]]
         pfile = base / keys.prompts_dir / f"{rid}.jsonl"
         if pfile.is_file():
-            for n, row in enumerate(_read_jsonl(pfile), 1):
+            for row in _read_jsonl(pfile):
+                n = row[_LINE]
                 pattern = row.get("pattern", row.get("template"))
                 if not isinstance(pattern, str):
                     raise DataError(f"{pfile}:{n}: a prompt line needs a string 'pattern'")
+                try:
+                    check_prompt(pattern, rid)
+                except DataError as e:
+                    raise DataError(f"{pfile}:{n}: {e}") from None
                 if pattern.strip() not in (p.strip() for p in prompts):
                     prompts.append(pattern.strip())
         if len(prompts) < keys.min_prompts:
             notes.append(f"relation {rid}: {len(prompts)} prompt(s) < dataset.min_prompts={keys.min_prompts}, dropped")
             continue
-        try:
-            relations[rid] = Relation(rid, str(rec.get("label", rid)), tuple(prompts), str(rec.get("type", "N-1")))
-        except DataError as e:
-            raise DataError(f"{pfile if pfile.is_file() else base / keys.relations_file}: {e}") from None
+        relations[rid] = Relation(rid, str(rec.get("label", rid)), tuple(prompts), str(rec.get("type", "N-1")))
         seen: set[str] = set()
-        for n, t in enumerate(_read_jsonl(triples), 1):
+        rows = _read_jsonl(triples)
+        if not rows:
+            empty.append(triples.name)
+        for t in rows:
+            n = t[_LINE]
             sub, obj = t.get("sub_label"), t.get("obj_label")
             if not isinstance(sub, str) or not isinstance(obj, str):
                 raise DataError(f"{triples}:{n}: a triple needs string fields 'sub_label' and 'obj_label'")
@@ -255,8 +279,11 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
                 raise DataError(f"{triples}:{n}: 'sub_mentions' / 'aliases' must be a list of strings")
             mentions = tuple(dict.fromkeys([sub.strip(), *(a.strip() for a in aliases if a.strip())]))
             facts.append(Fact(rid, sid, mentions[: keys.max_mentions], obj.strip()))
+    if empty:
+        notes.append(f"empty triples file(s) under {keys.triples_dir}: {empty}")
     if not facts:
-        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations")
+        raise DataError(f"no facts under {base / keys.triples_dir} for the kept relations"
+                        + (f": {', '.join(empty)} {'is' if len(empty) == 1 else 'are'} empty" if empty else ""))
     return FactData(name, str(base), relations, tuple(facts), tuple(notes))
 
 

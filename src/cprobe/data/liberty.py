@@ -162,6 +162,9 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
 
     if not path.is_file():
         raise DataError(f"LIBERTy texts file {path} does not exist (dataset.texts)")
+    if not path.read_bytes().strip():
+        raise DataError(f"LIBERTy texts file {path} is empty (dataset.texts); it needs a row per text with columns "
+                        f"id, text, split and one per SCM variable ({list(scm.variables)})")
     try:  # every cell as text: ids stay ids ("32", not 32.0), a value named "1" stays that name
         if path.suffix in (".jsonl", ".json"):
             records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -172,6 +175,8 @@ def load_texts(scm: SCM, path: Path, name: str) -> LibertyData:
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
         raise DataError(f"cannot read {path}: {str(e).splitlines()[0]}") from None
     need = ["id", "text", "split", *scm.variables]
+    if frame.empty and set(need) <= set(frame.columns):
+        raise DataError(f"LIBERTy texts file {path} has a header but no rows (dataset.texts)")
     missing = [c for c in need if c not in frame.columns]
     if missing:
         raise DataError(f"{path.name}: missing column(s) {missing}; need id, text, split, one column per SCM variable "

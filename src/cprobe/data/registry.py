@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -34,23 +34,46 @@ class DatasetCommon:
     max_examples: int | None = None
     stratify: str | None = "z_c"
     seed: int = 0
-    duplicates: Literal["error", "drop"] = "error"
+    duplicates: Literal["error", "drop"] | None = None  # None: the type's default (error; drop for generated data)
 
 
 @dataclass(frozen=True)
 class DatasetType:
     loader: Callable[[Any, Path, str], Dataset]
     config: type  # the type-specific keys (a dataclass)
+    properties: Callable[[Any], tuple[str, ...]] | None = None  # the properties its items carry, from its config
+    duplicates: str = "error"  # what a repeated sentence is when the config does not say: generators repeat by chance
 
 
 DATASETS: Registry[DatasetType] = Registry("dataset type")
 
 
-def register(name: str, config: type):
+def register(name: str, config: type, properties: Callable[[Any], tuple[str, ...]] | None = None,
+             duplicates: str = "error"):
+    """Register a loader; ``properties(type-specific keys)`` declares the properties its items will carry, so a
+    config naming another property is rejected before any data is read; ``duplicates`` is the default of
+    ``dataset.duplicates`` for the type."""
     def deco(fn: Callable[[Any, Path, str], Dataset]) -> Callable[[Any, Path, str], Dataset]:
-        DATASETS.register(name)(DatasetType(fn, config))
+        DATASETS.register(name)(DatasetType(fn, config, properties, duplicates))
         return fn
     return deco
+
+
+def declared_properties(cfg: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The properties the dataset of config ``cfg`` declares (None: known only once loaded)."""
+    _, dtype, specific = split_config(cfg)
+    return dtype.properties(specific) if dtype.properties is not None else None
+
+
+def check_properties(cfg: Mapping[str, Any], wanted: Sequence[str], where: str) -> None:
+    """ConfigError when a property in ``wanted`` (the setting ``where``) is not one the dataset declares."""
+    have = declared_properties(cfg)
+    if have is None:
+        return
+    unknown = [p for p in wanted if p not in have]
+    if unknown:
+        raise ConfigError(f"{where}: unknown propert{'y' if len(unknown) == 1 else 'ies'} {unknown} for dataset "
+                          f"{cfg.get('name')!r}; it has {list(have)}")
 
 
 def grammar_config(d: Mapping[str, Any] | None):
@@ -71,7 +94,13 @@ class SyntheticKeys:
     grammar: dict = field(default_factory=dict)
 
 
-@register("synthetic", SyntheticKeys)
+def _grammar_properties(_cfg: Any) -> tuple[str, ...]:
+    from cprobe.data.grammar import PROPERTIES
+
+    return tuple(PROPERTIES)
+
+
+@register("synthetic", SyntheticKeys, _grammar_properties, duplicates="drop")  # the grammar repeats a few by chance
 def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
     from cprobe.data.grammar import generate
 
@@ -84,7 +113,7 @@ class FileKeys:
     path: str = ""
 
 
-@register("lgd", FileKeys)
+@register("lgd", FileKeys, lambda _cfg: ("z_c", "z_e", "n_attractors"))
 def _lgd(cfg: FileKeys, root: Path, name: str) -> Dataset:
     from cprobe.data.lgd import load_lgd
 
@@ -97,7 +126,7 @@ class MarvinLinzenKeys:
     tasks: list[str] | None = None
 
 
-@register("marvin_linzen", MarvinLinzenKeys)
+@register("marvin_linzen", MarvinLinzenKeys, lambda _cfg: ("z_c", "z_e", "n_attractors", "task"))
 def _ml(cfg: MarvinLinzenKeys, root: Path, name: str) -> Dataset:
     from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
 
@@ -110,7 +139,7 @@ def _generic_config() -> type:
     return GenericConfig
 
 
-@register("generic", _generic_config())
+@register("generic", _generic_config(), lambda cfg: tuple(cfg.properties))
 def _generic(cfg: Any, root: Path, name: str) -> Dataset:
     from cprobe.data.generic import load_generic
 
@@ -127,7 +156,12 @@ class CombinedKeys:
     parts: list[dict] = field(default_factory=list)
 
 
-@register("combined", CombinedKeys)
+def _combined_properties(cfg: Any) -> tuple[str, ...] | None:
+    parts = [declared_properties(p) for p in cfg.parts]
+    return None if any(p is None for p in parts) else tuple(dict.fromkeys(x for p in parts for x in p))  # type: ignore[union-attr]
+
+
+@register("combined", CombinedKeys, _combined_properties)
 def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
     parts = [load_dataset(p, root) for p in cfg.parts]
     if not parts:
@@ -203,6 +237,8 @@ def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, An
                           f"{sorted(common_names | specific_names)}")
     common = parse(DatasetCommon, {k: v for k, v in cfg.items() if k in common_names}, "dataset")
     specific = parse(dtype.config, {k: v for k, v in cfg.items() if k in specific_names}, "dataset")
+    if common.max_examples is not None and common.max_examples < 1:
+        raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
     return common, dtype, specific
 
 
@@ -217,7 +253,7 @@ def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:
                 raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
             ds = ds.subsample(common.max_examples, common.seed)
         return ds
-    ds = check_items(ds, common.duplicates)
+    ds = check_items(ds, common.duplicates or dtype.duplicates)
     if common.max_examples is not None:
         if common.max_examples < 1:
             raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
@@ -255,9 +291,8 @@ def check_items(ds: Dataset, duplicates: str = "error") -> Dataset:
     if duplicates == "error":
         raise DataError(f"dataset {ds.name!r} ({ds.source}): {len(dups)} duplicated sentence(s), e.g. {dups[0]!r}; a "
                         "duplicate would sit in two splits. Remove them, or set dataset.duplicates=drop")
-    note = f"dropped {len(dups)} duplicated sentence(s) of {ds.name} (kept the first of each)"
-    log.warning(note)
-    return ds.subset(keep).with_notes(note)
+    # recorded, not logged: whoever reads the dataset reports its notes once (a job: JobContext.warn)
+    return ds.subset(keep).with_notes(f"dropped {len(dups)} duplicated sentence(s) of {ds.name} (kept the first of each)")
 
 
 def relative_source(source: str, root: Path) -> str:

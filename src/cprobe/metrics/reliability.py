@@ -104,8 +104,12 @@ def aggregate_selectivity(parts: Mapping[str, Tensor]) -> tuple[float, dict[str,
         raise ConfigError(f"non-targeted propert{'ies' if len(empty) > 1 else 'y'} {empty} apply to no test row; "
                           "selectivity cannot be computed (use more data or drop them from reliability.others)")
     per_prop = {p: torch.nanmean(s.double()).item() for p, s in parts.items()}
-    per_row = torch.nanmean(torch.stack([s.double() for s in parts.values()], 1), 1)  # NaN where none applies
-    return torch.nanmean(per_row).item(), per_prop
+    return torch.nanmean(selectivity_rows(parts)).item(), per_prop
+
+
+def selectivity_rows(parts: Mapping[str, Tensor]) -> Tensor:
+    """s(ĥ) per row: the mean over the non-targeted properties that apply to it (NaN where none does)."""
+    return torch.nanmean(torch.stack([s.double() for s in parts.values()], 1), 1)
 
 
 class Oracle(Protocol):
@@ -114,7 +118,8 @@ class Oracle(Protocol):
 
 def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Sequence[str], X_orig: Tensor,
                        X_new: Tensor, z_goal: Tensor | None, applies: Mapping[str, Tensor],
-                       task_acc_before: float | None = None, task_acc_after: float | None = None) -> dict[str, float]:
+                       task_acc_before: float | None = None, task_acc_after: float | None = None,
+                       rows: dict[str, Tensor] | None = None) -> dict[str, float]:
     """Completeness, selectivity (overall and per non-targeted property), reliability and ΔTask Acc of one
     intervention, from the oracles' distributions on the original and the intervened test states.
 
@@ -122,6 +127,7 @@ def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Seque
     method one row per (test embedding, z′) pair, ``z_goal`` (n,) holding z′; ``None`` for a nullifying one).
     ``applies[p]`` (n,) marks the rows where property p is defined. ΔTask Acc = accuracy before − after
     (Canby et al. §4: the drop in the model's own task accuracy when the intervened states are fed back).
+    ``rows``, when given, receives the per-row scores C and S average: ``completeness`` and ``selectivity`` (n,).
     """
     p_hat = oracles[target].predict_proba(X_new)
     per_row = counterfactual_completeness(p_hat, z_goal) if z_goal is not None else nullifying_completeness(p_hat)
@@ -129,6 +135,9 @@ def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Seque
     parts = {p: selectivity(oracles[p].predict_proba(X_new), oracles[p].predict_proba(X_orig), applies[p])
              for p in others}
     sel, sel_parts = aggregate_selectivity(parts)
+    if rows is not None:
+        rows["completeness"] = per_row.double().cpu()
+        rows["selectivity"] = selectivity_rows(parts).cpu()
     out = {"completeness": comp, "selectivity": sel, "reliability": float(reliability(comp, sel)),
            **{f"selectivity_{p}": v for p, v in sel_parts.items()}}
     if task_acc_before is not None and task_acc_after is not None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
@@ -27,6 +26,7 @@ from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import MEAN, Batch, Site
+from cprobe.progress import Progress
 
 if TYPE_CHECKING:  # pragma: no cover
     from cprobe.models.formatters import Formatter
@@ -330,7 +330,8 @@ class ModelAdapter:
 
         source: Any = Prefetcher(batches(), pin=cuda) if prefetch else batches()
         total = sum(b - a for a, b in windows)
-        bar = tqdm(total=total, desc=desc, disable=desc is None or None, leave=False, unit="item")
+        # a bar on a terminal when asked (desc), else — always — a log line every 30 s with an ETA
+        bar = Progress(f"{desc or 'forward'} ({self.name}, items)", total, bars=desc is not None)
         pending: list[tuple[Any, int, Tensor, Tensor | None, Tensor | None]] = []
         try:
             for w, batch in source:

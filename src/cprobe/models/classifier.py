@@ -41,6 +41,7 @@ from cprobe.data.items import TextItem, fingerprint
 from cprobe.compute import use_bf16
 from cprobe.errors import ConfigError
 from cprobe.io import atomic_save_tensors, load_tensors, read_metadata
+from cprobe.paths import safe_name
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.formatters import ClassificationFormatter
 from cprobe.models.sites import Site
@@ -198,6 +199,7 @@ def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targe
         adapter = wrap(encoder, n_tasks * n_classes, cfg.pool, cfg.dropout, name=f"{name}-{key}")
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    name = safe_name(name)  # e.g. liberty-<SCM name>: the SCM file's own `name:` field
     final = cache_dir / f"{name}-{key}.safetensors"
     with FileLock(str(final) + ".lock"):
         state = load_tensors(final)

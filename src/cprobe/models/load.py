@@ -86,6 +86,10 @@ capability)."""
 
 
 def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    if any(isinstance(v, str) and "${" in v for v in cfg.values()):  # a shipped YAML read without Hydra
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[assignment]
     mc = parse(ModelConfig, cfg, "model")
     check_device(mc.device)
     return mc
@@ -96,9 +100,9 @@ def named_model_config(name: str, where: str) -> dict[str, Any]:
     model (``where`` is the setting, for the error)."""
     from omegaconf import OmegaConf
 
-    from cprobe.paths import config_dir
+    from cprobe.paths import config_dir, plain_name
 
-    path = config_dir() / "model" / f"{name}.yaml"
+    path = config_dir() / "model" / f"{plain_name(name, where)}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
         raise ConfigError(f"unknown model config {name!r} for {where}; choose from {known}")
@@ -112,16 +116,25 @@ def check_device(device: str) -> None:
     raise ConfigError(f"unknown device {device!r}; choose from ['auto', 'cpu', 'cuda', 'cuda:<i>']")
 
 
+def check_device_available(device: str) -> None:
+    """ConfigError when ``device`` names a CUDA device this machine does not have."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        raise ConfigError(f"device={device} but no CUDA device is available; use device=cpu or device=auto "
+                          "(or compute=cpu)")
+    index = int(device[5:]) if device.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) are visible "
+                          f"(cuda:0 … cuda:{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)")
+
+
 def resolve_device(device: str) -> torch.device:
     """``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or ``cuda:<i>``, checked against the visible GPUs."""
     check_device(device)
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device={device} but no CUDA device is available; use device=cpu or device=auto")
-    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise ConfigError(f"device={device} but only {torch.cuda.device_count()} CUDA device(s) are visible "
-                          f"(cuda:0 … cuda:{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)")
+    check_device_available(device)
     return torch.device(device)
 
 

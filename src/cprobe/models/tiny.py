@@ -1,4 +1,5 @@
-"""The project's own tiny BERT (MLM) and GPT-NeoX (causal) models, trained on the agreement grammar.
+"""The project's own tiny BERT (MLM) and GPT-NeoX (causal) models, trained on the agreement grammar
+(:func:`ensure_tiny_model`) or on any sentence corpus, e.g. a fact world's (:func:`ensure_corpus_model`).
 
 The demo must run fully offline, so the models are trained here the first time they are asked
 for and cached under a key that hashes everything that determines them. The saved directory is
@@ -7,6 +8,11 @@ the rest of cprobe loads it exactly like a downloaded model.
 
 Tokenizers are word-level: every grammar word is one token, so the verb slot is one position and
 "P(correct) vs P(wrong)" compares two token ids.
+
+Training always uses :data:`TRAIN_THREADS` (1) intra-op threads, whatever the job's own thread count. Corpus models
+train in a portable process (:func:`train_portable`: ATen and MKL pinned to their AVX2 code paths), so the same key
+gives bitwise the same weights on every x86-64 CPU with AVX2; agreement-grammar models still train in the job's
+process (their studies' documented numbers come from those weights).
 """
 
 from __future__ import annotations
@@ -17,12 +23,11 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from filelock import FileLock
@@ -45,7 +50,7 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
-from cprobe.io import MANIFEST, verify_manifest, write_manifest
+from cprobe.io import make_temp_dir, verify_manifest, write_manifest
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -139,17 +144,18 @@ def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], N
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
     out = cache_dir / name
-    if _is_complete(out, key):
+    if _problem(out, key) is None:
         return out
     with FileLock(str(cache_dir / f"{name}.lock")):
-        if _is_complete(out, key):  # another job finished it while we waited
+        problem = _problem(out, key)  # checked again: another job may have finished it while we waited
+        if problem is None:
             return out
-        if out.exists():
-            log.warning("rebuilding incomplete tiny model dir %s", out)
+        if out.exists():  # one warning, under the lock (the check before it stays quiet)
+            log.warning("tiny model %s: %s; rebuilding it", out, problem)
             shutil.rmtree(out)
         for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
+        tmp = make_temp_dir(cache_dir, prefix=f".{name}.tmp-")  # 0777 − umask, not mkdtemp's 0700
         try:
             build(tmp)
             os.replace(tmp, out)
@@ -169,7 +175,8 @@ def ensure_corpus_model(
     progress: bool = True,
 ) -> Path:
     """Directory of a tiny ``kind`` LM trained on a sentence corpus (cached under a key of ``spec`` — everything that
-    determines the corpus —, ``train`` and the starting model), training it on first use.
+    determines the corpus —, ``train``, the starting model and the numerics mode), training it on first use in a
+    portable process (:func:`train_portable`: the same weights on every x86-64 CPU with AVX2).
 
     ``corpus()`` returns the sentences (space-separated words from ``words``) and, per sentence, the word index of
     a slot that a masked LM sees masked alone in a share ``train.verb_mask_prob`` of its updates (−1: none) — for
@@ -181,7 +188,8 @@ def ensure_corpus_model(
     train = replace(train, agreement_weight=0.0)
     init_key = training_report(init_from)["key"] if init_from is not None else None
     key = hashlib.sha256(json.dumps({"kind": kind, "spec": spec, "train": asdict(train), "init": init_key,
-                                     "version": VERSION}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+                                     "version": VERSION, "numerics": numerics_mode()},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def build(out: Path) -> None:
         if not progress:
@@ -204,30 +212,153 @@ def ensure_corpus_model(
             raise ConfigError(f"a corpus sentence has {longest} tokens > train.max_positions={train.max_positions}")
         pos = [p + 1 if p >= 0 else -1 for p in slots]  # words are single tokens after [CLS] / BOS
         none = [-1] * len(ids)
-        torch.manual_seed(train.seed)
-        if init_from is None:
-            model = _init_model(kind, tokenizer, train)
-        else:
-            auto = AutoModelForMaskedLM if kind == "bert" else AutoModelForCausalLM
-            model = auto.from_pretrained(init_from)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny matrices: intra-op threads cost more than they gain
-        try:
-            start = time.perf_counter()
-            _train(model, tokenizer, kind, ids, pos, (none, none), train, progress)
-            seconds = time.perf_counter() - start
-        finally:
-            torch.set_num_threads(threads)
-        model.eval()
-        report = {"kind": kind, "key": key, "version": VERSION, "train_seconds": round(seconds, 2),
-                  "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "spec": spec,
-                  "train": asdict(train), "init": init_key}
-        model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+        numerics = train_portable(kind, out, ids, pos, (none, none), train, out, init_from, progress)
+        report = {"kind": kind, "key": key, "version": VERSION, "train_seconds": numerics.pop("train_seconds"),
+                  "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "spec": spec,
+                  "train": asdict(train), "init": init_key, "numerics": numerics}
         (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
         write_manifest(out, list(_CHECKED))  # written last: marks completion
 
     return cached_build(Path(cache_dir), f"corpus-{kind}-{key}", key, build)
+
+
+# --- portable training --------------------------------------------------------------------------
+# One thread for every tiny-model training run: the matrices are tiny (intra-op threads cost more than they gain,
+# 5x slower on a busy 2-core box), and a fixed thread count fixes the order of every parallel reduction. The job's
+# own thread count (chosen per machine) applies to everything else.
+TRAIN_THREADS = 1
+
+
+def portable_env() -> dict[str, str]:
+    """The environment of the portable training process: what makes tiny-model training bitwise the same on every
+    x86-64 CPU with AVX2 (AVX2 or AVX-512, Intel or AMD), at any thread count, as far as torch allows.
+
+    Without it, the same seed gives other weights on another machine: ATen's kernels (softmax, layer norm, GELU,
+    reductions, even ``normal_`` initialisation) are compiled once per instruction set and picked at start-up by the
+    CPU (``ATEN_CPU_CAPABILITY``), and MKL's GEMM picks its code path by CPU model (pinned by its conditional
+    numerical reproducibility mode, ``MKL_CBWR``). CPUs without AVX2 (e.g. ARM) keep their own paths: they reproduce
+    among themselves only."""
+    import torch
+
+    env = {"OMP_NUM_THREADS": str(TRAIN_THREADS), "MKL_NUM_THREADS": str(TRAIN_THREADS),
+           "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    if torch.cpu._is_avx2_supported():
+        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", MKL_CBWR="AVX2,STRICT")
+    return env
+
+
+def numerics_mode() -> str:
+    """``avx2`` when training is pinned to the AVX2 paths (part of the corpus models' cache key), else ``native``."""
+    return "avx2" if "ATEN_CPU_CAPABILITY" in portable_env() else "native"
+
+
+class _Trainer:
+    """The portable training process: one ``python`` started under :func:`portable_env` (the CPU paths are fixed
+    when torch starts, so they cannot be pinned in a process that has already computed anything), kept for the life
+    of this process and fed one job file at a time over stdin (its answer: one JSON line on stdout)."""
+
+    _CODE = "from cprobe.models.tiny import _serve; _serve()"
+    _MARK = "cprobe-train: "
+
+    def __init__(self) -> None:
+        import threading
+
+        self.proc: Any = None
+        self.lock = threading.Lock()
+
+    def run(self, job: dict) -> dict:
+        import atexit
+        import subprocess
+        import sys
+
+        with self.lock, tempfile.TemporaryDirectory(prefix="cprobe-train-") as tmp:
+            path = Path(tmp) / "job.json"
+            path.write_text(json.dumps(job))
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = subprocess.Popen([sys.executable, "-c", self._CODE], env={**os.environ, **portable_env()},
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                atexit.register(self.close)
+            try:
+                self.proc.stdin.write(f"{path}\n")
+                self.proc.stdin.flush()
+                while True:
+                    line = self.proc.stdout.readline()
+                    if not line:
+                        raise BrokenPipeError
+                    if line.startswith(self._MARK):
+                        answer = json.loads(line[len(self._MARK):])
+                        break
+            except (BrokenPipeError, OSError, ValueError):
+                self.close()
+                raise ModelLoadError(f"the process training a tiny {job['kind']} model died (out of memory?)") from None
+        if "error" in answer:
+            raise ModelLoadError(f"training a tiny {job['kind']} model failed: {answer['error']}")
+        return answer["ok"]
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001  (it is going away either way)
+                proc.kill()
+
+
+_TRAINER = _Trainer()
+
+
+def _serve() -> None:
+    """The loop of the portable training process (:class:`_Trainer`): a job file path per stdin line."""
+    import sys
+
+    answers, sys.stdout = sys.stdout, sys.stderr  # anything else printed goes to stderr
+    torch.set_num_threads(TRAIN_THREADS)
+    torch.use_deterministic_algorithms(True)
+    for line in sys.stdin:
+        try:
+            answer = {"ok": _train_job(json.loads(Path(line.strip()).read_text()))}
+        except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        answers.write(_Trainer._MARK + json.dumps(answer) + "\n")
+        answers.flush()
+
+
+def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_pos: list[int],
+                   forms: tuple[list[int], list[int]], train: TinyTrainConfig, out: Path,
+                   init_from: Path | None = None, progress: bool = True) -> dict:
+    """Train a tiny model (from scratch, or on from ``init_from``) in the portable training process and save it to
+    ``out``; returns the run's numerics (CPU capability used, thread count, library versions) and
+    ``train_seconds``."""
+    job = {"kind": kind, "tokenizer": str(tokenizer_dir), "ids": ids, "pos": verb_pos, "forms": list(forms),
+           "train": asdict(train), "init_from": str(init_from) if init_from else None, "out": str(out),
+           "progress": progress}
+    return _TRAINER.run(job)
+
+
+def _train_job(job: dict) -> dict:
+    """One training run in the portable process (:func:`train_portable`)."""
+    import transformers
+
+    if not job["progress"]:
+        transformers.utils.logging.disable_progress_bar()
+    kind, train = job["kind"], TinyTrainConfig(**job["train"])
+    tokenizer = AutoTokenizer.from_pretrained(job["tokenizer"])
+    torch.manual_seed(train.seed)
+    if job["init_from"] is None:
+        model = _init_model(kind, tokenizer, train)
+    else:
+        auto = AutoModelForMaskedLM if kind == "bert" else AutoModelForCausalLM
+        model = auto.from_pretrained(job["init_from"])
+    start = time.perf_counter()
+    _train(model, tokenizer, kind, job["ids"], job["pos"], tuple(job["forms"]), train, job["progress"])
+    seconds = time.perf_counter() - start
+    model.eval()
+    model.save_pretrained(job["out"])
+    return {"train_seconds": round(seconds, 2), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "mkl_cbwr": os.environ.get("MKL_CBWR"), "torch": torch.__version__,
+            "transformers": transformers.__version__}
 
 
 def agreement_accuracy(model_dir: Path, examples: Dataset | Sequence[Example]) -> float:
@@ -329,9 +460,11 @@ def _build(
 
     torch.manual_seed(train.seed)
     model = _init_model(kind, tokenizer, train)
-    # The matrices are tiny: intra-op threads cost more than they gain (5x slower on a busy 2-core box).
+    # TRAIN_THREADS (1): tiny matrices, and a fixed reduction order. (Trained in this process, so the CPU's own
+    # instruction set applies: agreement models keep the weights their studies' documented numbers come from;
+    # train_portable would pin them like the fact-world models.)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(TRAIN_THREADS)
     try:
         start = time.perf_counter()
         _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress)
@@ -531,19 +664,20 @@ def training_report(path: Path) -> dict:
 
 def _is_complete(path: Path, key: str) -> bool:
     """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    if not all((path / f).is_file() for f in _FILES):
-        return False
+    return _problem(path, key) is None
+
+
+def _problem(path: Path, key: str) -> str | None:
+    """What keeps ``path`` from being a complete, uncorrupted model for ``key`` (None: nothing)."""
+    missing = [f for f in _FILES if not (path / f).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing"
     try:
         if json.loads((path / "training.json").read_text()).get("key") != key:
-            return False
+            return "trained for another configuration"
     except (OSError, ValueError):
-        return False
-    problem = verify_manifest(path)
-    if problem is not None:
-        if (path / MANIFEST).is_file():
-            log.warning("tiny model %s: %s; rebuilding it", path, problem)
-        return False
-    return True
+        return "training.json unreadable"
+    return verify_manifest(path)
 
 
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:

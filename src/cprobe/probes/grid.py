@@ -214,11 +214,11 @@ class GridSearchProbe(Probe):
         return self
 
 
-def save_probe(probe: GridSearchProbe, path: Path) -> None:
+def save_probe(probe: GridSearchProbe, path: Path, extra: Mapping[str, str] | None = None) -> None:
     """A fitted probe as checksummed safetensors: weights + its grid point and sizes as metadata (no pickle)."""
     from cprobe.io import atomic_save_tensors
 
-    meta = {"best_params": json.dumps(probe.best_params), "n_classes": str(probe.n_classes),
+    meta = {**(extra or {}), "best_params": json.dumps(probe.best_params), "n_classes": str(probe.n_classes),
             "d": str(probe.d), "val_accuracy": repr(probe.val_accuracy)}
     atomic_save_tensors(path, probe.module.state_dict(), meta)
 
@@ -240,6 +240,70 @@ def load_probe(probe: GridSearchProbe, path: Path) -> GridSearchProbe | None:
     probe.val_accuracy = float(meta["val_accuracy"])
     probe.fitted_ = True
     return probe
+
+
+PROBE_FITS = "probe_fits"
+"""The cache kind (``<cache root>/probe_fits/``) of :func:`fit_cached`."""
+_FIT_CACHE_VERSION = 1  # bump when training changes what a fit returns for the same inputs
+
+
+def probe_settings(probe: GridSearchProbe) -> dict[str, Any]:
+    """The probe's constructor arguments as plain values (its grid, training settings, seed and device)."""
+    import inspect
+
+    out: dict[str, Any] = {"class": f"{type(probe).__module__}.{type(probe).__qualname__}"}
+    for name in inspect.signature(type(probe).__init__).parameters:
+        if name != "self" and hasattr(probe, name):
+            v = getattr(probe, name)
+            out[name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def _tensor_digest(h: Any, t: Tensor | None) -> None:
+    if t is None:
+        h.update(b"none")
+        return
+    t = t.detach().to("cpu").contiguous()
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def fit_key(probe: GridSearchProbe, X: Tensor, y: Tensor, X_val: Tensor | None = None,
+            y_val: Tensor | None = None) -> str:
+    """What determines a fit: the training (and validation) activations and labels by content, every probe
+    setting (the grid, epochs, batch size, seed, ...) and the kind of device it trains on."""
+    import hashlib
+
+    device = torch.device(probe.device) if probe.device else X.device
+    settings = {k: v for k, v in probe_settings(probe).items() if k != "device"}
+    h = hashlib.sha256(json.dumps({"probe": settings, "device_type": device.type,
+                                   "v": _FIT_CACHE_VERSION}, sort_keys=True, default=str).encode())
+    for t in (X, y, X_val, y_val):
+        _tensor_digest(h, t)
+    return h.hexdigest()[:24]
+
+
+def fit_cached(probe: Probe, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None,
+               cache_dir: Path | None = None) -> tuple[Probe, str]:
+    """``probe.fit(X, y, X_val, y_val)``, or the same fit read back from ``cache_dir`` (checksummed
+    safetensors, keyed by :func:`fit_key`; a file lock makes parallel jobs fit an entry once).
+
+    Returns (the fitted probe, "fit" or "cache"). Probes without grid-search state, or ``cache_dir=None``,
+    are simply fitted. A cached fit holds the same weights, so it scores exactly as the fresh one.
+    """
+    if cache_dir is None or not isinstance(probe, GridSearchProbe):
+        return probe.fit(X, y, X_val, y_val), "fit"
+    from filelock import FileLock
+
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"{fit_key(probe, X, y, X_val, y_val)}.safetensors"
+    with FileLock(str(path) + ".lock"):
+        if path.is_file() and load_probe(probe, path) is not None:
+            return probe, "cache"
+        probe.fit(X, y, X_val, y_val)
+        save_probe(probe, path, {"probe": json.dumps(probe_settings(probe), default=str), "n_train": str(len(X))})
+    return probe, "fit"
 
 
 def product_grid(**axes: tuple[Any, ...]) -> list[dict[str, Any]]:

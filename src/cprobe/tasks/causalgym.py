@@ -31,12 +31,15 @@ from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
+import cprobe.plots as plots
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import parquet_bytes, write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
                                            resolve_regions, run_gym_task)
+from cprobe.records import Derived, RecordSpec, const
 
 log = logging.getLogger("cprobe")
 
@@ -376,9 +379,10 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for (model, name), part in table.groupby(["model", "cg_task"], sort=True):
         acc = float(part["task_accuracy"].iloc[0])
         cap = "" if capable_flag(part).iloc[0] else " — NOT capable"
-        _heatmaps(part, out_dir / f"heatmap_{model}_{name}.png", f"{model} · {name} (accuracy {acc:.2f}{cap})")
+        _heatmaps(part, out_dir / f"heatmap_{safe_name(model)}_{safe_name(name)}.png",
+                  f"{model} · {name} (accuracy {acc:.2f}{cap})")
     for model, part in table[table["condition"] == "task"].groupby("model", sort=True):
-        _odds_by_layer(part, out_dir / f"odds_by_layer_{model}.png", str(model))
+        _odds_by_layer(part, out_dir / f"odds_by_layer_{safe_name(model)}.png", str(model))
 
 
 def _layer_labels(part: pd.DataFrame, layers: list[int]) -> tuple[list[str], str]:
@@ -439,7 +443,8 @@ def _heatmaps(part: pd.DataFrame, path: Path, title: str) -> None:
     cb = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
     cb.set_label(f"AvgOdds (log odds ratio); scale ±{vmax:.2f}, data {lo:.2f} … {hi:.2f}", fontsize=9)
     cb.ax.tick_params(labelsize=9)
-    fig.suptitle(f"{title}\n{ylabel}", fontsize=11)
+    _caption(fig, "CausalGym AvgOdds by layer × region (rows: task, control, selectivity)", part,
+             note=f"{title}; {ylabel}")
     save(fig, path)
 
 
@@ -462,4 +467,64 @@ def _odds_by_layer(part: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("max-over-regions AvgOdds", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
+    _caption(fig, "CausalGym: max-over-regions AvgOdds by layer, averaged over tasks", part)
     save(fig, path)
+
+
+def _caption(fig: Any, shows: str, part: pd.DataFrame, note: str = "") -> None:
+    """What every CausalGym figure names: the task(s) (the property the pairs differ in), the model, the templates,
+    n (evaluation pairs per site) and the seed."""
+    data = part["templates"] if "templates" in part else "CausalGym templates"
+    n = plots.counts(plots.values(part["n_eval"]), "eval pairs per site") if "n_eval" in part else ""
+    plots.caption(fig, shows, property=part["cg_task"], model=part["model"], data=data, n=n, seed=part.get("seed"),
+                  note=note)
+
+
+# ----------------------------------------------------------------------------------------------- records
+_OVERALL = {"overall_odds": "overall_odds", "selectivity": "control_selectivity",
+            "control_overall_odds": "control_overall_odds", "max_iia": "max_iia", "completeness": "oracle_completeness"}
+
+
+def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
+    """Per task and method the overall numbers of :func:`overall_table` (slice ``cg_task``) and their means over the
+    tasks (slice ``{}``: Table 1's cells), plus the model's accuracy per task."""
+    from cprobe.records import canonical
+
+    overall = overall_table(table)
+    if overall.empty:
+        return pd.DataFrame()
+    base = {"dataset": "causalgym", "family": "direction"}
+    rows = []
+    for rec in overall.to_dict("records"):
+        sl = canonical({"cg_task": rec["cg_task"]})
+        rows += [{**base, "model": rec["model"], "method": rec["method"], "slice": sl, "metric": m, "value": rec[c],
+                  "n": rec["n_sites"] if c != "completeness" else rec["n_decodable_sites"]}
+                 for c, m in _OVERALL.items() if c in rec]
+    for (model, task), part in overall.groupby(["model", "cg_task"], sort=False):
+        rows.append({"dataset": "causalgym", "model": model, "slice": canonical({"cg_task": task}),
+                     "metric": "task_accuracy", "value": part["task_accuracy"].iloc[0]})
+    for (model, method), part in overall.groupby(["model", "method"], sort=False):
+        rows += [{**base, "model": model, "method": method, "slice": "{}", "metric": m, "value": part[c].mean(),
+                  "n": int(part[c].notna().sum())} for c, m in _OVERALL.items() if c in part]
+    return pd.DataFrame(rows)
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+    from cprobe.records import breakdown_items
+
+    return breakdown_items(records, list(_OVERALL.values()), "cg_task")
+
+
+RECORDS = RecordSpec(
+    dataset=const("causalgym"), model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]),
+    position="region", method="method", family=const("direction"),
+    setting=Derived(lambda t: [{"stream": s, **({} if pd.isna(lam) else {"probe_lam": lam})}
+                               for s, lam in zip(t["stream"], t["probe_lam"])]),
+    slice=("cg_task", "condition"),
+    metrics={"odds": "avg_odds", "iia": "iia", "probe_accuracy": "direction_probe_accuracy",
+             "oracle_accuracy": "oracle_accuracy", "completeness": "oracle_completeness",
+             "oracle_selectivity": "oracle_selectivity"},
+    n={"*": "n_eval"}, breakdowns=("cg_task", "condition"), extra=_overall_records, items=_record_items)
+"""Per site (layer × region = position, task, condition): AvgOdds, IIA and the oracle scores; per task and over the
+tasks: the overall odds-ratio and the control selectivity (:mod:`cprobe.records`). The tasks are the items of the
+means over tasks."""

@@ -52,7 +52,10 @@ from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import acace, icace_error
+import cprobe.plots as plots
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec, const
 from cprobe.results import summarise
 from cprobe.tasks import Uses
 from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, run_effects,
@@ -300,6 +303,58 @@ def _plot(tab: pd.DataFrame, out_dir: Path) -> None:
         axes[0].legend(fontsize=9, ncols=2)
         cid = key[0] if len(key) > 4 else None
         model, task, variant, split = key[-4:]
-        fig.suptitle(f"CEBaB {task} · {model} · train {variant} · {split} pairs" + (f" · {cid}" if cid else ""),
-                     fontsize=10)
-        save(fig, out_dir / (f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "") + ".png"))
+        rows = tab[(tab["model"] == model) & (tab["cebab_task"] == task) & (tab["kind"] == "icace_error")
+                   & (tab["aspect"] == "all") & (tab["direction"] == "all")]
+        plots.caption(fig, f"CEBaB ICaCE-Error per explainer ({task} sentiment), lower is better; bars: mean ± std "
+                      "over seeds", property=[a for a in aspects if a != "all"] or "the aspects together", model=model,
+                      data=f"CEBaB, train {variant}, {split} edit pairs", n=plots.counts(plots.values(rows["n"]),
+                                                                                       "pairs"),
+                      seed=rows.get("seed"), note=cid or "")
+        save(fig, out_dir / (safe_name(f"cebab_icace_error_{model}_{task}" + (f"_{cid}" if cid else "")) + ".png"))
+
+
+# ----------------------------------------------------------------------------------------------- records
+_ROW_METRIC = {"pairs": "edit_pairs", "ate": "ate", "cace": "cace", "acace": "acace"}
+_RENAMED = {"completeness": "conceptshap_completeness"}
+
+
+def _metric(t: pd.DataFrame) -> list[str]:
+    """Each row's registered metric: ICaCE-Error per distance, the classifier's and explainers' metrics by name
+    (ConceptSHAP's completeness renamed), the data's and the model's effects by row kind."""
+    return [f"icace_error_{d}" if k == "icace_error" else _ROW_METRIC.get(k, _RENAMED.get(m, m))
+            for k, m, d in zip(t["kind"], t["metric"], t["distance"])]
+
+
+def _family(t: pd.DataFrame) -> list[str]:
+    return ["classifier" if k == "classifier" else "explainer" if e else "" for k, e in zip(t["kind"], t["explainer"])]
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
+    """Per evaluation pair, each explainer's ICaCE-Error for every distance (from ``cebab_pair_effects.parquet``):
+    the items of the overall ICaCE-Error records."""
+    from cprobe.records import item_rows
+
+    path = None if out_dir is None else Path(out_dir) / "cebab_pair_effects.parquet"
+    if path is None or not path.is_file():
+        return None
+    pairs = pd.read_parquet(path)
+    true = np.stack(pairs["icace"])
+    whole = records[(records["slice"] == "{}") & records["metric"].str.startswith("icace_error_")]
+    frames = []
+    for name, recs in whole.groupby("method", sort=False):
+        col = f"estimate_{name}"
+        if col not in pairs:
+            continue
+        est = np.stack(pairs[col])
+        values = {m: icace_error(true, est, m.removeprefix("icace_error_")) for m in recs["metric"]}
+        frames.append(item_rows(recs, values, pairs["pair"]))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+RECORDS = RecordSpec(
+    dataset=const("cebab"), model="model", method="explainer", family=Derived(_family),
+    setting=("cebab_task", "train_variant", "eval_split"), slice=("split", "aspect", "direction"),
+    slice_defaults={"split": "", "aspect": "all", "direction": "all"}, metric=Derived(_metric), value="value", n="n",
+    breakdowns=("split", "aspect", "direction"), items=_record_items)
+"""Every row as a record (:mod:`cprobe.records`): the explainer is the method (the classifiers' rows: ``explained``
+/ ``concepts``, family ``classifier``); the evaluation pairs are the items of the overall ICaCE-Errors."""

@@ -44,9 +44,11 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import liberty as M
+import cprobe.plots as plots
+from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import summarise
-from cprobe.tasks import Uses
 from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, \
     run_effects, subsample_pairs, validate_effects
 
@@ -318,11 +320,23 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
     write_table(summarise(tab, "classifier", [*GROUP, "explainer", "concept", "metric"]),
                 out_dir / "liberty_classifier")
     write_table(summarise(tab, "explainer", [*GROUP, "explainer", "concept", "metric"]), out_dir / "liberty_explainer")
-    _plot_global_of(g, out_dir)
-    _plot_sensitivity(sens, out_dir)
+    _plot_global_of(g, out_dir, tab)
+    _plot_sensitivity(sens, out_dir, tab)
 
 
-def _plot_global_of(g: pd.DataFrame, out_dir: Any) -> None:
+def _caption(fig: Any, shows: str, tab: pd.DataFrame) -> None:
+    """What every LIBERTy figure names: the concepts, the explained model(s), the benchmark (SCM), n (structural
+    counterfactual pairs) and the seed(s)."""
+    concepts = (list(tab.loc[tab["kind"].isin(["sensitivity", "importance"]), "concept"].dropna().unique())
+                if "concept" in tab else [])
+    scored = tab[tab["kind"].isin(["ed", "of"])] if "n" in tab else tab.iloc[:0]
+    plots.caption(fig, shows, property=concepts or "the SCM's concepts", model=tab["model"],
+                  data=[f"LIBERTy {s}" for s in tab["scm"].unique()],
+                  n=plots.counts(plots.values(scored["n"]) if len(scored) else "?", "counterfactual pairs"),
+                  seed=tab.get("seed"))
+
+
+def _plot_global_of(g: pd.DataFrame, out_dir: Any, tab: pd.DataFrame) -> None:
     """Fig. 3: global order-faithfulness per explainer (error bars: std over seeds), one panel per (SCM, model)."""
     if g.empty:
         return
@@ -336,10 +350,11 @@ def _plot_global_of(g: pd.DataFrame, out_dir: Any) -> None:
         ax.axhline(0.5, color="grey", lw=0.8, ls="--")
         ax.set_title(" · ".join(map(str, key if isinstance(key, tuple) else (key,))), fontsize=9)
         ax.set_ylabel("global OF (higher is better)", fontsize=8)
+    _caption(fig, "LIBERTy global order-faithfulness per explainer (error bars: std over seeds)", tab)
     save(fig, out_dir / "liberty_global_of.png")
 
 
-def _plot_sensitivity(sens: pd.DataFrame, out_dir: Any) -> None:
+def _plot_sensitivity(sens: pd.DataFrame, out_dir: Any, tab: pd.DataFrame) -> None:
     """Sensitivity heat-map (Table 17): rows = the explained models and the SCM's true effect, columns = concepts."""
     if sens.empty:
         return
@@ -353,6 +368,39 @@ def _plot_sensitivity(sens: pd.DataFrame, out_dir: Any) -> None:
         for (i, j), v in np.ndenumerate(wide.to_numpy()):
             ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="white" if v < wide.to_numpy().max()
                     * 0.6 else "black")
-        ax.set_title(f"LIBERTy {scm}: sensitivity Σ|ICaCE| per concept", fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.04)
-        save(fig, out_dir / f"liberty_sensitivity_{scm}.png")
+        _caption(fig, f"LIBERTy {scm}: sensitivity Σ|ICaCE| per concept", tab[tab["scm"] == scm])
+        save(fig, out_dir / f"liberty_sensitivity_{safe_name(scm)}.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+_REFERENCES = ("gold", "scm", "model")  # importance from true effects, the SCM's true effect, the model's sensitivity
+
+
+def _metric(t: pd.DataFrame) -> list[str]:
+    """Each row's registered metric: ED per distance (``ed``: their mean, the paper's), OF, global OF, importance,
+    sensitivity (the SCM's row: its true effect), the classifiers' and explainers' metrics by name."""
+    out = []
+    for k, m, d, e in zip(t["kind"], t["metric"], t["distance"], t["explainer"]):
+        if k == "ed":
+            out.append("ed" if d == "mean" else f"ed_{d}")
+        elif k == "sensitivity":
+            out.append("true_effect" if e == "scm" else "sensitivity")
+        elif k in ("classifier", "explainer"):
+            out.append({"completeness": "conceptshap_completeness"}.get(m, m))
+        else:
+            out.append(k)
+    return out
+
+
+def _family(t: pd.DataFrame) -> list[str]:
+    return ["classifier" if k == "classifier" else "reference" if e in _REFERENCES else "explainer"
+            for k, e in zip(t["kind"], t["explainer"])]
+
+
+RECORDS = RecordSpec(
+    dataset="scm", model="model", method="explainer", family=Derived(_family), slice=("split", "concept"),
+    slice_defaults={"split": "", "concept": "all"}, metric=Derived(_metric), value="value", n="n",
+    breakdowns=("split", "concept"))
+"""Every row as a record (:mod:`cprobe.records`); the dataset is the SCM, the explainer the method (``gold``,
+``scm``, ``model``: the references, family ``reference``)."""

@@ -17,17 +17,21 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from cprobe.cache import kind_dir
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
-from cprobe.data.registry import load_dataset
+from cprobe.data.registry import check_properties, load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
+from cprobe.records import RecordSpec, const, job_records
 from cprobe.probes import Probe
+from cprobe.probes.grid import PROBE_FITS, fit_cached
 
 log = logging.getLogger("cprobe")
 
@@ -52,6 +56,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(fractions)}")
     if not job.task_cfg.properties:
         raise ConfigError("probing.properties is empty; list the dataset properties to probe, e.g. [z_c]")
+    check_properties(job.keys.dataset, job.task_cfg.properties, "probing.properties")
 
 
 def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str, tuple[list[str], np.ndarray]]:
@@ -74,17 +79,22 @@ def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str,
     return labels
 
 
-def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray],
+                  cache_dir: Path | None = None) -> dict[str, Any]:
     """Fit on the train split (selecting hyperparameters on the validation split when there is one), score on
-    test; rows whose label is "none" (−1) are left out of every split."""
+    test; rows whose label is "none" (−1) are left out of every split. With ``cache_dir`` the fit is read back
+    when the same probe config and seed saw the same activations and labels before (``probe_source``)."""
     tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
     if len(tr) == 0 or len(te) == 0:
         raise DataError("empty train or test split after dropping 'none' labels")
     yt = torch.from_numpy(y)
-    probe.fit(X[tr], yt[tr], *((X[va], yt[va]) if va is not None and len(va) else ()))
+    t0 = time.perf_counter()
+    val = (X[va], yt[va]) if va is not None and len(va) else (None, None)
+    probe, source = fit_cached(probe, X[tr], yt[tr], *val, cache_dir=cache_dir)
     return {"accuracy": probe.score(X[te], yt[te]), "majority": majority_baseline(y[tr], y[te]),
             "n_train": len(tr), "n_val": 0 if va is None else len(va), "n_test": len(te),
-            "best_params": str(getattr(probe, "best_params", ""))}
+            "best_params": str(getattr(probe, "best_params", "")),
+            "fit_s": time.perf_counter() - t0, "probe_source": source}
 
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
@@ -105,16 +115,20 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     labels = property_labels(ex.dataset, list(config.properties), ctx)
     probes = cfg["probe"]
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
+    fit_cache = kind_dir(ctx.cache_root, PROBE_FITS) if ctx.cache.enabled else None
     rows, t0 = [], time.perf_counter()
     for prop, layer, pname in track(jobs, "probes", ctx.progress):
         values, y = labels[prop]
-        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits)
+        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits, fit_cache)
         rows.append({
             "model": adapter.name, "dataset": ex.dataset.name, "dataset_source": ex.dataset.source,
             "layer": layer, "position": cfg["position"], "property": prop, "probe": pname, **scores,
             "n_classes": len(values), "task_accuracy": task_acc, "n_dropped": ex.n_dropped,
         })
     ctx.timings["probes_s"] = time.perf_counter() - t0
+    cached = sum(r["probe_source"] == "cache" for r in rows)
+    if cached:
+        log.info("%d of %d probe fits read from the cache (%s)", cached, len(rows), fit_cache)
     return pd.DataFrame(rows)
 
 
@@ -122,6 +136,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     """PNG: probe accuracy by layer (one panel per property; lines per model × probe; dashed = majority)."""
     props = sorted(table["property"].unique())
     fig, axes = new_figure(len(props))
+    n_test = {}
     for ax, prop in zip(axes, props):
         part = table[table["property"] == prop]
         for (model, probe), g in part.groupby(["model", "probe"]):
@@ -129,8 +144,21 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
             ax.plot(g["layer"], g["accuracy"], marker="o", label=f"{model} · {probe}")
         maj = part.groupby("layer")["majority"].mean()
         ax.plot(maj.index, maj.values, "k--", lw=1, label="majority")
-        ax.set(title=f"{prop}", xlabel="layer (0 = embeddings)", ylabel="test accuracy", ylim=(0, 1.02))
+        n_test[prop] = plots.values(part["n_test"]) if "n_test" in part else "?"
+        ax.set(title=f"{prop} (n_test = {n_test[prop]})", xlabel="layer (0 = embeddings)", ylabel="test accuracy",
+               ylim=(0, 1.02))
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    plots.caption(fig, "Probe test accuracy by layer (dashed: majority baseline)", property=props,
+                  model=table["model"], data=table.get("dataset", "?"), n=plots.counts(n_test, "test items"),
+                  seed=table.get("seed"))
     save(fig, out_dir / "accuracy_by_layer.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", read_layer="layer", position="position", method="probe", family=const("probe"),
+    slice=("property",), metrics={"accuracy": "probe_accuracy", "majority": "majority_baseline"}, n={"*": "n_test"},
+    extra=lambda t: job_records(t, {"task_accuracy": "task_accuracy"}, {"dataset": "dataset", "model": "model"}))
+"""The table's rows as records (:mod:`cprobe.records`); the model's task accuracy once per job."""

@@ -6,20 +6,26 @@ One job probes a set of models (a zoo: ``model=fact_zoo``; any model config: ``m
 ``dataset=lama``: the public LAMA layout). Steps:
 
 1. the facts, N-M relations dropped; objects kept only when one token in every probed model's vocabulary;
-2. fact-world members are trained on their own corpora (cached; :mod:`cprobe.models.zoo`);
+2. fact-world members are trained on their own corpora (cached; :mod:`cprobe.models.zoo`) — and, for each
+   ``prompt_bias.controls`` entry, a control zoo: the same members on corpora with the control's overrides (the
+   experiment's ``no_preference``: no planted prompt or name preference);
 3. the cloze runner: every relation × prompt × fact × mention query through the one model entry point
-   (:class:`~cprobe.models.formatters.ClozeFormatter` + the :class:`~cprobe.models.readouts.TopK` readout), the
-   top-1 token after stop-word skipping, cached per model as a long prediction table
-   (``prompt_bias_predictions.parquet`` in the job dir holds every model's);
-4. every analysis aggregates that table (:mod:`cprobe.metrics.prompt_bias`): P@1 per relation and prompt, the
-   prompt spread (Table 1), rank instability, verbalization stability (Fig. 5), rank consistency under the
-   ``original`` / ``random`` / ``backdoor`` / ``backdoor_sampled`` evaluation settings (Table 4);
+   (:class:`~cprobe.models.formatters.ClozeFormatter` + the :class:`~cprobe.models.readouts.TopK` readout); the
+   top-k tokens are cached per model, the prediction is the first that is not a stop word (the public code's list
+   and exact matching by default; :func:`choose_predictions`); ``prompt_bias_predictions.parquet`` in the job dir
+   holds every model's;
+4. every analysis aggregates that table, per model set (:mod:`cprobe.metrics.prompt_bias`): P@1 per relation and
+   prompt, the prompt spread (Table 1), rank instability, verbalization stability (Fig. 5), rank consistency under
+   the ``original`` / ``random`` / ``backdoor`` / ``backdoor_sampled`` evaluation settings on one shared set of
+   relation draws, with the ties and the closest pair beside it (Table 4);
 5. sample disparity (Table 3, fact world only): each ``prompt_bias.disparity.base`` member continues training on
    corpora with an evidence share γ and is re-probed.
 
-The long table (column ``kind``): ``p1`` (model, relation, prompt), ``spread`` (model, relation, metric),
-``summary`` (model, metric), ``stability`` (model, relation), ``rank_instability``, ``rank_consistency`` (setting,
-model or ``overall``), ``disparity`` (model, gamma; ``gamma = -1``: the base model before continued training).
+The long table (column ``kind``; column ``variant``: ``main`` or a control's name): ``p1`` (model, relation, prompt),
+``spread`` (model, relation, metric), ``summary`` (model, metric), ``stability`` (model, relation),
+``rank_instability`` (model: which models are ranked), ``rank_consistency`` (setting, model or ``overall``),
+``rank_ties`` (setting, model or ``any``: % of draws tied), ``rank_pairs`` (setting, model ``a|b``, metric ``gap`` /
+``tied`` / ``flips``), ``disparity`` (model, gamma; ``gamma = -1``: the base model before continued training).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -40,14 +46,18 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import parquet_bytes, summarise, write_parquet
 
 log = logging.getLogger("cprobe")
 
 USES = Uses(groups=("model", "dataset"), capabilities=("model_sets",))  # a zoo (or one model) and a fact dataset
-CACHE_VERSION = 2  # 2: entries are checksummed directories keyed by the model's content identity
+CACHE_VERSION = 3  # 2: checksummed directories keyed by the model's content identity; 3: they hold the top-k tokens
 DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
+MAIN = "main"  # the variant name of the study's own zoo (controls are named by prompt_bias.controls)
+SUBSET_SHARE = 20 / 32  # the paper draws 20 of its 32 relations per run
 
 
 @dataclass(frozen=True)
@@ -74,27 +84,40 @@ class Config:
 
     models: list[str] | None = None  # model config names to probe (null: the job's `model`, or its zoo's members)
     top_k: int = 10  # tokens read per query; the prediction is the first that is not a stop word
-    skip_stop_words: bool = True
+    skip_stop_words: bool = True  # the public code's --ignore-stop-words (on by default there too)
+    stop_words: Literal["reference", "sklearn"] = "reference"  # which list (module docstring of the cloze runner)
+    skip_non_words: bool = False  # also skip punctuation-only and special tokens (not in the public code)
+    case_sensitive: bool = True  # exact match with the gold object, as the public code; false: ignore case
     settings: list[str] = field(default_factory=lambda: list(DEFAULT_SETTINGS))
     k_prompts: int = 3  # backdoor_sampled: prompts per relation
     k_mentions: int = 2  # backdoor_sampled: mentions per subject
     n_samples: int = 1000  # rank consistency: bootstrap draws
-    subset: int = 20  # rank consistency: relations per draw
+    subset: int | None = None  # relations per draw; null: the paper's share (20 of 32) of the relations probed
     rank_seed: int = 42  # the bootstrap's seed is rank_seed + the job seed (seed=0: the paper's 42)
+    instability_models: int | list[str] | None = 4  # rank instability: k (mean over k-model subsets), names, or all
     diff_threshold: float = 10.0  # Table 1: relations whose best - worst prompt gap exceeds this many points
     known_min: int = 1  # fact world: a fact is "known" to a model whose corpus stated it at least this often
+    controls: dict[str, dict] = field(default_factory=dict)  # fact world: {name: corpus overrides} -> a control zoo
     disparity: Disparity = field(default_factory=lambda: Disparity())  # Table 3 (typed: parse checks it)
     zoo: dict = field(default_factory=dict)  # {corpus: {...}, train: {...}}: overrides for every fact-world member
 
 
 def with_zoo_overrides(ms: Sequence[Mapping[str, Any]], zoo: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every fact-world member with ``prompt_bias.zoo``'s corpus / train keys laid over its own (checked)."""
+    """Every fact-world member with ``prompt_bias.zoo``'s corpus / train keys laid over its own (checked; a null
+    value keeps the member's own — the experiment lists every key as null, so ``prompt_bias.zoo.train.steps=3000``
+    needs no ``+``)."""
     from cprobe.models.zoo import fact_settings
 
     zoo = dict(zoo or {})
     unknown = sorted(set(zoo) - {"corpus", "train"})
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} under prompt_bias.zoo; known: ['corpus', 'train']")
+    for k in ("corpus", "train"):
+        node = zoo.get(k)
+        if node is not None and not isinstance(node, Mapping):
+            raise ConfigError(f"prompt_bias.zoo.{k} must be a mapping, got {node!r}")
+        zoo[k] = {key: v for key, v in dict(node or {}).items() if v is not None}
+    zoo = {k: v for k, v in zoo.items() if v}
     out = []
     for m in ms:
         m = dict(m)
@@ -105,6 +128,31 @@ def with_zoo_overrides(ms: Sequence[Mapping[str, Any]], zoo: Mapping[str, Any]) 
             fact_settings(m)
         out.append(m)
     return out
+
+
+def with_controls(ms: Sequence[Mapping[str, Any]], controls: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The probed model sets: ``main`` (the zoo as configured) and one per control — the same members, each
+    fact-world member's corpus with the control's overrides (e.g. ``no_preference``: ``prompt_skew: 0, alias_skew:
+    0``), so the control differs from the study in exactly those corpus keys (checked)."""
+    out = {MAIN: [dict(m) for m in ms]}
+    for name, corpus in dict(controls or {}).items():
+        if name == MAIN:
+            raise ConfigError(f"prompt_bias.controls: {MAIN!r} names the study's own zoo; pick another name")
+        if not isinstance(corpus, Mapping) or not corpus:
+            raise ConfigError(f"prompt_bias.controls.{name} must be a non-empty mapping of corpus keys (e.g. "
+                              "{prompt_skew: 0.0, alias_skew: 0.0}), got " + repr(corpus))
+        try:
+            out[str(name)] = with_zoo_overrides(ms, {"corpus": dict(corpus)})
+        except ConfigError as e:
+            raise ConfigError(f"prompt_bias.controls.{name}: {e}") from None
+    return out
+
+
+def subset_size(config: Config, n_relations: int) -> int:
+    """Relations per bootstrap draw: ``subset``, or (null) the paper's share — 20 of 32 — of those probed (≥ 1)."""
+    if config.subset is not None:
+        return config.subset
+    return max(1, min(n_relations, round(SUBSET_SHARE * n_relations)))
 
 
 def validate(job: Any) -> None:
@@ -129,8 +177,12 @@ def validate(job: Any) -> None:
             records = read_relations(keys, root)
         except DataError as e:
             raise ConfigError(str(e)) from None
-        n_relations = len([r for r in records if r.get("type") not in keys.drop_types
-                           and (keys.relations is None or r["relation"] in keys.relations)])
+        kept = [r for r in records if r.get("type") not in keys.drop_types
+                and (keys.relations is None or r["relation"] in keys.relations)]
+        if not kept:
+            raise ConfigError(f"no relation left to probe: the {len(records)} in {keys.relations_file} are all of a "
+                              f"dropped type (dataset.drop_types={list(keys.drop_types)}) or not in dataset.relations")
+        n_relations = len(kept)
     else:
         from cprobe.data.fact_world import check_world_keys
 
@@ -140,13 +192,24 @@ def validate(job: Any) -> None:
     fact = [m["name"] for m in ms if m.get("source") == "fact_world"]
     if fact and kind != "fact_world":
         raise ConfigError(f"model(s) {fact} are trained on a fact world; they need dataset=fact_world")
+    if kind == "fact_world":
+        with_controls(ms, cfg.controls)
     for s in cfg.settings:
         M.check_setting(s)
     if cfg.top_k < 1 or cfg.k_prompts < 1 or cfg.k_mentions < 1 or cfg.n_samples < 1 or cfg.known_min < 1:
         raise ConfigError("prompt_bias.top_k, k_prompts, k_mentions, n_samples and known_min must be >= 1")
-    if len(ms) > 1 and cfg.settings and not 1 <= cfg.subset <= n_relations:
+    if len(ms) > 1 and cfg.settings and cfg.subset is not None and not 1 <= cfg.subset <= n_relations:
         raise ConfigError(f"prompt_bias.subset must be in [1, {n_relations}] (the dataset's relations), got "
-                          f"{cfg.subset}")
+                          f"{cfg.subset}; or null: the paper's share (20 of 32) of the relations probed")
+    names = [m["name"] for m in ms]
+    if isinstance(cfg.instability_models, int) and cfg.instability_models < 2:
+        raise ConfigError(f"prompt_bias.instability_models must be >= 2 (models per ranking), a list of probed "
+                          f"models, or null (all of them); got {cfg.instability_models}")
+    if isinstance(cfg.instability_models, list):
+        unknown = [n for n in cfg.instability_models if n not in names]
+        if unknown or len(set(cfg.instability_models)) < 2:
+            raise ConfigError(f"prompt_bias.instability_models {cfg.instability_models}: name at least two distinct "
+                              f"probed models; choose from {names}")
     d = cfg.disparity
     bad = [b for b in d.base if b not in fact]
     if bad and kind == "fact_world":  # on LAMA, Table 3 is not run (continued pre-training: docs/prompt_bias.md)
@@ -159,38 +222,72 @@ def validate(job: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- cloze runner
-def stop_ids(tokenizer: Any, ids: Sequence[int]) -> set[int]:
-    """The ids among ``ids`` to skip: English stop words (scikit-learn's list), punctuation-only and special tokens."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+# The public code's stop words (causalEval utils/constant.py): NLTK's English list and the pieces of contractions.
+# Matched exactly (case-sensitive) against the decoded, stripped token, as there.
+REFERENCE_STOP_WORDS = frozenset("""
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her hers herself it
+its itself they them their theirs themselves what which who whom this that these those am is are was were be been
+being have has had having do does did doing a an the and but if or because as until while of at by for with about
+against between into through during before after above below to from up down in out on off over under again further
+then once here there when where why how all any both each few more most other some such no nor not only own same so
+than too very s t can will just don should now d ll m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma
+mightn mustn needn shan shouldn wasn weren won wouldn 'll 're 've n't 's 'd 'm '' ``
+""".split())
 
-    special = set(tokenizer.all_special_ids)
-    out = set()
-    for i in ids:
-        text = tokenizer.decode([int(i)]).strip().lower()
-        if int(i) in special or not any(ch.isalnum() for ch in text) or text in ENGLISH_STOP_WORDS:
-            out.add(int(i))
-    return out
+
+def stop_words(name: str) -> tuple[frozenset[str], bool]:
+    """(words, case_sensitive) of a stop-word list: ``reference`` (the public code's 162, exact match) or ``sklearn``
+    (scikit-learn's 318 English words, lower-cased match: it holds possible objects such as 'system', 'fire', 'us',
+    which can then never be predicted)."""
+    if name == "reference":
+        return REFERENCE_STOP_WORDS, True
+    if name == "sklearn":
+        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+        return frozenset(ENGLISH_STOP_WORDS), False
+    raise ConfigError(f"unknown stop-word list {name!r}; choose from ['reference', 'sklearn']")
 
 
-def cloze_predictions(adapter: Any, items: Sequence[Any], top_k: int, skip_stop_words: bool,
-                      desc: str | None = None) -> pd.DataFrame:
-    """One row per query: the top-1 token (after skipping stop words when asked; the raw top-1 when all ``top_k`` are
-    stop words) and whether it matches the gold object (case-insensitive, as the public code for MLMs)."""
+def cloze_predictions(adapter: Any, items: Sequence[Any], top_k: int, desc: str | None = None) -> pd.DataFrame:
+    """One row per query: the query's indices, the gold object, its ``top_k`` tokens best first (``top``: decoded and
+    stripped, as the public code) and which of them are not words (``non_word``: special or punctuation-only
+    tokens). Which token is the prediction is decided later (:func:`choose_predictions`), so a change of stop words
+    or matching reruns no model."""
     from cprobe.models.formatters import ClozeFormatter
     from cprobe.models.readouts import TopK
 
     top = adapter.map(list(items), ClozeFormatter(), readout=TopK(top_k), desc=desc).scores
     ids = top.numpy() if top is not None else np.zeros((0, top_k), dtype=np.int64)
-    skip = stop_ids(adapter.tok, np.unique(ids)) if skip_stop_words else set()
-    ok = ~np.isin(ids, list(skip)) if skip else np.ones_like(ids, dtype=bool)
-    first = np.where(ok.any(1), ok.argmax(1), 0)
-    chosen = ids[np.arange(len(ids)), first]
-    text = {int(i): adapter.tok.decode([int(i)]).strip() for i in np.unique(chosen)}
-    pred = [text[int(i)] for i in chosen]
+    special = set(adapter.tok.all_special_ids)
+    text = {int(i): adapter.tok.decode([int(i)]).strip() for i in np.unique(ids)}
+    non_word = {i: i in special or not any(ch.isalnum() for ch in t) for i, t in text.items()}
     meta = pd.DataFrame([dict(it.meta) for it in items])
-    gold = [it.outcome for it in items]
-    return meta.assign(gold=gold, prediction=pred,
-                       correct=[p.lower() == g.lower() for p, g in zip(pred, gold)])
+    return meta.assign(gold=[it.outcome for it in items], top=[[text[int(i)] for i in row] for row in ids],
+                       non_word=[[non_word[int(i)] for i in row] for row in ids])
+
+
+def choose_predictions(frame: pd.DataFrame, config: Config) -> pd.DataFrame:
+    """``frame`` (:func:`cloze_predictions`) with ``prediction`` and ``correct``, as the public code: the first of the
+    top-k tokens that is not a stop word (when every one is, the last of them); correct when it equals the gold
+    object (case-sensitive unless ``case_sensitive`` is false). ``skip_non_words`` also skips special and
+    punctuation-only tokens."""
+    if frame.empty:
+        return frame.assign(prediction=pd.Series(dtype=str), correct=pd.Series(dtype=bool))
+    top = np.array(frame["top"].tolist(), dtype=object)
+    skip = np.zeros(top.shape, dtype=bool)
+    if config.skip_stop_words:
+        words, exact = stop_words(config.stop_words)
+        vocab = np.unique(top)
+        hit = {w for w in vocab if (w if exact else w.lower()) in words}
+        skip |= np.isin(top, list(hit))
+    if config.skip_non_words:
+        skip |= np.array(frame["non_word"].tolist(), dtype=bool)
+    keep = ~skip
+    first = np.where(keep.any(1), keep.argmax(1), top.shape[1] - 1)
+    pred = top[np.arange(len(top)), first].astype(str)
+    gold = frame["gold"].to_numpy(str)
+    correct = pred == gold if config.case_sensitive else np.char.lower(pred) == np.char.lower(gold)
+    return frame.assign(prediction=pred, correct=correct)
 
 
 def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[Any], config: Config,
@@ -206,7 +303,7 @@ def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[An
     if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:
         return pd.read_parquet(io.BytesIO(blob)), True
     adapter = ctx.adapter(m)
-    frame = cloze_predictions(adapter, items, config.top_k, config.skip_stop_words,
+    frame = cloze_predictions(adapter, items, config.top_k,
                               desc=f"cloze {m['name']}" if ctx.progress else None)
     if enabled:
         meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
@@ -227,27 +324,34 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if not isinstance(data, FactData):
         raise ConfigError("the prompt_bias task needs a fact dataset (dataset=fact_world or dataset=lama)")
     ms = with_zoo_overrides(members(cfg["model"], config.models), config.zoo)
-    spec = {m["name"]: m for m in ms}
     full = None
     if data.world is not None:  # corpora are sampled over the whole world (max_examples subsamples the probes)
         from cprobe.data.fact_world import generate_world
 
         full = generate_world(data.world.keys, data.name)
-    probed: list[dict[str, Any]] = []
+    # the study's zoo and, on a fact world, one zoo per control (the same members on corpora without, e.g., the
+    # planted prompt and name preferences)
+    variants = with_controls(ms, config.controls) if full is not None else {MAIN: [dict(m) for m in ms]}
+    spec = {m["name"]: m for m in variants[MAIN]}
+    probed: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
-    for m in ms:  # fact-world members: trained on their corpora first (cached)
-        if m.get("source") == "fact_world":
-            if full is None:
-                raise ConfigError(f"model {m['name']!r} is trained on a fact world; it needs dataset=fact_world")
-            probed.append(resolved(m, fact_model_dir(m, full, ctx.cache_root, ctx.progress)))
-        else:
-            probed.append(dict(m))
+    for variant, vms in variants.items():  # fact-world members: trained on their corpora first (cached)
+        probed[variant] = []
+        for m in vms:
+            if m.get("source") == "fact_world":
+                if full is None:
+                    raise ConfigError(f"model {m['name']!r} is trained on a fact world; it needs dataset=fact_world")
+                probed[variant].append(resolved(m, fact_model_dir(m, full, ctx.cache_root, ctx.progress)))
+            else:
+                probed[variant].append(dict(m))
     ctx.timings["zoo_s"] = time.perf_counter() - t0
-    tokenizers = {m["name"]: load_tokenizer(m, ctx.cache_root, ctx.progress, ctx.data_root) for m in probed}
+    tokenizers = {f"{v}/{m['name']}" if v != MAIN else m["name"]: load_tokenizer(m, ctx.cache_root, ctx.progress,
+                                                                                 ctx.data_root)
+                  for v, vms in probed.items() for m in vms}
     data = single_token_filter(data, tokenizers)
     for note in data.notes:
         ctx.warn(note)
-    if any(m.get("kind") == "causal" for m in probed):
+    if any(m.get("kind") == "causal" for m in probed[MAIN]):
         late = [f"{r.id}/{i}" for r in data.relations.values() for i, p in enumerate(r.prompts) if not object_last(p)]
         if late:
             ctx.warn(f"{len(late)} prompt(s) have words after [Y] (e.g. {late[:3]}); a causal LM reads them cut "
@@ -256,23 +360,30 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     items_key = fingerprint(items)
     frames = []
     t0 = time.perf_counter()
-    for m in probed:
-        frame, hit = cached_predictions(ctx, m, items, config, items_key)
-        frames.append(frame.assign(model=m["name"]))
-        log.info("%s: %d cloze predictions (%s)", m["name"], len(frame), "cached" if hit else "computed")
+    for variant, vms in probed.items():
+        for m in vms:
+            frame, hit = cached_predictions(ctx, m, items, config, items_key)
+            frames.append(choose_predictions(frame, config).assign(model=m["name"], variant=variant))
+            log.info("%s%s: %d cloze predictions (%s)", m["name"], "" if variant == MAIN else f" ({variant})",
+                     len(frame), "cached" if hit else "computed")
     ctx.timings["cloze_s"] = time.perf_counter() - t0
     pred = pd.concat(frames, ignore_index=True)
     write_parquet(pred, ctx.out_dir / "prompt_bias_predictions.parquet")
-    rows = analyse(pred, config, [m["name"] for m in probed], ctx, seed=config.rank_seed + ctx.seed)
+    rows: list[dict] = []
+    for variant, vms in probed.items():
+        rows += analyse(pred[pred["variant"] == variant], config, [m["name"] for m in vms], ctx,
+                        seed=config.rank_seed + ctx.seed, variant=variant)
     if full is not None:
-        rows += _knowledge_rows(full, data, [spec[m["name"]] for m in probed], config.known_min)
+        for variant, vms in variants.items():
+            rows += _knowledge_rows(full, data, vms, config.known_min, variant)
         d = config.disparity
         if d.base:
             t0 = time.perf_counter()
-            rows += _disparity(ctx, full, data, spec, d, config, probed)
+            rows += _disparity(ctx, full, data, spec, d, config, probed[MAIN])
             ctx.timings["disparity_s"] = time.perf_counter() - t0
     table = pd.DataFrame(rows)
-    for col, fill in (("relation", ""), ("metric", ""), ("setting", ""), ("prompt", -1), ("gamma", np.nan)):
+    for col, fill in (("relation", ""), ("metric", ""), ("setting", ""), ("prompt", -1), ("gamma", np.nan),
+                      ("variant", MAIN)):
         if col not in table:
             table[col] = fill
         table[col] = table[col].fillna(fill)
@@ -282,8 +393,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
 
 
 def analyse(pred: pd.DataFrame, config: Config, models: Sequence[str], ctx: JobContext | None = None,
-            seed: int = 42) -> list[dict]:
-    """Every metric row from the prediction table (``seed``: the bootstrap's; the job uses ``rank_seed + seed``)."""
+            seed: int = 42, variant: str = MAIN) -> list[dict]:
+    """Every metric row of one model set (``variant``) from its prediction table (``seed``: the bootstrap's; the job
+    uses ``rank_seed + seed``)."""
     rows: list[dict[str, Any]] = []
     p1 = M.precision_at_1(pred)
     rows += [{"kind": "p1", "model": r.model, "relation": r.relation, "prompt": int(r.prompt), "value": r.p1,
@@ -297,9 +409,8 @@ def analyse(pred: pd.DataFrame, config: Config, models: Sequence[str], ctx: JobC
     rows += [{"kind": "stability", "model": r.model, "relation": r.relation, "value": r.stability,
               "n": int(r.subjects)} for r in stab.itertuples()]
     mean_stab = stab.groupby("model")["stability"].mean()
-    cube = M.cubes(pred)
-    relations = list(dict.fromkeys(pred["relation"]))
-    rng = np.random.default_rng(seed)
+    st = M.stack(pred, list(models))
+    backdoor = dict(zip(st.models, M.relation_scores(st, "backdoor").mean(axis=1)))
     for r in t1.itertuples():
         for k in ("lama_p1", "worst_p1", "best_p1", "std", "diff", "diff_gt10_share"):
             rows.append({"kind": "summary", "model": r.model, "metric": k, "value": float(getattr(r, k)),
@@ -307,32 +418,56 @@ def analyse(pred: pd.DataFrame, config: Config, models: Sequence[str], ctx: JobC
         rows.append({"kind": "summary", "model": r.model, "metric": "verbalization_stability",
                      "value": float(mean_stab.get(r.model, np.nan)), "n": int(r.relations)})
         rows.append({"kind": "summary", "model": r.model, "metric": "p1_backdoor", "n": int(r.relations),
-                     "value": float(np.mean([M.relation_score(cube[(r.model, rel)], "backdoor", rng)
-                                             for rel in relations]))})
+                     "value": float(backdoor[r.model])})
+    relations = st.relations
     if len(models) > 1:
-        rows.append({"kind": "rank_instability", "model": "all", "metric": "rank_instability",
-                     "value": M.rank_instability(p1), "n": len(relations)})
-        if config.subset > len(relations):
-            raise DataError(f"prompt_bias.subset={config.subset} but only {len(relations)} relations are left after "
-                            "filtering; lower it")
+        rows += _instability_rows(p1, config, models, len(relations))
+        subset = subset_size(config, len(relations))
+        if subset > len(relations):
+            raise DataError(f"prompt_bias.subset={subset} but only {len(relations)} relations are left after "
+                            "filtering; lower it (or null: the paper's share of the relations probed)")
+        picks = M.draw_subsets(len(relations), subset, config.n_samples, seed)  # one set of draws for every setting
         for setting in config.settings:
             t0 = time.perf_counter()
-            orders = M.bootstrap_orderings(cube, list(models), relations, setting, config.n_samples, config.subset,
-                                           seed, config.k_prompts, config.k_mentions)
-            per_model, overall = M.consistency(orders)
-            rows += [{"kind": "rank_consistency", "setting": setting, "model": m, "value": float(v),
-                      "n": config.n_samples} for m, v in zip(models, per_model)]
-            rows.append({"kind": "rank_consistency", "setting": setting, "model": "overall", "value": overall,
-                         "n": config.n_samples})
+            scores = M.bootstrap_scores(st, setting, picks, seed, config.k_prompts, config.k_mentions)
+            per_model, overall = M.consistency(M.orderings(scores))
+            base = {"setting": setting, "n": config.n_samples}
+            rows += [{"kind": "rank_consistency", **base, "model": m, "value": float(v)}
+                     for m, v in zip(models, per_model)]
+            rows.append({"kind": "rank_consistency", **base, "model": "overall", "value": overall})
+            tied, any_tie = M.ties(scores)
+            rows += [{"kind": "rank_ties", **base, "model": m, "value": float(v)} for m, v in zip(models, tied)]
+            rows.append({"kind": "rank_ties", **base, "model": "any", "value": any_tie})
+            for r in M.pair_stats(scores, list(models)).itertuples():
+                rows += [{"kind": "rank_pairs", **base, "model": f"{r.model_a}|{r.model_b}", "metric": k,
+                          "value": float(getattr(r, k))} for k in ("gap", "tied", "flips")]
             if ctx is not None:
-                ctx.timings[f"rank_{setting}_s"] = time.perf_counter() - t0
+                ctx.timings[f"rank_{setting}{'' if variant == MAIN else '_' + variant}_s"] = time.perf_counter() - t0
     elif ctx is not None:
         ctx.warn("one model probed: rank instability and rank consistency need at least two (a zoo, or "
                  "prompt_bias.models=[...])")
+    return [{**r, "variant": variant} for r in rows]
+
+
+def _instability_rows(p1: pd.DataFrame, config: Config, models: Sequence[str], n_relations: int) -> list[dict]:
+    """Rank instability of every probed model and of the configured ranking (``instability_models``: k models, the
+    mean over every k-model subset — the paper ranks 4 —, or the named models)."""
+    rows = [{"kind": "rank_instability", "model": f"all {len(models)}", "metric": "rank_instability",
+             "value": M.rank_instability(p1, list(models)), "n": n_relations}]
+    choice = config.instability_models
+    if isinstance(choice, int) and choice < len(models):
+        value, subsets = M.rank_instability_k(p1, choice)
+        rows.append({"kind": "rank_instability", "model": f"{choice} of {len(models)} (mean over {subsets} sets)",
+                     "metric": "rank_instability", "value": value, "n": n_relations})
+    elif isinstance(choice, list):
+        named = [m for m in choice if m in models]
+        rows.append({"kind": "rank_instability", "model": ", ".join(named), "metric": "rank_instability",
+                     "value": M.rank_instability(p1, named), "n": n_relations})
     return rows
 
 
-def _knowledge_rows(full: Any, data: Any, ms: Sequence[Mapping[str, Any]], known_min: int) -> list[dict]:
+def _knowledge_rows(full: Any, data: Any, ms: Sequence[Mapping[str, Any]], known_min: int,
+                    variant: str = MAIN) -> list[dict]:
     """Fact world: each fact-world model's true knowledge — the share (%) of the probed facts its corpus stated at
     least ``known_min`` times (and the facts' mean exposure)."""
     from cprobe.data.fact_world import sample_corpus
@@ -346,10 +481,9 @@ def _knowledge_rows(full: Any, data: Any, ms: Sequence[Mapping[str, Any]], known
             continue
         spec, _ = fact_settings(m)
         counts = sample_corpus(full, spec).fact_counts[probed]
-        rows.append({"kind": "summary", "model": m["name"], "metric": "true_knowledge",
-                     "value": 100.0 * float((counts >= known_min).mean()), "n": len(probed)})
-        rows.append({"kind": "summary", "model": m["name"], "metric": "mean_exposure", "value": float(counts.mean()),
-                     "n": len(probed)})
+        base = {"kind": "summary", "model": m["name"], "n": len(probed), "variant": variant}
+        rows.append({**base, "metric": "true_knowledge", "value": 100.0 * float((counts >= known_min).mean())})
+        rows.append({**base, "metric": "mean_exposure", "value": float(counts.mean())})
     return rows
 
 
@@ -367,6 +501,12 @@ def _disparity(ctx: JobContext, full: Any, data: Any, spec: Mapping[str, Mapping
     key = fingerprint(items)
     rows = []
     by_name = {m["name"]: m for m in probed}
+
+    def p1(m: Mapping[str, Any]) -> tuple[float, int]:
+        frame, _ = cached_predictions(ctx, m, items, config, key)
+        frame = choose_predictions(frame, config)
+        return float(frame.groupby("relation")["correct"].mean().mean() * 100), len(frame)
+
     for name in d.base:
         m = spec[name]
         corpus, train = fact_settings(m)
@@ -375,13 +515,10 @@ def _disparity(ctx: JobContext, full: Any, data: Any, spec: Mapping[str, Mapping
         for gamma in d.gammas:
             c = replace(corpus, sentences=d.sentences, gamma=gamma, seed=d.seed)
             path = fact_model_dir(cont, full, ctx.cache_root, ctx.progress, corpus=c, init_from=base_dir)
-            rm = {**resolved(m, path), "name": f"{name}+γ{gamma:g}"}
-            frame, _ = cached_predictions(ctx, rm, items, config, key)
-            p = float(frame.groupby("relation")["correct"].mean().mean() * 100)
-            rows.append({"kind": "disparity", "model": name, "gamma": gamma, "value": p, "n": len(frame)})
-        frame, _ = cached_predictions(ctx, by_name[name], items, config, key)
-        base = float(frame.groupby("relation")["correct"].mean().mean() * 100)
-        rows.append({"kind": "disparity", "model": name, "gamma": -1.0, "value": base, "n": len(items)})
+            value, n = p1({**resolved(m, path), "name": f"{name}+γ{gamma:g}"})
+            rows.append({"kind": "disparity", "model": name, "gamma": gamma, "value": value, "n": n})
+        value, n = p1(by_name[name])
+        rows.append({"kind": "disparity", "model": name, "gamma": -1.0, "value": value, "n": n})
     return rows
 
 
@@ -397,17 +534,30 @@ def _cell(m: float, s: float, n: int) -> str:
 TABLE1 = {"lama_p1": "LAMA P@1", "worst_p1": "Worst P@1", "best_p1": "Best P@1", "std": "Std",
           "diff_gt10_share": "% rel. diff>10", "verbalization_stability": "Verb. stability",
           "p1_backdoor": "P@1 (backdoor)", "true_knowledge": "True knowledge %"}
+_ROWS4 = {"overall": "Overall Rank", "any": "Draws with a tie (%)", "pair": "Closest pair",
+          "gap": "Closest-pair gap (points)", "flips": "Closest-pair flips (%)"}
+
+
+def _with_variant(table: pd.DataFrame) -> pd.DataFrame:
+    """Tables from before controls existed read as the study's own zoo."""
+    if "variant" not in table:
+        return table.assign(variant=MAIN)
+    return table.assign(variant=table["variant"].fillna(MAIN).replace("", MAIN))
+
+
+def _index(s: pd.DataFrame) -> list[str]:
+    return [k for k in ("config_id", "dataset", "variant", "model") if k in s.columns]
 
 
 def table1(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 (+ Fig. 5's mean stability, the backdoor P@1 and, on the fact world, the true knowledge): rows models,
-    cells ``mean (std)`` over seeds."""
-    s = summarise(table, "summary", ["dataset", "model", "metric"])
+    """Table 1 (+ Fig. 5's mean stability, the backdoor P@1 and, on the fact world, the true knowledge): rows
+    (variant, model), cells ``mean (std)`` over seeds."""
+    s = summarise(_with_variant(table), "summary", ["dataset", "variant", "model", "metric"])
     if s.empty:
         return s
     s = s[s["metric"].isin(list(TABLE1))]
     s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
-    idx = [k for k in ("config_id", "dataset", "model") if k in s.columns]
+    idx = _index(s)
     wide = s.pivot_table(index=idx, columns="metric", values="cell", aggfunc="first", sort=False)
     wide = wide[[k for k in TABLE1 if k in wide.columns]].rename(columns=TABLE1)
     return wide.reset_index()
@@ -425,18 +575,48 @@ def table3(table: pd.DataFrame) -> pd.DataFrame:
     return wide.rename_axis("γ (evidence share)").reset_index()
 
 
-def table4(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 4: rows models and ``Overall Rank``, columns evaluation settings, cells rank consistency (%)."""
-    s = summarise(table, "rank_consistency", ["dataset", "model", "setting"])
+def pair_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Every model pair per (variant, setting): mean gap (points), tied and flipped draws (%), means over seeds;
+    closest pair first."""
+    s = summarise(_with_variant(table), "rank_pairs", ["dataset", "variant", "setting", "model", "metric"])
     if s.empty:
         return s
+    idx = [k for k in ("config_id", "dataset", "variant", "setting", "model") if k in s.columns]
+    wide = s.pivot_table(index=idx, columns="metric", values="mean", aggfunc="first", sort=False).reset_index()
+    wide = wide.rename(columns={"model": "pair"})
+    wide["abs_gap"] = wide["gap"].abs()
+    group = [k for k in idx if k != "model"]
+    wide = wide.sort_values([*group, "abs_gap"], kind="stable").drop(columns="abs_gap")
+    return wide[[*group, "pair", "gap", "tied", "flips"]].reset_index(drop=True)
+
+
+def table4(table: pd.DataFrame) -> pd.DataFrame:
+    """Table 4: rows (variant) models, ``Overall Rank``, the share of draws with a tie and the closest pair (its
+    mean gap and the share of draws that flip its order); columns evaluation settings, cells rank consistency (%)."""
+    table = _with_variant(table)
+    s = summarise(table, "rank_consistency", ["dataset", "variant", "model", "setting"])
+    if s.empty:
+        return s
+    ties = summarise(table, "rank_ties", ["dataset", "variant", "model", "setting"])
+    s = pd.concat([s, ties[ties["model"] == "any"]], ignore_index=True)
     s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
-    idx = [k for k in ("config_id", "dataset", "model") if k in s.columns]
+    pairs = pair_table(table)
+    if not pairs.empty:
+        first = pairs.groupby([k for k in ("config_id", "dataset", "variant", "setting") if k in pairs.columns],
+                              sort=False).head(1)
+        extra = []
+        for r in first.to_dict("records"):
+            base = {k: r[k] for k in ("config_id", "dataset", "variant", "setting") if k in r}
+            extra += [{**base, "model": "pair", "cell": r["pair"].replace("|", " / ")},
+                      {**base, "model": "gap", "cell": f"{abs(r['gap']):.2f}"},
+                      {**base, "model": "flips", "cell": f"{r['flips']:.1f}"}]
+        s = pd.concat([s, pd.DataFrame(extra)], ignore_index=True)
+    idx = _index(s)
     wide = s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
     settings = [x for x in DEFAULT_SETTINGS if x in wide.columns] + [x for x in wide.columns
                                                                     if x not in DEFAULT_SETTINGS and x not in idx]
-    wide["model"] = wide["model"].replace({"overall": "Overall Rank"})
-    know = summarise(table, "summary", ["dataset", "model", "metric"])
+    wide["model"] = wide["model"].replace(_ROWS4)
+    know = summarise(table, "summary", ["dataset", "variant", "model", "metric"])
     know = know[know["metric"] == "true_knowledge"]
     if not know.empty:
         on = [k for k in idx if k in know.columns]
@@ -445,12 +625,22 @@ def table4(table: pd.DataFrame) -> pd.DataFrame:
     return wide[[*idx, *settings]]
 
 
+def ties_table(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (variant, model): the share (%) of draws in which its score ties another model's, per setting."""
+    s = summarise(_with_variant(table), "rank_ties", ["dataset", "variant", "model", "setting"])
+    if s.empty:
+        return s
+    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
+    idx = _index(s)
+    return s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
+
+
 def report(table: pd.DataFrame, out_dir: Any) -> None:
     from cprobe.results import write_table
 
     if "kind" not in table:
         return
-    tab = table.copy()
+    tab = _with_variant(table.copy())
     write_table(table1(tab), out_dir / "prompt_bias_table1")
     t3 = table3(tab)
     if not t3.empty:
@@ -458,24 +648,46 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
     t4 = table4(tab)
     if not t4.empty:
         write_table(t4, out_dir / "prompt_bias_table4")
-    write_table(summarise(tab, "spread", ["dataset", "model", "relation", "metric"]),
+        write_table(ties_table(tab), out_dir / "prompt_bias_rank_ties")
+        write_table(pair_table(tab), out_dir / "prompt_bias_rank_pairs")
+    write_table(summarise(tab, "spread", ["dataset", "variant", "model", "relation", "metric"]),
                 out_dir / "prompt_bias_relations")
-    write_table(summarise(tab, "rank_instability", ["dataset"]), out_dir / "prompt_bias_rank_instability")
-    _plot_prompts(tab, out_dir)
-    _plot_stability(tab, out_dir)
+    write_table(summarise(tab, "rank_instability", ["dataset", "variant", "model"]),
+                out_dir / "prompt_bias_rank_instability")
+    main = tab[tab["variant"] == MAIN]
+    _plot_prompts(main, out_dir)
+    _plot_stability(main, out_dir)
+
+
+def _grid(n: int, ncols: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A figure of ``n`` panels in rows of at most ``ncols`` (spare axes hidden)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = max(1, min(ncols, n))
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=True)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
 
 
 def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
-    """Fig. 3 as box plots: per model, one box per relation of its P@1 over the relation's prompts (mean over seeds),
-    the original prompt marked."""
+    """Fig. 3 as box plots: a grid of panels, one per model, one box per relation of its P@1 over the relation's
+    prompts (mean over seeds), the original prompt marked."""
     p = tab[tab["kind"] == "p1"]
     if p.empty:
         return
+    rows = p
     p = p.groupby(["model", "relation", "prompt"], sort=False)["value"].mean().reset_index()
     models = list(dict.fromkeys(p["model"]))
     relations = list(dict.fromkeys(p["relation"]))
-    fig, axes = new_figure(len(models), width=max(4.0, 0.28 * len(relations) + 1.5), height=3.2)
-    for ax, model in zip(axes, models):
+    fig, axes = _grid(len(models), ncols=2 if len(relations) > 16 else 4,
+                      width=max(3.2, min(0.22 * len(relations) + 1.2, 9.0)), height=2.8)
+    for i, (ax, model) in enumerate(zip(axes, models)):
         g = p[p["model"] == model]
         data = [g.loc[g["relation"] == r, "value"].to_numpy() for r in relations]
         ax.boxplot(data, showfliers=True)
@@ -484,10 +696,22 @@ def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
                    color="tab:red", s=14, label="original prompt", zorder=3)
         ax.set_xticks(np.arange(1, len(relations) + 1), relations, rotation=90, fontsize=6)
         ax.set_ylim(-2, 102)
-        ax.set_ylabel("P@1 over prompts", fontsize=8)
         ax.set_title(str(model), fontsize=9)
-    axes[0].legend(fontsize=7)
+        if i % (2 if len(relations) > 16 else 4) == 0:
+            ax.set_ylabel("P@1 over prompts", fontsize=8)
+    axes[0].legend(fontsize=7, loc="upper right")
+    _caption(fig, "Prompt preference: P@1 of each relation over its prompts (× the original prompt)", rows,
+             "facts per relation")
     save(fig, out_dir / "prompt_bias_prompts.png")
+
+
+def _caption(fig: Any, shows: str, rows: pd.DataFrame, unit: str) -> None:
+    """What every prompt-bias figure names: the relations probed, the model(s), the fact data, n and the seed(s)."""
+    ns = rows["n"].dropna().astype(int) if "n" in rows else pd.Series(dtype=int)
+    n = "?" if ns.empty else str(ns.min()) if ns.min() == ns.max() else f"{ns.min()}–{ns.max()}"
+    plots.caption(fig, shows, property=[f"relation {r}" for r in rows["relation"].dropna().unique()],
+                  model=rows["model"], data=rows["dataset"] if "dataset" in rows else "facts",
+                  n=f"{n} {unit}", seed=rows.get("seed"))
 
 
 def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
@@ -495,6 +719,7 @@ def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
     s = tab[tab["kind"] == "stability"]
     if s.empty:
         return
+    rows = s
     s = s.groupby(["model", "relation"], sort=False)["value"].mean().reset_index()
     models = list(dict.fromkeys(s["model"]))
     fig, (ax,) = new_figure(1, width=max(4.0, 0.9 * len(models) + 1.5), height=3.4)
@@ -502,5 +727,37 @@ def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
     ax.set_xticks(np.arange(1, len(models) + 1), models, rotation=45, ha="right", fontsize=8)
     ax.set_ylim(-2, 102)
     ax.set_ylabel("verbalization stability (%)", fontsize=8)
-    ax.set_title("Predictions unchanged across subject mentions, per relation", fontsize=9)
+    _caption(fig, "Verbalization stability: predictions unchanged across subject mentions, per relation", rows,
+             "subjects per relation")
     save(fig, out_dir / "prompt_bias_stability.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+_SPREAD = {"original": "lama_p1", "worst": "worst_p1", "best": "best_p1", "std": "prompt_std", "diff": "prompt_diff"}
+_SUMMARY = {"std": "prompt_std", "diff": "prompt_diff", "diff_gt10_share": "prompt_diff_gt10_share"}
+_KIND = {"p1": "p_at_1", "stability": "verbalization_stability", "rank_instability": "rank_instability",
+         "rank_consistency": "rank_consistency", "disparity": "disparity_p1"}
+
+
+def _metric(t: pd.DataFrame) -> list[str]:
+    """Each row's registered metric: a relation's prompt spread and the summary's means over relations share their
+    names (``lama_p1`` per relation and averaged), Table 1's ``std``/``diff`` named for what they spread over."""
+    return [_SPREAD.get(m, m) if k == "spread" else _SUMMARY.get(m, m) if k == "summary"
+            else _KIND.get(k, f"{k}_{m}" if m else k) for k, m in zip(t["kind"], t["metric"])]
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+    """The relations are the items of the means over relations (Table 1's columns)."""
+    from cprobe.records import breakdown_items
+
+    return breakdown_items(records, [*_SPREAD.values(), "verbalization_stability"], "relation")
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model=Derived(lambda t: ["" if m in ("all", "overall") else m for m in t["model"]]),
+    method="setting", family=Derived(lambda t: ["evaluation" if s else "" for s in t["setting"]]),
+    setting=Derived(lambda t: [{} if pd.isna(g) else {"gamma": g} for g in t["gamma"]]),
+    slice=("relation", "prompt"), slice_defaults={"relation": "", "prompt": -1}, metric=Derived(_metric),
+    value="value", n="n", breakdowns=("relation", "prompt"), items=_record_items)
+"""Every row as a record (:mod:`cprobe.records`): the evaluation setting (original / random / backdoor) is the
+method of rank consistency, γ the setting of sample disparity; model ``""``: all models."""

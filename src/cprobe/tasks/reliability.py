@@ -45,9 +45,11 @@ from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
+import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
 from cprobe.probes.grid import load_probe, save_probe
+from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -110,6 +112,9 @@ def validate(job: Any) -> None:
                               f"{sorted(job.keys.probe or {})} (use probe=all)")
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
+    from cprobe.data.registry import check_properties
+
+    check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
     missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
     if missing:
@@ -319,12 +324,14 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         acc_after = task_accuracy(written.scores)
     t_task = time.perf_counter() - t0
 
+    per_item: dict[str, Tensor] = {}
     scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
-                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after)
+                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after, per_item)
+    _write_items(ctx.out_dir / ITEMS_FILE, te[rows.numpy()], z_goal, per_item)
     hval = icfg.get(hparam) if hparam else None
     row = {
         "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
-        "position": position, "method": name, "kind": method.kind, "hparam": hparam,
+        "position": position, "target": target, "method": name, "kind": method.kind, "hparam": hparam,
         "hparam_value": None if hval is None else float(hval), **scores,
         "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
         **oracle_info, "oracle_probe": config.oracle_probe,
@@ -471,11 +478,14 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     deepest = max(edited)
     site_names = ",".join(_site_name(s, position) for s in sites)
     rows_out = []
+    per_layer: dict[int, dict[str, Tensor]] = {}
     for l in reads:
         X_orig = ex.acts[l].float()[items]
         X_edit = out.acts[Site(l, position)].float()
+        per_layer[l] = {}
         scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
-                                    {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after)
+                                    {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
+                                    per_layer[l])
         edited_acc = {}
         for p in (target, *others):
             ok = labels[p][items] >= 0
@@ -495,6 +505,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
         log.info("%s %s=%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name, hparam, hval,
                  site_names, config.mode, l, scores["completeness"], scores["selectivity"], scores["reliability"],
                  target, edited_acc[f"oracle_acc_edited_{target}"], scores.get("delta_task_acc"))
+    _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer)
     return pd.DataFrame(rows_out)
 
 
@@ -535,6 +546,14 @@ _FAMILIES = {  # the paper's appendix figures: 2 = GBIs, 3 = AlterRep (+ mean-di
 }
 
 
+def _caption(fig: Any, shows: str, table: pd.DataFrame) -> None:
+    """What every reliability figure names: the targeted property, model, data, n (test items) and seed."""
+    plots.caption(fig, shows, property=[f"{t} (targeted)" for t in table["target"].unique()],
+                  model=[f"{m} layer {l}" for m, l in table[["model", "layer"]].drop_duplicates().itertuples(index=False)],
+                  data=table["dataset"], n=plots.counts(plots.values(table["n_test"]), "test items"),
+                  seed=table.get("seed"))
+
+
 def report(table: pd.DataFrame, out_dir: Path) -> None:
     """Table 1 (Markdown/CSV) and Figs. 1a, 1b, 2–4 of the paper as PNGs (figures only for >1 row)."""
     best = table1(table)
@@ -561,6 +580,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     for ax in (ax_a, ax_b):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    _caption(fig, "Interventions: selectivity vs completeness, ΔTask Acc vs reliability (Canby et al. Fig. 1)", table)
     save(fig, out_dir / "fig1_tradeoffs.png")
     swept = [m for m in methods if table.loc[table["method"] == m, "hparam_value"].nunique() > 1]
     for stem, family in (*_FAMILIES.items(), ("fig_other", tuple(m for m in swept if not any(
@@ -581,10 +601,12 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
                 ax.set_xscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
+        _caption(fig, "Reliability, completeness, selectivity and ΔTask Acc by hyperparameter",
+                 table[table["method"].isin(ms)])
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
 
 
-def _setting(row: Mapping[str, Any]) -> str:
+def _setting_label(row: Mapping[str, Any]) -> str:
     x = _fmt_setting(row.get("hparam"), row.get("hparam_value"))
     return str(row["method"]) if x == "-" else f"{row['method']} {x}"
 
@@ -596,7 +618,7 @@ def read_layer_table(table: pd.DataFrame) -> pd.DataFrame:
     t = table.dropna(subset=["read_layer"]).copy()
     if t.empty:
         return t
-    t["setting"] = [_setting(r) for r in t.to_dict("records")]
+    t["setting"] = [_setting_label(r) for r in t.to_dict("records")]
     keys = [c for c in ("model", "oracle_probe", "setting", "mode", "sites", "layer", "read_layer") if c in t.columns]
     cols = [*keys, "completeness", "selectivity", "reliability",
             *sorted(c for c in t.columns if c.startswith("oracle_acc_edited_")),
@@ -614,7 +636,7 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
         t = t[t["mode"] == "single"]
     if t.empty or "target" not in t.columns:
         return None
-    t = t.assign(setting=[_setting(r) for r in t.to_dict("records")])
+    t = t.assign(setting=[_setting_label(r) for r in t.to_dict("records")])
     for col in ("oracle_probe", "model"):  # several models / oracles in one table: one panel column each
         if col in t.columns and t[col].nunique() > 1:
             t["setting"] = t[col].astype(str) + "\n" + t["setting"]
@@ -664,7 +686,86 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
             ims[i] = im
     for i, im in ims.items():
         fig.colorbar(im, ax=list(axes[i]), shrink=0.8)
-    fig.suptitle(f"Does {target} come back downstream? Oracles trained on clean states at l′ read the pass edited at "
-                 f"l (~: the clean {target} oracle at l′ is at chance)", fontsize=8)
+    plots.caption(fig, f"Does {target} come back downstream? Oracles trained on clean states at l′ read the pass "
+                  f"edited at l: accuracy on the original {target} (top), reliability (bottom)",
+                  property=f"{target} (targeted)", model=t["model"], data=t["dataset"],
+                  n=plots.counts(plots.values(t["n_test"]), "test items"), seed=t.get("seed"),
+                  note=f"~: the clean {target} oracle at l′ is at chance")
     save(fig, path)
     return path
+
+
+# ----------------------------------------------------------------------------------------------- records
+ITEMS_FILE = "reliability_items.parquet"
+"""Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
+
+
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
+                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> None:
+    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column)."""
+    from cprobe.io import atomic_write_bytes
+    from cprobe.records import parquet_bytes
+
+    items = [str(int(i)) for i in test_rows] if z_goal is None else \
+        [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
+    if all(isinstance(k, int) for k in per_item):
+        frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
+                           for l, part in per_item.items()], ignore_index=True)  # type: ignore[union-attr]
+    else:
+        frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
+    atomic_write_bytes(path, parquet_bytes(frame))
+
+
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
+    """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
+    selectivity records."""
+    from cprobe.records import item_rows
+
+    path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
+    if path is None or not path.is_file():
+        return None
+    per = pd.read_parquet(path)
+    whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
+    if "read_layer" not in per.columns:
+        values = {"oracle_completeness": per["completeness"].to_numpy(),
+                  "oracle_selectivity": per["selectivity"].to_numpy()}
+        return item_rows(whole, values, per["item"])
+    parts = []  # downstream read layers: each l′'s records get that l′'s rows
+    for l, g in per.groupby("read_layer"):
+        w = whole[whole["read_layer"] == l]
+        if not w.empty:
+            parts.append(item_rows(w, {"oracle_completeness": g["completeness"].to_numpy(),
+                                       "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+    return pd.concat(parts, ignore_index=True) if parts else None
+
+
+def _setting(t: pd.DataFrame) -> list[dict]:
+    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with; for a multi-site edit
+    also its sites and mode."""
+    n = len(t)
+    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o,
+             **({"sites": str(s), "mode": str(m)} if isinstance(m, str) and m not in ("single", "") else {})}
+            for h, v, o, s, m in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * n),
+                                     t.get("sites", [None] * n), t.get("mode", [None] * n))]
+
+
+def _read_layer(t: pd.DataFrame) -> pd.Series:
+    """The layer the oracles read: ``read_layer`` (downstream reads), else the edited layer."""
+    if "read_layer" not in t.columns:
+        return t["layer"]
+    return t["read_layer"].fillna(t["layer"]) if t["read_layer"].isna().any() else t["read_layer"]
+
+
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(_read_layer), position="position",
+    method="method", family="kind", setting=Derived(_setting),
+    metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
+             "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
+             "delta_task_acc": "delta_task_accuracy"},
+    patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
+              r"oracle_acc_edited_(.+)": ("edited_oracle_accuracy", "property"),
+              r"oracle_acc_(?!edited_)(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
+    items=_record_items)
+"""Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
+the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""

@@ -1,0 +1,118 @@
+"""The library path, without Hydra: models and datasets by config name, hidden states at sites, edits written
+back into the model. Everything here is re-exported at the package top (``cprobe.load_model`` ...).
+
+A config name is a file of the config group (``conf/model/<name>.yaml``, ``conf/dataset/<name>.yaml``, as
+``cprobe list model`` / ``cprobe list dataset`` show); keyword overrides replace its keys. Mappings work too,
+``${...}`` interpolations of the shipped YAML files included. The cache and data directories are the CLI's
+(``$CPROBE_CACHE_DIR``, ``$CPROBE_DATA_DIR``; :mod:`cprobe.paths`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from cprobe.errors import ConfigError
+
+
+def _group_config(group: str, name: str) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    from cprobe.paths import config_dir, plain_name
+
+    path = config_dir() / group / f"{plain_name(name, group)}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+        raise ConfigError(f"unknown {group} {name!r}; choose from {known}")
+    return _resolved(OmegaConf.to_container(OmegaConf.load(path), resolve=False))  # type: ignore[arg-type]
+
+
+def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with its ``${...}`` interpolations resolved as the CLI would without a compute group
+    (``${oc.select:compute.dtype,float32}`` -> ``float32``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[return-value]
+
+
+def model_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The ``model`` config of a name from ``conf/model/`` (or a mapping), overrides applied, resolved."""
+    cfg = _group_config("model", name) if isinstance(name, str) else _resolved(name)
+    return {**cfg, **overrides}
+
+
+def dataset_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The ``dataset`` config of a name from ``conf/dataset/`` (or a mapping), overrides applied, resolved."""
+    cfg = _group_config("dataset", name) if isinstance(name, str) else _resolved(name)
+    return {**cfg, **overrides}
+
+
+def load_model(name: str | Mapping[str, Any], progress: bool = False, **overrides: Any):
+    """A :class:`~cprobe.models.adapter.ModelAdapter` for a model config name (``"tiny_bert_sva"``,
+    ``"pythia_70m"``, ...) or mapping; ``device="cuda"``, ``path="/local/dir"``, ``batch_size=64`` ... override
+    its keys. The project's tiny models are trained (and cached) the first time they are asked for."""
+    from cprobe.models.load import load_adapter
+    from cprobe.paths import cache_dir, data_dir
+
+    return load_adapter(model_config(name, **overrides), cache_dir(), progress, data_dir())
+
+
+def load_dataset(name: str | Mapping[str, Any], data_root: str | Path | None = None, **overrides: Any):
+    """The dataset of a config name (``"synthetic_sva"``, ``"lgd"``, ``"generic"`` with ``path=...``) or mapping,
+    loaded and checked as a job does; ``max_examples=600`` etc. override its keys.
+
+    For agreement data (a :class:`~cprobe.data.base.Dataset`): ``data.properties`` names the properties,
+    ``data.values("z_c")`` their values (``"none"`` excluded), ``data.labels("z_c")`` the integer labels (index
+    into those values; −1 where the property does not apply), ``data.examples[i].props`` one item's values, and
+    ``data.notes`` what loading changed (e.g. duplicates dropped)."""
+    import logging
+
+    from cprobe.data.registry import load_dataset as _load
+    from cprobe.paths import data_dir
+
+    data = _load(dataset_config(name, **overrides), Path(data_root) if data_root is not None else data_dir())
+    for note in getattr(data, "notes", ()):
+        logging.getLogger("cprobe").info("%s", note)
+    return data
+
+
+def read_sites(model: Any, data: Any, layers: str | int | Sequence[int] = "all", position: str = "target",
+            cache: bool = True, progress: bool = False):
+    """Hidden states of agreement items at ``layers`` (``"all"``, ``"last"``, ints; 0 = embeddings) and
+    ``position`` (``"target"``: the [MASK] / the last prefix token), and the model's scores of the two verb forms.
+
+    Returns an :class:`~cprobe.extract.Extraction`: ``.acts[layer]`` (n, d) float32, ``.dataset`` (the items kept:
+    verb forms single tokens of the model's vocabulary), ``.scores`` (n, 2) log-probs of (correct, wrong),
+    ``.task_accuracy``. With ``cache`` the states are read from / written to the activation cache."""
+    from cprobe.cache import ActivationCache
+    from cprobe.extract import extract as _extract
+    from cprobe.extract import resolve_layers
+    from cprobe.paths import cache_dir
+
+    return _extract(model, data, resolve_layers(layers, model.n_layers), position,
+                    ActivationCache(cache_dir(), enabled=cache), progress)
+
+
+def intervene(model: Any, extraction: Any, layer: int, states: Any, position: str = "target"):
+    """Run the model again with the states at (``layer``, ``position``) replaced by ``states`` (n, d) — e.g. an
+    eraser's output — for every item of ``extraction``; returns the new (n, 2) log-probs of (correct, wrong)
+    (``task_accuracy`` of them: the agreement accuracy after the edit)."""
+    from cprobe.models.edits import Replace
+    from cprobe.models.formatters import AgreementFormatter
+    from cprobe.models.readouts import CandidateTokens
+    from cprobe.models.sites import Site
+
+    items = extraction.dataset.examples
+    if len(states) != len(items):
+        raise ConfigError(f"states has {len(states)} rows, the extraction {len(items)} items")
+    out = model.map(items, AgreementFormatter((position,)), edits={Site(layer, position): Replace(states)},
+                    readout=CandidateTokens(extraction.candidates))
+    return out.scores
+
+
+def task_accuracy(scores: Any) -> float | None:
+    """Share of items whose correct verb form scores above the wrong one (scores (n, 2); None without scores)."""
+    from cprobe.extract import task_accuracy as _acc
+
+    return _acc(scores)

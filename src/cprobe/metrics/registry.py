@@ -1,0 +1,258 @@
+"""The metrics registry: every metric a study writes to its records, with its definition, direction, range and
+paper reference (``cprobe list metrics`` prints it; ``tests/unit/test_records.py`` fails on an unregistered one).
+
+One name means one thing across studies. Where two studies' tables used one column name for different quantities,
+the records use distinct names: Canby et al.'s completeness/selectivity are ``oracle_completeness`` /
+``oracle_selectivity`` (also CausalGym's per-site oracle scores, which are the same eq. 1 and eq. 3 at a site),
+ConceptSHAP's is ``conceptshap_completeness``, and CausalGym's task − control odds is ``control_selectivity``.
+The same metric may be recorded at several granularities (per site and the mean over sites, per relation and the
+mean over relations): the record's ``slice`` and ``layer`` say which.
+
+Add a metric: one :class:`Metric` entry in :data:`METRICS` (and the study's record mapping that writes it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cprobe.errors import ConfigError
+
+HIGHER, LOWER, NEITHER = "higher", "lower", "neither"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric. ``direction``: which way is better (``neither`` for diagnostics and effect sizes, where neither
+    is); ``range``: (low, high), ``None`` for an open end; ``headline``: a leaderboard column (a study's main
+    comparison), not a diagnostic; ``unit``: what the number counts in (``""`` for a plain fraction or score)."""
+
+    name: str
+    title: str
+    definition: str
+    direction: str
+    range: tuple[float | None, float | None]
+    reference: str
+    studies: tuple[str, ...]
+    headline: bool = False
+    unit: str = ""
+
+    def contains(self, value: float) -> bool:
+        """Is ``value`` in the metric's range (NaN, an undefined value, always is)?"""
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return True
+        lo, hi = self.range
+        eps = 1e-9 * max(1.0, abs(value))
+        return (lo is None or value >= lo - eps) and (hi is None or value <= hi + eps)
+
+    @property
+    def range_text(self) -> str:
+        lo, hi = self.range
+        return f"[{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}]"
+
+
+CANBY = "Canby et al. (2024)"
+ARORA = "Arora et al. (2024), CausalGym"
+CEBAB = "Abraham et al. (2022), CEBaB"
+LIBERTY = "Toker et al. (2026), LIBERTy"
+CAO = "Cao et al. (2022)"
+
+_ENTRIES = [
+    # ------------------------------------------------------------------ shared
+    Metric("task_accuracy", "task accuracy",
+           "The model's own accuracy on the study's items without any intervention (agreement: the correct verb form "
+           "scored above the wrong one; CausalGym: the base label preferred over the source label).",
+           HIGHER, (0, 1), f"{CANBY} §5 (Task Acc before); {ARORA} §4 (capable tasks: ≥ 0.9)",
+           ("probing", "reliability", "causalgym")),
+    Metric("accuracy", "classifier accuracy",
+           "Share of test items a classifier (the explained model, or a concept classifier) labels correctly.",
+           HIGHER, (0, 1), f"{CEBAB} Table 8; {LIBERTY} §5", ("cebab", "liberty")),
+    Metric("macro_f1", "classifier macro-F1",
+           "Unweighted mean over classes of the per-class F1 of a classifier's predictions.",
+           HIGHER, (0, 1), f"{CEBAB} Table 8; {LIBERTY} §5",
+           ("cebab", "liberty")),
+    # ------------------------------------------------------------------ probing
+    Metric("probe_accuracy", "probe accuracy",
+           "Held-out accuracy of a probe trained to predict the property (slice) from the hidden state read at "
+           "read_layer (hyperparameters chosen on the validation split).",
+           HIGHER, (0, 1), "Hewitt & Liang (2019); Belinkov (2022); " + CANBY + " §4 (oracle probes)", ("probing",),
+           headline=True),
+    Metric("majority_baseline", "majority baseline",
+           "Accuracy of always predicting the training split's most frequent value, on the same test items: the "
+           "chance level a probe accuracy is read against.",
+           NEITHER, (0, 1), "Hewitt & Liang (2019)", ("probing", "reliability")),
+    # ------------------------------------------------------------------ reliability (Canby et al.)
+    Metric("oracle_completeness", "completeness",
+           "How fully the intervention sets the targeted property, as an oracle probe reads it: 1 − TV(oracle "
+           "distribution on the intervened state, goal) averaged over test items; the goal is the one-hot "
+           "counterfactual value (eq. 1) or the uniform distribution for nullifying interventions (eq. 2). "
+           "CausalGym: eq. 1 at a site (layer, region) with a per-site oracle, and the mean over the sites where the "
+           "oracle decodes the property.",
+           HIGHER, (0, 1), f"{CANBY} eqs. 1–2", ("reliability", "causalgym"), headline=True),
+    Metric("oracle_selectivity", "selectivity",
+           "How little the intervention disturbs non-targeted properties: 1 − TV(oracle distribution after, before)/m "
+           "averaged over non-targeted properties (slice property: one of them) and test items.",
+           HIGHER, (0, 1), f"{CANBY} eq. 3", ("reliability", "causalgym"), headline=True),
+    Metric("reliability", "reliability",
+           "Harmonic mean of oracle completeness and oracle selectivity (an F1 of the two).",
+           HIGHER, (0, 1), f"{CANBY} §3 (reliability), Table 1", ("reliability",), headline=True),
+    Metric("intervened_task_accuracy", "task accuracy after",
+           "The model's task accuracy when the intervened states are written back at the layer and the forward pass "
+           "continues (counterfactual: the same items with the goal value).",
+           NEITHER, (0, 1), f"{CANBY} §5 (Task Acc after)", ("reliability",)),
+    Metric("delta_task_accuracy", "ΔTask Acc",
+           "task_accuracy − intervened_task_accuracy on the same items: how much the model's behaviour changes when "
+           "the property's representation is edited (large for a counterfactual edit of a property the model uses).",
+           NEITHER, (-1, 1), f"{CANBY} Fig. 1b", ("reliability",), headline=True),
+    Metric("oracle_accuracy", "oracle accuracy",
+           "Test accuracy of the oracle probe for the property (slice) on original, un-intervened states; an oracle "
+           "near its majority baseline makes completeness/selectivity for that property meaningless.",
+           HIGHER, (0, 1), f"{CANBY} §4 (oracle probes), Table 1", ("reliability", "causalgym")),
+    Metric("edited_oracle_accuracy", "oracle accuracy after the edit",
+           "Accuracy, against each item's original value of the property (slice), of the oracle trained on clean "
+           "states at the read layer, on the states of the forward pass edited at the (possibly earlier) edited "
+           "layer: near the majority rate = erased there, near oracle_accuracy = untouched or rebuilt downstream, "
+           "near 0 = a counterfactual edit that holds (issue 22: downstream read layers).",
+           NEITHER, (0, 1), f"{CANBY} §4 oracles, read downstream of the edit", ("reliability",)),
+    Metric("oracle_majority", "oracle majority baseline",
+           "The majority baseline of the oracle's property on the test items.",
+           NEITHER, (0, 1), f"{CANBY} §4", ("reliability",)),
+    # ------------------------------------------------------------------ CausalGym (Arora et al.)
+    Metric("avg_odds", "AvgOdds",
+           "At one site (layer, region): the log odds-ratio of the source label over the base label after the "
+           "interchange intervention along the direction, relative to before, averaged over the eval pairs.",
+           HIGHER, (None, None), f"{ARORA} §5.1 (eq. 18)", ("causalgym",), unit="log odds"),
+    Metric("iia", "IIA",
+           "Interchange intervention accuracy at a site: the share of eval pairs whose intervened output prefers the "
+           "source's label.", HIGHER, (0, 1), f"{ARORA} §5.1; Geiger et al. (2022)", ("causalgym",)),
+    Metric("max_iia", "max IIA", "The largest IIA over the task's sites.", HIGHER, (0, 1), f"{ARORA} §5.1",
+           ("causalgym",)),
+    Metric("overall_odds", "overall odds-ratio",
+           "Eq. 19: the mean over layers of the max over regions of AvgOdds (per task; slice {} is the mean over "
+           "tasks, Table 1).", HIGHER, (None, None), f"{ARORA} eq. 19, Table 1", ("causalgym",), headline=True,
+           unit="log odds"),
+    Metric("control_selectivity", "selectivity (control)",
+           "Overall odds of the per-site difference task − control (the dog/give control task with the same inputs "
+           "and arbitrary labels): how specific the direction is to the task's feature.",
+           HIGHER, (None, None), f"{ARORA} §5.2, Table 1", ("causalgym",), headline=True, unit="log odds"),
+    Metric("control_overall_odds", "control overall odds",
+           "Overall odds-ratio (eq. 19) on the control task.", NEITHER, (None, None), f"{ARORA} §5.2",
+           ("causalgym",), unit="log odds"),
+    Metric("direction_probe_accuracy", "direction probe accuracy",
+           "Held-out accuracy of the classifier a supervised direction method fits at a site (probe, LDA).",
+           NEITHER, (0, 1), f"{ARORA} §3", ("causalgym",)),
+    # ------------------------------------------------------------------ CEBaB (Abraham et al.)
+    *[Metric(f"icace_error_{d}", f"ICaCE-Error ({d})",
+             f"Mean over evaluation edit pairs of the {label} between the true individual causal concept effect "
+             "(the model's output distribution on the human-edited text minus on the original) and the explainer's "
+             "estimate.", LOWER, rng, f"{CEBAB} eq. 6, Table 10, Fig. 2", ("cebab",), headline=True)
+      for d, label, rng in (("l2", "L2 distance", (0, None)), ("cosine", "cosine distance", (0, 2)),
+                            ("normdiff", "difference of L2 norms", (0, None)))],
+    Metric("edit_pairs", "edit pairs", "Number of evaluation edit pairs for the aspect and direction.", NEITHER,
+           (0, None), f"{CEBAB} Table 3", ("cebab",), unit="pairs"),
+    Metric("ate", "ATE (data)",
+           "The data's empirical average treatment effect of the aspect edit on the human overall rating (eq. 5, "
+           "averaged over pairs; rating classes of the task).", NEITHER, (None, None), f"{CEBAB} eq. 5, Table 3",
+           ("cebab",), unit="rating classes"),
+    Metric("cace", "CaCE (model)",
+           "The model's causal concept effect on its argmax class for the aspect and direction (mean over pairs).",
+           NEITHER, (None, None), f"{CEBAB} eq. 4, Table 4", ("cebab",), unit="rating classes"),
+    Metric("acace", "ACaCE (model)",
+           "Mean over an aspect's value pairs of |CaCE|.", NEITHER, (0, None), f"{CEBAB} eq. 17, Table 4",
+           ("cebab",), unit="rating classes"),
+    Metric("conceptshap_completeness", "ConceptSHAP completeness",
+           "ConceptSHAP's completeness score: how well the learned concept vectors recover the model's predictions "
+           "(accuracy through the concept bottleneck relative to the model's, above chance).",
+           HIGHER, (None, None), "Yeh et al. (2020) eq. 1; " + CEBAB + " §5", ("cebab", "liberty")),
+    Metric("concept_probe_before", "removed-concept probe (before)",
+           "Cross-validated accuracy of a fresh probe for the removed concept on the representation before removal "
+           "(INLP / LEACE explainers).", NEITHER, (0, 1), f"{CEBAB} §5 (INLP)", ("cebab",)),
+    Metric("concept_probe_after", "removed-concept probe (after)",
+           "The same probe's accuracy after the concept's removal (near chance when removal worked).", LOWER, (0, 1),
+           f"{CEBAB} §5 (INLP); Belrose et al. (2023)", ("cebab",)),
+    Metric("fallback_nearest", "nearest-match fallbacks",
+           "Queries where Approx found no exact-match text and used the nearest one.", LOWER, (0, None),
+           f"{CEBAB} §5 (Approx)", ("cebab", "liberty"), unit="queries"),
+    Metric("fallback_none", "no-match fallbacks",
+           "Queries where a matching explainer found no text at all and estimated a zero effect.", LOWER, (0, None),
+           f"{CEBAB} §5; {LIBERTY} §4", ("cebab", "liberty"), unit="queries"),
+    # ------------------------------------------------------------------ LIBERTy (Toker et al.)
+    *[Metric(f"ed_{d}", f"ED ({d})",
+             f"Error distance for one distance ({label}): the mean over concept-value changes of the mean per-pair "
+             "distance between the true ICaCE (structural counterfactuals) and the estimate.",
+             LOWER, rng, f"{LIBERTY} Def. 3", ("liberty",), headline=True)
+      for d, label, rng in (("l2", "L2", (0, None)), ("cosine", "cosine", (0, 2)), ("normdiff", "difference of norms",
+                                                                                   (0, None)))],
+    Metric("ed", "ED", "The paper's reported error distance: the mean of ed_l2, ed_cosine and ed_normdiff.", LOWER,
+           (0, None), f"{LIBERTY} Def. 3, Tables 1/15", ("liberty",), headline=True),
+    Metric("of", "OF", "Local order-faithfulness: over ordered pairs of changes sharing an example, the share of "
+           "entries where the estimate orders the two effects as the truth does.", HIGHER, (0, 1),
+           f"{LIBERTY} Def. 4, Tables 1/15", ("liberty",), headline=True),
+    Metric("global_of", "global OF", "Concordance of the explainer's global concept-importance ranking with the "
+           "gold ranking from true effects.", HIGHER, (0, 1), f"{LIBERTY} §5, Table 16", ("liberty",), headline=True),
+    Metric("importance", "concept importance", "Global importance of a concept (slice): mean |effect| of its "
+           "changes, from true effects (method gold) or an explainer's estimates.", NEITHER, (0, None),
+           f"{LIBERTY} §5, Table 2", ("liberty",)),
+    Metric("sensitivity", "sensitivity", "Σ|ICaCE| of the explained model per concept (slice), averaged over its "
+           "changes.", NEITHER, (0, None), f"{LIBERTY} Table 17", ("liberty",)),
+    Metric("true_effect", "true effect (SCM)", "The SCM's Monte-Carlo total effect of the concept on the label "
+           "(the reference the explained model's sensitivity is read against).", NEITHER, (0, None),
+           f"{LIBERTY} Table 17", ("liberty",)),
+    # ------------------------------------------------------------------ prompt bias (Cao et al.)
+    Metric("p_at_1", "P@1", "Precision at 1 (%) of the cloze query of one relation with one prompt (slice): the "
+           "share of facts whose top prediction (stop words skipped) is the object.", HIGHER, (0, 100),
+           f"{CAO} §3, Fig. 3", ("prompt_bias",), unit="%"),
+    Metric("lama_p1", "LAMA P@1", "P@1 (%) with the relation's original (LAMA) prompt; slice {} is the mean over "
+           "relations.", HIGHER, (0, 100), f"{CAO} Table 1", ("prompt_bias",), headline=True, unit="%"),
+    Metric("worst_p1", "worst P@1", "P@1 (%) of the relation's worst prompt (mean over relations at slice {}).",
+           HIGHER, (0, 100), f"{CAO} Table 1", ("prompt_bias",), unit="%"),
+    Metric("best_p1", "best P@1", "P@1 (%) of the relation's best prompt (mean over relations at slice {}).", HIGHER,
+           (0, 100), f"{CAO} Table 1", ("prompt_bias",), unit="%"),
+    Metric("prompt_std", "prompt std", "Standard deviation (ddof 0) of P@1 over the relation's prompts (mean over "
+           "relations at slice {}): how much the score depends on the wording.", LOWER, (0, 100),
+           f"{CAO} Table 1", ("prompt_bias",), headline=True, unit="%"),
+    Metric("prompt_diff", "prompt diff", "Best minus worst prompt P@1 of a relation (mean over relations at slice "
+           "{}).", LOWER, (0, 100), f"{CAO} Table 1", ("prompt_bias",), unit="%"),
+    Metric("prompt_diff_gt10_share", "% relations diff > 10", "Share (%) of relations whose best − worst prompt P@1 "
+           "exceeds the threshold (10 points).", LOWER, (0, 100), f"{CAO} Table 1", ("prompt_bias",), unit="%"),
+    Metric("verbalization_stability", "verbalization stability", "Share (%) of subjects whose prediction is the "
+           "same under every mention (alias) of the subject (per relation; mean over relations at slice {}).",
+           HIGHER, (0, 100), f"{CAO} Fig. 5", ("prompt_bias",), headline=True, unit="%"),
+    Metric("p1_backdoor", "P@1 (backdoor)", "P@1 (%) after backdoor adjustment over prompts and mentions (mean "
+           "over relations).", HIGHER, (0, 100), f"{CAO} §6", ("prompt_bias",), headline=True, unit="%"),
+    Metric("true_knowledge", "true knowledge", "Fact world: share (%) of probed facts the model's training corpus "
+           "stated at least known_min times.", NEITHER, (0, 100), f"{CAO} §4 (setting with known ground truth)",
+           ("prompt_bias",), unit="%"),
+    Metric("mean_exposure", "mean exposure", "Fact world: mean number of times the corpus states a probed fact.",
+           NEITHER, (0, None), f"{CAO} §4", ("prompt_bias",), unit="mentions"),
+    Metric("rank_instability", "rank instability", "Share (%) of relations on which the models' ordering by P@1 "
+           "differs between at least two prompts.", LOWER, (0, 100), f"{CAO} §5", ("prompt_bias",), unit="%"),
+    Metric("rank_consistency", "rank consistency", "Over bootstrap samples of relations, prompts and mentions: per "
+           "model, the share (%) of samples in which it takes its most frequent rank; model '' (all): the share "
+           "with the most frequent full ordering. method: the evaluation setting.", HIGHER, (0, 100),
+           f"{CAO} Table 4", ("prompt_bias",), headline=True, unit="%"),
+    Metric("disparity_p1", "P@1 after continued training", "Sample disparity: P@1 (%) with the original prompt "
+           "after continued training on corpora with evidence share γ (setting); γ = -1: the base model.",
+           NEITHER, (0, 100), f"{CAO} Table 3", ("prompt_bias",), unit="%"),
+]
+
+METRICS: dict[str, Metric] = {}
+for _m in _ENTRIES:
+    if _m.name in METRICS:
+        raise ValueError(f"metric {_m.name!r} registered twice")
+    if _m.direction not in (HIGHER, LOWER, NEITHER):
+        raise ValueError(f"metric {_m.name!r}: direction must be higher, lower or neither")
+    METRICS[_m.name] = _m
+
+
+def metric_info(name: str) -> Metric:
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise ConfigError(f"unknown metric {name!r}; choose from {sorted(METRICS)} (register it in "
+                          "cprobe/metrics/registry.py)") from None
+
+
+def unregistered(names) -> list[str]:
+    """The names in ``names`` that are not registered metrics, sorted."""
+    return sorted({str(n) for n in names} - set(METRICS))

@@ -1,0 +1,67 @@
+"""``environment.json``: what a job ran on (versions, Python, platform, device), for its report."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cprobe.io import atomic_write_bytes
+
+ENVIRONMENT = "environment.json"
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "hydra-core", "omegaconf", "scikit-learn", "numpy",
+            "pandas", "pyarrow", "matplotlib")
+
+
+def cprobe_version() -> str:
+    """The installed cprobe's version (package metadata: this module sits below the package top)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cprobe")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def environment(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Versions of cprobe and its core dependencies, Python, the platform, CPU threads and the accelerator (read
+    from torch only when the job already imported it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            versions[pkg] = None
+    env: dict[str, Any] = {
+        "cprobe": cprobe_version(), "python": sys.version.split()[0], "platform": platform.platform(),
+        "machine": platform.machine(), "cpu_count": os.cpu_count(), "packages": versions,
+    }
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        env["torch_threads"] = torch.get_num_threads()
+        cuda = bool(torch.cuda.is_available())
+        env["cuda"] = cuda
+        if cuda:
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["cuda_version"] = torch.version.cuda
+    if cfg is not None:
+        env["device"] = str(cfg.get("device", "auto"))
+        model = cfg.get("model") or {}
+        if isinstance(model, Mapping) and "dtype" in model:
+            env["dtype"] = str(model.get("dtype"))
+    for var in ("HF_HUB_OFFLINE", "CPROBE_SMOKE", "OMP_NUM_THREADS"):
+        if os.environ.get(var):
+            env.setdefault("env", {})[var] = os.environ[var]
+    return env
+
+
+def write_environment(out_dir: Path, cfg: Mapping[str, Any] | None = None) -> Path:
+    path = Path(out_dir) / ENVIRONMENT
+    atomic_write_bytes(path, json.dumps(environment(cfg), indent=1, default=str).encode())
+    return path

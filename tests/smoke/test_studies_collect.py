@@ -1,0 +1,115 @@
+"""Every study's smoke run: its records (registered metrics, deterministic, the paper tables rebuilt from them), and
+`cprobe collect` over all of them at once (one leaderboard, each study's tables apart)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from cprobe import records as R
+from cprobe.outputs import collect, make_records
+from cprobe.tasks import task_module
+from tests.smoke.test_e2e import REPO, cprobe
+from tests.study_runs import STUDIES
+
+pytestmark = pytest.mark.slow
+
+
+def jobs(d: Path) -> list[Path]:
+    return sorted(p.parent for p in d.rglob("status.json"))
+
+
+def test_every_study_writes_registered_deterministic_records(study_runs):
+    assert set(study_runs) == set(STUDIES)
+    for study, d in study_runs.items():
+        for job in jobs(d):
+            recs = R.read_records(job / R.RECORDS_FILE)
+            assert R.problems(recs) == [], (study, R.problems(recs))
+            assert set(recs["study"]) == {study} and recs["config_id"].nunique() == 1 and len(recs) > 0
+            assert not any(c.endswith("_s") for c in recs.columns)
+            assert not any(k.endswith("_s") or k == "seconds" for s in recs["info"] for k in R.parse(s))
+            # the records rebuilt from the job's metric table (timings apart) are byte-identical to its file
+            table = pd.read_parquet(job / "metrics.parquet")
+            again, items = make_records(study, table, job, recs["config_id"].iloc[0], int(table["seed"].iloc[0]))
+            buf = io.BytesIO()
+            again.to_parquet(buf, index=False)
+            assert buf.getvalue() == (job / R.RECORDS_FILE).read_bytes(), study
+            if (job / R.ITEMS_FILE).is_file():
+                pd.testing.assert_frame_equal(pd.read_parquet(job / R.ITEMS_FILE), R.finish_items(items))
+
+
+def _outputs(d: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(d.iterdir()) if f.suffix in (".csv", ".md", ".png")}
+
+
+def test_the_paper_tables_are_views_of_the_records(study_runs, tmp_path):
+    """Each study's report built from its metric table and from its records writes the same files, byte for byte —
+    and the job wrote those (its tables come from the records)."""
+    for study, d in study_runs.items():
+        module = task_module(study)
+        for i, job in enumerate(jobs(d)):
+            table = pd.read_parquet(job / "metrics.parquet")
+            recs = R.read_records(job / R.RECORDS_FILE)
+            a, b = tmp_path / f"{study}{i}" / "table", tmp_path / f"{study}{i}" / "records"
+            a.mkdir(parents=True)
+            b.mkdir(parents=True)
+            module.report(table, a)
+            module.report(R.from_records(recs, module.RECORDS), b)
+            assert _outputs(a) == _outputs(b) and _outputs(a), study
+            written = _outputs(job)
+            assert {k: v for k, v in written.items() if k in _outputs(a)} == _outputs(a), study
+
+
+def test_a_causalgym_sweep_writes_its_summary_and_table1(study_runs):
+    d = study_runs["causalgym"]
+    for name in ("causalgym_overall", "causalgym_summary", "causalgym_table1", "results", "leaderboard"):
+        assert (d / f"{name}.csv").is_file(), name
+    t1 = pd.read_csv(d / "causalgym_table1.csv")
+    assert set(t1["method"]) == {"das", "mean", "random", "(tasks averaged)"}
+    assert (d / "report.html").is_file()
+
+
+def test_collect_over_every_study_writes_one_leaderboard(study_runs):
+    root = next(iter(study_runs.values())).parent
+    r = cprobe("collect", str(root), cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "wrote" in r.stdout and "report.html (7 job(s)" in r.stdout
+    board = pd.read_csv(root / "leaderboard.csv")
+    assert set(board["study"]) == set(STUDIES)
+    recs = pd.read_parquet(root / "records.parquet")
+    assert set(recs["study"]) == set(STUDIES) and R.problems(R.finish(recs)) == []
+    methods = {s: set(board.loc[board["study"] == s, "method"].fillna("")) for s in STUDIES}
+    assert methods["probing"] == {"linear", "mlp"} and methods["reliability"] == {"mean_diff"}
+    assert methods["causalgym"] == {"das", "mean", "random"}  # from the sweep's two jobs
+    assert methods["cebab"] == {"random", "approx", "conceptshap", "leace"}
+    assert methods["liberty"] >= {"random", "approx", "ft_match"}
+    assert {"", "original", "random"} <= methods["prompt_bias"]
+    # per model and layer: the probes' rows carry their read layer
+    probing = board[board["study"] == "probing"]
+    assert sorted(probing["read_layer"].unique()) == [2, 4] and set(probing["metric"]) == {"probe_accuracy"}
+    # one seed: a cell's mean is its record's value; the interval is over items where a study writes them
+    rel = board[(board["study"] == "reliability") & (board["metric"] == "reliability")].iloc[0]
+    rec = recs[(recs["study"] == "reliability") & (recs["metric"] == "reliability") & (recs["slice"] == "{}")]
+    assert rel["mean"] == pytest.approx(rec["value"].iloc[0]) and pd.isna(rel["ci_low"])
+    assert rel["ci"].startswith("none")
+    ceb = board[(board["study"] == "cebab") & (board["metric"] == "icace_error_l2")]
+    assert ceb["ci"].str.startswith("bootstrap over items").all() and (ceb["items"] > 1).all()
+    assert (ceb["ci_low"] <= ceb["mean"]).all() and (ceb["mean"] <= ceb["ci_high"]).all()
+    pb = board[(board["study"] == "prompt_bias") & (board["metric"] == "lama_p1")]
+    assert len(pb) and pb["ci"].str.startswith("bootstrap over items").all()  # the relations
+    # each study's table and paper tables apart, with only its own columns
+    for study in STUDIES:
+        res = pd.read_csv(root / study / "results.csv")
+        assert set(res["task"]) == {study}
+    assert "cebab_task" not in pd.read_csv(root / "probing" / "results.csv").columns
+    assert (root / "reliability" / "table1.csv").is_file() and (root / "causalgym" / "causalgym_table1.csv").is_file()
+    assert (root / "cebab" / "cebab_icace_error.csv").is_file() and (root / "report.html").is_file()
+    md = (root / "leaderboard.md").read_text()
+    assert all(f"## {s}" in md for s in STUDIES)
+    # collecting again gives the same leaderboard
+    first = (root / "leaderboard.csv").read_bytes()
+    collect(root)
+    assert (root / "leaderboard.csv").read_bytes() == first
