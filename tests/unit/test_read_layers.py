@@ -22,6 +22,7 @@ from cprobe.models.sites import Site
 from cprobe.tasks.reliability import (
     Config,
     EditSite,
+    _validate_read_order,
     _validate_sites,
     edit_sites,
     fit_sites,
@@ -214,3 +215,13 @@ def test_downstream_rows_become_records_at_their_read_layer():
     multi = t.head(1).assign(mode="sequential", sites="2,3")
     (setting,) = set(R.to_records(multi, RECORDS, "reliability", 0, "cfg")["setting"])
     assert R.parse(setting) == {"oracle": "linear", "sites": "2,3", "mode": "sequential"}
+
+
+def test_read_layers_before_the_edit_are_refused_before_the_model_loads():
+    with pytest.raises(ConfigError, match=r"layer\(s\) \[1\] come before the edit at layer 2"):
+        _validate_read_order(Config(read_layers=[1, 3]), 2)
+    with pytest.raises(ConfigError, match="come before the edit at layer 2"):
+        _validate_read_order(Config(read_layers=1, sites=[3, 2]), "last")
+    for rc, layers in ((Config(read_layers=[2, 3]), 2), (Config(read_layers=[-1]), 2), (Config(read_layers=[1]), "last"),
+                       (Config(read_layers="all"), 3), (Config(), 3)):
+        _validate_read_order(rc, layers)  # fine, or only decidable once the model's depth is known

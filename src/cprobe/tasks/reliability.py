@@ -101,6 +101,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"intervention.hparam={hparam!r} is not a key of the intervention config {sorted(icfg)}")
     method = INTERVENTIONS.build(icfg, seed=job.keys.seed)
     _validate_sites(rc, method)
+    _validate_read_order(rc, job.keys.layers)
     if rc.target in rc.others:
         raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
     if not rc.others:
@@ -144,6 +145,20 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
         if method.kind != "nullifying":
             raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
                               f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
+
+
+def _validate_read_order(rc: Config, layers_spec: Any) -> None:
+    """Read layers before the first edit, refused before any model loads where no model is needed to tell
+    (non-negative layer numbers; `last` and negative layers are checked once the model's depth is known)."""
+    spec = rc.read_layers
+    if spec is None or spec == "all":
+        return
+    reads = [spec] if isinstance(spec, int) else list(spec)
+    edited = [_site_key(s)[0] for s in rc.sites] if rc.sites is not None else (
+        [layers_spec] if isinstance(layers_spec, int) and not isinstance(layers_spec, bool) else [])
+    if not edited or any(l < 0 for l in [*edited, *reads]):
+        return
+    read_layers(sorted(reads), edited, max([*edited, *reads]))
 
 
 def _site_key(s: int | EditSite) -> tuple[int, str | None]:
