@@ -154,6 +154,16 @@ def test_bad_site_settings_are_refused_in_one_line(node, method, match):
     assert "\n" not in str(e.value)
 
 
+def test_a_method_trained_through_the_model_is_refused_at_several_sites():
+    """Dispatch on the capability (``needs_model``: trained through the frozen model at its site, e.g. DAS)."""
+    class ThroughModel(LEACE):
+        needs_model = True
+
+    with pytest.raises(ConfigError, match="trained through the model at one site"):
+        _validate_sites(parse(Config, {"sites": [2, 3]}, "reliability"), ThroughModel())
+    _validate_sites(parse(Config, {"sites": [2], "read_layers": "all"}, "reliability"), ThroughModel())
+
+
 def test_good_site_settings_pass():
     for node in ({}, {"read_layers": "all"}, {"read_layers": [3, 4]}, {"sites": [2, 3], "mode": "sequential"},
                  {"sites": [{"layer": 1, "position": "word:1"}, 2]}, {"mode": "sequential"}):

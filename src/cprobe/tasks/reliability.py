@@ -141,6 +141,9 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
         dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if dup:
             raise ConfigError(f"reliability.sites lists {dup} more than once")
+    if rc.sites is not None and len(rc.sites) > 1 and getattr(method, "needs_model", False):
+        raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability.sites "
+                          "edits several at once: give one site (or use reliability.read_layers alone)")
     if rc.mode == "sequential":  # with one site both modes are the same edit
         if method.kind != "nullifying":
             raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
