@@ -77,3 +77,20 @@ def test_apply_refuses_what_it_cannot_apply(setup):
         Apply(LEACE().fit(X, z), z)
     with pytest.raises(ConfigError, match="fitted estimator"):
         Apply(3)
+
+
+def test_a_gradient_attack_runs_live_in_an_inference_pass(setup):
+    """FGSM differentiates its probe with respect to the states: applied inside a forward run under inference mode
+    (a multi-site edit) it gives the states of Replace(transform(X)) (tolerance 1e-5, float32). FGSM, not PGD: PGD's
+    random start depends on how the rows are batched."""
+    from cprobe.interventions.fgsm import FGSM
+
+    adapter, items, fmt, site, after, X, z = setup
+    torch.manual_seed(0)
+    probe = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    attack = FGSM.from_module(probe, 2, eps=0.5)
+    goal = 1 - z
+    live = _downstream(adapter, items, fmt, site, after, Apply(attack, goal))
+    replaced = _downstream(adapter, items, fmt, site, after, Replace(attack.transform(X, goal)))
+    torch.testing.assert_close(live, replaced, atol=1e-5, rtol=1e-5)
+    assert (live - _downstream(adapter, items, fmt, site, after, Replace(X))).abs().max() > 1e-3

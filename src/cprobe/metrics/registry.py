@@ -108,6 +108,12 @@ _ENTRIES = [
            "Test accuracy of the oracle probe for the property (slice) on original, un-intervened states; an oracle "
            "near its majority baseline makes completeness/selectivity for that property meaningless.",
            HIGHER, (0, 1), f"{CANBY} §4 (oracle probes), Table 1", ("reliability", "causalgym")),
+    Metric("edited_oracle_accuracy", "oracle accuracy after the edit",
+           "Accuracy, against each item's original value of the property (slice), of the oracle trained on clean "
+           "states at the read layer, on the states of the forward pass edited at the (possibly earlier) edited "
+           "layer: near the majority rate = erased there, near oracle_accuracy = untouched or rebuilt downstream, "
+           "near 0 = a counterfactual edit that holds (issue 22: downstream read layers).",
+           NEITHER, (0, 1), f"{CANBY} §4 oracles, read downstream of the edit", ("reliability",)),
     Metric("oracle_majority", "oracle majority baseline",
            "The majority baseline of the oracle's property on the test items.",
            NEITHER, (0, 1), f"{CANBY} §4", ("reliability",)),

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
@@ -121,6 +122,16 @@ class Apply(EditSpec):
         if self.transform is None:
             return lambda h: self.fn(h.float()).to(h.dtype)
         if self.targets is None:
-            return lambda h: self.transform(h.float()).to(h.dtype)
+            return lambda h: _outside_inference(self.transform, h.float()).to(h.dtype)
         z = self.targets[rows.to(self.targets.device)]
-        return lambda h: self.transform(h.float(), z.to(h.device)).to(h.dtype)
+        return lambda h: _outside_inference(self.transform, h.float(), z.to(h.device)).to(h.dtype)
+
+
+def _outside_inference(transform: Callable[..., Tensor], h: Tensor, *args: Tensor) -> Tensor:
+    """``transform(h, *args)`` with autograd available, also inside a pass run under ``torch.inference_mode``: a
+    gradient attack (FGSM, PGD, AutoAttack) differentiates its probe with respect to the states, which inference
+    tensors cannot take part in — so the states are cloned into ordinary tensors first (one (n, d) copy per batch)."""
+    if not torch.is_inference_mode_enabled():
+        return transform(h, *args)
+    with torch.inference_mode(False):
+        return transform(h.clone(), *(a.clone() for a in args))

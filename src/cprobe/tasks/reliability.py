@@ -1,7 +1,11 @@
 """The reliability study (Canby et al. 2024): intervene on Z_c, score completeness, selectivity,
 reliability against oracle probes, and ΔTask Acc by feeding the intervened states back.
 
-One job = one intervention at one hyperparameter setting (a sweep runs a grid). Oracle probes and the
+One job = one intervention at one hyperparameter setting (a sweep runs a grid). With ``reliability.read_layers`` the
+edit at layer l is scored by oracles trained on clean states at every read layer l′ ≥ l, reading the states of the same
+edited forward pass (one row per l′); with ``reliability.sites`` the intervention is fitted and applied at several sites
+at once (``mode: simultaneous``, each fitted on clean states) or one after another (``mode: sequential``, each refitted
+on the states the upstream edits produce). Oracle probes and the
 interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
 safetensors), so the jobs of a sweep train them once; activations come from the shared cache. The scoring
 itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
@@ -13,10 +17,10 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 import torch
@@ -26,7 +30,7 @@ from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
-from cprobe.extract import extract, resolve_layers, task_accuracy
+from cprobe.extract import check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
@@ -36,8 +40,9 @@ from cprobe.metrics.reliability import (
     oracle_informative,
     score_intervention,
 )
-from cprobe.models.edits import Replace
-from cprobe.models.formatters import AgreementFormatter
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.edits import Apply, EditSpec, Replace
+from cprobe.models.formatters import AgreementFormatter, check_word_position
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
 import cprobe.plots as plots
@@ -56,6 +61,15 @@ _PROBE_CACHE_VERSION = 3  # 3: checksummed files
 
 
 @dataclass(frozen=True)
+class EditSite:
+    """One entry of ``reliability.sites``: where the intervention is fitted and applied (a bare int is a layer at the
+    study's ``position``)."""
+
+    layer: int  # 0 = embeddings … L; negative counts from the end (-1 = L)
+    position: str | None = None  # target | first | word:<i>; null: the study's `position`
+
+
+@dataclass(frozen=True)
 class Config:
     """The ``reliability:`` node."""
 
@@ -65,6 +79,15 @@ class Config:
     interventional_probe: str = "mlp"  # the probe gradient attacks attack (never the oracle object)
     cache_probes: bool = True  # fitted oracle/interventional probes also cached on disk (CPROBE_CACHE_DIR)
     chance_margin: float = 0.02  # an oracle within this of its majority rate is flagged "at chance"
+    # Downstream read layers: null = score the states at the edited layer only (one row per job, as before);
+    # `all` = every l′ ≥ l; an int or a list of layers (each ≥ the shallowest edited layer). One row per l′.
+    read_layers: str | int | list[int] | None = None
+    # Multi-site edits: null = one site, `layers` at `position`; else a list of layers (ints) or {layer, position}
+    # entries, all edited in one forward pass (`layers` is then not read).
+    sites: list[int | EditSite] | None = None
+    # How several sites are fitted: simultaneous = each on clean states; sequential = site by site (in layer order)
+    # on the states produced by the edits already fitted upstream (erasers only).
+    mode: Literal["simultaneous", "sequential"] = "simultaneous"
 
 
 def validate(job: Any) -> None:
@@ -83,6 +106,8 @@ def validate(job: Any) -> None:
         if why:
             raise ConfigError(f"intervention {icfg['name']!r} is trained through the model on minimal pairs that "
                               f"flip {rc.target!r}: {why}")
+    _validate_sites(rc, method)
+    _validate_read_order(rc, job.keys.layers)
     if rc.target in rc.others:
         raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
     if not rc.others:
@@ -102,6 +127,87 @@ def validate(job: Any) -> None:
     if missing:
         raise ConfigError(f"the reliability task needs oracle/intervention/test splits; split.fractions has "
                           f"{list(fractions)}")
+
+
+def _validate_sites(rc: Config, method: Intervention) -> None:
+    """The model-independent checks of ``read_layers``, ``sites`` and ``mode`` (before any model loads)."""
+    spec = rc.read_layers
+    if isinstance(spec, str) and spec != "all":
+        raise ConfigError(f"reliability.read_layers={spec!r}: use null (the edited layer), 'all' (every layer from "
+                          "the edited one on), an int or a list of ints")
+    if spec is not None and spec != "all":
+        check_layers_spec(spec)
+    if rc.sites is not None:
+        if not rc.sites:
+            raise ConfigError("reliability.sites=[] edits nothing; give layers (e.g. [2, 3]) or null for `layers`")
+        keys = [_site_key(s) for s in rc.sites]
+        for _, pos in keys:
+            if pos is not None:
+                check_word_position(pos)
+        dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
+        if dup:
+            raise ConfigError(f"reliability.sites lists {dup} more than once")
+    if rc.sites is not None and len(rc.sites) > 1 and getattr(method, "needs_model", False):
+        raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability.sites "
+                          "edits several at once: give one site (or use reliability.read_layers alone)")
+    if rc.mode == "sequential":  # with one site both modes are the same edit
+        if method.kind != "nullifying":
+            raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
+                              f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
+
+
+def _validate_read_order(rc: Config, layers_spec: Any) -> None:
+    """Read layers before the first edit, refused before any model loads where no model is needed to tell
+    (non-negative layer numbers; `last` and negative layers are checked once the model's depth is known)."""
+    spec = rc.read_layers
+    if spec is None or spec == "all":
+        return
+    reads = [spec] if isinstance(spec, int) else list(spec)
+    edited = [_site_key(s)[0] for s in rc.sites] if rc.sites is not None else (
+        [layers_spec] if isinstance(layers_spec, int) and not isinstance(layers_spec, bool) else [])
+    if not edited or any(l < 0 for l in [*edited, *reads]):
+        return
+    read_layers(sorted(reads), edited, max([*edited, *reads]))
+
+
+def _site_key(s: int | EditSite) -> tuple[int, str | None]:
+    return (s, None) if isinstance(s, int) else (s.layer, s.position)
+
+
+def edit_sites(rc: Config, layers_spec: Any, position: str, n_layers: int) -> list[Site]:
+    """Where the intervention goes: ``reliability.sites`` (sorted by layer, stable), else the one layer of ``layers``
+    at ``position``."""
+    if rc.sites is None:
+        layers = resolve_layers(layers_spec, n_layers)
+        if len(layers) != 1:
+            raise ConfigError(f"the reliability task takes one layer per job (got {layers}); sweep layers with -m, "
+                              "or set reliability.sites to edit several at once")
+        return [Site(layers[0], position)]
+    out = []
+    for s in rc.sites:
+        layer, pos = _site_key(s)
+        (l,) = resolve_layers(layer, n_layers)
+        out.append(Site(l, pos or position))
+    if len(set(out)) != len(out):
+        raise ConfigError(f"reliability.sites names one site twice once layers are resolved: {out}")
+    return sorted(out, key=lambda s: s.layer)
+
+
+def read_layers(spec: Any, edited: Sequence[int], n_layers: int) -> list[int]:
+    """The layers l′ whose states the oracles read: null → the deepest edited layer; ``all`` → every l′ from the
+    deepest edited layer to the last; a list → those (each at or after the shallowest edited layer, since nothing
+    before it sees an edit)."""
+    deepest, shallowest = max(edited), min(edited)
+    if spec is None:
+        return [deepest]
+    if spec == "all":
+        return list(range(deepest, n_layers + 1))
+    out = resolve_layers(spec, n_layers)
+    early = [l for l in out if l < shallowest]
+    if early:
+        raise ConfigError(f"reliability.read_layers={spec!r}: layer(s) {early} come before the edit at layer "
+                          f"{shallowest} and cannot see it; use layers >= {shallowest} or 'all'")
+    return out
 
 
 def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
@@ -127,47 +233,22 @@ def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
     return probe, "fit"
 
 
-def run(ctx: JobContext, config: Config) -> pd.DataFrame:
-    t_job = time.perf_counter()
-    cfg = ctx.cfg
-    adapter = ctx.adapter(cfg["model"])
-    ds = load_dataset(cfg["dataset"], ctx.data_root)
-    for note in ds.notes:
-        ctx.warn(note)
-    layers = resolve_layers(cfg["layers"], adapter.n_layers)
-    if len(layers) != 1:
-        raise ConfigError(f"the reliability task takes one layer per job (got {layers}); sweep layers with -m")
-    layer = layers[0]
-    ex = extract(adapter, ds, [layer], cfg["position"], ctx.cache, progress=ctx.progress)
-    for reason, n in ex.dropped.items():
-        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
-    data = ex.dataset
-    target, others = config.target, list(config.others)
-    for p in (target, *others):
-        if p not in data.properties:
-            raise ConfigError(f"property {p!r} not in dataset {data.name!r}; it has {list(data.properties)}")
-    seed = ctx.seed
-    splits = make_splits(data, cfg["split"], seed)
-    X = ex.acts[layer].float()
-    values = {p: data.values(p) for p in (target, *others)}
-    for p, v in values.items():
-        if len(v) < 2:
-            raise DataError(f"property {p!r} has {len(v)} value(s) other than 'none' in {data.name!r} ({v}); "
-                            "the reliability study needs two or more")
-    labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
-    dev = str(resolve_device(ctx.device or "auto"))
-    memo_base = {"acts": [adapter.name, fingerprint(adapter), str(adapter.dtype), data.fingerprint(), layer,
-                          cfg["position"]], "seed": seed,
-                 "split": cfg["split"]}
-    probe_dir = ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
-        else None
+def _acts_key(adapter: ModelAdapter, data: Any, layer: int, position: str, seed: int, split: Any) -> dict[str, Any]:
+    """What a probe fitted on clean states at (layer, position) depends on (the memo / disk-cache key's base)."""
+    return {"acts": [adapter.name, fingerprint(adapter), str(adapter.dtype), data.fingerprint(), layer, position],
+            "seed": seed, "split": split}
 
-    # Oracle probes: oracle split only, original embeddings only, one per property.
-    t0 = time.perf_counter()
+
+def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], labels: Mapping[str, Tensor],
+                   splits: Mapping[str, Any], X: Tensor, memo_base: Mapping[str, Any], probe_dir: Path | None,
+                   dev: str, where: str) -> tuple[dict[str, Probe], dict[str, str], dict[str, Any]]:
+    """One oracle per property on the oracle split's clean states ``X`` (rows where it is defined), scored on the test
+    split: (oracles, where each came from, their accuracies / majority rates / informative flags)."""
+    cfg = ctx.cfg
     oracles: dict[str, Probe] = {}
     sources: dict[str, str] = {}
+    info: dict[str, Any] = {}
     te = splits["test"]
-    oracle_info: dict[str, Any] = {}
     for p in values:
         idx = splits["oracle"][labels[p][splits["oracle"]].numpy() >= 0]
         pc = cfg["probe"][config.oracle_probe]
@@ -177,39 +258,80 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         acc = oracles[p].score(X[te][ok], labels[p][te][ok])
         majority = majority_baseline(labels[p][idx], labels[p][te][ok])
         informative = oracle_informative(acc, majority, config.chance_margin)
-        oracle_info.update({f"oracle_acc_{p}": acc, f"oracle_majority_{p}": majority,
-                            f"oracle_informative_{p}": informative})
+        info.update({f"oracle_acc_{p}": acc, f"oracle_majority_{p}": majority, f"oracle_informative_{p}": informative})
         if not informative:
-            ctx.warn(f"the {p} oracle is at chance on {adapter.name} layer {layer} (accuracy {acc:.3f} vs majority "
-                     f"{majority:.3f}): {'completeness' if p == target else 'selectivity'} is not meaningful")
+            ctx.warn(f"the {p} oracle is at chance on {where} (accuracy {acc:.3f} vs majority {majority:.3f}): "
+                     f"{'completeness' if p == config.target else 'selectivity'} is not meaningful")
+    return oracles, sources, info
+
+
+def _fit_intervention(ctx: JobContext, config: Config, icfg: Mapping[str, Any], X_fit: Tensor, z_fit: Tensor,
+                      memo_base: Mapping[str, Any], probe_dir: Path | None, dev: str, sources: dict[str, str],
+                      oracles: Sequence[Probe], tag: str = "", through: Any = None) -> Intervention:
+    """A fresh intervention fitted on (X_fit, z_fit) — the intervention split's states at its site — or, for one
+    that attacks a probe, given an interventional probe trained there (its own object, never an oracle); one trained
+    through the model (``needs_model``: DAS) gets ``through()``, its minimal-pair training
+    (:func:`minimal_pair_training`)."""
+    cfg = ctx.cfg
+    method: Intervention = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
+    if method.needs_probe:
+        pc = cfg["probe"][config.interventional_probe]
+        probe, sources[f"interventional{tag}"] = _memo_probe(
+            {**memo_base, "interventional": config.target, "probe": pc}, ctx.probe(pc), X_fit.to(dev),
+            z_fit.to(dev), probe_dir)
+        assert all(probe is not o for o in oracles)
+        method.use_probe(probe)  # type: ignore[attr-defined]
+    elif method.needs_model:
+        if through is None:
+            raise ConfigError(f"intervention {icfg['name']!r} is trained through the model: it needs one edit site")
+        method.fit(X_fit.to(dev), z_fit.to(dev), through=through())  # type: ignore[call-arg]
+    else:
+        method.fit(X_fit.to(dev), z_fit.to(dev))
+    return method
+
+
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
+    t_job = time.perf_counter()
+    cfg = ctx.cfg
+    adapter = ctx.adapter(cfg["model"])
+    ds = load_dataset(cfg["dataset"], ctx.data_root)
+    for note in ds.notes:
+        ctx.warn(note)
+    position = cfg["position"]
+    sites = edit_sites(config, cfg["layers"], position, adapter.n_layers)
+    if config.read_layers is not None or config.sites is not None:
+        return _run_sites(ctx, config, adapter, ds, sites, t_job)
+    layer = sites[0].layer
+    ex = extract(adapter, ds, [layer], position, ctx.cache, progress=ctx.progress)
+    for reason, n in ex.dropped.items():
+        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
+    data = ex.dataset
+    target, others = config.target, list(config.others)
+    seed = ctx.seed
+    splits, values, labels = _labels(cfg, config, data, seed)
+    X = ex.acts[layer].float()
+    dev = str(resolve_device(ctx.device or "auto"))
+    memo_base = _acts_key(adapter, data, layer, position, seed, cfg["split"])
+    probe_dir = _probe_dir(ctx, config)
+
+    # Oracle probes: oracle split only, original embeddings only, one per property.
+    t0 = time.perf_counter()
+    te = splits["test"]
+    oracles, sources, oracle_info = _train_oracles(ctx, config, values, labels, splits, X, memo_base, probe_dir, dev,
+                                                   f"{adapter.name} layer {layer}")
     t_oracle = time.perf_counter() - t0
 
     X_te, z_te = X[te], labels[target][te]
-    if (z_te < 0).any():
-        raise ConfigError(f"the target {target!r} must be defined for every item (some are {target}=none)")
     k = len(values[target])
     icfg = dict(cfg["intervention"])
     hparam = icfg.pop("hparam", None)
     name = icfg["name"]
-    method: Intervention = INTERVENTIONS.build(icfg, seed=seed, device=ctx.device)
     inter = splits["intervention"]
-    z_inter = labels[target][inter]
     t0 = time.perf_counter()
-    if method.needs_probe:
-        # The interventional probe: intervention split, its own object (never an oracle).
-        pc = cfg["probe"][config.interventional_probe]
-        probe, sources["interventional"] = _memo_probe(
-            {**memo_base, "interventional": target, "probe": pc}, ctx.probe(pc), X[inter].to(dev), z_inter.to(dev),
-            probe_dir)
-        assert all(probe is not o for o in oracles.values())
-        method.use_probe(probe)  # type: ignore[attr-defined]
-    elif method.needs_model:
-        # A direction trained through the frozen model (DAS) on the intervention split's minimal pairs.
-        through = minimal_pair_training(adapter, data, ex, inter, layer, cfg["position"], target, cfg["dataset"],
-                                        ctx.data_root, ctx.progress)
-        method.fit(X[inter].to(dev), z_inter.to(dev), through=through)  # type: ignore[call-arg]
-    else:
-        method.fit(X[inter].to(dev), z_inter.to(dev))
+    method = _fit_intervention(ctx, config, icfg, X[inter], labels[target][inter], memo_base, probe_dir, dev, sources,
+                               list(oracles.values()),
+                               through=lambda: minimal_pair_training(adapter, data, ex, inter, layer, position, target,
+                                                                     cfg["dataset"], ctx.data_root, ctx.progress))
     t_fit = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -227,8 +349,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if ex.scores is not None:
         items = te[rows.numpy()]
         acc_before = task_accuracy(ex.scores[items])
-        written = adapter.map([data.examples[i] for i in items], AgreementFormatter((cfg["position"],)),
-                              edits={Site(layer, cfg["position"]): Replace(X_new)},
+        written = adapter.map([data.examples[i] for i in items], AgreementFormatter((position,)),
+                              edits={Site(layer, position): Replace(X_new)},
                               readout=CandidateTokens(ex.candidates[items]),
                               desc="write-back" if ctx.progress else None)
         acc_after = task_accuracy(written.scores)
@@ -241,7 +363,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     hval = icfg.get(hparam) if hparam else None
     row = {
         "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
-        "position": cfg["position"], "target": target, "method": name, "kind": method.kind, "hparam": hparam,
+        "position": position, "target": target, "method": name, "kind": method.kind, "hparam": hparam,
         "hparam_value": None if hval is None else float(hval), **scores,
         "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
         **oracle_info, "oracle_probe": config.oracle_probe,
@@ -287,6 +409,173 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
     return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())
 
 
+def _probe_dir(ctx: JobContext, config: Config) -> Path | None:
+    return ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
+        else None
+
+
+def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
+            ) -> tuple[dict[str, Any], dict[str, list], dict[str, Tensor]]:
+    """The splits, each property's values and integer labels (−1 = none); one-line errors for what cannot be scored."""
+    target, others = config.target, list(config.others)
+    for p in (target, *others):
+        if p not in data.properties:
+            raise ConfigError(f"property {p!r} not in dataset {data.name!r}; it has {list(data.properties)}")
+    splits = make_splits(data, cfg["split"], seed)
+    values = {p: data.values(p) for p in (target, *others)}
+    for p, v in values.items():
+        if len(v) < 2:
+            raise DataError(f"property {p!r} has {len(v)} value(s) other than 'none' in {data.name!r} ({v}); "
+                            "the reliability study needs two or more")
+    labels = {p: torch.from_numpy(data.labels(p, values[p])) for p in values}
+    if (labels[target][splits["test"]] < 0).any():
+        raise ConfigError(f"the target {target!r} must be defined for every item (some are {target}=none)")
+    return splits, values, labels
+
+
+def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites: Sequence[Site],
+              clean: Mapping[Site, Tensor], fit: Any, mode: str, progress: bool = False) -> dict[Site, Intervention]:
+    """Fit one intervention per site, in the order given (by layer): ``fit(site, X, upstream)`` gets the fitting
+    items' states at the site — the clean ones (``simultaneous``: every site fitted on unedited states), or
+    (``sequential``) the states read at the site in one forward pass with the edits fitted so far applied upstream
+    (``upstream`` names them), so each eraser removes what is left after the ones before it."""
+    fitted: dict[Site, Intervention] = {}
+    for s in sites:
+        if mode == "sequential" and fitted:
+            X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
+                            desc=f"refit at layer {s.layer}" if progress else None).acts[s]
+            fitted[s] = fit(s, X, list(fitted))
+        else:
+            fitted[s] = fit(s, clean[s], [])
+    return fitted
+
+
+def _site_name(s: Site, position: str) -> str:
+    return str(s.layer) if s.position == position else f"{s.layer}@{s.position}"
+
+
+def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
+               t_job: float) -> pd.DataFrame:
+    """Edit at ``sites`` (one or several) and score the states read at every read layer l′ in the same forward pass,
+    with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's output."""
+    cfg = ctx.cfg
+    position = cfg["position"]
+    seed = ctx.seed
+    edited = [s.layer for s in sites]
+    reads = read_layers(config.read_layers, edited, adapter.n_layers)
+    by_pos: dict[str, set[int]] = {position: set(reads)}
+    for s in sites:
+        by_pos.setdefault(s.position, set()).add(s.layer)
+    exs = {pos: extract(adapter, ds, sorted(ls), pos, ctx.cache, progress=ctx.progress) for pos, ls in by_pos.items()}
+    ex = exs[position]
+    for reason, n in ex.dropped.items():
+        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
+    data = ex.dataset
+    target, others = config.target, list(config.others)
+    splits, values, labels = _labels(cfg, config, data, seed)
+    te, inter = splits["test"], splits["intervention"]
+    dev = str(resolve_device(ctx.device or "auto"))
+    probe_dir = _probe_dir(ctx, config)
+    fmt = AgreementFormatter(tuple(dict.fromkeys([position, *(s.position for s in sites)])))
+
+    # Oracles at every read layer, on clean states (the same cache keys as a job edited at that layer).
+    t0 = time.perf_counter()
+    oracles: dict[int, dict[str, Probe]] = {}
+    o_sources: dict[int, dict[str, str]] = {}
+    o_info: dict[int, dict[str, Any]] = {}
+    for l in reads:
+        oracles[l], o_sources[l], o_info[l] = _train_oracles(
+            ctx, config, values, labels, splits, ex.acts[l].float(),
+            _acts_key(adapter, data, l, position, seed, cfg["split"]), probe_dir, dev, f"{adapter.name} layer {l}")
+    all_oracles = [o for per in oracles.values() for o in per.values()]
+    t_oracle = time.perf_counter() - t0
+
+    # The intervention at each site: on clean states (simultaneous), or site by site on the states the upstream
+    # edits produce (sequential: one forward over the intervention split per site).
+    icfg = dict(cfg["intervention"])
+    hparam = icfg.pop("hparam", None)
+    name = icfg["name"]
+    z_inter = labels[target][inter]
+    t0 = time.perf_counter()
+    sources: dict[str, str] = {}
+
+    def fit_at(s: Site, X_fit: Tensor, upstream: Sequence[Site]) -> Intervention:
+        key = _acts_key(adapter, data, s.layer, s.position, seed, cfg["split"])
+        if upstream:  # refitted on edited states: its interventional probe (if any) is keyed by the edits too
+            key = {**key, "after": [[u.layer, u.position] for u in upstream], "intervention": icfg}
+        tag = "" if len(sites) == 1 else f"@{_site_name(s, position)}"
+        through = None if upstream else (lambda: minimal_pair_training(
+            adapter, data, exs[s.position], inter, s.layer, s.position, target, cfg["dataset"], ctx.data_root,
+            ctx.progress))
+        return _fit_intervention(ctx, config, icfg, X_fit, z_inter, key, probe_dir, dev, sources, all_oracles, tag,
+                                 through)
+
+    fitted = fit_sites(adapter, [data.examples[i] for i in inter], fmt, sites,
+                       {s: exs[s.position].acts[s.layer].float()[inter] for s in sites}, fit_at, config.mode,
+                       progress=ctx.progress)
+    t_fit = time.perf_counter() - t0
+    kind = next(iter(fitted.values())).kind
+
+    # One forward over the scored test items: every site edited, every read layer read, the task output scored.
+    t0 = time.perf_counter()
+    z_te = labels[target][te]
+    if kind == "counterfactual":
+        rows, z_goal = counterfactual_targets(z_te, len(values[target]))
+    else:
+        rows, z_goal = torch.arange(len(te)), None
+    items = te[rows.numpy()]
+    edits: dict[Site, EditSpec]
+    if len(sites) == 1:  # the one-site edit as the states the plain study scores (Replace of the transform)
+        (s,) = sites
+        X_site = exs[s.position].acts[s.layer].float()[items].to(dev)
+        m = fitted[s]
+        X_new = (m.transform(X_site, z_goal.to(dev)) if z_goal is not None else m.transform(X_site)).float().cpu()
+        edits = {s: Replace(X_new)}
+    else:
+        edits = {s: Apply(m, z_goal) for s, m in fitted.items()}
+    readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
+    out = adapter.map([data.examples[i] for i in items], fmt, read=[Site(l, position) for l in reads], edits=edits,
+                      readout=readout, desc="edited pass" if ctx.progress else None)
+    acc_before = acc_after = None
+    if readout is not None:
+        acc_before, acc_after = task_accuracy(ex.scores[items]), task_accuracy(out.scores)
+    t_apply = time.perf_counter() - t0
+
+    hval = icfg.get(hparam) if hparam else None
+    deepest = max(edited)
+    site_names = ",".join(_site_name(s, position) for s in sites)
+    rows_out = []
+    per_layer: dict[int, dict[str, Tensor]] = {}
+    for l in reads:
+        X_orig = ex.acts[l].float()[items]
+        X_edit = out.acts[Site(l, position)].float()
+        per_layer[l] = {}
+        scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
+                                    {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
+                                    per_layer[l])
+        edited_acc = {}
+        for p in (target, *others):
+            ok = labels[p][items] >= 0
+            edited_acc[f"oracle_acc_edited_{p}"] = oracles[l][p].score(X_edit[ok], labels[p][items][ok])
+        rows_out.append({
+            "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": deepest,
+            "read_layer": l, "sites": site_names, "target": target, "mode": config.mode if len(sites) > 1 else "single",
+            "position": position, "method": name, "kind": kind, "hparam": hparam,
+            "hparam_value": None if hval is None else float(hval), **scores, **edited_acc,
+            "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
+            **o_info[l], "oracle_probe": config.oracle_probe,
+            "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
+            "device": str(dev),
+            "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_sources[l], **sources}.items()),
+            "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "job_s": time.perf_counter() - t_job,
+        })
+        log.info("%s%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name,
+                 f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"], scores["selectivity"], scores["reliability"],
+                 target, edited_acc[f"oracle_acc_edited_{target}"], scores.get("delta_task_acc"))
+    _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer)
+    return pd.DataFrame(rows_out)
+
+
 _KIND_ORDER = {"counterfactual": 0, "nullifying": 1}
 
 
@@ -299,7 +588,7 @@ def table1(table: pd.DataFrame) -> pd.DataFrame:
     t = table.dropna(subset=["reliability"]).reset_index(drop=True)  # idxmax needs unique labels
     if t.empty:
         return t
-    keys = [c for c in ("model", "layer", "oracle_probe", "method") if c in t.columns]
+    keys = [c for c in ("model", "layer", "sites", "mode", "read_layer", "oracle_probe", "method") if c in t.columns]
     best = t.loc[t.groupby(keys, dropna=False)["reliability"].idxmax()].copy()
     best["x_opt"] = [_fmt_setting(h, v) for h, v in zip(best["hparam"], best["hparam_value"])]
     best["_kind"] = best["kind"].map(_KIND_ORDER).fillna(2)
@@ -337,6 +626,12 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     best = table1(table)
     if not best.empty:
         write_table(best, out_dir / "table1")
+    if "read_layer" in table.columns:  # downstream read layers / multi-site rows
+        rl = read_layer_table(table)
+        if not rl.empty:
+            write_table(rl, out_dir / "read_layers")
+        read_layer_heatmap(table, out_dir / "fig_read_layers.png")
+        table = table[table["read_layer"].isna() | (table["read_layer"] == table["layer"])]
     if len(table) < 2:
         return  # one sweep job: its own row is the table; figures come with `cprobe collect`
     methods = sorted(table["method"].unique())
@@ -378,18 +673,113 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         save(fig, out_dir / f"{stem}_metrics_vs_hparam.png")
 
 
+def _setting_label(row: Mapping[str, Any]) -> str:
+    x = _fmt_setting(row.get("hparam"), row.get("hparam_value"))
+    return str(row["method"]) if x == "-" else f"{row['method']} {x}"
+
+
+def read_layer_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The downstream-read rows, one per (setting, sites, mode, l′): C, S, R, the oracles' accuracies on the edited
+    states (``oracle_acc_edited_*``: how much of each property an oracle trained on clean states at l′ still reads)
+    and on the clean ones, and ΔTask (one value per edit: it does not depend on l′)."""
+    t = table.dropna(subset=["read_layer"]).copy()
+    if t.empty:
+        return t
+    t["setting"] = [_setting_label(r) for r in t.to_dict("records")]
+    keys = [c for c in ("model", "oracle_probe", "setting", "mode", "sites", "layer", "read_layer") if c in t.columns]
+    cols = [*keys, "completeness", "selectivity", "reliability",
+            *sorted(c for c in t.columns if c.startswith("oracle_acc_edited_")),
+            *sorted(c for c in t.columns if c.startswith("oracle_acc_") and not c.startswith("oracle_acc_edited_")),
+            "delta_task_acc"]
+    return t.sort_values(keys)[[c for c in cols if c in t.columns]].reset_index(drop=True)
+
+
+def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
+    """The l × l′ recovery heat-map, one column of panels per setting (single-site edits only): top, the target
+    oracle's accuracy at l′ on the states of the pass edited at l (≈ majority = erased there, ≈ the clean accuracy =
+    recovered); bottom, reliability R at l′. Written when some setting has more than one (l, l′) cell."""
+    t = table.dropna(subset=["read_layer"])
+    if "mode" in t.columns:
+        t = t[t["mode"] == "single"]
+    if t.empty or "target" not in t.columns:
+        return None
+    t = t.assign(setting=[_setting_label(r) for r in t.to_dict("records")])
+    for col in ("oracle_probe", "model"):  # several models / oracles in one table: one panel column each
+        if col in t.columns and t[col].nunique() > 1:
+            t["setting"] = t[col].astype(str) + "\n" + t["setting"]
+    settings = [s for s, g in t.groupby("setting", sort=True) if len(g[["layer", "read_layer"]].drop_duplicates()) > 1]
+    if not settings:
+        return None
+    import numpy as np
+
+    target = str(t["target"].iloc[0])
+    acc_col = f"oracle_acc_edited_{target}"
+    ls = sorted({int(v) for v in t["layer"]} | {int(v) for v in t["read_layer"]})
+    lo, hi = ls[0], ls[-1]
+    n = hi - lo + 1
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(settings), figsize=(2.3 * len(settings) + 0.6, 4.6), squeeze=False,
+                             layout="constrained")
+    ims: dict[int, Any] = {}
+    for j, setting in enumerate(settings):
+        g = t[t["setting"] == setting]
+        for i, (col, label, cmap) in enumerate(((acc_col, f"oracle acc. ({target})", "viridis"),
+                                                ("reliability", "reliability R", "magma"))):
+            grid = np.full((n, n), np.nan)
+            chance = np.zeros((n, n), dtype=bool)
+            for r in g.itertuples(index=False):
+                a, b = int(getattr(r, "layer")) - lo, int(getattr(r, "read_layer")) - lo
+                grid[a, b] = getattr(r, col)
+                chance[a, b] = not bool(getattr(r, f"oracle_informative_{target}", True))
+            ax = axes[i][j]
+            im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap=cmap, origin="upper")
+            for a in range(n):
+                for b in range(n):
+                    if not np.isnan(grid[a, b]):
+                        ax.text(b, a, f"{'~' if chance[a, b] else ''}{grid[a, b]:.2f}", ha="center", va="center",
+                                fontsize=6,
+                                color="white" if grid[a, b] < 0.75 else "black")
+            ax.set_xticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
+            ax.set_yticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
+            ax.set_xlabel("read layer l′", fontsize=7)
+            if j == 0:
+                ax.set_ylabel(f"edited layer l\n{label}", fontsize=7)
+            if i == 0:
+                ax.set_title(setting, fontsize=8)
+            ims[i] = im
+    for i, im in ims.items():
+        fig.colorbar(im, ax=list(axes[i]), shrink=0.8)
+    plots.caption(fig, f"Does {target} come back downstream? Oracles trained on clean states at l′ read the pass "
+                  f"edited at l: accuracy on the original {target} (top), reliability (bottom)",
+                  property=f"{target} (targeted)", model=t["model"], data=t["dataset"],
+                  n=plots.counts(plots.values(t["n_test"]), "test items"), seed=t.get("seed"),
+                  note=f"~: the clean {target} oracle at l′ is at chance")
+    save(fig, path)
+    return path
+
+
 # ----------------------------------------------------------------------------------------------- records
 ITEMS_FILE = "reliability_items.parquet"
 """Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
 
 
-def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None, per_item: dict[str, Tensor]) -> None:
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
+                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> None:
+    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column)."""
     from cprobe.io import atomic_write_bytes
     from cprobe.records import parquet_bytes
 
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
-    frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})
+    if all(isinstance(k, int) for k in per_item):
+        frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
+                           for l, part in per_item.items()], ignore_index=True)  # type: ignore[union-attr]
+    else:
+        frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
     atomic_write_bytes(path, parquet_bytes(frame))
 
 
@@ -403,24 +793,45 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
         return None
     per = pd.read_parquet(path)
     whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
-    values = {"oracle_completeness": per["completeness"].to_numpy(), "oracle_selectivity": per["selectivity"].to_numpy()}
-    return item_rows(whole, values, per["item"])
+    if "read_layer" not in per.columns:
+        values = {"oracle_completeness": per["completeness"].to_numpy(),
+                  "oracle_selectivity": per["selectivity"].to_numpy()}
+        return item_rows(whole, values, per["item"])
+    parts = []  # downstream read layers: each l′'s records get that l′'s rows
+    for l, g in per.groupby("read_layer"):
+        w = whole[whole["read_layer"] == l]
+        if not w.empty:
+            parts.append(item_rows(w, {"oracle_completeness": g["completeness"].to_numpy(),
+                                       "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+    return pd.concat(parts, ignore_index=True) if parts else None
 
 
 def _setting(t: pd.DataFrame) -> list[dict]:
-    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with."""
-    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o}
-            for h, v, o in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * len(t)))]
+    """The swept hyperparameter ({} for LEACE) and the oracle probe the scores are read with; for a multi-site edit
+    also its sites and mode."""
+    n = len(t)
+    return [{**({h: v} if isinstance(h, str) and h else {}), "oracle": o,
+             **({"sites": str(s), "mode": str(m)} if isinstance(m, str) and m not in ("single", "") else {})}
+            for h, v, o, s, m in zip(t["hparam"], t["hparam_value"], t.get("oracle_probe", [""] * n),
+                                     t.get("sites", [None] * n), t.get("mode", [None] * n))]
+
+
+def _read_layer(t: pd.DataFrame) -> pd.Series:
+    """The layer the oracles read: ``read_layer`` (downstream reads), else the edited layer."""
+    if "read_layer" not in t.columns:
+        return t["layer"]
+    return t["read_layer"].fillna(t["layer"]) if t["read_layer"].isna().any() else t["read_layer"]
 
 
 RECORDS = RecordSpec(
-    dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position="position",
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(_read_layer), position="position",
     method="method", family="kind", setting=Derived(_setting),
     metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
              "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
              "delta_task_acc": "delta_task_accuracy"},
     patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
-              r"oracle_acc_(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
+              r"oracle_acc_edited_(.+)": ("edited_oracle_accuracy", "property"),
+              r"oracle_acc_(?!edited_)(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
     n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
     items=_record_items)
 """Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
