@@ -284,6 +284,19 @@ def test_sharded_extraction_equals_map_and_reads_back_exactly(tmp_path):
     assert hit and all(torch.equal(again[s], acts[s]) for s in sites) and torch.equal(scores2, scores)
 
 
+def _count_rows(ad) -> list[int]:
+    """Make ``ad.stream`` record the item rows it computes; returns the (growing) list."""
+    rows: list[int] = []
+    real_stream = ad.stream
+
+    def counting(items, *a, **k):
+        for chunk in real_stream(items, *a, **k):
+            rows.extend(chunk.rows.tolist())
+            yield chunk
+    ad.stream = counting
+    return rows
+
+
 def test_a_killed_extraction_resumes_from_its_last_shard(tmp_path, monkeypatch):
     ex = _examples(50)
     ad = _adapter("bert", batch_size=4)
@@ -301,14 +314,7 @@ def test_a_killed_extraction_resumes_from_its_last_shard(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         _extract(ad, ex, cache, [Site(2)])
     monkeypatch.setattr(cache_mod.Entry, "write", real)
-    rows = []
-    real_stream = ad.stream
-
-    def counting(items, *a, **k):
-        for chunk in real_stream(items, *a, **k):
-            rows.extend(chunk.rows.tolist())
-            yield chunk
-    ad.stream = counting
+    rows = _count_rows(ad)
     acts, _, hit = _extract(ad, ex, cache, [Site(2)])
     assert not hit and len(rows) == 30 and min(rows) == 20  # only the three missing shards
     ref = _adapter("bert", batch_size=4).map(ex, AgreementFormatter(), read=[Site(2)])
@@ -324,14 +330,7 @@ def test_a_corrupt_shard_alone_is_recomputed(tmp_path):
     data = bytearray(f.read_bytes())
     data[-5] ^= 0x10
     f.write_bytes(bytes(data))
-    rows = []
-    real_stream = ad.stream
-
-    def counting(items, *a, **k):
-        for chunk in real_stream(items, *a, **k):
-            rows.extend(chunk.rows.tolist())
-            yield chunk
-    ad.stream = counting
+    rows = _count_rows(ad)
     again, _, hit = _extract(ad, ex, cache, [Site(1)])
     assert not hit and sorted(rows) == list(range(20, 30))
     torch.testing.assert_close(again[Site(1)], first[Site(1)], atol=1e-5, rtol=1e-5)
