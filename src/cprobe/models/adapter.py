@@ -91,7 +91,8 @@ class ModelAdapter:
         self.max_length = min(max_length, model_positions(model.config) or max_length)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
-        self.tok.padding_side = "right"
+        # the padding side is not set here: the formatters pad right per call (formatters._tokenize), so a tokenizer
+        # shared with a library that pads left (nnsight) works for both
         cfg = model.config
         self.n_layers: int = cfg.num_hidden_layers
         self.hidden_size: int = cfg.hidden_size
