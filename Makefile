@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
 	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
 
-.PHONY: help install demo test test-fast bench clean clean-outputs reliability-grid
+.PHONY: help install demo test test-fast bench bench-peers-install clean clean-outputs reliability-grid
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,8 +29,14 @@ test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline
 test-fast: $(STAMP) ## skip the slow end-to-end tests
 	$(TEST_ENV) $(BIN)/pytest -q -m "not slow"
 
-bench: $(STAMP) ## benchmarks (ratios against baselines in the same process)
+bench: $(STAMP) ## benchmarks (ratios against baselines in the same process); the peers' with `make bench-peers-install` first
 	$(BIN)/python scripts/bench_extract.py
+	HF_HUB_OFFLINE=1 $(BIN)/python scripts/bench_peers.py
+	$(TEST_ENV) $(BIN)/pytest -q -m bench
+
+bench-peers-install: $(STAMP) ## the peers (TransformerLens, nnsight, pyvene: cprobe[peers]) for bench_peers.py, torch kept as installed
+	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/torch-pin.txt
+	$(BIN)/pip install -q -e ".[peers]" -c $(VENV)/torch-pin.txt
 
 clean: ## remove caches of tests and Python
 	rm -rf .pytest_cache .cache/cprobe-test

@@ -179,6 +179,9 @@ def _validate_common(job: Job) -> None:
     mc = parse_model_config(keys.model)
     for device in {keys.device, mc.device} - {"auto", "cpu"}:  # cuda without a GPU: now, not after the run dir exists
         check_device_available(device)
+    from cprobe.models.placement import check_placement_for
+
+    check_placement_for(mc, mc.device if mc.device != "auto" else keys.device)  # a device map: accelerate, GPUs
     if mc.reads_as_set and "model_sets" not in uses.capabilities:
         readers = tasks_with("model_sets")
         raise ConfigError(f"model {mc.name!r} is {mc.reads_as_set}; only task(s) {readers} read one; pick a single "

@@ -156,6 +156,9 @@ class CausaLM(Explainer):
 
         regime = model.regime
         adapter = regime.adapter
+        from cprobe.models.placement import require_resident
+
+        require_resident(adapter.model, "CausaLM's counterfactual fine-tuning")
         clf = copy.deepcopy(adapter.model)  # SequenceClassifier: features() is φ
         dev = adapter.device
         d = clf.config.hidden_size

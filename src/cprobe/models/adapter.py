@@ -24,6 +24,7 @@ from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
+from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
 from cprobe.models.sites import MEAN, Batch, Site
 from cprobe.progress import Progress
@@ -91,11 +92,14 @@ class ModelAdapter:
         self.max_length = min(max_length, model_positions(model.config) or max_length)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
-        self.tok.padding_side = "right"
+        # the padding side is not set here: the formatters pad right per call (formatters._tokenize), so a tokenizer
+        # shared with a library that pads left (nnsight) works for both
         cfg = model.config
         self.n_layers: int = cfg.num_hidden_layers
         self.hidden_size: int = cfg.hidden_size
         self._base = getattr(model, "base_model", model)
+        self._main = main_device(model)  # a device map's main device (None: the model is on one device)
+        self._where = placement_label(model)  # the devices a device map spans, for remembered batch limits
         self._blocks = self._find_blocks(layers_path)
         self._final_norm = self._find_final_norm()
         self._head = self._find_head()
@@ -103,7 +107,9 @@ class ModelAdapter:
     # ----------------------------------------------------------------- structure
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where inputs go and results are gathered: the model's device, or a device-mapped model's main device (its
+        first GPU, else the CPU; :mod:`cprobe.models.placement`)."""
+        return self._main or next(self.model.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -179,7 +185,8 @@ class ModelAdapter:
         ``edits`` are bound to this batch (see :meth:`EditSpec.bind`): each receives the (n, d) site vectors
         of all rows and returns their new values; rows whose position is absent (−1) are left unchanged and
         read as zeros. With ``grad`` the pass is differentiable in whatever the edits close over (DAS);
-        otherwise it runs under ``torch.inference_mode``. Tensors come back on the model's device.
+        otherwise it runs under ``torch.inference_mode``. Tensors come back on the model's device (a device-mapped
+        model's main device: each edit runs on the device of the module it hooks, and the read states are gathered).
         """
         edits = dict(edits or {})
         if readout is not None and self.kind == "encoder":
@@ -212,20 +219,20 @@ class ModelAdapter:
                 for s in edit_sites:
                     if s.position == MEAN:
                         raise ConfigError(f"the pooled position {MEAN!r} can be read but not edited")
-                    pos = batch.position(s.position)
+                    pos = batch.position(s.position).to(h.device)  # a no-op unless a device map put the block there
                     at = pos.clamp(min=0)
                     old = h[rows, at]
-                    new = edits[s](old).to(h.dtype)
+                    new = edits[s](old).to(h.device, h.dtype)
                     # rows without the position keep their vector (no boolean indexing: no host sync per pass)
                     h = h.index_put((rows, at), torch.where((pos >= 0)[:, None], new, old))
                 for s in read_sites:
                     if s.position == MEAN:  # the masked mean over the row's real tokens (sentence embeddings)
-                        m = batch.attention_mask.to(h.dtype)[:, :, None]
-                        acts[s] = (h * m).sum(1) / m.sum(1).clamp(min=1)
+                        m = batch.attention_mask.to(h.device, h.dtype)[:, :, None]
+                        acts[s] = ((h * m).sum(1) / m.sum(1).clamp(min=1)).to(dev)
                         continue
-                    pos = batch.position(s.position)
+                    pos = batch.position(s.position).to(h.device)
                     v = h[rows, pos.clamp(min=0)]
-                    acts[s] = torch.where((pos >= 0)[:, None], v, torch.zeros_like(v))
+                    acts[s] = torch.where((pos >= 0)[:, None], v, torch.zeros_like(v)).to(dev)  # gathered
                 if stop_early and key == last_read:
                     raise _Stop
                 return h
@@ -350,8 +357,9 @@ class ModelAdapter:
     # ----------------------------------------------------------------- the engine's internals
     def limit_key(self, mode: str = "infer") -> str:
         """What a remembered batch limit is valid for: model, dtype, max_length, device, inference or training."""
-        return f"{self.name}|{str(self.dtype).removeprefix('torch.')}|max_length={self.max_length}|" \
-               f"{device_label(self.device)}|{mode}"
+        where = "+".join(d if d == "disk" else device_label(torch.device(d)) for d in self._where.split("+")) \
+            if self._where else device_label(self.device)  # a device map: every device it spans
+        return f"{self.name}|{str(self.dtype).removeprefix('torch.')}|max_length={self.max_length}|{where}|{mode}"
 
     def token_cap(self, mode: str = "infer") -> int | None:
         """The padded-token budget of a batch: ``batch_tokens`` and any limit learnt from an out-of-memory error."""

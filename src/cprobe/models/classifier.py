@@ -157,8 +157,15 @@ def default_pool(encoder: ModelAdapter) -> Pool:
 def wrap(encoder: ModelAdapter, n_out: int, pool: Pool | None = None, dropout: float = 0.1,
          name: str | None = None) -> ModelAdapter:
     """A fresh (untrained-head) classifier on a *copy* of ``encoder``'s model, as a ``classifier`` adapter."""
+    from cprobe.models.placement import dispatched, require_resident
+
     pool = pool or default_pool(encoder)
-    model = SequenceClassifier(copy.deepcopy(encoder.model), n_out, pool, dropout).to(encoder.device)
+    require_resident(encoder.model, "fine-tuning a classifier")  # offloaded weights cannot be trained
+    model = SequenceClassifier(copy.deepcopy(encoder.model), n_out, pool, dropout)
+    if dispatched(encoder.model):  # the copy keeps the encoder's device map; its outputs arrive on the main device
+        model.head.to(encoder.device)
+    else:
+        model.to(encoder.device)
     return ModelAdapter(model, encoder.tok, "classifier", name or f"{encoder.name}+head", batch_size=encoder.batch_size,
                         max_length=encoder.max_length)
 

@@ -88,8 +88,9 @@ def _tokenize(adapter: ModelLike, texts: list[str], max_length: int | None = Non
     if not texts:
         return {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long),
                 "offset_mapping": torch.zeros(0, 0, 2, dtype=torch.long)}
-    return adapter.tok(texts, return_offsets_mapping=True, padding=True, truncation=True, max_length=limit,
-                       return_tensors="pt")
+    # right padding per call: a tokenizer shared with another library may have been set to pad left (nnsight does)
+    return adapter.tok(texts, return_offsets_mapping=True, padding=True, padding_side="right", truncation=True,
+                       max_length=limit, return_tensors="pt")
 
 
 def _unpadded(tok: Any, texts: list[str], pad_id: int) -> dict[str, Tensor]:

@@ -23,6 +23,7 @@ import torch
 from cprobe.config import parse
 from cprobe.errors import ConfigError, ModelLoadError
 from cprobe.models.adapter import ModelAdapter
+from cprobe.models.placement import check_placement, check_placement_for
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,9 @@ class ModelConfig:
     revision: str | None = None
     dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
     device: str = "auto"
+    device_map: str | dict | None = None  # accelerate: auto | balanced | balanced_low_0 | sequential | {module: device}
+    max_memory: dict | None = None  # caps of an automatic device map, e.g. {0: 20GiB, cpu: 60GiB}
+    offload_dir: str | None = None  # folder for weights a device map puts on disk
     batch_size: int = 32
     batch_tokens: int | None = None  # padded tokens per batch (rows x longest row); None: rows only (batch_size)
     max_length: int = 256
@@ -92,6 +96,7 @@ def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
         cfg = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[assignment]
     mc = parse(ModelConfig, cfg, "model")
     check_device(mc.device)
+    check_placement(mc)
     return mc
 
 
@@ -260,7 +265,8 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     from cprobe.models.batching import BatchLimits
 
     mc = parse_model_config(cfg)
-    device = resolve_device(mc.device)
+    check_placement_for(mc, mc.device)
+    device = resolve_device(mc.device) if mc.device_map is None else _map_main_device(mc)
     dtype = _DTYPES[resolve_dtype(mc.dtype, device)]  # bf16 on a CPU without native bf16: fp32, with one log line
     path = resolve_path(cfg, cache_root, progress, data_root)
     auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
@@ -269,20 +275,52 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     local = Path(path).is_dir()
     if local:
         _check_local_dir(mc, Path(path))
+    placed: dict[str, Any] = {}
+    if mc.device_map is not None:  # the final map from an empty copy of the model: checked before weights load
+        from transformers import AutoConfig
+
+        from cprobe.models.placement import plan_device_map
+
+        config = _pretrained(mc, path, lambda local_only: AutoConfig.from_pretrained(
+            path, local_files_only=local_only, **kw))
+        placed = {"device_map": plan_device_map(auto, config, mc, mc.device, dtype)}
+        if mc.offload_dir:
+            Path(mc.offload_dir).expanduser().mkdir(parents=True, exist_ok=True)
+            placed["offload_folder"] = str(Path(mc.offload_dir).expanduser())
 
     def _load(local_only: bool):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw)
         model = auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
-                                     use_safetensors=None if mc.allow_bin else True, **kw)
+                                     use_safetensors=None if mc.allow_bin else True, **placed, **kw)
         return tok, model
 
     tok, model = _pretrained(mc, path, _load)
     if not getattr(tok, "is_fast", False):
         raise ModelLoadError(f"model {path!r} has no fast tokenizer; cprobe needs offsets for word alignment")
-    model.to(device)
+    if placed:
+        from cprobe.models.placement import describe
+
+        log.info("model %s placed by model.device_map=%s: %s", mc.name, mc.device_map if isinstance(
+            mc.device_map, str) else "{...}", describe(model))
+    else:
+        model.to(device)
     limits = BatchLimits(kind_dir(cache_root, "engine") / "batch_limits.json" if device.type == "cuda" else None)
     return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
                         max_length=mc.max_length, batch_tokens=mc.batch_tokens, limits=limits)
+
+
+def _map_main_device(mc: ModelConfig) -> torch.device:
+    """The device a device-mapped model takes its inputs on (placement.main_device), known before loading: the first
+    GPU the map may use, else the CPU."""
+    from cprobe.models.placement import allowed_gpus, map_device
+
+    if isinstance(mc.device_map, Mapping):
+        gpus = [d for d in (map_device(v, "") for v in mc.device_map.values()) if isinstance(d, int)]
+        return torch.device(f"cuda:{gpus[0]}") if gpus else torch.device("cpu")
+    allowed = allowed_gpus(mc.device)
+    if allowed is None:
+        allowed = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    return torch.device(f"cuda:{allowed[0]}") if allowed else torch.device("cpu")
 
 
 def _pretrained(mc: ModelConfig, path: str, load: Any) -> Any:
@@ -324,8 +362,10 @@ def load_tokenizer(cfg: Mapping[str, Any], cache_root: Path, progress: bool = Tr
 
 def fingerprint(adapter: ModelAdapter) -> str:
     """Weights fingerprint: names, shapes and a sample of values of every parameter (cheap, content-based)."""
+    from cprobe.models.placement import state_items
+
     h = hashlib.sha256(adapter.name.encode())
-    for name, p in adapter.model.state_dict().items():
+    for name, p in state_items(adapter.model):  # offloaded weights read back: the same as on one device
         flat = p.detach().flatten()
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         h.update(flat[:64].float().cpu().numpy().tobytes())

@@ -637,7 +637,7 @@ def _preferences(
                 texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) for e in chunk]
             else:
                 texts = [" ".join(e.prefix) for e in chunk]
-            enc = tokenizer(texts, padding=True, return_tensors="pt")
+            enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
             logits = model(**enc).logits
             if masked:
                 rows, pos = (enc["input_ids"] == tokenizer.mask_token_id).nonzero(as_tuple=True)
