@@ -90,6 +90,7 @@ class JobKeys:
     probe: dict | None = None
     intervention: dict | None = None
     split: dict | None = None
+    logger: dict = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never part of the results
 
 
 @dataclass
@@ -175,6 +176,9 @@ def _validate_common(job: Job) -> None:
     from cprobe.tasks import TASK_MODULES, tasks_with
 
     keys, uses = job.keys, job.uses
+    from cprobe.trackers import check as check_loggers
+
+    check_loggers(keys.logger)
     check_device(keys.device)
     mc = parse_model_config(keys.model)
     for device in {keys.device, mc.device} - {"auto", "cpu"}:  # cuda without a GPU: now, not after the run dir exists
@@ -258,6 +262,7 @@ def _run_job(cfg: DictConfig) -> None:
         cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
         data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
         job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
+        plain.pop("logger", None)  # the trackers read it when the job ends (callbacks); results never depend on it
     except CprobeError as e:
         if not multirun and fresh:  # a config error leaves nothing behind
             _remove_run_dir(out_dir)
