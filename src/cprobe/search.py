@@ -243,7 +243,7 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
             space[o.get_key_element()] = distribution(o.get_key_element(), o)
         else:
             fixed.append(o.input_line)
-    for key, text in opts.params.items():
+    for key, text in _leaves(opts.params).items():
         (o,) = parser.parse_overrides([f"{key}={value_text(text) if not isinstance(text, str) else text}"])
         if not o.is_sweep_override():
             raise ConfigError(f"hydra.sweeper.params.{key}={text!r} is one value, not a search space (use "
@@ -291,6 +291,18 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
     prepare_job(plain, Path(p["cache_dir"]) if p.get("cache_dir") else cache_dir(),
                 Path(p["data_dir"]) if p.get("data_dir") else data_dir(), overrides=fixed + sample)
     return Search(opts, direction, why, fixed, space, task, Path(sweeper.config.hydra.sweep.dir))
+
+
+def _leaves(node: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``params`` as {dotted key: value}: YAML writes ``intervention.rank: ...``, a command-line override
+    ``+hydra.sweeper.params.intervention.rank='range(0,9)'`` nests it."""
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _trial_params(job: Path, space: Mapping[str, Any], parser: Any) -> dict[str, Any] | None:
