@@ -1,0 +1,306 @@
+"""Trackers and searches for real, offline: one 2-job sweep logged to MLflow (local SQLite store), TensorBoard and
+W&B (offline) at once and read back with each one's own reader; the same jobs through a real `mlflow server` on
+127.0.0.1 (when it starts within the budget) and a server gone; an Optuna search of 4 trials against
+`cprobe collect` of its directory, resumed; and the refusals (one line, exit 1, nothing written).
+
+Cost: three `cprobe run` launches of smoke jobs (2 + 4 + 0 jobs) and two that stop at validation."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from cprobe.trackers.base import JobLog, flatten, points
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+EXE = Path(sys.executable).with_name("cprobe")
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(EXE), *args], capture_output=True, text=True, cwd=cwd, timeout=900,
+                          env={**os.environ, "TQDM_DISABLE": "1", **(env or {})})
+
+
+def _wandb_env(root: Path) -> dict[str, str]:
+    """W&B offline, its caches and settings in the test's directory (never the home dir, never a key)."""
+    env = {k: str(root / f"wandb_{k.split('_')[1].lower()}") for k in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR",
+                                                                       "WANDB_DATA_DIR")}
+    return {**env, "WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1, started in the background first (it takes 10-60 s to come up); yields
+    (uri, process) — the test waits for it only as long as its budget allows."""
+    d = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    p = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port",
+                          str(port), "--backend-store-uri", f"sqlite:///{d}/server.db", "--artifacts-destination",
+                          str(d / "artifacts"), "--workers", "1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=d)
+    yield f"http://127.0.0.1:{port}", p
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory, mlflow_server):
+    out = tmp_path_factory.mktemp("logged")
+    r = cli("run", "-m", "+experiment=sva_tiny_reliability", "--smoke", "intervention.rank=0,3",
+            "logger=[csv,mlflow,tensorboard,wandb]", f"paths.output_root={out}", cwd=out, env=_wandb_env(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "failed while" not in r.stdout + r.stderr, r.stdout[-3000:]  # no tracker failed
+    sweep = (out / "sweeps" / "sva_tiny_reliability" / "latest").resolve()
+    jobs = {p.name: p for p in sweep.iterdir() if (p / "status.json").is_file()}
+    assert sorted(jobs) == ["intervention.rank=0", "intervention.rank=3"]
+    return out, sweep, jobs
+
+
+def _history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_mlflow_holds_the_sweep_as_a_parent_with_a_child_per_job(logged, tmp_path):
+    from mlflow import MlflowClient
+
+    out, sweep, jobs = logged
+    client = MlflowClient(tracking_uri=f"sqlite:///{out}/mlflow.db")
+    exp = client.get_experiment_by_name("sva_tiny_reliability")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("cprobe.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("cprobe.kind") == "job"]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["cprobe.sweep_dir"] == str(sweep)
+    assert {"report.html", "results.csv", "records.parquet"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    for run in children:
+        job = jobs[run.info.run_name]
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id and run.info.status == "FINISHED"
+        params = run.data.params
+        assert params["intervention.rank"] == run.info.run_name.split("=")[1] and params["task"] == "reliability"
+        assert params["intervention.name"] == "inlp" and params["name"] == "sva_tiny_reliability"
+        records = pd.read_parquet(job / "records.parquet")
+        pts = points(records)
+        assert len(pts) == records["value"].notna().sum() >= 10  # every record with a value is a metric
+        for p in pts:
+            assert _history(client, run.info.run_id, p.key) == [(p.step, pytest.approx(p.value))]
+        assert run.data.metrics["reliability"] == pytest.approx(
+            records.loc[(records.metric == "reliability"), "value"].item())
+        assert run.data.tags["cprobe.method"] == "inlp" and run.data.tags["cprobe.state"] == "done"
+        arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"report.html", "records.parquet", "metrics.csv", "status.json"} <= arts
+        got = Path(client.download_artifacts(run.info.run_id, "records.parquet", str(tmp_path)))
+        assert got.read_bytes() == (job / "records.parquet").read_bytes()
+
+
+def test_loggers_leave_the_job_as_it_was(logged):
+    """The job's records carry the config id of the same job without loggers; a logged job gains trackers.json."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import cprobe.pipeline  # noqa: F401
+    from cprobe.records import config_id
+
+    out, sweep, jobs = logged
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", "+debug=smoke", "intervention.rank=3"])
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert pd.read_parquet(jobs["intervention.rank=3"] / "records.parquet")["config_id"].unique().tolist() == \
+        [config_id(plain)]
+    logged_in = json.loads((jobs["intervention.rank=3"] / "trackers.json").read_text())
+    assert sorted(logged_in) == ["mlflow", "tensorboard", "wandb"]
+
+
+def test_tensorboard_event_files_read_back(logged):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, sweep, jobs = logged
+    root = out / "tensorboard" / "sweeps" / "sva_tiny_reliability" / sweep.name
+    for name, job in jobs.items():
+        ea = EventAccumulator(str(root / name), size_guidance={"scalars": 0, "tensors": 0})
+        ea.Reload()
+        pts = points(pd.read_parquet(job / "records.parquet"))
+        for p in pts:
+            assert [(e.step, pytest.approx(e.value, rel=1e-6)) for e in ea.Scalars(p.key)] == [(p.step, p.value)]
+        assert {"status/text_summary", "config/text_summary"} <= set(ea.Tags()["tensors"])
+        assert "hparams/reliability" in ea.Tags()["scalars"]  # the HParams tab's metric
+    ea = EventAccumulator(str(root), size_guidance={"tensors": 0, "images": 0})
+    ea.Reload()
+    assert "sweep_result/text_summary" in ea.Tags()["tensors"]
+    assert any(t.startswith("figures/fig1_tradeoffs") for t in ea.Tags()["images"])
+
+
+def test_wandb_offline_runs_read_back(logged):
+    """`wandb leet inspect --json` (W&B's own reader of the .wandb transaction log): one run per job in the sweep's
+    group, the sweep's own run, every record in the history, the job's state and its files as an artifact."""
+    out, sweep, jobs = logged
+    wandb = str(Path(sys.executable).with_name("wandb"))
+    runs = {}
+    for d in sorted((out / "wandb").glob("offline-run-*")):
+        lines = subprocess.run([wandb, "leet", "inspect", "--json", str(d)], capture_output=True, text=True,
+                               check=True).stdout.splitlines()
+        records = [json.loads(l) for l in lines]
+        (run,) = [r["run"] for r in records if r["type"] == "run"]
+        (exit_,) = [r["exit"] for r in records if r["type"] == "exit"]
+        summary, history = {}, {}
+        for r in records:
+            if r["type"] == "summary":
+                summary.update(r["summary"].get("update", {}))
+            if r["type"] == "history":
+                item = r["history"]["item"]
+                history.update({(k, item["_step"]): v for k, v in item.items()
+                                if not k.startswith(("_", "records.")) and isinstance(v, (int, float))})
+        runs[run["display_name"]] = (run, exit_, summary, history, records)
+    group = f"sva_tiny_reliability/{sweep.name}"
+    assert sorted(runs) == sorted([*jobs, f"{group} (sweep)"])
+    for name, job in jobs.items():
+        run, exit_, summary, history, records = runs[name]
+        assert run["run_group"] == group and run["job_type"] == "job" and run["project"] == "cprobe"
+        assert run["config"]["update"]["intervention"]["rank"] == int(name.split("=")[1]) and exit_["exit_code"] == 0
+        recs = pd.read_parquet(job / "records.parquet")
+        assert history == {(p.key, p.step): pytest.approx(p.value) for p in points(recs)}
+        nrows = summary["records"]["nrows"] if "records" in summary else summary["records.nrows"]
+        assert summary["state"] == "done" and nrows == len(recs)  # the records table, every field a column
+        assert any(r["type"] == "artifact" and r["artifact"]["type"] == "cprobe-job" for r in records)
+    run, exit_, summary, _, _ = runs[f"{group} (sweep)"]
+    assert run["job_type"] == "sweep" and summary["state"] == "done" and exit_["exit_code"] == 0
+
+
+def _job_log(job: Path, sweep: Path) -> JobLog:
+    cfg = yaml.safe_load((job / ".hydra" / "config.yaml").read_text())
+    return JobLog(out_dir=job, run_name=job.name, experiment="sva_tiny_reliability", params=flatten(cfg),
+                  records=pd.read_parquet(job / "records.parquet"),
+                  status=json.loads((job / "status.json").read_text()), sweep_dir=sweep)
+
+
+def test_mlflow_server_then_gone(logged, mlflow_server, caplog):
+    """Through a real `mlflow server` (if it came up within the budget), the same jobs read back with MLflow's
+    client; then the server is gone: one warning, nothing raised, the local files untouched."""
+    from cprobe import trackers
+    from cprobe.trackers.mlflow import MLflowTracker, Options
+
+    out, sweep, jobs = logged
+    uri, proc = mlflow_server
+    deadline = time.time() + 45
+    up = False
+    while time.time() < deadline and proc.poll() is None and not up:
+        try:
+            with socket.create_connection(("127.0.0.1", int(uri.rsplit(":", 1)[1])), timeout=1):
+                up = True
+        except OSError:
+            time.sleep(1)
+    if up:
+        time.sleep(1)
+        t = MLflowTracker(Options(tracking_uri=uri, experiment="served", http_retries=3, http_timeout=30))
+        parent = t.start_sweep(sweep, "served/sweep", "served", [])
+        for job in jobs.values():
+            t.log_job(_job_log(job, sweep), parent)
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([parent["experiment_id"]])
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent["run_id"]]
+        assert len(kids) == 2 and all(r.data.metrics["reliability"] > 0 for r in kids)
+        assert "records.parquet" in {a.path for a in client.list_artifacts(kids[0].info.run_id)}
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    else:
+        uri = f"http://127.0.0.1:{_free_port()}"  # never up: as gone as a server can be
+    before = {p: p.stat().st_mtime_ns for p in jobs["intervention.rank=0"].rglob("*")}
+    trackers.reset()
+    gone = MLflowTracker(Options(tracking_uri=uri, experiment="served", http_retries=0, http_timeout=5))
+    with caplog.at_level("WARNING", logger="cprobe"):
+        for job in jobs.values():
+            assert trackers._guard(gone, "logging the job", gone.log_job, _job_log(job, sweep), None) is None
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "logger mlflow failed" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert {p: p.stat().st_mtime_ns for p in jobs["intervention.rank=0"].rglob("*")} == before
+    trackers.reset()
+    if not up:
+        pytest.skip("mlflow server did not start within 45 s; the gone-server half ran")
+
+
+# ----------------------------------------------------------------------------------------------- search
+SEARCH = ["run", "-m", "+experiment=sva_tiny_reliability", "--smoke", "intervention=inlp", "hparams_search=reliability",
+          "hydra.sweeper.n_trials=4", "intervention.rank=range(0,6)"]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    d = tmp_path_factory.mktemp("search")
+    r = cli(*SEARCH, f"hydra.sweep.dir={d / 'sweep'}", cwd=d)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d / "sweep", r
+
+
+def test_search_best_trial_is_the_best_job_of_cprobe_collect(searched):
+    from typer.testing import CliRunner
+
+    from cprobe.cli import app
+
+    sweep, r = searched
+    s = json.loads((sweep / "search.json").read_text())
+    assert s["metric"] == "reliability" and s["direction"] == "maximize" and "registry" in s["direction_from"]
+    run_trials = [t for t in s["trials"] if t["duplicate_of"] is None]
+    assert len(run_trials) >= 4 and all(t["state"] == "COMPLETE" for t in run_trials)
+    assert all(0 <= t["params"]["intervention.rank"] <= 5 for t in s["trials"])
+    res = CliRunner().invoke(app, ["collect", str(sweep)])
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(sweep / "results.csv")
+    assert table["job"].nunique() == len({t["job"] for t in run_trials})
+    best_row = table.loc[table["reliability"].idxmax()]
+    assert s["best"]["job"] == best_row["job"] and s["best"]["value"] == pytest.approx(best_row["reliability"])
+    assert f"trial {s['best']['number']} (intervention.rank={s['best']['params']['intervention.rank']}) has the " \
+           f"highest reliability" in (sweep / "search.md").read_text()
+    assert "search: trial" in r.stdout and "has the highest reliability" in r.stdout
+
+
+def test_search_resumes_from_its_directory_without_rerunning(searched, tmp_path):
+    sweep, _ = searched
+    started = {p.parent.name: json.loads(p.read_text())["started"] for p in sweep.glob("*/status.json")}
+    r = cli(*SEARCH, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"{len(started)} finished trial(s) found" in r.stdout and "Launching" not in r.stdout, r.stdout[-2000:]
+    assert {p.parent.name: json.loads(p.read_text())["started"] for p in sweep.glob("*/status.json")} == started
+
+
+def test_a_bad_search_is_one_line_and_writes_nothing(tmp_path):
+    r = cli("run", "-m", "+experiment=sva_tiny_reliability", "intervention=leace", "hparams_search=reliability",
+            f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("error: intervention 'leace' has no hyperparameter (hparam: null): name a search space")
+    assert not (tmp_path / "out").exists() or not any(p.is_file() for p in (tmp_path / "out").rglob("*"))
+
+
+def test_a_logger_whose_package_is_missing_is_refused_before_the_sweep(tmp_path):
+    """`sys.modules['wandb'] = None` (a sitecustomize) is how Python sees a package that is not installed."""
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\n")
+    r = cli("run", "-m", "+experiment=sva_tiny_reliability", "logger=[csv,wandb]", "intervention.rank=0,1",
+            f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path,
+            env={"PYTHONPATH": os.pathsep.join(filter(None, [str(block), os.environ.get("PYTHONPATH")]))})
+    assert r.returncode == 1 and r.stderr.strip() == ("error: logger 'wandb' needs the wandb package, which is not "
+                                                      "installed: pip install 'cprobe[wandb]'"), r.stderr
+    assert not (tmp_path / "out").exists()
+    shutil.rmtree(block)
