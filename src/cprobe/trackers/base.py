@@ -17,10 +17,12 @@ from typing import Any
 
 import pandas as pd
 
-ARTIFACT_FILES = ("report.html", "records.parquet", "status.json", "search.json")
+ARTIFACT_FILES = ("report.html", "records.parquet", "search.json")
 ARTIFACT_GLOBS = ("*.png", "*.csv", "*.md")
 """What a tracker gets as artifacts from a run or sweep root: these files where they exist, and its figures and small
-tables (the study's paper tables, metrics, leaderboard, results, timings; ``.parquet`` copies are left out)."""
+tables (the study's paper tables, metrics, leaderboard, results, timings; ``.parquet`` copies are left out). Never
+``status.json`` (the run's state is a tag): a local artifact store under the output root must not look like a job
+to ``cprobe collect outputs``."""
 
 STATE_DONE = "done"
 KEY_FIELDS = ("model", "dataset", "method", "family", "position", "read_layer", "setting", "slice", "seed")
