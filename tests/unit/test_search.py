@@ -149,3 +149,15 @@ def test_every_studys_search_validates(tmp_path, preset, experiment, extra):
 
     s = _prepare(tmp_path, f"+experiment={experiment}", f"hparams_search={preset}", *extra)
     assert METRICS[s.opts.metric].headline and s.study_name in METRICS[s.opts.metric].studies and s.space
+
+
+def test_unknown_search_lists_the_valid_ones():
+    from hydra import compose, initialize_config_dir
+
+    from cprobe._hydra import explain_error
+
+    with pytest.raises(Exception) as e, initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        compose("config", overrides=["+experiment=sva_tiny", "hparams_search=nope"])
+    assert explain_error(e.value) == ("unknown hparams_search 'nope'; choose from ['causalgym', 'cebab', 'liberty', "
+                                      "'probing', 'reliability'] (hparams_search=NAME; `cprobe list hparams_search` "
+                                      "describes them)")
