@@ -286,6 +286,8 @@ def test_search_best_trial_is_the_best_job_of_cprobe_collect(logged):
     assert f"trial {s['best']['number']} (intervention.rank={s['best']['params']['intervention.rank']}) has the " \
            f"highest reliability" in (sweep / "search.md").read_text()
     assert "search: trial" in r.stdout and "has the highest reliability" in r.stdout
+    page = (sweep / "report.html").read_text()
+    assert '<section id="search">' in page and f"trial {s['best']['number']} (intervention.rank=" in page
 
 
 def test_search_resumes_from_its_directory(logged):
