@@ -90,7 +90,7 @@ class JobKeys:
     probe: dict | None = None
     intervention: dict | None = None
     split: dict | None = None
-    logger: dict = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never part of the results
+    logger: dict | None = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never in the results
 
 
 @dataclass

@@ -217,19 +217,20 @@ def _missing_key(cfg: Any, key: str) -> str | None:
         have = sorted(k for k in node.keys() if k not in ("name", "hparam"))
         return (f"intervention {node.get('name')!r} has no hyperparameter {leaf!r}; it has {have} "
                 f"(search one of them, e.g. hydra.sweeper.params={{intervention.{have[0] if have else 'x'}: ...}})")
-    return f"the config has no key {key!r} to search ({parent!r} has {sorted(node.keys()) if node is not None and hasattr(node, 'keys') else 'no such node'})"
+    has = f"{parent!r} has {sorted(node.keys())}" if node is not None and hasattr(node, "keys") else \
+        f"there is no {parent!r}"
+    return f"the config has no key {key!r} to search ({has})"
 
 
 def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
     """Validate the whole search before anything runs: the sweeper's options, the metric (registered, recorded by
     the job's study, with a direction), every searched key (present in the job's config), and the job config itself
     at the low end of the space (:func:`cprobe.pipeline.prepare`). Raises :class:`ConfigError` in one line."""
-    import optuna.distributions as D
+    from importlib.util import find_spec
+
     from omegaconf import OmegaConf
 
     from cprobe.metrics.registry import METRICS
-
-    from importlib.util import find_spec
 
     if find_spec("optuna") is None:
         raise ConfigError("hparams_search needs the optuna package, which is not installed: pip install "
@@ -277,6 +278,9 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
         why_not = _missing_key(base, key)
         if why_not:
             raise ConfigError(why_not)
+    import optuna.distributions as D
+
+    from cprobe.paths import cache_dir, data_dir
     from cprobe.pipeline import prepare as prepare_job
 
     sample = []
@@ -284,8 +288,6 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
         lo = d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low
         sample.append(f"{k}={value_text(lo)}")
     cfg = _compose(sweeper, fixed + sample)
-    from cprobe.paths import cache_dir, data_dir
-
     plain = _plain_job(cfg)
     p = plain.get("paths") or {}
     prepare_job(plain, Path(p["cache_dir"]) if p.get("cache_dir") else cache_dir(),
@@ -535,10 +537,12 @@ def _plain(v: Any) -> Any:
 
 
 def _markdown(s: Mapping[str, Any]) -> str:
+    repeats = sum(1 for t in s["trials"] if t["duplicate_of"] is not None)
     lines = [f"# Search: {s['direction']} {s['metric']}", "", f"**Winner.** {s['why']}.", "",
              f"Space: {', '.join(f'`{k}` {v}' for k, v in s['space'].items())}; sampler {s['sampler']['name']} "
-             f"(seed {s['sampler']['seed']}); {len(s['trials'])} of {s['n_trials']} trials; fixed overrides: "
-             f"{' '.join(s['fixed']) or '(none)'}.", "", "| trial | params | value | state | job |", "|---|---|---|---|---|"]
+             f"(seed {s['sampler']['seed']}); {len(s['trials']) - repeats} trials run (n_trials {s['n_trials']}), "
+             f"{repeats} repeated point(s) not run again; fixed overrides: {' '.join(s['fixed']) or '(none)'}.", "",
+             "| trial | params | value | state | job |", "|---|---|---|---|---|"]
     for t in s["trials"]:
         v = "" if t["value"] is None else f"{t['value']:.6g}"
         job = t["job"] or (f"= trial {t['duplicate_of']}" if t["duplicate_of"] is not None else "")

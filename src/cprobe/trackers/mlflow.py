@@ -35,7 +35,8 @@ MAX_PARAM_LEN = 6000
 class Options:
     tracking_uri: str = "sqlite:///outputs/mlflow.db"
     experiment: str = "cprobe"  # the MLflow experiment (created if missing); the configs set it to the config's name
-    artifact_location: str | None = None  # a new experiment's artifact root; null: beside a local store, else the server's
+    artifact_location: str | None = None  # a new experiment's artifact root; null: beside a local store, else the
+    # server's
     http_retries: int = 2  # MLFLOW_HTTP_REQUEST_MAX_RETRIES when unset: how long a gone server is retried
     http_timeout: int = 20  # MLFLOW_HTTP_REQUEST_TIMEOUT (s) when unset
 
