@@ -157,3 +157,11 @@ def test_search_summary_parent_points_are_the_finished_trials(tmp_path):
         {"number": 2, "value": 0.7, "state": "COMPLETE"}, {"number": 3, "value": math.nan, "state": "COMPLETE"}]})
     assert list(s.search_points()) == [(0, 0.5), (2, 0.7)]
     json.dumps(s.search)
+
+
+def test_logger_overrides_stay_out_of_directory_names():
+    from cprobe.pipeline import dir_suffix
+
+    assert dir_suffix("intervention.rank=1,logger.mlflow.tracking_uri=http://127.0.0.1:9,+logger.wandb.mode=x") == \
+        "intervention.rank=1"
+    assert dir_suffix("logger.mlflow.http_retries=0") == "" and dir_suffix("seed=1") == "seed=1"
