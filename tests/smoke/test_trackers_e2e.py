@@ -2,16 +2,15 @@
 logged to MLflow (local SQLite store), TensorBoard and W&B (offline) at once, read back with each one's own reader,
 its winner checked against `cprobe collect` of the same directory and its study rebuilt from the directory (resume);
 two of its jobs through a real `mlflow server` on 127.0.0.1 (when it comes up within the budget; it starts in the
-background first) and a server gone; and a missing logger package refused before the sweep (one line, exit 1, nothing
-written).
+background first) and a server gone; and the refusals before anything is written (a missing logger package, a search
+that cannot run).
 
-Cost: two `cprobe run` launches: 4 smoke jobs, and one that stops at validation."""
+Cost: one `cprobe run` launch (4 smoke jobs); the refusals run in process."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -322,15 +321,26 @@ def test_a_refused_search_leaves_no_directory(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
-def test_a_logger_whose_package_is_missing_is_refused_before_the_sweep(tmp_path):
-    """`sys.modules['wandb'] = None` (a sitecustomize) is how Python sees a package that is not installed."""
-    block = tmp_path / "block"
-    block.mkdir()
-    (block / "sitecustomize.py").write_text("import sys\nsys.modules['wandb'] = None\n")
-    r = cli("run", "-m", "+experiment=sva_tiny_reliability", "logger=[csv,wandb]", "intervention.rank=0,1",
-            f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path,
-            env={"PYTHONPATH": os.pathsep.join(filter(None, [str(block), os.environ.get("PYTHONPATH")]))})
-    assert r.returncode == 1 and r.stderr.strip() == ("error: logger 'wandb' needs the wandb package, which is not "
-                                                      "installed: pip install 'cprobe[wandb]'"), r.stderr
+def test_a_logger_whose_package_is_missing_is_refused_before_the_sweep(tmp_path, monkeypatch):
+    """The Hydra callback's preflight refuses it before the sweep directory is claimed (what `cprobe run -m ...
+    logger=wandb` prints as one line, exit 1, when wandb is not installed)."""
+    import cprobe.trackers as T
+    from cprobe.callbacks import AggregateResults
+    from cprobe.errors import JobAborted
+    from tests.unit.test_search import _sweeper
+
+    from hydra.core.utils import setup_globals
+
+    setup_globals()  # Hydra's ${now:...} resolver
+    real = T.find_spec
+    monkeypatch.setattr(T, "find_spec", lambda name: None if name == "wandb" else real(name))
+    cfg = _sweeper(tmp_path, "+experiment=sva_tiny_reliability", "logger=[csv,wandb]",
+                   f"paths.output_root={tmp_path / 'out'}", "hydra.sweep.dir=${paths.output_root}/s/${now:%H-%M-%S}"
+                   ).config
+    with pytest.raises(JobAborted) as e:
+        AggregateResults().on_multirun_start(config=cfg)
+    assert str(e.value) == "logger 'wandb' needs the wandb package, which is not installed: pip install 'cprobe[wandb]'"
     assert not (tmp_path / "out").exists()
-    shutil.rmtree(block)
+    monkeypatch.setattr(T, "find_spec", real)  # installed: the same call claims the sweep directory
+    AggregateResults().on_multirun_start(config=cfg)
+    assert [p.name for p in (tmp_path / "out" / "s").iterdir()] != []

@@ -26,8 +26,9 @@ def _sweeper(tmp_path: Path, *overrides: str) -> SimpleNamespace:
     from hydra.types import RunMode
 
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(REPO / "conf")))
-    cfg = loader.load_configuration("config", overrides=[*overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-                                    run_mode=RunMode.MULTIRUN)
+    if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+        overrides = (*overrides, f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    cfg = loader.load_configuration("config", overrides=list(overrides), run_mode=RunMode.MULTIRUN)
     return SimpleNamespace(hydra_context=SimpleNamespace(config_loader=loader), config=cfg)
 
 
