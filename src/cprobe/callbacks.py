@@ -79,6 +79,9 @@ class AggregateResults(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import read_write
 
+        from cprobe import trackers
+
+        trackers.preflight(config)  # a bad logger is refused before the run dir exists
         if _timestamped(config.hydra.run, "dir"):
             claimed = claim_dir(Path(config.hydra.run.dir))
             with read_write(config.hydra.run):
@@ -88,6 +91,9 @@ class AggregateResults(Callback):
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import read_write
 
+        from cprobe import trackers
+
+        trackers.preflight(config)
         if _timestamped(config.hydra.sweep, "dir"):
             claimed = str(claim_dir(Path(config.hydra.sweep.dir)))
             with read_write(config.hydra):
@@ -95,6 +101,14 @@ class AggregateResults(Callback):
                 # each job's config is composed again from these overrides: pin the claimed directory there
                 config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
         link_latest(Path(config.hydra.sweep.dir))
+        trackers.sweep_started(config)  # the trackers' parent runs (never raises)
+
+    def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
+        """Wherever the job ran (this process, a joblib worker, a SLURM node): send it to the trackers, after its
+        local files are complete (never raises)."""
+        from cprobe import trackers
+
+        trackers.job_ended(config, job_return)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from cprobe.errors import CprobeError
@@ -123,3 +137,7 @@ class AggregateResults(Callback):
                 REPORT_FAILED.append(f"the sweep's report failed: {msg} (rerun `cprobe collect {sweep_dir}` with "
                                      "CPROBE_DEBUG=1 for the traceback)")
             log.error("could not aggregate the sweep: %s", msg)
+        finally:
+            from cprobe import trackers
+
+            trackers.sweep_ended(config, failed=[*FAILED, *REPORT_FAILED])

@@ -11,7 +11,8 @@ from pathlib import Path
 from cprobe.errors import CprobeError
 from cprobe.paths import config_dir, data_dir
 
-GROUPS = ("experiment", "model", "dataset", "probe", "intervention", "split", "sweep", "scm", "debug")
+GROUPS = ("experiment", "model", "dataset", "probe", "intervention", "split", "sweep", "scm", "debug", "logger",
+          "hparams_search")
 
 DATASETS = {
     "lgd_agreement/lgd_subset.tsv": (

@@ -37,6 +37,11 @@ def _cwd() -> str:
     return os.getcwd()
 
 
+NOT_IN_DIR_NAMES = ("logger", "hparams_search")
+"""Override keys (and their sub-keys) that change where results are sent, never what they are: left out of run and
+job directory names (Hydra's ``exclude_keys`` matches whole keys only)."""
+
+
 def dir_suffix(overrides: str, limit: int = 100) -> str:
     """``_k=v,...`` for run dir names (or ""): path-like values shortened to their file name, characters that
     would make sub-directories replaced, long names cut with a stable hash."""
@@ -47,9 +52,13 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
     items = []
     for item in overrides.split(","):
         k, sep, v = item.partition("=")
+        if k.lstrip("+~").split(".")[0] in NOT_IN_DIR_NAMES:  # e.g. logger.mlflow.tracking_uri=...
+            continue
         if "/" in v or "\\" in v:
             v = Path(v.rstrip("/\\")).name or v
         items.append(f"{k}{sep}{v}")
+    if not items:
+        return ""
     name = safe_name(",".join(items).replace("/", "~").replace("\\", "~").replace(" ", ""), limit=10**6)
     if len(name) > limit:
         name = name[: limit - 9] + "~" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
@@ -60,7 +69,8 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
 OmegaConf.register_new_resolver("cprobe_cwd", _cwd, replace=True)  # paths.root_dir: the launch directory, without HydraConfig
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
 OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
-OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{dir_suffix(s)}" if s else "", replace=True)
+OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{d}" if s and (d := dir_suffix(s)) else "",
+                                replace=True)
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,7 @@ class JobKeys:
     probe: dict | None = None
     intervention: dict | None = None
     split: dict | None = None
+    logger: dict | None = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never in the results
 
 
 @dataclass
@@ -175,6 +186,9 @@ def _validate_common(job: Job) -> None:
     from cprobe.tasks import TASK_MODULES, tasks_with
 
     keys, uses = job.keys, job.uses
+    from cprobe.trackers import check as check_loggers
+
+    check_loggers(keys.logger)
     check_device(keys.device)
     mc = parse_model_config(keys.model)
     for device in {keys.device, mc.device} - {"auto", "cpu"}:  # cuda without a GPU: now, not after the run dir exists
@@ -261,6 +275,7 @@ def _run_job(cfg: DictConfig) -> None:
         cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
         data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
         job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
+        plain.pop("logger", None)  # the trackers read it when the job ends (callbacks); results never depend on it
     except CprobeError as e:
         if not multirun and fresh:  # a config error leaves nothing behind
             _remove_run_dir(out_dir)

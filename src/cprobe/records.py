@@ -62,7 +62,7 @@ KEY = tuple(c for c in COLUMNS if c not in ("value", "n", "info"))
 TEXT = ("study", "dataset", "model", "position", "method", "family", "setting", "slice", "metric", "config_id", "info")
 INTS = ("layer", "read_layer", "n", "seed")
 FIELDS = ("dataset", "model", "layer", "read_layer", "position", "method", "family")
-RUN_ONLY_KEYS = ("seed", "force", "progress", "paths")
+RUN_ONLY_KEYS = ("seed", "force", "progress", "paths", "logger")
 """Job config keys that do not change what is measured (or that ``seed`` repeats): left out of ``config_id``."""
 
 

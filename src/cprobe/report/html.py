@@ -259,6 +259,19 @@ def _jobs_section(d: Path, jobs: Sequence[Path]) -> str:
             + f'</tbody></table></div><p class="note">{len(jobs)} job(s), {total:.1f} s in all.</p>')
 
 
+def _search(s: dict[str, Any]) -> str:
+    """An hparams search's winner and why, and every trial (``search.json`` at a sweep root: cprobe.search)."""
+    trials = pd.DataFrame([{"trial": t["number"], **{k: v for k, v in (t.get("params") or {}).items()},
+                            s.get("metric", "value"): t.get("value"), "state": t.get("state"),
+                            "job": t.get("job") or (f"= trial {t['duplicate_of']}" if t.get("duplicate_of") is not None
+                                                    else "")} for t in s.get("trials", [])])
+    head = (f"<p><b>Winner.</b> {esc(s.get('why', ''))}.</p><p class=\"note\">{esc(s.get('direction', ''))} "
+            f"{esc(s.get('metric', ''))} over {esc(', '.join(f'{k} {v}' for k, v in (s.get('space') or {}).items()))}"
+            f"; search.json / search.md hold the same.</p>")
+    return head + (table_html(trials, note="every trial; a repeat of a point already run is not run again")
+                   if len(trials) else "")
+
+
 def _warnings(statuses: Sequence[dict[str, Any]]) -> str:
     ws = list(dict.fromkeys(w for s in statuses for w in (s.get("warnings") or [])))
     if not ws:
@@ -290,6 +303,9 @@ def render(directory: Path) -> str:
                     ("error", (status or {}).get("error"))]) + _records_overview(d)
     sections.append(("overview", "Overview", overview))
     sections.append(("leaderboard", "Leaderboard", _leaderboard(d)))
+    search = None if job else _read_json(d / "search.json")
+    if search:
+        sections.append(("search", "Search", _search(search)))
     holders = {p for j in jobs for p in j.parents}  # sweeps (and run folders) below: their own pages show them
     dirs = [d] + sorted(p for p in d.iterdir() if p.is_dir() and not _is_job(p) and not p.name.startswith(".")
                         and p not in holders and any(p.glob("*.parquet")))
