@@ -77,15 +77,19 @@ def _probe_bf16(seconds: float = 1.0) -> bool:
     return rate["bf16"] >= 0.5 * rate["fp32"]
 
 
-@lru_cache(maxsize=1)
 def cpu_bf16() -> bool:
-    """Whether this CPU runs bf16 matmuls natively (flags, else a ≤ 1 s timed probe); cached per process.
-    ``CPROBE_CPU_BF16=1`` or ``0`` overrides."""
+    """Whether this CPU runs bf16 matmuls natively (flags, else a ≤ 1 s timed probe; the detection is cached per
+    process). ``CPROBE_CPU_BF16=1`` or ``0`` overrides, read at every call."""
     env = os.environ.get("CPROBE_CPU_BF16", "").strip().lower()
     if env in ("1", "true", "yes"):
         return True
     if env in ("0", "false", "no"):
         return False
+    return _detect_cpu_bf16()
+
+
+@lru_cache(maxsize=1)
+def _detect_cpu_bf16() -> bool:
     flags = cpu_flags()
     if flags:
         return any(f in flags for f in BF16_FLAGS + ARM_BF16_FLAGS)

@@ -31,7 +31,9 @@ def test_local_dir_roundtrip_and_fingerprint(tmp_path):
                                                         "device": "cpu"}, tmp_path))
 
 
-def test_bf16_load(tmp_path):
+def test_bf16_load(tmp_path, monkeypatch):
+    # bf16 on CPU is refused where it is not native (compute.use_bf16); force it so the load path runs on any CPU
+    monkeypatch.setenv("CPROBE_CPU_BF16", "1")
     model, tok = make_random_model("bert")
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
@@ -46,6 +48,16 @@ def test_bf16_load(tmp_path):
     out = ad.map(EX, AgreementFormatter(), read=[site],
                  readout=CandidateTokens([[ad.candidate_id("is"), ad.candidate_id("are")]]))
     assert out.acts[site].dtype == torch.float32 and out.scores.shape == (1, 2)
+
+
+def test_bf16_falls_back_to_fp32_without_native_bf16(tmp_path, monkeypatch):
+    monkeypatch.setenv("CPROBE_CPU_BF16", "0")
+    model, tok = make_random_model("bert")
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ad = load_adapter({"name": "b", "path": str(tmp_path), "kind": "mlm", "dtype": "bfloat16", "device": "cpu"},
+                      tmp_path)
+    assert ad.dtype == torch.float32
 
 
 def test_unknown_hub_model_fails_fast(tmp_path, monkeypatch):

@@ -26,12 +26,12 @@ GRAVITON = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm sve\nCPU part\t: 0xd4
 def flags(monkeypatch):
     def use(text):
         monkeypatch.setattr(compute, "cpu_flags", lambda cpuinfo=None: compute.__dict__["_parse"](text))
-        compute.cpu_bf16.cache_clear()
+        compute._detect_cpu_bf16.cache_clear()
         compute._WARNED.clear()
     compute.__dict__["_parse"] = _real_flags
     monkeypatch.delenv("CPROBE_CPU_BF16", raising=False)
     yield use
-    compute.cpu_bf16.cache_clear()
+    compute._detect_cpu_bf16.cache_clear()
 
 
 _real_flags = compute.cpu_flags
@@ -56,7 +56,7 @@ def test_the_fallback_says_so_once(flags, caplog):
 def test_env_overrides_and_unknown_flags_time_a_probe(flags, monkeypatch):
     flags(AVX2)
     monkeypatch.setenv("CPROBE_CPU_BF16", "1")
-    compute.cpu_bf16.cache_clear()
+    compute._detect_cpu_bf16.cache_clear()
     assert compute.cpu_bf16()
     monkeypatch.delenv("CPROBE_CPU_BF16")
     flags("")  # no flags line: a timed probe decides (and is cached)
