@@ -7,13 +7,13 @@ edited forward pass (one row per l′); with ``reliability.sites`` the intervent
 at once (``mode: simultaneous``, each fitted on clean states) or one after another (``mode: sequential``, each refitted
 on the states the upstream edits produce). Oracle probes and the
 interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
-safetensors), so the jobs of a sweep train them once; activations come from the shared cache. The scoring
+safetensors), keyed by the content of the states and labels they are trained on, every probe setting and the seed,
+so the jobs of a sweep train them once; activations come from the shared cache. The scoring
 itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -48,7 +48,6 @@ from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
-from cprobe.probes.grid import load_probe, save_probe
 from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
@@ -57,7 +56,7 @@ log = logging.getLogger("cprobe")
 USES = Uses(groups=("model", "dataset", "split", "probe", "intervention", "layers", "position"))
 
 _MEMO: dict[str, Probe] = {}
-_PROBE_CACHE_VERSION = 3  # 3: checksummed files
+_PROBE_CACHE_VERSION = 4  # 3: checksummed files; 4: keyed by the training data's content (probes/grid.fit_key)
 
 
 @dataclass(frozen=True)
@@ -212,25 +211,23 @@ def read_layers(spec: Any, edited: Sequence[int], n_layers: int) -> list[int]:
 
 def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
                 cache_dir: Path | None = None) -> tuple[Probe, str]:
-    """Fit ``probe`` on (X, y) once per key: per process, and on disk when ``cache_dir`` is set (every method's
-    sweep is its own process, so the disk copy saves refitting the oracles 8 times).
+    """Fit ``probe`` on (X, y) once: per process, and on disk when ``cache_dir`` is set (every method's sweep is its
+    own process, so the disk copy saves refitting the oracles 8 times).
 
-    Returns (probe, where it came from: "fit", "memory" or "disk").
+    Both caches are keyed by what determines the fit — the training states and labels by content, every probe
+    setting and the seed (:func:`cprobe.probes.grid.fit_key`) — so a fit is never served for other data; on disk
+    through the file-locked probe-fit cache (:func:`cprobe.probes.grid.fit_cached`). ``key`` names the fit's role
+    (which oracle, or the interventional probe, on which states): the in-process memo adds it, so two roles never
+    share one probe object. Returns (probe, where it came from: "fit", "memory" or "disk").
     """
-    k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str)
+    from cprobe.probes.grid import fit_cached, fit_key
+
+    k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str) + fit_key(probe, X, y)  # type: ignore[arg-type]
     if k in _MEMO:
         return _MEMO[k], "memory"
-    path = cache_dir / f"{hashlib.sha256(k.encode()).hexdigest()[:24]}.safetensors" if cache_dir else None
-    if path is not None and path.is_file():
-        loaded = load_probe(probe, path)
-        if loaded is not None:
-            _MEMO[k] = loaded
-            return loaded, "disk"
-    probe = probe.fit(X, y)
+    probe, source = fit_cached(probe, X, y, cache_dir=cache_dir)
     _MEMO[k] = probe
-    if path is not None:
-        save_probe(probe, path)
-    return probe, "fit"
+    return probe, "disk" if source == "cache" else "fit"
 
 
 def _acts_key(adapter: ModelAdapter, data: Any, layer: int, position: str, seed: int, split: Any) -> dict[str, Any]:
