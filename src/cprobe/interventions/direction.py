@@ -113,8 +113,7 @@ class DirectionIntervention(Intervention):
         self.targets_ = torch.zeros(k, dtype=torch.float64, device=dev).index_add_(0, zd, coord) / \
             torch.bincount(zd, minlength=k).to(dev)
         self.A, self.a, self._row, self.n_classes, self.directions_ = A, A[0], row, k, methods
-        Q, _ = torch.linalg.qr(A.double().T)  # (d, m) orthonormal basis of the directions (nullifying)
-        self._basis = Q
+        self._basis = _span(A.double())  # orthonormal basis of the directions' span (nullifying)
         return self
 
     def coordinate(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
@@ -144,6 +143,14 @@ class DirectionIntervention(Intervention):
         D = self._directions(X, z_target, dt)
         goal = self.targets_.to(X.device, dt)[z_target.to(X.device).long()]
         return (Xf + (goal - (Xf * D).sum(1))[:, None] * D).to(X.dtype)
+
+
+def _span(A: Tensor) -> Tensor:
+    """(d, r) orthonormal basis of the span of the rows of ``A`` (m, d), r its numerical rank. The k one-vs-rest
+    mean directions span only k − 1 dimensions (Σ_c n_c(μ_c − μ) = 0): a QR of all k would add one arbitrary unit
+    vector, and the nullifying edit would project out a direction no class defines."""
+    U, S, _ = torch.linalg.svd(A.T, full_matrices=False)
+    return U[:, S > S.max() * 1e-4]  # the directions are float32 unit vectors: a dependent one leaves σ ~ 1e-7
 
 
 def _register(name: str, direction: str) -> type[DirectionIntervention]:

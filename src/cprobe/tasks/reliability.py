@@ -782,24 +782,30 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
 
 def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
     """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
-    selectivity records."""
-    from cprobe.records import item_rows
+    selectivity records, and of each non-targeted property's selectivity (slice ``property``; NaN where it does not
+    apply, so its record's ``n`` counts the rows it does). With read layers, each l′'s records get that l′'s rows."""
+    from cprobe.records import canonical, item_rows
 
     path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
     if path is None or not path.is_file():
         return None
     per = pd.read_parquet(path)
-    whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
-    if "read_layer" not in per.columns:
-        values = {"oracle_completeness": per["completeness"].to_numpy(),
-                  "oracle_selectivity": per["selectivity"].to_numpy()}
-        return item_rows(whole, values, per["item"])
-    parts = []  # downstream read layers: each l′'s records get that l′'s rows
-    for l, g in per.groupby("read_layer"):
-        w = whole[whole["read_layer"] == l]
-        if not w.empty:
-            parts.append(item_rows(w, {"oracle_completeness": g["completeness"].to_numpy(),
-                                       "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+    props = sorted(c[len("selectivity_"):] for c in per.columns if c.startswith("selectivity_"))
+    metric, sl = records["metric"], records["slice"]
+    whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity"])]
+    by_prop = {p: records[(metric == "oracle_selectivity") & (sl == canonical({"property": p}))] for p in props}
+    groups = [(None, per)] if "read_layer" not in per.columns else list(per.groupby("read_layer"))
+    parts = []
+    for l, g in groups:
+        def at(r: pd.DataFrame) -> pd.DataFrame:
+            return r if l is None else r[r["read_layer"] == l]
+
+        parts.append(item_rows(at(whole), {"oracle_completeness": g["completeness"].to_numpy(),
+                                           "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+        for p in props:
+            parts.append(item_rows(at(by_prop[p]), {"oracle_selectivity": g[f"selectivity_{p}"].to_numpy()},
+                                   g["item"]))
+    parts = [x for x in parts if len(x)]
     return pd.concat(parts, ignore_index=True) if parts else None
 
 
