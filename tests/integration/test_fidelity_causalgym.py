@@ -24,6 +24,15 @@ REACHING = [(1, "{subject}"), (2, "{object}")]
 predicted, does; its subject state is read by nothing)."""
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _by_hand(adapter, template, layer: int, region: int, edit) -> dict[str, float]:  # noqa: F811
     """The clean and edited runs at one site, and every CausalGym score of the edit, from the formulas: the base
     train states' class means give the direction; ``edit(X_eval, a)`` the edited eval states."""
@@ -50,8 +59,34 @@ def _by_hand(adapter, template, layer: int, region: int, edit) -> dict[str, floa
 @pytest.fixture(scope="module")
 def null_rows(adapter, template) -> pd.DataFrame:  # noqa: F811
     s = _settings(methods=["mean_direction"], layers=[1, 2], control=False, reliability=True, oracle_probe=ORACLE,
-                  interventions={"mean_direction": {"kind": "nullifying"}})
+                  interventions={"mean_direction": {"kind": "nullifying"}}, read_layers=True)
     return pd.DataFrame(run_gym_task(adapter, template, *s))
+
+
+def test_a_downstream_read_is_the_oracle_at_l_prime_on_the_pass_edited_at_l(adapter, template, null_rows):  # noqa: F811
+    """``completeness_l2`` of the edit at layer 1 (subject): the oracle of (layer 2, subject), trained on clean layer-2
+    states, reads the layer-2 state of the forward pass edited at layer 1 — recomputed here by reading layer 2 in a
+    write-back of the projected layer-1 states (an l′ ≠ l case: reading the edited layer instead, or the layer-1
+    oracle, gives another number)."""
+    region = template.region_names.index("{subject}")
+    splits = make_pair_splits(template, 8, 4)
+    tr1, ev1 = Side(adapter, splits.train, 1, region), Side(adapter, splits.eval, 1, region)
+    tr2 = Side(adapter, splits.train, 2, region)
+    z_tr = torch.tensor([p.base_class for p in splits.train])
+    X = tr1.acts.double()
+    a = X[z_tr == 1].mean(0) - X[z_tr == 0].mean(0)
+    a = a / a.norm()
+    E = ev1.acts.double()
+    edited = (E - (E @ a)[:, None] * a).float()
+    at2 = site_of(2, region, "block")
+    read = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True), read=[at2],
+                       edits={site_of(1, region, "block"): Replace(edited)}).acts[at2]
+    p2 = fit_oracle(tr2.acts, z_tr, ORACLE, seed=0).predict_proba(read).double()
+    want = float((1.0 - (p2[:, 0] - p2[:, 1]).abs()).mean())
+    row = null_rows.query("layer == 1 and region == '{subject}'").iloc[0]
+    assert row["completeness_l2"] == pytest.approx(want, abs=1e-5)
+    assert abs(row["completeness_l2"] - row["completeness_l1"]) > 1e-4  # l′ ≠ l: another number (2.7e-4 here)
+    assert pd.isna(null_rows.query("layer == 2 and region == '{subject}'").iloc[0]["completeness_l1"])
 
 
 @pytest.mark.parametrize(("layer", "name"), REACHING)

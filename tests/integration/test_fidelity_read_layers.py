@@ -20,6 +20,15 @@ PROBE = {"name": "linear", "lrs": [0.01], "epochs": 5, "batch_size": 64, "weight
 """The smoke linear probe (conf/probe/smoke.yaml), the study's oracle here."""
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _adapter():
     """A random 3-layer, 32-d BERT over the grammar's words (nothing trained: the values are checked, not learnt)."""
     from transformers import BertConfig, BertForMaskedLM
@@ -114,5 +123,4 @@ def test_every_read_layer_is_scored_on_its_own_states_by_its_own_oracles(run):
         assert row["selectivity"] == pytest.approx(s, abs=1e-5), row["read_layer"]
         assert row["oracle_acc_edited_z_c"] == pytest.approx(acc, abs=1e-9), row["read_layer"]
     # not vacuous: the three read layers give three different numbers
-    print(want)
     assert len({round(v[0], 4) for v in want.values()}) == 3 and len({round(v[1], 4) for v in want.values()}) == 3
