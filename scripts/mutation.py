@@ -6,6 +6,7 @@ selection, reporting which mutants the tests kill and which survive (file:line).
     python scripts/mutation.py --file src/cprobe/records.py --tests tests/unit/test_records.py
     python scripts/mutation.py --file src/cprobe/tasks/reliability.py --function read_layers,_run_sites
     python scripts/mutation.py --file src/cprobe/leaderboard.py --lines 60-100 --list   # the mutants, not run
+    python scripts/mutation.py --file src/cprobe/leaderboard.py --replace '123:finite.mean()=>np.median(finite)'
 
 Mutations (``--ops`` picks some): ``binop`` (+ ↔ −, * ↔ /, // → /, % → *, ** → *), ``compare`` (< ↔ <=, > ↔ >=,
 == ↔ !=, in ↔ not in, is ↔ is not), ``boolop`` (and ↔ or), ``not`` (a dropped ``not``, unary ``-`` or ``~``),
@@ -236,6 +237,27 @@ def apply(src: bytes, m: Mutant) -> bytes:
     return src[:m.start] + m.after.encode() + src[m.end:]
 
 
+def custom_mutants(path: Path, specs: list[str]) -> list[Mutant]:
+    """Hand-written mutants ``LINE:OLD=>NEW``: the first ``OLD`` on line ``LINE`` replaced by ``NEW``."""
+    src = path.read_bytes()
+    starts = [0]
+    for line in src.split(b"\n"):
+        starts.append(starts[-1] + len(line) + 1)
+    out = []
+    for spec in specs:
+        where, _, rest = spec.partition(":")
+        old, sep, new = rest.partition("=>")
+        if not sep or not where.isdigit():
+            sys.exit(f"--replace {spec!r}: use LINE:OLD=>NEW")
+        line = int(where)
+        text = src[starts[line - 1]:starts[line] - 1]
+        at = text.find(old.encode())
+        if at < 0:
+            sys.exit(f"--replace {spec!r}: {old!r} is not on line {line} ({text.decode().strip()!r})")
+        out.append(Mutant(line, "custom", old, new, starts[line - 1] + at, starts[line - 1] + at + len(old.encode())))
+    return out
+
+
 def function_lines(path: Path, names: list[str]) -> set[int]:
     tree = ast.parse(path.read_bytes())
     out: set[int] = set()
@@ -275,7 +297,7 @@ def module_name(path: Path) -> str:
 
 
 def run_child(module: str, path: Path, source: bytes | None, tests: list[str], pytest_args: list[str],
-              timeout: float, log: Path | None) -> tuple[str, float]:
+              timeout: float, log: Path | None, threads: int = 1) -> tuple[str, float]:
     """(status, seconds): ``survived`` (tests pass), ``killed`` (a failure or an error), ``timeout``."""
     t0 = time.perf_counter()
     pid = os.fork()
@@ -286,6 +308,10 @@ def run_child(module: str, path: Path, source: bytes | None, tests: list[str], p
             fd = os.open(str(log) if log else os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
+            if threads:
+                import torch
+
+                torch.set_num_threads(threads)
             if source is not None:
                 sys.meta_path.insert(0, _Serve(module, path, source))
             import pytest
@@ -320,9 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--function", help="comma-separated functions/classes whose lines are mutated (default: all)")
     ap.add_argument("--lines", help="a line range a-b (combined with --function: both)")
     ap.add_argument("--ops", default=",".join(OPS), help=f"mutation kinds, comma-separated (default: all of {OPS})")
+    ap.add_argument("--replace", action="append", default=[],
+                    help="a hand-written mutant LINE:OLD=>NEW (repeatable; then only these run)")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression for the selection")
     ap.add_argument("--timeout-factor", type=float, default=4.0, help="timeout = factor x baseline (min 30 s)")
     ap.add_argument("--max", type=int, default=0, help="run at most this many mutants (0: all)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads in each run (0: torch's default)")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--json", help="write every mutant's result to this file")
     ap.add_argument("--log-dir", help="keep each run's pytest output here (default: discarded)")
@@ -344,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi = (int(x) for x in a.lines.split("-"))
         rng = set(range(lo, hi + 1))
         lines = rng if lines is None else lines & rng
-    mutants = find_mutants(path, ops, lines)
+    mutants = custom_mutants(path, a.replace) if a.replace else find_mutants(path, ops, lines)
     if a.max:
         mutants = mutants[:a.max]
     if a.list:
@@ -366,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         log_dir.mkdir(parents=True, exist_ok=True)
     module = module_name(path)
     src = path.read_bytes()
-    status, base_s = run_child(module, path, None, tests, pytest_args, 3600, log_dir / "baseline.log" if log_dir else None)
+    status, base_s = run_child(module, path, None, tests, pytest_args, 3600,
+                               log_dir / "baseline.log" if log_dir else None, a.threads)
     if status != "survived":
         sys.exit(f"the baseline run of {tests} does not pass ({status}); fix it before mutating")
     timeout = max(30.0, a.timeout_factor * base_s)
@@ -374,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     for i, m in enumerate(mutants, 1):
         log = log_dir / f"mutant_{i:04d}.log" if log_dir else None
-        m.status, m.seconds = run_child(module, path, apply(src, m), tests, pytest_args, timeout, log)
+        m.status, m.seconds = run_child(module, path, apply(src, m), tests, pytest_args, timeout, log, a.threads)
         mark = "SURVIVED" if m.status == "survived" else m.status
         print(f"[{i}/{len(mutants)}] {mark:<8} {m.where(rel)} {m.op}: {m.before.splitlines()[0][:50]} -> "
               f"{m.after.splitlines()[0][:50]} ({m.seconds:.1f}s)", flush=True)
