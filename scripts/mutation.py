@@ -43,13 +43,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 TESTS: dict[str, list[str]] = {
     "src/cprobe/interventions/direction.py": [
-        "tests/unit/test_fidelity_mutants.py", "tests/unit/test_direction_intervention.py"],
+        "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_along.py", "tests/unit/test_fidelity_kind.py",
+        "tests/unit/test_direction_intervention.py"],
     "src/cprobe/tasks/causalgym_engine.py": [
         "tests/integration/test_fidelity_causalgym.py", "tests/integration/test_peer_check.py",
         "tests/integration/test_causalgym_interventions.py"],
     "src/cprobe/tasks/reliability.py": [
-        "tests/unit/test_read_layers.py", "tests/unit/test_fidelity_caches.py",
-        "tests/integration/test_fidelity_read_layers.py"],
+        "tests/integration/test_fidelity_read_layers.py", "tests/unit/test_fidelity_caches.py",
+        "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_kind.py", "tests/unit/test_read_layers.py"],
     "src/cprobe/leaderboard.py": ["tests/unit/test_fidelity_mutants.py", "tests/unit/test_leaderboard.py"],
     "src/cprobe/records.py": ["tests/unit/test_fidelity_mutants.py", "tests/unit/test_records.py"],
 }
