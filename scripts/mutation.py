@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default=",".join(OPS), help=f"mutation kinds, comma-separated (default: all of {OPS})")
     ap.add_argument("--replace", action="append", default=[],
                     help="a hand-written mutant LINE:OLD=>NEW (repeatable; then only these run)")
+    ap.add_argument("--survivors", help="rerun only the survivors recorded in this --json file of an earlier run "
+                                        "(those whose source text is unchanged)")
     ap.add_argument("-k", dest="keyword", help="pytest -k expression for the selection")
     ap.add_argument("--timeout-factor", type=float, default=4.0, help="timeout = factor x baseline (min 30 s)")
     ap.add_argument("--max", type=int, default=0, help="run at most this many mutants (0: all)")
@@ -375,6 +377,16 @@ def main(argv: list[str] | None = None) -> int:
         rng = set(range(lo, hi + 1))
         lines = rng if lines is None else lines & rng
     mutants = custom_mutants(path, a.replace) if a.replace else find_mutants(path, ops, lines)
+    if a.survivors:
+        old = [m for m in json.loads(Path(a.survivors).read_text())["mutants"] if m["status"] == "survived"]
+        src_now = path.read_bytes()
+        keep = []
+        for m in old:
+            if src_now[m["start"]:m["end"]].decode(errors="replace") == m["before"]:
+                keep.append(Mutant(m["line"], m["op"], m["before"], m["after"], m["start"], m["end"]))
+            else:
+                print(f"skipped (source changed): {rel}:{m['line']} {m['op']}: {m['before'][:50]}")
+        mutants = keep
     if a.max:
         mutants = mutants[:a.max]
     if a.list:
