@@ -51,8 +51,10 @@ TESTS: dict[str, list[str]] = {
     "src/cprobe/tasks/reliability.py": [
         "tests/integration/test_fidelity_read_layers.py", "tests/unit/test_fidelity_caches.py",
         "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_kind.py", "tests/unit/test_read_layers.py"],
-    "src/cprobe/leaderboard.py": ["tests/unit/test_fidelity_mutants.py", "tests/unit/test_leaderboard.py"],
-    "src/cprobe/records.py": ["tests/unit/test_fidelity_mutants.py", "tests/unit/test_records.py"],
+    "src/cprobe/leaderboard.py": ["tests/unit/test_fidelity_leaderboard.py", "tests/unit/test_fidelity_mutants.py",
+                                  "tests/unit/test_leaderboard.py"],
+    "src/cprobe/records.py": ["tests/unit/test_fidelity_records.py", "tests/unit/test_fidelity_mutants.py",
+                              "tests/unit/test_records.py"],
 }
 """The targeted test selection per file (``--tests`` replaces it)."""
 
