@@ -32,6 +32,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -43,8 +44,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 TESTS: dict[str, list[str]] = {
     "src/cprobe/interventions/direction.py": [
-        "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_along.py", "tests/unit/test_fidelity_kind.py",
-        "tests/unit/test_direction_intervention.py"],
+        "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_direction.py",
+        "tests/unit/test_fidelity_along.py", "tests/unit/test_fidelity_kind.py", "tests/unit/test_direction_intervention.py"],
     "src/cprobe/tasks/causalgym_engine.py": [
         "tests/integration/test_fidelity_causalgym.py", "tests/integration/test_peer_check.py",
         "tests/integration/test_causalgym_interventions.py"],
@@ -205,7 +206,9 @@ class _Finder:
     def _call(self, n: ast.Call) -> None:
         s, f = self.seg, n.func
         if isinstance(f, ast.Attribute) and f.attr in NAMES:
-            self.add(f, "name", f"{s(f.value)}.{NAMES[f.attr]}")
+            value = s(f.value)  # a parenthesised receiver's segment omits its parentheses: keep the precedence
+            receiver = value if re.fullmatch(r"[\w.]+", value) else f"({value})"
+            self.add(f, "name", f"{receiver}.{NAMES[f.attr]}")
         elif isinstance(f, ast.Name) and f.id in NAMES and f.id not in ("sum", "any", "all"):
             self.add(f, "name", NAMES[f.id])
         args = n.args
