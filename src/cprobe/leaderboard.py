@@ -5,15 +5,18 @@ them. A cell is one record key apart from the seed (study, dataset, model, layer
 family, setting, slice, config) and one headline metric (:mod:`cprobe.metrics.registry`); records whose slice breaks
 a whole down (a study's ``breakdowns``: per aspect, per relation, ...) are left out.
 
-The interval: a percentile bootstrap (``n_boot`` resamples, seeded by the cell, so the same records give the same
-table in any order):
+The interval, named per cell in the ``ci`` column:
 
-- seeds and items: a two-stage bootstrap, resampling the seeds, then each drawn seed's items;
-- one seed with items: the items;
-- several seeds, no per-item values: the seeds (the table says so in ``ci``);
+- seeds and items: a percentile bootstrap in two stages, resampling the seeds, then each drawn seed's items
+  (``n_boot`` resamples, seeded by the cell, so the same records give the same table in any order);
+- one seed with items: a percentile bootstrap over the items;
+- several seeds, no per-item values: Student's t interval over the seeds, mean ± t(s − 1) · sd / √s. With 2–3
+  seeds a bootstrap over the seeds alone is no 95% interval (resampling two values gives exactly their min–max);
+  the t interval is one, under normal seed-to-seed variation, and says so;
 - one seed, no per-item values: no interval.
 
-The point estimate is the mean over seeds of the record values (each record's value is the mean of its items).
+Items whose value is NaN (not defined for that item) are left out, as the record's mean leaves them out. The point
+estimate is the mean over seeds of the record values (each record's value is the mean of its items).
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ COLUMNS = (*CELL, "variant", "metric", "direction", "mean", "ci_low", "ci_high",
 CI_TEXT = {
     "seeds+items": "bootstrap over seeds and items",
     "items": "bootstrap over items (one seed)",
-    "seeds": "bootstrap over seeds (no per-item values)",
+    "seeds": "t over seeds (no per-item values)",
     "none": "none (one seed, no per-item values)",
 }
+"""What the ``ci`` column says of each interval kind (then its settings: resamples or degrees of freedom)."""
 
 
 def headline(records: pd.DataFrame, breakdowns: Mapping[str, Sequence[str]]) -> pd.DataFrame:
@@ -58,8 +62,8 @@ def _rng(seed: int, key: tuple) -> np.random.Generator:
 
 def interval(values: np.ndarray, items: Sequence[np.ndarray] | None, n_boot: int = N_BOOT, level: float = LEVEL,
              rng: np.random.Generator | None = None) -> tuple[float, float, str]:
-    """(low, high, kind) of the percentile bootstrap over seeds (``values``, one per seed) and, when ``items`` (one
-    array per seed) is given, their items; kind is a key of :data:`CI_TEXT`."""
+    """(low, high, kind) of the interval of a cell (module doc): ``values`` one per seed, ``items`` (one array per
+    seed) their per-item values or None; kind is a key of :data:`CI_TEXT`."""
     rng = rng or np.random.default_rng(0)
     values = np.asarray(values, dtype="float64")
     ok = ~np.isnan(values)
@@ -75,8 +79,7 @@ def interval(values: np.ndarray, items: Sequence[np.ndarray] | None, n_boot: int
     if items is None:
         if s == 1:
             return np.nan, np.nan, "none"
-        stats = values[rng.integers(0, s, (n_boot, s))].mean(axis=1)
-        kind = "seeds"
+        return (*t_interval(values, level), "seeds")
     else:
         drawn = rng.integers(0, s, (n_boot, s)) if s > 1 else np.zeros((n_boot, 1), dtype=int)
         means = np.empty(drawn.shape)
@@ -96,6 +99,27 @@ def interval(values: np.ndarray, items: Sequence[np.ndarray] | None, n_boot: int
     tail = (1 - level) / 2
     lo, hi = np.quantile(stats, [tail, 1 - tail])
     return float(lo), float(hi), kind
+
+
+def t_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Student's t interval of the mean of ``values`` (s >= 2): mean ± t_{(1+level)/2, s−1} · sd / √s, sd with s − 1
+    in the denominator."""
+    from scipy.stats import t
+
+    v = np.asarray(values, dtype="float64")
+    s = len(v)
+    half = float(t.ppf((1 + level) / 2, s - 1)) * float(v.std(ddof=1)) / np.sqrt(s)
+    m = float(v.mean())
+    return m - half, m + half
+
+
+def ci_text(kind: str, n_boot: int, level: float, seeds: int) -> str:
+    """The ``ci`` column: what the interval is and its settings."""
+    if kind == "none":
+        return CI_TEXT[kind]
+    if kind == "seeds":
+        return f"{CI_TEXT[kind]} ({level:.0%}, {seeds - 1} df)"
+    return f"{CI_TEXT[kind]} ({n_boot} resamples, {level:.0%} percentile)"
 
 
 def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
@@ -121,11 +145,11 @@ def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
         rec = dict(zip(cell_keys, key))
         info = METRICS[str(rec["metric"])]
         finite = values[~np.isnan(values)]
+        used = [int(np.isfinite(x).sum()) for x, v in zip(its, values) if not np.isnan(v)] if its else []
         rows.append({**rec, "variant": (variants or {}).get(str(rec["config_id"]), ""), "direction": info.direction,
                      "mean": float(finite.mean()) if len(finite) else np.nan, "ci_low": lo, "ci_high": hi,
-                     "seeds": int(len(finite)),
-                     "items": round(sum(len(x) for x in its) / max(1, len(its))) if its else 0,
-                     "ci": CI_TEXT[kind] + ("" if kind == "none" else f" ({n_boot} resamples, {level:.0%} percentile)")})
+                     "seeds": int(len(finite)), "items": round(sum(used) / len(used)) if used else 0,
+                     "ci": ci_text(kind, n_boot, level, len(finite))})
     out = pd.DataFrame(rows, columns=list(COLUMNS))
     order = {m: i for i, m in enumerate(METRICS)}
     better = np.where(out["direction"] == LOWER, out["mean"], np.where(out["direction"] == HIGHER, -out["mean"], 0.0))
@@ -207,10 +231,11 @@ def wide(board: pd.DataFrame) -> dict[str, pd.DataFrame]:
 def markdown(board: pd.DataFrame) -> str:
     """``leaderboard.md``: how the intervals were computed, then the wide table of each study."""
     parts = ["# Leaderboard", "",
-             "Cells: mean over seeds [95% percentile bootstrap interval]. Interval per cell (column `ci` of "
-             "leaderboard.csv): over seeds and items where per-item values exist (items: the evaluation pairs, tasks "
-             "or relations a metric averages), over seeds alone where they do not; no interval for one seed without "
-             "per-item values. ↑ higher is better, ↓ lower; `cprobe list metrics` defines every metric.", ""]
+             "Cells: mean over seeds [95% interval]. The interval of each cell is named in column `ci` of "
+             "leaderboard.csv: a percentile bootstrap over seeds and items where per-item values exist (items: the "
+             "evaluation pairs, tasks or relations a metric averages; NaN items left out), Student's t over the "
+             "seeds where they do not; no interval for one seed without per-item values. ↑ higher is better, "
+             "↓ lower; `cprobe list metrics` defines every metric.", ""]
     kinds = sorted(set(board["ci"])) if len(board) else []
     if kinds:
         parts += ["Intervals in this table: " + "; ".join(kinds) + ".", ""]

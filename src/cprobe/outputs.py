@@ -47,6 +47,7 @@ def make_records(study: str, table: pd.DataFrame, out_dir: Path | None, config: 
         return R.finish(pd.DataFrame()), None
     recs = R.to_records(table, spec, study, seed, config)
     items = spec.items(table, recs, out_dir) if spec.items is not None else None
+    recs = R.count_items(recs, items)  # n: the items a value averages (NaN items excluded)
     for p in R.problems(recs):
         log.warning("%s records: %s", study, p)
     return recs, items
@@ -199,6 +200,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
             tables.setdefault(str(study), []).append(table.assign(**extra))
     records = pd.concat(all_records, ignore_index=True) if all_records else R.finish(pd.DataFrame())
     items = pd.concat(all_items, ignore_index=True) if all_items else None
+    records = R.count_items(records, items)  # jobs written before n counted only the defined items
     out = Collected(directory, len(jobs), sorted(tables), skipped=problems)
     mixed = len(tables) > 1
     for study, frames in tables.items():

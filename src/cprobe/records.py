@@ -18,7 +18,8 @@ slice         which part of the data or targets, canonical JSON (``{"property": 
               ``{}``: the whole evaluation set)
 metric        a registered metric (:mod:`cprobe.metrics.registry`; ``cprobe list metrics``)
 value         float64 (NaN: not defined for this record)
-n             how many items the value is computed over (``<NA>``: not recorded)
+n             how many items the value is computed over: where per-item values are written, the defined ones
+              (NaN items are not averaged, so not counted; ``<NA>``: not recorded)
 seed          the job's seed
 config_id     hash of the job's config without the seed and run-only keys: records with equal ``config_id`` are
               repetitions over seeds of one configuration
@@ -456,6 +457,31 @@ def item_rows(records: pd.DataFrame, values: Mapping[str, Sequence[float]], item
         frames.append(pd.DataFrame({**{k: [rec[k]] * len(items) for k in KEY}, "item": [str(i) for i in items],
                                     "value": np.asarray(v, dtype="float64")}))
     return finish_items(pd.concat(frames, ignore_index=True)) if frames else _no_items()
+
+
+def _key(values: Sequence[Any]) -> tuple:
+    """A record key as plain hashable values (NA/NaN as None, numpy scalars unwrapped): equal keys join."""
+    return tuple(None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+                 else int(v) if isinstance(v, np.integer) else v for v in values)
+
+
+def count_items(records: pd.DataFrame, items: pd.DataFrame | None) -> pd.DataFrame:
+    """The records with ``n`` = how many of their per-item values are defined — the items the value actually
+    averages (a NaN item, e.g. selectivity on a row where no non-targeted property applies, is left out of the mean
+    and so of ``n``); records without per-item values keep theirs."""
+    if items is None or not len(items) or not len(records):
+        return records
+    used: dict[tuple, int] = {}
+    ok = items["value"].notna().to_numpy()
+    for key, good in zip(items[list(KEY)].itertuples(index=False, name=None), ok):
+        k = _key(key)
+        used[k] = used.get(k, 0) + int(good)
+    n = [used.get(_key(key)) for key in records[list(KEY)].itertuples(index=False, name=None)]
+    if all(v is None for v in n):
+        return records
+    out = records.copy()
+    out["n"] = pd.array([old if v is None else v for v, old in zip(n, out["n"].astype(object))], dtype="Int64")
+    return out
 
 
 def _no_items() -> pd.DataFrame:

@@ -19,11 +19,11 @@ def test_one_seed_without_items_has_no_interval():
     assert np.isnan(lo) and np.isnan(hi) and kind == "none"
 
 
-def test_two_seeds_resampled_give_the_extremes():
-    """Resampling [0, 1]: the mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and 97.5%
-    quantiles are 0 and 1."""
+def test_seeds_without_items_get_a_t_interval_hand_computed():
+    """[0, 1]: mean 0.5, sd 1/√2, t(0.975, 1 df) = 12.7062, so 0.5 ± 12.7062 · (1/√2)/√2 = 0.5 ± 6.3531 — a 95%
+    interval, where resampling two seeds gave exactly their min–max; equal seeds give a zero-width one."""
     lo, hi, kind = interval(np.array([0.0, 1.0]), None, n_boot=20000, rng=rng())
-    assert (lo, hi, kind) == (0.0, 1.0, "seeds")
+    assert (lo, hi, kind) == (pytest.approx(0.5 - 6.353102), pytest.approx(0.5 + 6.353102), "seeds")
     lo, hi, _ = interval(np.array([0.2, 0.2, 0.2]), None, rng=rng())
     assert (lo, hi) == (pytest.approx(0.2), pytest.approx(0.2))
 
@@ -81,7 +81,7 @@ def test_the_leaderboard_shows_headline_metrics_of_whole_sets_best_first():
     err = board[board["metric"] == "icace_error_l2"]
     assert list(err["method"]) == ["b", "a"]  # lower is better
     assert err["mean"].tolist() == pytest.approx([0.1, 0.4]) and err["seeds"].tolist() == [2, 2]
-    assert set(err["ci"]) == {CI_TEXT["seeds"] + " (2000 resamples, 95% percentile)"}
+    assert set(err["ci"]) == {CI_TEXT["seeds"] + " (95%, 1 df)"}
     rel = board[board["metric"] == "reliability"]
     assert list(rel["method"]) == ["b", "a"] and rel["ci_low"].isna().all()  # higher is better; one seed
     assert set(board["variant"]) == {"x=1"} and set(board["direction"]) == {"lower", "higher"}
@@ -108,6 +108,6 @@ def test_wide_tables_and_markdown_state_the_interval():
     assert name == "s · d" and list(t.columns) == ["model", "method", "seeds", "reliability ↑"]
     assert t["reliability ↑"].tolist() == ["0.600 [0.600, 0.600]", "0.200 [0.200, 0.200]"]
     md = markdown(board)
-    assert "## s · d" in md and "bootstrap over seeds (no per-item values)" in md
+    assert "## s · d" in md and "t over seeds (no per-item values)" in md
     assert cell_text(0.000123, 0.0001, 0.0002) == "0.000123 [0.0001, 0.0002]"
     assert cell_text(45.25, 40.0, 50.0) == "45.250 [40.000, 50.000]" and cell_text(np.nan, 0, 1) == "n/a"

@@ -14,6 +14,16 @@ coordinate ``aᵀx`` and leaves the orthogonal complement exactly as it was:
   margin would overshoot into off-distribution states).
 - ``kind: nullifying``: ``x′ = x − (aᵀx) a`` (the coordinate projected out, ``aᵀx′ = 0``).
 
+``along`` says which way a row moves to reach its new coordinate. ``direction`` (default): along ``a`` itself, as
+above — the smallest Euclidean move. ``covariance``: along ``Σa`` (Σ the covariance of the fitting rows),
+``x′ = x + (t_{z′} − aᵀx) Σa / (aᵀΣa)`` and, nullifying, the oblique projection ``x′ = x − Σa (aᵀx) / (aᵀΣa)``
+(``ΣB (BᵀΣB)⁻¹ Bᵀx`` for several directions, B a basis of their span) — the smallest move in the data's own
+(Mahalanobis) metric. The coordinate reached is the same; the states differ wherever ``a`` is not an eigenvector of
+Σ. For a discriminant direction ``a ∝ Σ⁻¹(μ₁ − μ₀)`` (LDA) the two differ most: ``Σa ∝ μ₁ − μ₀``, so the covariance
+edit moves the class means apart along the line the classes actually differ on, while the edit along ``a`` moves
+them along a direction nearly orthogonal to it (docs/methods.md: on the tiny models LDA's ``a`` reads Z_c yet is
+almost orthogonal to μ₁ − μ₀, and only the covariance edit moves the oracles and the model).
+
 A ``supervised`` direction separates two classes; on a property with k > 2 values (CEBaB's and LIBERTy's concepts)
 the adapter fits one direction per class, class c against the rest: the counterfactual to z′ sets the coordinate
 along z′'s direction to ``t_{z′}`` (the class-z′ mean along it), the nullifying one projects all k out. For k = 2 the
@@ -43,6 +53,9 @@ from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, Kind
 from cprobe.interventions.inlp import n_classes_of
+
+ALONG = ("direction", "covariance")
+"""How a row moves to its new coordinate: along ``a`` (the Euclidean-smallest move) or along ``Σa`` (module doc)."""
 
 BRIDGED: dict[str, str] = {
     "das": "das", "probe_direction": "probe", "mean_direction": "mean", "lda_direction": "lda",
@@ -74,11 +87,16 @@ class DirectionIntervention(Intervention):
     forwards_kwargs_to: ClassVar[tuple[type, ...]] = ()
     _fitted_attrs = ("A", "a", "targets_", "directions_")
 
-    def __init__(self, kind: str = "counterfactual", seed: int = 0, device: str | None = None, **params: Any) -> None:
+    def __init__(self, kind: str = "counterfactual", along: str = "direction", seed: int = 0,
+                 device: str | None = None, **params: Any) -> None:
         if kind not in ("counterfactual", "nullifying"):
             raise ConfigError(f"intervention {self.direction_name!r} direction: kind must be counterfactual or "
                               f"nullifying, got {kind!r}")
+        if along not in ALONG:
+            raise ConfigError(f"intervention {self.direction_name!r} direction: along must be one of {list(ALONG)}, "
+                              f"got {along!r}")
         self.kind = kind  # type: ignore[misc]
+        self.along = along
         self.seed, self.device, self.params = seed, device, dict(params)
         self._method()  # unknown or bad direction settings fail here, at validation
 
@@ -113,8 +131,9 @@ class DirectionIntervention(Intervention):
         self.targets_ = torch.zeros(k, dtype=torch.float64, device=dev).index_add_(0, zd, coord) / \
             torch.bincount(zd, minlength=k).to(dev)
         self.A, self.a, self._row, self.n_classes, self.directions_ = A, A[0], row, k, methods
-        Q, _ = torch.linalg.qr(A.double().T)  # (d, m) orthonormal basis of the directions (nullifying)
-        self._basis = Q
+        self._basis = _span(A.double())  # orthonormal basis of the directions' span (nullifying)
+        if self.along == "covariance":
+            self._push, self._oblique = _covariance_moves(Xd.double(), A.double(), self._basis)
         return self
 
     def coordinate(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
@@ -136,14 +155,44 @@ class DirectionIntervention(Intervention):
         Xf = X.to(dt)
         if self.kind == "nullifying":
             Q = self._basis.to(X.device, dt)
-            return (Xf - (Xf @ Q) @ Q.T).to(X.dtype)
+            W = Q if self.along == "direction" else self._oblique.to(X.device, dt)
+            return (Xf - (Xf @ Q) @ W.T).to(X.dtype)
         if z_target is None:
             raise ConfigError(f"{self.direction_name} (counterfactual): pass z_target (the value to set Z to)")
         if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
             raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
         D = self._directions(X, z_target, dt)
         goal = self.targets_.to(X.device, dt)[z_target.to(X.device).long()]
-        return (Xf + (goal - (Xf * D).sum(1))[:, None] * D).to(X.dtype)
+        move = D if self.along == "direction" else \
+            self._push.to(X.device, dt)[self._row.to(X.device)[z_target.to(X.device).long()]]
+        return (Xf + (goal - (Xf * D).sum(1))[:, None] * move).to(X.dtype)
+
+
+def _covariance_moves(X: Tensor, A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
+    """For ``along: covariance``, from the fitting rows X (n, d) and the unit directions A (m, d), B (d, r) a basis of
+    their span (all float64): the moves ``Σa / (aᵀΣa)`` per direction (m, d) — moving x by (t − aᵀx) times it sets
+    aᵀx to t — and ``ΣB (BᵀΣB)⁻¹`` (d, r), the oblique projection's factor (x − (xB)·itᵀ has Bᵀx′ = 0). Σ is never
+    formed (d × d): Σv = Xcᵀ(Xc v)/n."""
+    Xc = X - X.mean(0)
+    n = len(X)
+    XA = Xc @ A.T  # (n, m)
+    SA = (Xc.T @ XA / n).T  # (m, d): Σ a_i
+    var = (SA * A).sum(1)  # aᵢᵀ Σ aᵢ
+    scale = float((Xc * Xc).sum()) / n / max(1, X.shape[1])  # the mean variance per coordinate
+    if bool((var <= 1e-10 * max(scale, 1e-300)).any()):
+        raise DataError("along=covariance: the fitting rows do not vary along the direction (aᵀΣa = 0); use "
+                        "along=direction")
+    XB = Xc @ B
+    SB = Xc.T @ XB / n  # (d, r): Σ B
+    return SA / var[:, None], SB @ torch.linalg.inv(XB.T @ XB / n)
+
+
+def _span(A: Tensor) -> Tensor:
+    """(d, r) orthonormal basis of the span of the rows of ``A`` (m, d), r its numerical rank. The k one-vs-rest
+    mean directions span only k − 1 dimensions (Σ_c n_c(μ_c − μ) = 0): a QR of all k would add one arbitrary unit
+    vector, and the nullifying edit would project out a direction no class defines."""
+    U, S, _ = torch.linalg.svd(A.T, full_matrices=False)
+    return U[:, S > S.max() * 1e-4]  # the directions are float32 unit vectors: a dependent one leaves σ ~ 1e-7
 
 
 def _register(name: str, direction: str) -> type[DirectionIntervention]:

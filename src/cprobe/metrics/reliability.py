@@ -127,7 +127,8 @@ def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Seque
     method one row per (test embedding, z′) pair, ``z_goal`` (n,) holding z′; ``None`` for a nullifying one).
     ``applies[p]`` (n,) marks the rows where property p is defined. ΔTask Acc = accuracy before − after
     (Canby et al. §4: the drop in the model's own task accuracy when the intervened states are fed back).
-    ``rows``, when given, receives the per-row scores C and S average: ``completeness`` and ``selectivity`` (n,).
+    ``rows``, when given, receives the per-row scores C and S average: ``completeness`` and ``selectivity`` (n,),
+    and each non-targeted property's ``selectivity_<p>`` (n,; NaN where p does not apply).
     """
     p_hat = oracles[target].predict_proba(X_new)
     per_row = counterfactual_completeness(p_hat, z_goal) if z_goal is not None else nullifying_completeness(p_hat)
@@ -138,6 +139,7 @@ def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Seque
     if rows is not None:
         rows["completeness"] = per_row.double().cpu()
         rows["selectivity"] = selectivity_rows(parts).cpu()
+        rows.update({f"selectivity_{p}": s.double().cpu() for p, s in parts.items()})
     out = {"completeness": comp, "selectivity": sel, "reliability": float(reliability(comp, sel)),
            **{f"selectivity_{p}": v for p, v in sel_parts.items()}}
     if task_acc_before is not None and task_acc_after is not None:

@@ -274,7 +274,8 @@ def fit_key(probe: GridSearchProbe, X: Tensor, y: Tensor, X_val: Tensor | None =
     setting (the grid, epochs, batch size, seed, ...) and the kind of device it trains on."""
     import hashlib
 
-    device = torch.device(probe.device) if probe.device else X.device
+    dev = getattr(probe, "device", None)
+    device = torch.device(dev) if dev else X.device
     settings = {k: v for k, v in probe_settings(probe).items() if k != "device"}
     h = hashlib.sha256(json.dumps({"probe": settings, "device_type": device.type,
                                    "v": _FIT_CACHE_VERSION}, sort_keys=True, default=str).encode())

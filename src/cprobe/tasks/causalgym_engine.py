@@ -434,10 +434,12 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
     t0 = time.perf_counter()
     a: Tensor | None = None
     degenerate = False
+    # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
+    inter = build_intervention(run.name, run.params, seed=seed, device=device)
+    kind = inter.kind
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")
-        inter = build_intervention(run.name, run.params, seed=seed, device=device)
         with warnings.catch_warnings():  # e.g. INLP stopping early: the fit is still usable
             warnings.simplefilter("ignore", UserWarning)
             if cls.needs_probe:
@@ -448,7 +450,7 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
             else:
                 inter.fit(X_tr.float().to(dev), y_tr.to(dev))
         X = X_ev.float().to(dev)
-        edited = inter.transform(X, z_source.to(dev)) if cls.kind == "counterfactual" else inter.transform(X)
+        edited = inter.transform(X, z_source.to(dev)) if kind == "counterfactual" else inter.transform(X)
         edited = edited.float().cpu()
         if cls.exposes_direction and config.intervention_directions:
             a = inter.edit_direction()
@@ -459,7 +461,7 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
         log.debug("%s at layer %d region %d: %s; no edit there", run.label, layer, region, err)
         edited, degenerate = X_ev.float().clone(), True
     fit_s = time.perf_counter() - t0
-    out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=cls.kind,
+    out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=kind,
                 edited=edited)]
     if cls.exposes_direction and config.intervention_directions:
         if a is None and degenerate:

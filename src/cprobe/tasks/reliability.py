@@ -7,13 +7,13 @@ edited forward pass (one row per l′); with ``reliability.sites`` the intervent
 at once (``mode: simultaneous``, each fitted on clean states) or one after another (``mode: sequential``, each refitted
 on the states the upstream edits produce). Oracle probes and the
 interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
-safetensors), so the jobs of a sweep train them once; activations come from the shared cache. The scoring
+safetensors), keyed by the content of the states and labels they are trained on, every probe setting and the seed,
+so the jobs of a sweep train them once; activations come from the shared cache. The scoring
 itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -48,7 +48,6 @@ from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
-from cprobe.probes.grid import load_probe, save_probe
 from cprobe.records import Derived, RecordSpec
 from cprobe.results import write_table
 
@@ -57,7 +56,7 @@ log = logging.getLogger("cprobe")
 USES = Uses(groups=("model", "dataset", "split", "probe", "intervention", "layers", "position"))
 
 _MEMO: dict[str, Probe] = {}
-_PROBE_CACHE_VERSION = 3  # 3: checksummed files
+_PROBE_CACHE_VERSION = 4  # 3: checksummed files; 4: keyed by the training data's content (probes/grid.fit_key)
 
 
 @dataclass(frozen=True)
@@ -212,25 +211,23 @@ def read_layers(spec: Any, edited: Sequence[int], n_layers: int) -> list[int]:
 
 def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
                 cache_dir: Path | None = None) -> tuple[Probe, str]:
-    """Fit ``probe`` on (X, y) once per key: per process, and on disk when ``cache_dir`` is set (every method's
-    sweep is its own process, so the disk copy saves refitting the oracles 8 times).
+    """Fit ``probe`` on (X, y) once: per process, and on disk when ``cache_dir`` is set (every method's sweep is its
+    own process, so the disk copy saves refitting the oracles 8 times).
 
-    Returns (probe, where it came from: "fit", "memory" or "disk").
+    Both caches are keyed by what determines the fit — the training states and labels by content, every probe
+    setting and the seed (:func:`cprobe.probes.grid.fit_key`) — so a fit is never served for other data; on disk
+    through the file-locked probe-fit cache (:func:`cprobe.probes.grid.fit_cached`). ``key`` names the fit's role
+    (which oracle, or the interventional probe, on which states): the in-process memo adds it, so two roles never
+    share one probe object. Returns (probe, where it came from: "fit", "memory" or "disk").
     """
-    k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str)
+    from cprobe.probes.grid import fit_cached, fit_key
+
+    k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str) + fit_key(probe, X, y)  # type: ignore[arg-type]
     if k in _MEMO:
         return _MEMO[k], "memory"
-    path = cache_dir / f"{hashlib.sha256(k.encode()).hexdigest()[:24]}.safetensors" if cache_dir else None
-    if path is not None and path.is_file():
-        loaded = load_probe(probe, path)
-        if loaded is not None:
-            _MEMO[k] = loaded
-            return loaded, "disk"
-    probe = probe.fit(X, y)
+    probe, source = fit_cached(probe, X, y, cache_dir=cache_dir)
     _MEMO[k] = probe
-    if path is not None:
-        save_probe(probe, path)
-    return probe, "fit"
+    return probe, "disk" if source == "cache" else "fit"
 
 
 def _acts_key(adapter: ModelAdapter, data: Any, layer: int, position: str, seed: int, split: Any) -> dict[str, Any]:
@@ -785,24 +782,30 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
 
 def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
     """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
-    selectivity records."""
-    from cprobe.records import item_rows
+    selectivity records, and of each non-targeted property's selectivity (slice ``property``; NaN where it does not
+    apply, so its record's ``n`` counts the rows it does). With read layers, each l′'s records get that l′'s rows."""
+    from cprobe.records import canonical, item_rows
 
     path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
     if path is None or not path.is_file():
         return None
     per = pd.read_parquet(path)
-    whole = records[(records["slice"] == "{}") & records["metric"].isin(["oracle_completeness", "oracle_selectivity"])]
-    if "read_layer" not in per.columns:
-        values = {"oracle_completeness": per["completeness"].to_numpy(),
-                  "oracle_selectivity": per["selectivity"].to_numpy()}
-        return item_rows(whole, values, per["item"])
-    parts = []  # downstream read layers: each l′'s records get that l′'s rows
-    for l, g in per.groupby("read_layer"):
-        w = whole[whole["read_layer"] == l]
-        if not w.empty:
-            parts.append(item_rows(w, {"oracle_completeness": g["completeness"].to_numpy(),
-                                       "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+    props = sorted(c[len("selectivity_"):] for c in per.columns if c.startswith("selectivity_"))
+    metric, sl = records["metric"], records["slice"]
+    whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity"])]
+    by_prop = {p: records[(metric == "oracle_selectivity") & (sl == canonical({"property": p}))] for p in props}
+    groups = [(None, per)] if "read_layer" not in per.columns else list(per.groupby("read_layer"))
+    parts = []
+    for l, g in groups:
+        def at(r: pd.DataFrame) -> pd.DataFrame:
+            return r if l is None else r[r["read_layer"] == l]
+
+        parts.append(item_rows(at(whole), {"oracle_completeness": g["completeness"].to_numpy(),
+                                           "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+        for p in props:
+            parts.append(item_rows(at(by_prop[p]), {"oracle_selectivity": g[f"selectivity_{p}"].to_numpy()},
+                                   g["item"]))
+    parts = [x for x in parts if len(x)]
     return pd.concat(parts, ignore_index=True) if parts else None
 
 
