@@ -132,18 +132,28 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
 def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
     """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
-    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
+    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself). The
+    points of a SLURM sweep are described by :func:`cprobe.launch.sweep.manifest_problems` (with their scheduler
+    state, and those that never started).
     """
     from cprobe.errors import CprobeError
     from cprobe.job import describe_state
+    from cprobe.launch.sweep import SLURM_DIR, manifest_problems
 
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
-    done, problems = [], []
+    jobs = [j for j in jobs if SLURM_DIR not in j.relative_to(directory).parts]
+    covered, problems = manifest_problems(directory)
+    done = []
     for job in jobs:
         rel = relative(job, directory)
+        if job.resolve() in covered and _finished(job):
+            done.append(job)
+            continue
+        if job.resolve() in covered:
+            continue
         try:
             status = json.loads((job / "status.json").read_text())
         except (OSError, ValueError):
@@ -156,6 +166,14 @@ def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
         raise CprobeError(f"no finished job under {directory}"
                           + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
     return done, problems
+
+
+def _finished(job: Path) -> bool:
+    try:
+        status = json.loads((job / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return status.get("state") == "done" and (job / f"{METRICS}.parquet").is_file()
 
 
 def relative(job: Path, directory: Path) -> str:

@@ -221,15 +221,30 @@ def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
     if k in _MEMO:
         return _MEMO[k], "memory"
     path = cache_dir / f"{hashlib.sha256(k.encode()).hexdigest()[:24]}.safetensors" if cache_dir else None
-    if path is not None and path.is_file():
-        loaded = load_probe(probe, path)
-        if loaded is not None:
-            _MEMO[k] = loaded
-            return loaded, "disk"
-    probe = probe.fit(X, y)
-    _MEMO[k] = probe
-    if path is not None:
-        save_probe(probe, path)
+    if path is None:
+        probe = probe.fit(X, y)
+        _MEMO[k] = probe
+        return probe, "fit"
+    from contextlib import nullcontext
+
+    from cprobe.cache import build_lock
+
+    role = (f"the {key['oracle']} oracle" if "oracle" in key else
+            f"the interventional probe for {key['interventional']}" if "interventional" in key else "a probe")
+    layer = key.get("acts", [None] * 5)[4] if isinstance(key.get("acts"), list) else "?"
+    for attempt in ("read", "build"):
+        with nullcontext() if attempt == "read" else build_lock(
+                str(path) + ".lock", f"{role} ({(key.get('probe') or {}).get('name', '?')} probe, layer {layer}, "
+                f"{path.name})"):
+            if path.is_file():
+                loaded = load_probe(probe, path)
+                if loaded is not None:
+                    _MEMO[k] = loaded
+                    return loaded, "disk"
+            if attempt == "build":
+                probe = probe.fit(X, y)
+                _MEMO[k] = probe
+                save_probe(probe, path)
     return probe, "fit"
 
 
