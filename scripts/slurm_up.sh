@@ -75,6 +75,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
@@ -93,7 +94,7 @@ PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 export SLURM_CONF=$DIR/slurm.conf
 
-/usr/sbin/slurmctld -i -f "$SLURM_CONF" || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
+/usr/sbin/slurmctld -c -i -f "$SLURM_CONF"   # -c: a fresh cluster, no jobs of an earlier run || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
 /usr/sbin/slurmd -f "$SLURM_CONF" || die "slurmd did not start (see $DIR/log/slurmd.log)"
 
 for _ in $(seq "$WAIT_S"); do

@@ -161,7 +161,11 @@ def status(
                                        "when there are more than 20).")] = False,
 ) -> None:
     with user_errors():
+        import logging
+
         from cprobe.launch.sweep import NEEDS_ACTION, sweep_state
+
+        logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
 
         if not directory.is_dir():
             raise CprobeError(f"{directory} is not a directory; pass a sweep or run output dir "
@@ -169,9 +173,10 @@ def status(
         st = sweep_state(directory)
         if not st.points:
             raise CprobeError(f"no job under {directory} (no status.json, no SLURM manifest): did it start?")
-        jobs = f" (SLURM job {', '.join(st.jobs)}" + ("" if st.scheduler else "; scheduler not asked") + ")" \
-            if st.jobs else ""
+        jobs = f" (SLURM job {', '.join(st.jobs)})" if st.jobs else ""
         typer.echo(f"{directory}: {st.summary()}{jobs}")
+        if st.note:
+            typer.echo(f"note: {st.note}; the states are the points' own status.json", err=True)
         finished = [p for p in st.points if p.state == "done"]
         hide = not done and len(finished) > 20
         for p in st.points:

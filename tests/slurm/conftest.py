@@ -80,9 +80,22 @@ def tiny_model(slurm_conf):
 
 
 @pytest.fixture()
-def slurm_env(slurm_conf, tiny_model):
-    return {**os.environ, "SLURM_CONF": slurm_conf, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
-            "CPROBE_CACHE_DIR": str(tiny_model), "PYTHONUNBUFFERED": "1"}
+def slurm_env(slurm_conf, tiny_model, tmp_path):
+    """The environment of a cprobe command on the cluster; the test's jobs still queued or running at its end are
+    cancelled (found through the sweep manifests under its tmp_path)."""
+    env = {**os.environ, "SLURM_CONF": slurm_conf, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
+           "CPROBE_CACHE_DIR": str(tiny_model), "PYTHONUNBUFFERED": "1"}
+    yield env
+    import json
+
+    ids = set()
+    for m in tmp_path.rglob(".slurm/sweep.json"):
+        try:
+            ids |= {str(s["job_id"]) for s in json.loads(m.read_text()).get("submissions", [])}
+        except (OSError, ValueError, KeyError):
+            continue
+    if ids:
+        subprocess.run(["scancel", *sorted(ids)], env=env, capture_output=True, timeout=30)
 
 
 def cprobe_cmd(*args: str) -> list[str]:

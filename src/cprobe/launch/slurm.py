@@ -430,7 +430,8 @@ class PackRunner:
         record = S.read_record(sweep_dir, task)
         started = process_start()
         record.update(task=task, state="running", restarts=restarts, host=socket.gethostname(), pid=os.getpid(),
-                      started=started, startup_s=None if started is None else t_call - started)
+                      started=started, startup_s=None if started is None else t_call - started,
+                      startup_cpu_s=time.process_time())
         record.setdefault("points", {})
         record.setdefault("runs", []).append({"restart": restarts, "started": started, "called": t_call})
         S.write_record(sweep_dir, task, record)
@@ -457,7 +458,7 @@ class PackRunner:
         from cprobe.job import read_status
 
         name = str(point["name"])
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         entry = record["points"].setdefault(name, {})
         entry.update(state="running", started=t0)
         entry.pop("error", None)
@@ -486,7 +487,7 @@ class PackRunner:
             msg = _one_line(e)
             entry.update(state="failed", error=f"{type(e).__name__}: {msg}"[:500])
             sys.stderr.write(f"error: point {name} failed outside the job (inside Hydra): {msg[:500]}\n")
-        entry["duration_s"] = time.time() - t0
+        entry.update(duration_s=time.time() - t0, cpu_s=time.process_time() - cpu0)
         S.write_record(sweep_dir, task, record)
 
     def _interrupted(self, sweep_dir: Path, task: str, record: dict[str, Any], e: KeyboardInterrupt,

@@ -202,7 +202,8 @@ _NO_SACCT = False
 def states(job_ids: Iterable[str]) -> dict[str, TaskState]:
     """{``<array job>_<task>`` or ``<job>``: state} for every task of ``job_ids`` the scheduler still knows:
     ``squeue`` (live tasks, and finished ones for a few minutes), then ``sacct`` for those it has forgotten where the
-    cluster keeps accounting. A task neither knows is absent (vanished)."""
+    cluster keeps accounting. A task neither knows is absent (vanished). SchedulerError when squeue cannot answer
+    (no cluster here, slurmctld down): absent would then be a lie."""
     ids = sorted(set(job_ids))
     out: dict[str, TaskState] = {}
     if not ids:
@@ -211,8 +212,8 @@ def states(job_ids: Iterable[str]) -> dict[str, TaskState]:
         r = run(["squeue", "-h", "-r", "-t", "all", "-j", jid, "-o", "%i|%T|%r"])
         if r.returncode != 0:
             msg = clean(r.stderr)
-            if "invalid job id" not in msg.lower():
-                warn_once(f"squeue -j {jid} failed: {msg or r.returncode}")
+            if "invalid job id" not in msg.lower():  # not a cluster, slurmctld down: nothing can be said
+                raise SchedulerError(f"squeue failed: {msg or f'exit {r.returncode}'}")
             continue
         for line in r.stdout.splitlines():
             parts = line.strip().split("|")

@@ -119,6 +119,7 @@ class SweepState:
     points: list[PointState] = field(default_factory=list)
     jobs: list[str] = field(default_factory=list)
     scheduler: bool = False  # whether the scheduler was asked
+    note: str = ""  # why it was not
     tasks: dict[str, Any] = field(default_factory=dict)  # task -> TaskState
 
     def counts(self) -> Counter:
@@ -176,18 +177,30 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
         return out
     lt = latest_task(manifest)
     out.jobs = job_ids(manifest)
-    if task_states is None:
-        use = slurmctl.available() if scheduler is None else scheduler
-        task_states = slurmctl.states(out.jobs) if use and out.jobs else None
-    out.scheduler = task_states is not None
-    out.tasks = dict(task_states or {})
     records: dict[str, dict[str, Any]] = {}
-    for name in manifest["points"]:
-        task, job = lt.get(name, ("", ""))
-        if task and task not in records:
-            records[task] = read_record(sweep_dir, task)
-        rec = records.get(task, {})
-        out.points.append(_point_state(sweep_dir, name, task, rec, task_states))
+    for task, _ in set(lt.values()):
+        records[task] = read_record(sweep_dir, task)
+
+    def points(states: Mapping[str, Any] | None) -> list[PointState]:
+        return [_point_state(sweep_dir, name, lt.get(name, ("", ""))[0], records.get(lt.get(name, ("", ""))[0], {}),
+                             states) for name in manifest["points"]]
+
+    if task_states is None:
+        out.points = points(None)
+        if all(p.state in ("done", "failed") for p in out.points):  # nothing the scheduler could add
+            return out
+        use = slurmctl.available() if scheduler is None else scheduler
+        if not use:
+            out.note = "the scheduler was not asked: no SLURM commands here"
+            return out
+        try:
+            task_states = slurmctl.states(out.jobs)
+        except slurmctl.SchedulerError as e:
+            out.note = f"the scheduler was not asked: {e}"
+            return out
+    out.scheduler = True
+    out.tasks = dict(task_states)
+    out.points = points(task_states)
     return out
 
 
