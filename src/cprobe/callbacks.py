@@ -143,6 +143,12 @@ class AggregateResults(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import read_write
 
+        from cprobe.errors import CprobeError, JobAborted
+
+        if os.environ.get("CPROBE_DETACH", "") not in ("", "0"):
+            raise JobAborted(CprobeError("--detach needs a sweep on SLURM: `cprobe run -m ... hydra/launcher=slurm "
+                                         "--detach`"))
+
         if _timestamped(config.hydra.run, "dir"):
             claimed = claim_dir(Path(config.hydra.run.dir))
             with read_write(config.hydra.run):

@@ -71,6 +71,24 @@ def user_errors() -> Iterator[None]:
 SMOKE_ENV = "CPROBE_SMOKE"
 
 
+@contextmanager
+def _detach_env(detach: bool) -> Iterator[None]:
+    """``--detach``: CPROBE_DETACH=1 while the command runs (the SLURM launcher reads it; a run on any other launcher
+    is refused by the sweep callback)."""
+    if not detach:
+        yield
+        return
+    before = os.environ.get("CPROBE_DETACH")
+    os.environ["CPROBE_DETACH"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CPROBE_DETACH", None)
+        else:
+            os.environ["CPROBE_DETACH"] = before
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help=(
@@ -102,9 +120,7 @@ def run(
         typer.echo(n, err=True)
     if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:
         argv.append("+debug=smoke")
-    if detach:
-        os.environ["CPROBE_DETACH"] = "1"  # read by the SLURM launcher; any other launcher refuses it
-    with user_errors():
+    with user_errors(), _detach_env(detach):
         from cprobe import callbacks, pipeline  # noqa: F401  (pipeline registers the config resolvers)
 
         os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer

@@ -1,8 +1,8 @@
 """Every fault of issue 33's list, on the real test cluster: refused submissions (one line, exit 1, no sweep dir,
-``latest`` unmoved), failing points (inside cprobe, inside Hydra), ``scancel`` of one task, SIGUSR2/SIGTERM to a
-task (interrupted, requeued, finished points kept), SIGTERM to the driver, and the shared cache under two
-concurrent tasks. Points are smoke-sized linear probes at one layer: each costs seconds; the tasks' start-up
-(imports) dominates, so sweeps pack several points per task."""
+``latest`` unmoved), failing points (inside cprobe, inside Hydra), ``scancel`` of one task, SIGUSR2 to a task
+(interrupted, requeued, finished points kept) and SIGTERM to the driver. Points are smoke-sized linear probes at one
+layer (seconds each); a task's start-up (imports) costs more than its points, so the tests pack several points per
+task and share sweeps between faults."""
 
 from __future__ import annotations
 
@@ -45,18 +45,46 @@ def _record(d: Path, task: str) -> dict:
         return {}
 
 
+def _status_rows(stdout: str) -> dict[str, str]:
+    """{point: state} from `cprobe status` (lines `  <state padded to 12> <point>[: why]  [task T]`)."""
+    rows = {}
+    for line in stdout.splitlines()[1:]:
+        state, rest = line[2:14].strip(), line[15:]
+        rows[rest.split(":")[0].split("  [")[0].strip()] = state
+    return rows
+
+
 def _error_lines(text: str) -> list[str]:
     return [l for l in text.splitlines() if l.startswith("error:")]
 
 
 # ------------------------------------------------------------------------------------------------ refused
 @pytest.fixture()
-def no_submitit(tmp_path):
-    """A PYTHONPATH on which `import submitit` fails, as where the slurm extra is not installed."""
-    d = tmp_path / "no_submitit"
-    (d / "submitit").mkdir(parents=True)
-    (d / "submitit" / "__init__.py").write_text("raise ImportError(\"No module named 'submitit'\")\n")
-    return str(d)
+def in_process(slurm_env, monkeypatch):
+    """`cprobe` invoked in this process (the refusals need no task: a process start per case would be most of their
+    cost); Hydra's global state and the root logger are restored after each."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+    from typer.testing import CliRunner
+
+    from cprobe.cli import app
+
+    for k in ("SLURM_CONF", "CPROBE_CACHE_DIR", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(k, slurm_env[k])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def invoke(*args: str):
+        GlobalHydra.instance().clear()
+        try:
+            return CliRunner().invoke(app, list(args))
+        finally:
+            GlobalHydra.instance().clear()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+    return invoke
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -66,61 +94,42 @@ def no_submitit(tmp_path):
     (["hydra.launcher.mem_gb=4096"], "hydra.launcher.mem_gb=4096 but the largest node of SLURM partition"),
     ([], "needs the slurm extra (submitit): pip install 'cprobe[slurm]'"),
 ], ids=["partition", "gpu-on-cpu-partition", "too-many-cpus", "too-much-memory", "missing-extra"])
-def test_refused_submission_is_one_line_and_leaves_nothing(slurm_env, tmp_path, no_submitit, args, needle):
+def test_refused_submission_is_one_line_and_leaves_nothing(in_process, tmp_path, monkeypatch, args, needle):
+    import sys
+
     out = tmp_path / "out"
     old = out / "sweeps" / "sva_tiny" / "old"
     old.mkdir(parents=True)
     (old.parent / "latest").symlink_to("old")
-    env = {**slurm_env, "PYTHONPATH": no_submitit} if not args else slurm_env
-    r = run([*SWEEP, "layers=3,4", *args, f"paths.output_root={out}"], tmp_path, env)
-    assert r.returncode == 1, r.stdout + r.stderr
+    if not args:  # the slurm extra missing: `import submitit` fails
+        monkeypatch.setitem(sys.modules, "submitit", None)
+    r = in_process(*SWEEP, "layers=3,4", *args, f"paths.output_root={out}")
+    assert r.exit_code == 1, r.output
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert sorted(p.name for p in old.parent.iterdir()) == ["latest", "old"]  # no sweep dir
     assert os.readlink(old.parent / "latest") == "old"
-    assert "submitted" not in r.stdout + r.stderr
+    assert "submitted" not in r.output
 
 
-# ------------------------------------------------------------------------------------------------ failing points
-def test_failing_points_are_named_by_driver_status_and_collect(slurm_env, tmp_path):
-    """layers=99 fails inside cprobe (its status.json says so); `layers=3,probe=linear` cannot get its directory (a
-    file is in the way) and fails inside Hydra, before any status.json; layers=4 finishes and is aggregated."""
+# ------------------------------------------------------------------------------------------------ failures, scancel
+def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_them(slurm_env, tmp_path):
+    """Six points in two tasks of three, both running at once. Task 0: layers=2 finishes, layers=99 fails inside
+    cprobe (its status.json says why), layers=0 fails inside Hydra (a file is where its directory goes: there is no
+    status.json, only the task's record). Task 1 is cancelled with scancel while its first point runs. The driver
+    names each failure and the cancelled task as it sees them, ends within a minute of the cancel with the aggregate
+    of what finished and exit 1; `status` and `collect` name every point that is not done, one line each; the same
+    command again submits only those five."""
     d = tmp_path / "sweep"
     d.mkdir()
-    (d / "layers=3,probe=linear").write_text("in the way\n")
-    r = run([*SWEEP, "layers=3,4,99", f"hydra.sweep.dir={d}"], tmp_path, slurm_env)
-    log = r.stdout + r.stderr
-    assert r.returncode == 1, log
-    assert "point layers=99,probe=linear failed: layers=99 out of range" in log
-    assert "point layers=3,probe=linear failed: FileExistsError" in log
-    errors = _error_lines(r.stderr)
-    assert len(errors) == 1 and "2 job(s) failed" in errors[0] and "layers=99" in errors[0], r.stderr
-    assert "Traceback" not in log and (d / "results.csv").is_file()  # the rest aggregated
-    r = run(["status", str(d)], tmp_path, slurm_env)
-    assert r.returncode == 1
-    failed = [l.strip() for l in r.stdout.splitlines() if l.strip().startswith("failed")]
-    assert len(failed) == 2 and any("layers=99" in l and "out of range" in l for l in failed), r.stdout
-    assert any("layers=3,probe=linear: FileExistsError" in l for l in failed), r.stdout
-    assert "1 done" in r.stdout and "2 failed" in r.stdout
-    r = run(["collect", str(d)], tmp_path, slurm_env)
-    assert r.returncode == 1 and len(_error_lines(r.stderr)) == 1
-    assert "layers=99,probe=linear" in r.stderr and "layers=3,probe=linear" in r.stderr and "--partial" in r.stderr
-    r = run(["collect", str(d), "--partial"], tmp_path, slurm_env)
-    assert r.returncode == 0, r.stderr
-    import pandas as pd
-
-    assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [4]
-
-
-# ------------------------------------------------------------------------------------------------ scancel
-def test_scancel_of_one_task_is_named_and_a_rerun_submits_only_its_points(slurm_env, tmp_path):
-    d = tmp_path / "sweep"
-    argv = [*SWEEP, "layers=1,2,3,4", "hydra.launcher.points_per_task=2", *TWO_SLOTS, f"hydra.sweep.dir={d}"]
+    (d / "layers=0,probe=linear").write_text("in the way\n")
+    argv = [*SWEEP, "layers=2,99,0,3,4,1", "hydra.launcher.points_per_task=3", *TWO_SLOTS, f"hydra.sweep.dir={d}"]
     driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env=slurm_env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
     try:
         tasks = wait_for(lambda: _manifest(d).get("submissions", [{}])[-1].get("tasks"), 60, "the submission")
         victim = sorted(tasks)[-1]
+        assert tasks[victim] == ["layers=3,probe=linear", "layers=4,probe=linear", "layers=1,probe=linear"]
         wait_for(lambda: _status(d / tasks[victim][0]).get("state") == "running", 90, "the victim's first point")
         assert slurm("scancel", victim, env=slurm_env).returncode == 0
         t_cancel = time.time()
@@ -128,24 +137,38 @@ def test_scancel_of_one_task_is_named_and_a_rerun_submits_only_its_points(slurm_
     finally:
         stop(driver)
     assert driver.returncode == 1, out
-    named = [l for l in out.splitlines() if f"task {victim} CANCELLED with" in l]
-    assert named and "not finished" in named[0], out
-    assert time.time() - t_cancel < 60  # reported (and ended) within a minute of the cancel
-    assert "Traceback" not in out
+    assert time.time() - t_cancel < 60  # noticed, reported and ended within a minute of the cancel
+    assert "point layers=99,probe=linear failed: layers=99 out of range" in out
+    assert "point layers=0,probe=linear failed: FileExistsError" in out
+    named = [l for l in out.splitlines() if f"task {victim} CANCELLED with 3 point(s) not finished" in l]
+    assert len(named) == 1 and "layers=3,probe=linear (interrupted)" in named[0], out
+    errors = _error_lines(out)
+    assert len(errors) == 1 and errors[0].startswith("error: 5 job(s) failed"), out
+    assert "Traceback" not in out and (d / "results.csv").is_file()  # what finished is aggregated
+    assert out.count("sacct is not available") <= 1  # each scheduler warning once
+
     r = run(["status", str(d)], tmp_path, slurm_env)
     assert r.returncode == 1
-    lost = tasks[victim]
-    for name in lost:
-        line = next(l for l in r.stdout.splitlines() if f" {name}" in l)
-        assert line.split()[0] in ("interrupted", "dead", "not"), r.stdout
-        assert victim in line
+    assert _status_rows(r.stdout) == {
+        "layers=2,probe=linear": "done", "layers=99,probe=linear": "failed", "layers=0,probe=linear": "failed",
+        "layers=3,probe=linear": "interrupted", "layers=4,probe=linear": "not run", "layers=1,probe=linear": "not run"
+    }, r.stdout
+    assert "FileExistsError" in r.stdout and f"task {victim} CANCELLED" in r.stdout
+    r = run(["collect", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 1 and len(_error_lines(r.stderr)) == 1 and "5 job(s) not done" in r.stderr
+    assert "layers=0,probe=linear" in r.stderr and "--partial" in r.stderr
+
     r = run(argv, tmp_path, slurm_env)  # the same command again
-    assert r.returncode == 0, r.stdout + r.stderr
     log = r.stdout + r.stderr
-    assert "2 of 4 point(s) are done already" in log and "submitted 2 point(s)" in log
-    latest = _manifest(d)["submissions"][-1]
-    assert sorted(n for names in latest["tasks"].values() for n in names) == sorted(lost)
-    assert all(_status(d / n).get("state") == "done" for n in _manifest(d)["points"])
+    assert r.returncode == 1 and "1 of 6 point(s) are done already" in log and "submitted 5 point(s)" in log, log
+    resubmitted = _manifest(d)["submissions"][-1]["tasks"]
+    assert sorted(n for names in resubmitted.values() for n in names) == sorted(
+        ["layers=99,probe=linear", "layers=0,probe=linear", *tasks[victim]])
+    states = {n: _status(d / n).get("state") for n in _manifest(d)["points"]}
+    assert [n for n, s in states.items() if s != "done"] == ["layers=99,probe=linear", "layers=0,probe=linear"]
+    import pandas as pd
+
+    assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [1, 2, 3, 4]
 
 
 # ------------------------------------------------------------------------------------------------ preemption
@@ -187,31 +210,3 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
     assert rec["runs"][0]["signal"] == "SIGUSR2"
     r = run(["collect", str(d)], tmp_path, slurm_env)
     assert r.returncode == 0, r.stderr
-
-
-# ------------------------------------------------------------------------------------------------ shared cache
-def test_concurrent_tasks_build_each_cache_entry_once(slurm_env, tmp_path):
-    """Two reliability tasks at once on an empty cache: one extracts and fits the oracles, the other waits on the
-    entries' locks (saying what it waits for) and reads them."""
-    import shutil
-
-    cache = tmp_path / "cache"
-    shutil.copytree(Path(slurm_env["CPROBE_CACHE_DIR"]) / "models", cache / "models",
-                    ignore=shutil.ignore_patterns("*.lock", "*.owner", ".*"))
-    env = {**slurm_env, "CPROBE_CACHE_DIR": str(cache)}
-    d = tmp_path / "sweep"
-    r = run(["run", "-m", "+experiment=sva_tiny_reliability", "--smoke", "hydra/launcher=slurm",
-             "hydra.launcher.poll_s=2", "intervention=mean_diff,leace", "reliability.oracle_probe=linear",
-             "hydra.launcher.points_per_task=1", *TWO_SLOTS, f"hydra.sweep.dir={d}"], tmp_path, env)
-    assert r.returncode == 0, r.stdout + r.stderr
-    logs = "".join(p.read_text() for p in d.glob("*/cprobe.log"))
-    assert "waiting for" in logs, logs[-3000:]
-    import pandas as pd
-
-    sources = {}
-    for job in sorted(d.glob("intervention=*")):
-        assert json.loads((job / "status.json").read_text())["state"] == "done"
-        sources[job.name] = str(pd.read_csv(job / "timings.csv")["probe_source"].iloc[0])
-    built = [j for j, s in sources.items() if "oracle_z_c=fit" in s]
-    assert len(built) == 1, sources  # fitted by one task, read from the disk cache by the other
-    assert all("oracle_z_c=disk" in s for j, s in sources.items() if j not in built), sources
