@@ -293,3 +293,37 @@ def test_concurrent_oracle_fits_build_once(tmp_path, monkeypatch, caplog):
             t.join()
     assert len(fits) == 1 and sorted(sources) == ["disk", "fit"]
     assert "waiting for the z_c oracle (linear probe, layer 4" in caplog.text
+
+
+def test_a_slurm_task_uses_the_cpus_it_was_given(monkeypatch):
+    """task/none pins nothing: the affinity mask shows the whole node, SLURM_CPUS_PER_TASK what the task got."""
+    from cprobe import compute
+
+    monkeypatch.setattr(compute.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(compute, "cgroup_cpu_quota", lambda root=None: None)
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "2")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert compute.available_cpus() == 16  # not inside a job: a stray variable means nothing
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert compute.available_cpus() == 2
+
+
+def test_cluster_settings_in_local_slurm_yaml_reach_the_slurm_launcher_only(tmp_path):
+    """conf/local/slurm.yaml (here on an added search path) sets the SLURM launcher's partition; a run on the basic
+    launcher composes as before (the README's old advice, a partition in conf/local/default.yaml, broke every run)."""
+    from hydra import compose, initialize_config_dir
+
+    repo = Path(__file__).resolve().parents[2]
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "slurm.yaml").write_text("partition: gpu\naccount: lab\nqos: high\n")
+    extra = f"hydra.searchpath=[file://{tmp_path}]"
+    with initialize_config_dir(config_dir=str(repo / "conf"), version_base="1.3"):
+        slurm = compose("config", ["+experiment=sva_tiny", "hydra/launcher=slurm", extra], return_hydra_config=True)
+        basic = compose("config", ["+experiment=sva_tiny", extra], return_hydra_config=True)
+        cli = compose("config", ["+experiment=sva_tiny", "hydra/launcher=slurm", extra,
+                                 "hydra.launcher.partition=debug"], return_hydra_config=True)
+    launcher = slurm.hydra.launcher
+    assert (launcher.partition, launcher.account, launcher.qos) == ("gpu", "lab", "high")
+    assert launcher._target_ == "hydra_plugins.cprobe_launcher.slurm_launcher.SlurmLauncher"
+    assert "partition" not in basic.hydra.launcher and "local" not in basic
+    assert cli.hydra.launcher.partition == "debug"  # the command line wins
