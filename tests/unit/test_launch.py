@@ -327,3 +327,26 @@ def test_cluster_settings_in_local_slurm_yaml_reach_the_slurm_launcher_only(tmp_
     assert launcher._target_ == "hydra_plugins.cprobe_launcher.slurm_launcher.SlurmLauncher"
     assert "partition" not in basic.hydra.launcher and "local" not in basic
     assert cli.hydra.launcher.partition == "debug"  # the command line wins
+
+
+def test_the_weights_fingerprint_does_not_depend_on_threads():
+    """A 1-CPU SLURM task and a 2-thread local run must key the same cache entries for the same model."""
+    from types import SimpleNamespace
+
+    from cprobe.models.load import fingerprint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 3))
+    adapter = SimpleNamespace(name="m", model=model)
+    before = torch.get_num_threads()
+    try:
+        prints = set()
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            prints.add(fingerprint(adapter))
+    finally:
+        torch.set_num_threads(before)
+    assert len(prints) == 1
+    with torch.no_grad():
+        model[0].weight[300, 7] += 1e-3  # one weight deep inside a tensor changes it
+    assert fingerprint(adapter) not in prints

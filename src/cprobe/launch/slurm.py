@@ -168,48 +168,71 @@ class Driver:
             self.claimed = None
 
     def _describe(self, job_overrides: Sequence[Sequence[str]], first: int, sweep_dir: Path) -> list[Point]:
-        """Compose each point: its directory name, grouping key, device and whether it is done already."""
-        from hydra.core.hydra_config import HydraConfig
-        from omegaconf import OmegaConf, open_dict, read_write
+        """Each point's directory name, grouping key, device and whether it is done already. Names come from the
+        overrides the way Hydra makes them (no composition); a point is composed only where that can change
+        something: its directory holds a ``status.json`` (done with the same config?), or it overrides what decides
+        the device."""
+        from hydra._internal.config_loader_impl import get_overrides_dirname
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf, open_dict
 
-        from cprobe import pipeline
-
-        loader = self.hydra_context.config_loader
-        before = HydraConfig.instance().cfg
+        parser = OverridesParser.create()
+        naming = copy.deepcopy(self.config)
+        od = self.config.hydra.job.config.override_dirname
+        base_device = str(_select(self.config, "device", "auto"))
         points = []
-        try:
-            for i, overrides in enumerate(job_overrides):
-                p = Point(first + i, list(overrides), key=packing.group_key(overrides))
-                cfg = loader.load_sweep_config(self.config, list(overrides))
-                with open_dict(cfg.hydra.job):
-                    cfg.hydra.job.num = p.num
-                    cfg.hydra.job.id = f"cprobe_{p.num}"
-                HydraConfig.instance().set_config(cfg)
-                p.name = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
-                out_dir = sweep_dir / p.name
-                with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
-                    cfg.hydra.runtime.output_dir = str(out_dir.absolute())
-                HydraConfig.instance().set_config(cfg)
-                task_cfg = copy.copy(cfg)
-                with read_write(task_cfg), open_dict(task_cfg):
-                    del task_cfg["hydra"]
-                try:
-                    plain = pipeline._plain(task_cfg)
-                except CprobeError:  # the job itself will say so, in its status.json
-                    plain = None
-                if plain is not None:
-                    p.device = str(plain.get("device", "auto"))
-                    p.done = (out_dir / "status.json").is_file() and pipeline.is_done(plain, out_dir)
-                points.append(p)
-        finally:
-            if before is not None:
-                HydraConfig.instance().set_config(before)
+        for i, overrides in enumerate(job_overrides):
+            p = Point(first + i, list(overrides), key=packing.group_key(overrides), device=base_device)
+            app = [o for o in parser.parse_overrides(list(overrides)) if not o.is_hydra_override()]
+            with open_dict(naming.hydra.job):
+                naming.hydra.job.override_dirname = get_overrides_dirname(
+                    overrides=app, kv_sep=od.kv_sep, item_sep=od.item_sep, exclude_keys=list(od.exclude_keys))
+                naming.hydra.job.num = p.num
+            p.name = str(OmegaConf.select(naming, "hydra.sweep.subdir"))
+            if (sweep_dir / p.name / "status.json").is_file() or any(
+                    packing._head(o) in ("compute", "device", "model") for o in overrides):
+                self._compose(p, sweep_dir)
+            points.append(p)
         names = [p.name for p in points]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"two sweep points share the directory {dup[0]!r}; make them differ in a key that "
                               "names the directory (hydra.job.config.override_dirname.exclude_keys)")
         return points
+
+    def _compose(self, p: Point, sweep_dir: Path) -> None:
+        """Compose point ``p`` as its job will be: its device and whether its directory holds it done already."""
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf, open_dict, read_write
+
+        from cprobe import pipeline
+
+        before = HydraConfig.instance().cfg
+        try:
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(p.overrides))
+            with open_dict(cfg.hydra.job):
+                cfg.hydra.job.num = p.num
+                cfg.hydra.job.id = f"cprobe_{p.num}"
+            HydraConfig.instance().set_config(cfg)
+            name = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+            if name != p.name:  # the fast naming disagrees with Hydra's: Hydra's wins
+                p.name = name
+            out_dir = sweep_dir / p.name
+            with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+                cfg.hydra.runtime.output_dir = str(out_dir.absolute())
+            HydraConfig.instance().set_config(cfg)
+            task_cfg = copy.copy(cfg)
+            with read_write(task_cfg), open_dict(task_cfg):
+                del task_cfg["hydra"]
+            try:
+                plain = pipeline._plain(task_cfg)
+            except CprobeError:  # the job itself will say so, in its status.json
+                return
+            p.device = str(plain.get("device", "auto"))
+            p.done = (out_dir / "status.json").is_file() and pipeline.is_done(plain, out_dir)
+        finally:
+            if before is not None:
+                HydraConfig.instance().set_config(before)
 
     def _select_todo(self, points: list[Point], sweep_dir: Path) -> list[Point]:
         """The points to submit: neither done nor still queued/running from an earlier submission."""
