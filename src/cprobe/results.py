@@ -129,23 +129,26 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
     return out
 
 
-def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
+SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
+
+
+def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = None) -> tuple[list[Path], list[str]]:
     """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
-    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself). The
-    points of a SLURM sweep are described by :func:`cprobe.launch.sweep.manifest_problems` (with their scheduler
-    state, and those that never started).
+    A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
+    ``managed``: (job dirs whose state is known better elsewhere — a SLURM sweep's points, with their scheduler state
+    and the points that never started —, their problems); such a job counts when it is done, and its problems are
+    these.
     """
     from cprobe.errors import CprobeError
     from cprobe.job import describe_state
-    from cprobe.launch.sweep import SLURM_DIR, manifest_problems
 
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
     jobs = [j for j in jobs if SLURM_DIR not in j.relative_to(directory).parts]
-    covered, problems = manifest_problems(directory)
+    covered, problems = (set(managed[0]), list(managed[1])) if managed is not None else (set(), [])
     done = []
     for job in jobs:
         rel = relative(job, directory)

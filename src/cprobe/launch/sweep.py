@@ -32,7 +32,7 @@ from cprobe.job import STATUS, describe_state, read_status
 
 log = logging.getLogger("cprobe")
 
-SLURM_DIR = ".slurm"
+SLURM_DIR = ".slurm"  # cprobe.results skips it too
 MANIFEST = "sweep.json"
 TASKS = "tasks"
 
