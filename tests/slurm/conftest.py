@@ -110,14 +110,15 @@ def slurm(*argv: str, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=30)
 
 
-def wait_for(predicate, timeout: float, what: str, step: float = 0.5):
+def wait_for(predicate, timeout: float, what: str, step: float = 0.5, on_timeout=None):
     t0 = time.time()
     while time.time() - t0 < timeout:
         v = predicate()
         if v:
             return v
         time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                         + (f"\n{on_timeout()}" if on_timeout is not None else ""))
 
 
 def stop(proc: subprocess.Popen) -> None:

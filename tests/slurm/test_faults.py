@@ -54,6 +54,11 @@ def _status_rows(stdout: str) -> dict[str, str]:
     return rows
 
 
+def _task_log(d: Path) -> str:
+    """The tasks' logs (for a failure message)."""
+    return "\n".join(p.read_text()[-3000:] for p in sorted(d.glob(".slurm/*/*_log.out")))
+
+
 def _error_lines(text: str) -> list[str]:
     return [l for l in text.splitlines() if l.startswith("error:")]
 
@@ -187,23 +192,26 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
         first = _status(d / names[0])
         assert first["state"] == "done"
         assert slurm("scancel", "--signal=USR2", task, env=slurm_env).returncode == 0
-        wait_for(lambda: _record(d, task).get("state") == "requeued", 60, "the task to requeue itself")
-        assert _status(d / names[1])["state"] == "interrupted" and _status(d / names[1])["signal"] == "SIGUSR2"
+        wait_for(lambda: _record(d, task).get("state") == "requeued", 60, "the task to requeue itself",
+                 on_timeout=lambda: _task_log(d))
+        second = _status(d / names[1])
+        assert second["state"] == "interrupted" and second["signal"] == "SIGUSR2", (second, _task_log(d))
         # SLURM holds a requeued job for 2 minutes (BeginTime); time passing is not what this test is about
         wait_for(lambda: "PENDING" in slurm("squeue", "-h", "-j", task, "-o", "%T", env=slurm_env).stdout, 60,
                  "the requeued task to be pending")
-        assert slurm("scontrol", "update", f"JobId={task}", "StartTime=now", env=slurm_env).returncode == 0
+        r = slurm("scontrol", "update", f"JobId={task}", "StartTime=now", env=slurm_env)
+        assert r.returncode == 0, r.stderr
         driver.send_signal(signal.SIGTERM)
         out, _ = driver.communicate(timeout=60)
     finally:
         stop(driver)
-    assert driver.returncode == 143, out
-    assert f"SLURM job {task.split('_')[0]} goes on: `cprobe status" in out and "Traceback" not in out
+    assert driver.returncode == 143, out + _task_log(d)
+    assert f"SLURM job {task.split('_')[0]} goes on: `cprobe status" in out and "Traceback" not in out, out
     r = run(["status", str(d)], tmp_path, slurm_env)
-    assert r.returncode == 0, r.stdout + r.stderr  # queued or running again: nothing needs a re-run
+    assert r.returncode == 0, r.stdout + r.stderr + _task_log(d)  # queued or running again: nothing needs a re-run
     assert "interrupted by SIGUSR2, requeued" in r.stdout or "running" in r.stdout or "3 done" in r.stdout
     wait_for(lambda: "3 done" in run(["status", str(d)], tmp_path, slurm_env).stdout, 150, "the requeued task",
-             step=2)
+             step=2, on_timeout=lambda: _task_log(d))
     assert _status(d / names[0])["started"] == first["started"]  # the finished point was not redone
     rec = _record(d, task)
     assert rec["restarts"] == 1 and rec["state"] == "done" and len(rec["runs"]) == 2

@@ -466,7 +466,15 @@ class PackRunner:
             for i, point in enumerate(pack):
                 self._run_point(sweep_dir, task, record, point, i, len(pack))
         except KeyboardInterrupt as e:
-            self._interrupted(sweep_dir, task, record, e, restarts)
+            try:
+                self._interrupted(sweep_dir, task, record, e, restarts)
+            except BaseException:  # never die silently on the way out: the log says why
+                import traceback
+
+                sys.stderr.write(f"error: task {task} could not handle {getattr(e, 'signame', 'the signal')}:\n"
+                                 f"{traceback.format_exc()}")
+                sys.stderr.flush()
+                os._exit(1)
         record["state"] = "done"
         record["runs"][-1]["ended"] = time.time()
         S.write_record(sweep_dir, task, record)

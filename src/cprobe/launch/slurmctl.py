@@ -246,8 +246,11 @@ def accounting(job_ids: Sequence[str]) -> dict[str, TaskState]:
 
 
 def job_info(job_id: str) -> dict[str, str]:
-    """``scontrol show job -o`` as a dict ({} when the job is unknown)."""
-    r = run(["scontrol", "show", "job", "-o", job_id], timeout=10)
+    """``scontrol show job -o`` as a dict ({} when the job is unknown or the scheduler does not answer)."""
+    try:
+        r = run(["scontrol", "show", "job", "-o", job_id], timeout=10)
+    except SchedulerError:
+        return {}
     if r.returncode != 0:
         return {}
     out = {}
@@ -259,8 +262,12 @@ def job_info(job_id: str) -> dict[str, str]:
 
 
 def requeue(job_id: str) -> str | None:
-    """``scontrol requeue JOB``; None on success, else the error."""
-    r = run(["scontrol", "requeue", job_id], timeout=20)
+    """``scontrol requeue JOB``; None on success, else the error (never raises: the caller is a task on its way
+    out, which must still record why it was not requeued)."""
+    try:
+        r = run(["scontrol", "requeue", job_id], timeout=60)
+    except SchedulerError as e:
+        return str(e)
     return None if r.returncode == 0 else (clean(r.stderr) or f"exit {r.returncode}")
 
 
