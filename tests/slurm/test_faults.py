@@ -210,8 +210,10 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
     r = run(["status", str(d)], tmp_path, slurm_env)
     assert r.returncode == 0, r.stdout + r.stderr + _task_log(d)  # queued or running again: nothing needs a re-run
     assert "interrupted by SIGUSR2, requeued" in r.stdout or "running" in r.stdout or "3 done" in r.stdout
-    wait_for(lambda: "3 done" in run(["status", str(d)], tmp_path, slurm_env).stdout, 150, "the requeued task",
-             step=2, on_timeout=lambda: _task_log(d))
+    wait_for(lambda: all(_status(d / n).get("state") == "done" for n in names), 150, "the requeued task",
+             on_timeout=lambda: _task_log(d))
+    r = run(["status", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 0 and "3 point(s): 3 done" in r.stdout, r.stdout + r.stderr
     assert _status(d / names[0])["started"] == first["started"]  # the finished point was not redone
     rec = _record(d, task)
     assert rec["restarts"] == 1 and rec["state"] == "done" and len(rec["runs"]) == 2
