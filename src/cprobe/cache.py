@@ -17,6 +17,18 @@ stays at one shard, a killed extraction resumes from its last finished shard, a 
 reuses what an earlier job extracted, and streaming fits read one shard at a time (:meth:`Entry.shards`). Jobs of
 a parallel sweep asking for the same entry serialise on a file lock; the second finds the shards. A shard that
 fails to load or fails its checksum is deleted and recomputed.
+
+**Concurrency** (:func:`build_lock`). Every cached thing that is expensive to build — activation entries, tiny
+models, fine-tuned classifiers, probe fits, reliability oracles and interventional probes, cloze tables — is built
+under a per-entry file lock: one job builds, the others wait (logging what they wait for and who holds it) and then
+read what it wrote. The lock is ``fcntl.flock`` (the ``filelock`` package) on ``<entry>.lock`` beside the entry:
+exclusive across processes of one machine on any local filesystem, and across machines on NFSv4 (and NFSv3 with
+lockd: Linux turns flock into POSIX locks there), GPFS/Spectrum Scale, Lustre mounted with ``-o flock`` and
+BeeGFS with global file locks. Lustre's ``localflock`` makes it node-local, so two nodes may both build an entry.
+Correctness never rests on the lock: every file is written to a temporary name and renamed into place (atomic on
+POSIX filesystems and NFS), entries carry checksums and a manifest written last, so a reader never sees a torn
+entry; without a working lock an entry may only be built twice. Where ``flock`` is refused (ENOSYS/ENOLCK) cprobe
+says so once and goes on without it.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,6 +55,69 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 3: sharded per-tensor files with XXH3 checksums; 2: one file per tensor, SHA-256
 ACTS = "activations"
 SHARD_MB = 256  # default bytes of one shard across all tensors extracted together
+
+
+# ----------------------------------------------------------------------------------------------- locks
+LOCK_LOG_S = 60.0  # a waiter says again that it is still waiting this often
+_NO_LOCKS: set[str] = set()
+
+
+def _lock_owner(lock_path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(str(lock_path) + ".owner").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@contextmanager
+def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
+    """Hold the file lock under which one job builds ``what`` (a cache entry) while other jobs — other processes,
+    other nodes of a cluster on a shared filesystem — wait. A waiter logs what it waits for and who builds it (pid,
+    host, since when), again every :data:`LOCK_LOG_S` seconds, and how long it waited; the caller then checks the
+    entry again and reads it. Where the filesystem refuses locks, one warning and no lock (see the module doc)."""
+    import socket
+    import time
+
+    from filelock import FileLock, Timeout
+
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    owner_file = Path(str(lock_path) + ".owner")
+    try:
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            t0 = time.time()
+            who = _lock_owner(lock_path)
+            by = (f"pid {who.get('pid')} on {who.get('host')}, building since "
+                  f"{time.strftime('%H:%M:%S', time.localtime(who['since']))}" if "since" in who else "another job")
+            log.info("waiting for %s: %s is building it (lock %s)", what, by, lock_path)
+            while True:
+                try:
+                    lock.acquire(timeout=LOCK_LOG_S)
+                    break
+                except Timeout:
+                    log.info("still waiting for %s (%.0f s so far; lock %s)", what, time.time() - t0, lock_path)
+            log.info("waited %.1f s for %s; reading it", time.time() - t0, what)
+    except (NotImplementedError, OSError) as e:  # flock refused by the filesystem
+        key = str(lock_path.parent)
+        if key not in _NO_LOCKS:
+            _NO_LOCKS.add(key)
+            log.warning("file locks do not work in %s (%s): concurrent jobs may build the same cache entry twice "
+                        "(entries are still written atomically and checksummed)", key, e)
+        yield
+        return
+    try:
+        try:
+            atomic_write_bytes(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                       "since": time.time(), "what": what}).encode())
+        except OSError:
+            pass
+        yield
+    finally:
+        owner_file.unlink(missing_ok=True)
+        lock.release()
 
 
 # ----------------------------------------------------------------------------------------------- kinds
@@ -271,10 +347,10 @@ class Entry:
     @contextmanager
     def lock(self) -> Iterator[Entry]:
         """Hold the entry's file lock (parallel jobs compute it once); the row ranges are re-read inside."""
-        from filelock import FileLock
-
         self.dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.dir) + ".lock"):
+        what = (f"the activations of {self.fields.get('model', '?')} on {self.fields.get('dataset', '?')} "
+                f"({self.n} items, entry {self.dir.name})")
+        with build_lock(str(self.dir) + ".lock", what):
             self._load()  # another job may have fixed the ranges while we waited
             yield self
 
@@ -378,7 +454,7 @@ def cache_entries(root: Path) -> Iterator[tuple[str, str, int, str]]:
         if not base.is_dir():
             continue
         for entry in sorted(base.iterdir()):
-            if entry.name.startswith(".") or entry.suffix == ".lock":
+            if entry.name.startswith(".") or entry.suffix in (".lock", ".owner"):
                 continue
             yield kind.name, entry.name, _size(entry), _describe(kind, entry)
 
@@ -414,5 +490,5 @@ def clear_cache(root: Path, what: str = "all") -> int:
                     shutil.rmtree(child)
                 else:
                     child.unlink()
-                n += not child.name.endswith(".lock") and not child.name.startswith(".")
+                n += not child.name.endswith((".lock", ".owner")) and not child.name.startswith(".")
     return n

@@ -7,9 +7,9 @@ catches every error itself, logs it and records it in :data:`REPORT_FAILED`, and
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,70 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "\\'") + "'"
 
 
+SLURM_LAUNCHER = "hydra_plugins.cprobe_launcher.slurm_launcher.SlurmLauncher"
+
+
+def claims_late(config: Any) -> bool:
+    """Whether the sweep's launcher claims the sweep dir itself, after checking the submission (cprobe's SLURM
+    launcher: a refused submission leaves no directory and does not move ``latest``)."""
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.select(config, "hydra.launcher._target_", default="")) == SLURM_LAUNCHER
+
+
+@dataclass
+class Claim:
+    """A sweep dir claimed by this process, and where ``latest`` pointed before (to undo a refused submission)."""
+
+    directory: Path
+    latest_before: str | None
+    created: bool
+
+
+def claim_sweep_dir(config: Any) -> Claim:
+    """Give the sweep a directory of its own (a time-stamped default gets ``_2``... when taken; a directory the user
+    chose is used as it is: a re-run resumes it), pin it in the overrides every job is composed from, and link
+    ``latest`` to it."""
+    from omegaconf import read_write
+
+    sweep_dir = Path(config.hydra.sweep.dir)
+    link = sweep_dir.parent / LATEST
+    before = os.readlink(link) if link.is_symlink() else None
+    created = not sweep_dir.exists()
+    if _timestamped(config.hydra.sweep, "dir"):
+        claimed = str(claim_dir(sweep_dir))
+        with read_write(config.hydra):
+            config.hydra.sweep.dir = claimed
+            # each job's config is composed again from these overrides: pin the claimed directory there
+            config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
+        sweep_dir, created = Path(claimed), True
+    link_latest(sweep_dir)
+    return Claim(sweep_dir, before, created)
+
+
+def release_sweep_dir(claim: Claim) -> None:
+    """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: remove the directory when this process
+    created it and it holds no job, and point ``latest`` back where it was."""
+    import shutil
+
+    d = claim.directory
+    if claim.created and d.is_dir() and not any(d.rglob("status.json")):
+        shutil.rmtree(d, ignore_errors=True)
+    link = d.parent / LATEST
+    try:
+        if claim.latest_before is not None:
+            tmp = d.parent / f".{LATEST}.{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            os.symlink(claim.latest_before, tmp)
+            os.replace(tmp, link)
+        elif link.is_symlink() and os.readlink(link) == d.name:
+            link.unlink()
+        if not any(d.parent.iterdir()):
+            d.parent.rmdir()
+    except OSError:
+        pass
+
+
 class AggregateResults(Callback):
     """Gives every run (or sweep) a directory of its own and links ``latest`` to it; on multirun end (in the
     parent, for every launcher) aggregates the sweep."""
@@ -80,8 +144,13 @@ class AggregateResults(Callback):
         from omegaconf import read_write
 
         from cprobe import trackers
+        from cprobe.errors import CprobeError, JobAborted
 
         trackers.preflight(config)  # a bad logger is refused before the run dir exists
+        if os.environ.get("CPROBE_DETACH", "") not in ("", "0"):
+            raise JobAborted(CprobeError("--detach needs a sweep on SLURM: `cprobe run -m ... hydra/launcher=slurm "
+                                         "--detach`"))
+
         if _timestamped(config.hydra.run, "dir"):
             claimed = claim_dir(Path(config.hydra.run.dir))
             with read_write(config.hydra.run):
@@ -89,19 +158,16 @@ class AggregateResults(Callback):
         link_latest(Path(config.hydra.run.dir))
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from omegaconf import read_write
-
         from cprobe import trackers
+        from cprobe.errors import CprobeError, JobAborted
 
-        trackers.preflight(config)
-        if _timestamped(config.hydra.sweep, "dir"):
-            claimed = str(claim_dir(Path(config.hydra.sweep.dir)))
-            with read_write(config.hydra):
-                config.hydra.sweep.dir = claimed
-                # each job's config is composed again from these overrides: pin the claimed directory there
-                config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
-        link_latest(Path(config.hydra.sweep.dir))
-        trackers.sweep_started(config)  # the trackers' parent runs (never raises)
+        trackers.preflight(config)  # a bad logger is refused before the sweep dir exists
+        slurm = claims_late(config)
+        if os.environ.get("CPROBE_DETACH", "") not in ("", "0") and not slurm:
+            raise JobAborted(CprobeError("--detach needs hydra/launcher=slurm (a local sweep runs in this process)"))
+        if not slurm:  # the SLURM launcher claims it after checking the request against the cluster
+            claim_sweep_dir(config)
+            trackers.sweep_started(config)  # the trackers' parent runs (never raises)
 
     def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
         """Wherever the job ran (this process, a joblib worker, a SLURM node): send it to the trackers, after its
@@ -112,17 +178,15 @@ class AggregateResults(Callback):
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         from cprobe.errors import CprobeError
+        from cprobe.launch import sweep as S
         from cprobe.outputs import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)
-        for status in sorted(sweep_dir.rglob("status.json")):
-            try:
-                s = json.loads(status.read_text())
-            except (OSError, ValueError):
-                continue
-            if s.get("state") != "done":
-                FAILED.append(f"{status.parent.name}: {s.get('error', s.get('state'))}")
-        if not any(sweep_dir.rglob("status.json")):
+        if S.detached(sweep_dir):  # nothing has run yet: `cprobe collect` aggregates later
+            return
+        state = S.sweep_state(sweep_dir)
+        FAILED.extend(state.problems())
+        if not any(p.state == "done" for p in state.points) and not any(sweep_dir.rglob("status.json")):
             REPORT_FAILED.append(f"no job of the sweep ran (nothing under {sweep_dir})")
             return
         try:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cprobe import __version__
-from cprobe.errors import CprobeError, JobAborted, Terminated
+from cprobe.errors import CprobeError, DriverStopped, JobAborted, Terminated
 
 app = typer.Typer(
     add_completion=False,
@@ -45,6 +45,9 @@ def user_errors() -> Iterator[None]:
         raise
     except JobAborted as e:
         _fail(_one_line(str(e.error)))
+    except DriverStopped as e:  # a SLURM sweep's driver: its jobs go on
+        typer.secho(e.message, fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(e.code) from None
     except CprobeError as e:
         _fail(_one_line(str(e)))
     except KeyboardInterrupt as e:  # Ctrl-C: 130; SIGTERM (errors.Terminated): 143, as the shells report them
@@ -68,6 +71,24 @@ def user_errors() -> Iterator[None]:
 SMOKE_ENV = "CPROBE_SMOKE"
 
 
+@contextmanager
+def _detach_env(detach: bool) -> Iterator[None]:
+    """``--detach``: CPROBE_DETACH=1 while the command runs (the SLURM launcher reads it; a run on any other launcher
+    is refused by the sweep callback)."""
+    if not detach:
+        yield
+        return
+    before = os.environ.get("CPROBE_DETACH")
+    os.environ["CPROBE_DETACH"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CPROBE_DETACH", None)
+        else:
+            os.environ["CPROBE_DETACH"] = before
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help=(
@@ -82,6 +103,9 @@ def run(
                                         f"also set by the environment variable {SMOKE_ENV}=1.")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="With --cfg: print the config as composed, interpolations "
                                       "such as ${compute.device} unresolved (by default they are resolved).")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="With hydra/launcher=slurm: return once the sweep is "
+                                         "submitted (it prints the sweep dir and job id); follow it with `cprobe "
+                                         "status DIR`, aggregate it with `cprobe collect DIR`.")] = False,
 ) -> None:
     from cprobe import _hydra
     from cprobe.paths import config_dir
@@ -96,7 +120,7 @@ def run(
         typer.echo(n, err=True)
     if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:
         argv.append("+debug=smoke")
-    with user_errors():
+    with user_errors(), _detach_env(detach):
         from cprobe import callbacks, pipeline  # noqa: F401  (pipeline registers the config resolvers)
 
         os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer
@@ -141,6 +165,46 @@ def collect(
             typer.echo(f"wrote {path}" + (f" ({study})" if len(out.results) > 1 else ""))
         typer.echo(f"wrote {out.leaderboard}")
         typer.echo(f"wrote {out.report} ({out.jobs} job(s): {', '.join(out.studies)})")
+
+
+@app.command(help="Show every point of a sweep (or run) directory: done, running, queued, failed, interrupted, dead "
+             "or not run, from the points' status.json, their SLURM tasks' records and the scheduler (squeue; sacct "
+             "where the cluster keeps accounting). Exits 1 when a point needs a re-run (failed, dead, interrupted, "
+             "not run).")
+def status(
+    directory: Annotated[Path, typer.Argument(help="A sweep dir (e.g. outputs/sweeps/NAME/latest) or a run dir.")],
+    done: Annotated[bool, typer.Option("--all", help="List the finished points too (by default only their count "
+                                       "when there are more than 20).")] = False,
+) -> None:
+    with user_errors():
+        import logging
+
+        from cprobe.launch.sweep import NEEDS_ACTION, sweep_state
+
+        logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
+
+        if not directory.is_dir():
+            raise CprobeError(f"{directory} is not a directory; pass a sweep or run output dir "
+                              "(e.g. outputs/sweeps/NAME/latest)")
+        st = sweep_state(directory)
+        if not st.points:
+            raise CprobeError(f"no job under {directory} (no status.json, no SLURM manifest): did it start?")
+        jobs = f" (SLURM job {', '.join(st.jobs)})" if st.jobs else ""
+        typer.echo(f"{directory}: {st.summary()}{jobs}")
+        if st.note:
+            typer.echo(f"note: {st.note}; the states are the points' own status.json", err=True)
+        finished = [p for p in st.points if p.state == "done"]
+        hide = not done and len(finished) > 20
+        for p in st.points:
+            if not (hide and p.state == "done"):
+                typer.echo("  " + p.line())
+        if hide:
+            typer.echo(f"  ... and {len(finished)} done (--all lists them)")
+        bad = [p for p in st.points if p.state in NEEDS_ACTION]
+        if bad:
+            typer.echo(f"{len(bad)} point(s) need a re-run (the same command, with hydra.sweep.dir={directory}, "
+                       "runs only what is not done)", err=True)
+            raise typer.Exit(1)
 
 
 @app.command(help="(Re)build the self-contained report.html of a run or a collected directory from its files.")

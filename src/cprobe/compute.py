@@ -144,7 +144,8 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
 
 
 def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by the cgroup quota (rounded up), at least 1."""
+    """CPUs this process may use: the affinity mask, capped by the cgroup quota (rounded up) and, inside a SLURM job,
+    by the CPUs it was given (``SLURM_CPUS_PER_TASK``: clusters without task affinity do not pin them), at least 1."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -152,6 +153,9 @@ def available_cpus() -> int:
     quota = cgroup_cpu_quota()
     if quota is not None:
         n = min(n, max(1, math.ceil(quota)))
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if slurm.isdigit() and int(slurm) > 0 and os.environ.get("SLURM_JOB_ID"):
+        n = min(n, int(slurm))
     return max(1, n)
 
 

@@ -40,4 +40,19 @@ class JobAborted(BaseException):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM received during a job: handled like Ctrl-C (the job is marked ``interrupted``), exit code 143."""
+    """SIGTERM (or, in a SLURM array task, SIGUSR2: the time limit is near, or the task is preempted) received during a
+    job: handled like Ctrl-C (the job is marked ``interrupted``), exit code 143. ``signame`` says which signal."""
+
+    def __init__(self, *args: object, signame: str = "SIGTERM") -> None:
+        super().__init__(*args)
+        self.signame = signame
+
+
+class DriverStopped(KeyboardInterrupt):
+    """The process following a SLURM sweep was stopped (Ctrl-C or SIGTERM); its jobs go on. ``message`` says how to
+    follow them; the CLI prints it and exits 130 (Ctrl-C) or 143 (SIGTERM)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code

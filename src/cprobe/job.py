@@ -11,9 +11,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cprobe.cache import SHARD_MB, ActivationCache
+if TYPE_CHECKING:
+    from cprobe.cache import ActivationCache
+
 from cprobe.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,9 @@ class JobContext:
 
     @property
     def cache(self) -> ActivationCache:
+        """The activation cache (imported here: reading status files, as `cprobe status` does, needs no torch)."""
+        from cprobe.cache import SHARD_MB, ActivationCache
+
         c = self.cfg.get("cache", {}) or {}
         return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)),
                                dtype=str(c.get("dtype", "float32")), shard_mb=float(c.get("shard_mb", SHARD_MB)))

@@ -179,8 +179,10 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     from cprobe.leaderboard import leaderboard
     from cprobe.tasks import task_module
 
+    from cprobe.launch.sweep import manifest_problems
+
     directory = Path(directory)
-    jobs, problems = results.find_jobs(directory)
+    jobs, problems = results.find_jobs(directory, manifest_problems(directory))
     if problems and not partial:
         raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
                           + ("; …" if len(problems) > 5 else "") + " — rerun them, or pass --partial to aggregate the rest")

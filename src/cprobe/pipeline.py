@@ -282,7 +282,7 @@ def _run_job(cfg: DictConfig) -> None:
             raise JobAborted(e) from None
         _fail(out_dir, e, t0, str(cfg.get("task", "?")), None, multirun)
         return
-    h = config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
+    h = job_hash(plain)
     prev = read_status(out_dir)
     if prev and prev.get("state") == "running" and prev.get("pid") not in (None, os.getpid()):
         if not process_gone(prev) and prev.get("host") == this_process()["host"]:
@@ -321,12 +321,25 @@ def _run_job(cfg: DictConfig) -> None:
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         outputs.write_report(out_dir)
         log.info("wrote %s (%d rows) in %.1fs", out_dir / "metrics.csv", len(table), time.time() - t0)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / a SLURM task's SIGUSR2 (Terminated)
+        signame = e.signame if isinstance(e, Terminated) else "SIGINT"
         write_status(out_dir, state="interrupted", config_hash=h, started=t0, duration_s=time.time() - t0,
-                     task=job.keys.task, signal="SIGTERM" if isinstance(e, Terminated) else "SIGINT", **proc)
+                     task=job.keys.task, signal=signame, **proc)
         raise
     except Exception as e:
         _fail(out_dir, e, t0, job.keys.task, h, multirun)
+
+
+def job_hash(plain: Mapping[str, Any]) -> str:
+    """What ``status.json`` records to tell a finished job with the same config (``force`` and ``progress`` aside)."""
+    return config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
+
+
+def is_done(plain: Mapping[str, Any], out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds this job finished with the same config (a rerun would skip it)."""
+    prev = read_status(Path(out_dir))
+    return bool(prev and prev.get("state") == "done" and prev.get("config_hash") == job_hash(plain)
+                and not plain.get("force"))
 
 
 def _fit_to_machine(plain: dict[str, Any], hc: Any) -> None:

@@ -129,10 +129,16 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
     return out
 
 
-def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
+SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
+
+
+def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = None) -> tuple[list[Path], list[str]]:
     """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
     A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
+    ``managed``: (job dirs whose state is known better elsewhere — a SLURM sweep's points, with their scheduler state
+    and the points that never started —, their problems); such a job counts when it is done, and its problems are
+    these.
     """
     from cprobe.errors import CprobeError
     from cprobe.job import describe_state
@@ -141,9 +147,16 @@ def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
-    done, problems = [], []
+    jobs = [j for j in jobs if SLURM_DIR not in j.relative_to(directory).parts]
+    covered, problems = (set(managed[0]), list(managed[1])) if managed is not None else (set(), [])
+    done = []
     for job in jobs:
         rel = relative(job, directory)
+        if job.resolve() in covered and _finished(job):
+            done.append(job)
+            continue
+        if job.resolve() in covered:
+            continue
         try:
             status = json.loads((job / "status.json").read_text())
         except (OSError, ValueError):
@@ -156,6 +169,14 @@ def find_jobs(directory: Path) -> tuple[list[Path], list[str]]:
         raise CprobeError(f"no finished job under {directory}"
                           + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
     return done, problems
+
+
+def _finished(job: Path) -> bool:
+    try:
+        status = json.loads((job / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return status.get("state") == "done" and (job / f"{METRICS}.parquet").is_file()
 
 
 def relative(job: Path, directory: Path) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Self
 
-from sklearn.cluster import KMeans as _SkKMeans
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction, from_numpy, to_numpy
@@ -18,6 +17,8 @@ class KMeans(Direction):
         self.seed, self.n_init = seed, n_init
 
     def fit(self, X: Tensor, y: Tensor | None = None) -> Self:
+        from sklearn.cluster import KMeans as _SkKMeans  # here, not at import: scikit-learn costs seconds per process
+
         centers = _SkKMeans(n_clusters=2, random_state=self.seed, n_init=self.n_init).fit(to_numpy(X)).cluster_centers_
         self.a = from_numpy(centers[0] - centers[1], X)
         return self

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Self
 
-from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction, check_binary, from_numpy, to_numpy
@@ -17,6 +16,8 @@ class LDA(Direction):
     supervised = True
 
     def fit(self, X: Tensor, y: Tensor) -> Self:
+        from sklearn.discriminant_analysis import LinearDiscriminantAnalysis  # here: scikit-learn costs seconds
+
         check_binary(X, y)
         self.model_ = LinearDiscriminantAnalysis(n_components=1).fit(to_numpy(X), y.cpu().numpy())
         self.a = from_numpy(self.model_.coef_[0], X)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Self
 
-from sklearn.decomposition import PCA as _SkPCA
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction, from_numpy, to_numpy
@@ -20,6 +19,8 @@ class PCA(Direction):
         self.n_components = n_components
 
     def fit(self, X: Tensor, y: Tensor | None = None) -> Self:
+        from sklearn.decomposition import PCA as _SkPCA  # here, not at import: scikit-learn costs seconds per process
+
         pca = _SkPCA(n_components=self.n_components).fit(to_numpy(X))
         self.explained_variance_ratio_ = float(pca.explained_variance_ratio_.sum())
         self.a = from_numpy(pca.components_.mean(0), X)

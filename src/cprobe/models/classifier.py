@@ -192,8 +192,7 @@ def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targe
     Returns (adapter, loaded_from_cache). ``cache_dir`` holds ``<name>-<key>.safetensors`` (and, while
     training, ``.partial`` checkpoints).
     """
-    from filelock import FileLock
-
+    from cprobe.cache import build_lock
     from cprobe.models.load import fingerprint as weights_fingerprint
 
     targets = targets.reshape(len(items), n_tasks).long()
@@ -208,7 +207,7 @@ def finetuned_classifier(encoder: ModelAdapter, items: Sequence[TextItem], targe
     cache_dir.mkdir(parents=True, exist_ok=True)
     name = safe_name(name)  # e.g. liberty-<SCM name>: the SCM file's own `name:` field
     final = cache_dir / f"{name}-{key}.safetensors"
-    with FileLock(str(final) + ".lock"):
+    with build_lock(str(final) + ".lock", f"the fine-tuned classifier {final.name}"):
         state = load_tensors(final)
         if state is not None:
             adapter.model.load_state_dict(state)

@@ -360,8 +360,14 @@ def load_tokenizer(cfg: Mapping[str, Any], cache_root: Path, progress: bool = Tr
     return tok
 
 
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def fingerprint(adapter: ModelAdapter) -> str:
-    """Weights fingerprint: names, shapes and a sample of values of every parameter (cheap, content-based)."""
+    """Weights fingerprint: names, shapes, the first values and an integer sum of the bits of every parameter (cheap,
+    content-based, on the model's own device). The sum is over the raw bits as integers, so it is the same on any
+    number of threads and any device: a float sum's rounding depends on the reduction order, and gave a 1-thread
+    SLURM task another fingerprint — another cache key — than a 2-thread local run of the same model."""
     from cprobe.models.placement import state_items
 
     h = hashlib.sha256(adapter.name.encode())
@@ -369,5 +375,6 @@ def fingerprint(adapter: ModelAdapter) -> str:
         flat = p.detach().flatten()
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
         h.update(flat[:64].float().cpu().numpy().tobytes())
-        h.update(flat.float().sum().cpu().numpy().tobytes())
+        bits = flat.contiguous().view(_INT_OF_SIZE[flat.element_size()])
+        h.update(str(int(bits.sum(dtype=torch.int64))).encode())
     return h.hexdigest()[:16]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from filelock import FileLock
+from cprobe.cache import build_lock
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
 from transformers import (
@@ -147,7 +147,7 @@ def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], N
     out = cache_dir / name
     if _problem(out, key) is None:
         return out
-    with FileLock(str(cache_dir / f"{name}.lock")):
+    with build_lock(cache_dir / f"{name}.lock", f"the tiny model {name}"):
         problem = _problem(out, key)  # checked again: another job may have finished it while we waited
         if problem is None:
             return out

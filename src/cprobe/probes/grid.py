@@ -294,12 +294,14 @@ def fit_cached(probe: Probe, X: Tensor, y: Tensor, X_val: Tensor | None = None, 
     """
     if cache_dir is None or not isinstance(probe, GridSearchProbe):
         return probe.fit(X, y, X_val, y_val), "fit"
-    from filelock import FileLock
+    from cprobe.cache import build_lock
 
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{fit_key(probe, X, y, X_val, y_val)}.safetensors"
-    with FileLock(str(path) + ".lock"):
+    if path.is_file() and load_probe(probe, path) is not None:
+        return probe, "cache"
+    with build_lock(str(path) + ".lock", f"a {type(probe).__name__} fit on {len(X)} rows ({path.name})"):
         if path.is_file() and load_probe(probe, path) is not None:
             return probe, "cache"
         probe.fit(X, y, X_val, y_val)

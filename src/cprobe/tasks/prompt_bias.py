@@ -302,12 +302,19 @@ def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[An
     enabled = bool(ctx.cfg.get("cache", {}).get("enabled", True))
     if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:
         return pd.read_parquet(io.BytesIO(blob)), True
-    adapter = ctx.adapter(m)
-    frame = cloze_predictions(adapter, items, config.top_k,
-                              desc=f"cloze {m['name']}" if ctx.progress else None)
-    if enabled:
-        meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
-        store_files(entry, {"predictions.parquet": parquet_bytes(frame), "meta.json": meta})
+    from contextlib import nullcontext
+
+    from cprobe.cache import build_lock
+
+    with build_lock(str(entry) + ".lock", f"the cloze predictions of {m.get('name')}") if enabled else nullcontext():
+        if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:  # built while we waited
+            return pd.read_parquet(io.BytesIO(blob)), True
+        adapter = ctx.adapter(m)
+        frame = cloze_predictions(adapter, items, config.top_k,
+                                  desc=f"cloze {m['name']}" if ctx.progress else None)
+        if enabled:
+            meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
+            store_files(entry, {"predictions.parquet": parquet_bytes(frame), "meta.json": meta})
     return frame, False
 
 

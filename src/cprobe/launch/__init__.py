@@ -1,0 +1,16 @@
+"""Sweeps beyond one machine: cprobe's SLURM launcher and what reads a sweep back.
+
+- :mod:`cprobe.launch.slurmctl` — the SLURM commands cprobe runs (``sinfo``, ``squeue``, ``scontrol``, ``sacct``,
+  ``sbatch --test-only``), parsed, each scheduler warning logged once.
+- :mod:`cprobe.launch.resources` — what a sweep asks the scheduler for (GPUs from ``compute=``, CPUs and memory from
+  the partition), checked against the partition before anything is submitted.
+- :mod:`cprobe.launch.packing` — several sweep points per array task, points sharing a model and data together.
+- :mod:`cprobe.launch.sweep` — the sweep manifest (``.slurm/sweep.json``) and every point's state, from its
+  ``status.json``, its task's record and the scheduler: what ``cprobe status``, ``cprobe collect`` and the attached
+  driver report.
+- :mod:`cprobe.launch.slurm` — the Hydra launcher (driver: check, pack, submit, follow) and the array task (run
+  its points, mark a point ``interrupted`` on SIGTERM/SIGUSR2 and requeue itself).
+
+The Hydra plugin class lives in ``hydra_plugins.cprobe_launcher`` (Hydra instantiates launchers only from that
+namespace); it holds no logic. docs/cluster.md documents the whole.
+"""

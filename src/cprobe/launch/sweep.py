@@ -1,0 +1,275 @@
+"""A sweep read back: which points it has, and what state each is in.
+
+A SLURM sweep keeps, beside its points' directories, ``.slurm/``::
+
+    sweep.json            the manifest: every point (its directory and overrides) and every submission (array job
+                          id, which points each array task runs, the resources asked for, detached or not)
+    tasks/<task>.json     each array task's own record: its points' outcomes (a point that failed before its
+                          directory existed, inside Hydra, is only here), restarts, start-up time
+    <job id>/             submitit's sbatch script, pickles and the tasks' stdout/stderr logs
+
+A point's state comes from its ``status.json`` (written by the job), its task's record and the scheduler
+(``squeue``/``sacct`` via :mod:`cprobe.launch.slurmctl`): ``done``, ``failed``, ``running``, ``queued`` (its task is
+pending, or running earlier points), ``interrupted`` (stopped by a signal; ``queued`` again when its task was
+requeued), ``dead`` (``status.json`` says running but its task has ended) and ``not run`` (its task ended before
+reaching it). A sweep without a manifest (a local one) has only its ``status.json`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cprobe.io import atomic_write_bytes
+from cprobe.job import STATUS, describe_state, read_status
+
+log = logging.getLogger("cprobe")
+
+SLURM_DIR = ".slurm"  # cprobe.results skips it too
+MANIFEST = "sweep.json"
+TASKS = "tasks"
+
+TERMINAL = ("done", "failed", "dead", "not run", "interrupted")
+"""States in which nothing will happen to a point without a re-run."""
+NEEDS_ACTION = ("failed", "dead", "not run", "interrupted", "not started")
+
+
+def manifest_path(sweep_dir: Path) -> Path:
+    return Path(sweep_dir) / SLURM_DIR / MANIFEST
+
+
+def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
+    try:
+        m = json.loads(manifest_path(sweep_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and "points" in m else None
+
+
+def write_manifest(sweep_dir: Path, manifest: Mapping[str, Any]) -> None:
+    path = manifest_path(sweep_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps(manifest, indent=1, default=str).encode())
+
+
+def record_path(sweep_dir: Path, task: str) -> Path:
+    return Path(sweep_dir) / SLURM_DIR / TASKS / f"{task}.json"
+
+
+def read_record(sweep_dir: Path, task: str) -> dict[str, Any]:
+    try:
+        r = json.loads(record_path(sweep_dir, task).read_text())
+    except (OSError, ValueError):
+        return {}
+    return r if isinstance(r, dict) else {}
+
+
+def write_record(sweep_dir: Path, task: str, record: Mapping[str, Any]) -> None:
+    path = record_path(sweep_dir, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, json.dumps({**record, "updated": time.time()}, indent=1, default=str).encode())
+
+
+def latest_task(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """{point name: (array task id, job id)} of the newest submission that included each point."""
+    out: dict[str, tuple[str, str]] = {}
+    for sub in manifest.get("submissions", []):
+        for task, names in sub.get("tasks", {}).items():
+            for name in names:
+                out[name] = (task, str(sub.get("job_id")))
+    return out
+
+
+def job_ids(manifest: Mapping[str, Any], names: Iterable[str] | None = None) -> list[str]:
+    """The array job ids that hold ``names`` (all points when None) in their newest submission."""
+    lt = latest_task(manifest)
+    wanted = lt.keys() if names is None else [n for n in names if n in lt]
+    return sorted({lt[n][1] for n in wanted})
+
+
+# ----------------------------------------------------------------------------------------------- point states
+@dataclass
+class PointState:
+    name: str
+    state: str  # done | failed | running | queued | interrupted | dead | not run | not started
+    detail: str = ""
+    task: str = ""
+
+    def problem(self) -> str:
+        """``name: error`` for a failed point, ``name: state (why)`` otherwise."""
+        if self.state == "failed" and self.detail:
+            return f"{self.name}: {self.detail}"
+        return f"{self.name}: {self.state}" + (f" ({self.detail})" if self.detail else "")
+
+    def line(self) -> str:
+        where = f"  [task {self.task}]" if self.task else ""
+        return f"{self.state:<12} {self.name}" + (f": {self.detail}" if self.detail else "") + where
+
+
+@dataclass
+class SweepState:
+    directory: Path
+    points: list[PointState] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    scheduler: bool = False  # whether the scheduler was asked
+    note: str = ""  # why it was not
+    tasks: dict[str, Any] = field(default_factory=dict)  # task -> TaskState
+
+    def counts(self) -> Counter:
+        return Counter(p.state for p in self.points)
+
+    def summary(self) -> str:
+        c = self.counts()
+        order = ["done", "running", "queued", "failed", "interrupted", "dead", "not run", "not started"]
+        parts = [f"{c[s]} {s}" for s in order if c.get(s)]
+        return f"{len(self.points)} point(s): " + ", ".join(parts)
+
+    def problems(self) -> list[str]:
+        """One short description per point that is not done."""
+        return [p.problem() for p in self.points if p.state != "done"]
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will happen without a re-run."""
+        return all(p.state in TERMINAL for p in self.points)
+
+
+def _status_state(status: Mapping[str, Any] | None) -> tuple[str, str]:
+    if status is None:
+        return "not started", ""
+    state = str(status.get("state", "unknown"))
+    if state == "done":
+        return "done", ""
+    if state == "failed":
+        return "failed", str(status.get("error", ""))
+    if state == "interrupted":
+        return "interrupted", f"by {status.get('signal', 'a signal')}"
+    text = describe_state(status)
+    if text.startswith("dead"):
+        return "dead", text[len("dead"):].strip(" ()")
+    if state == "running":
+        return "running", f"pid {status.get('pid')} on {status.get('host')}" if "pid" in status else ""
+    return state, ""
+
+
+def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Mapping[str, Any] | None = None
+                ) -> SweepState:
+    """Every point's state. ``scheduler``: ask SLURM about the tasks (default: when the sweep has a manifest and
+    the SLURM commands are here); ``task_states`` gives them instead (the driver's own poll)."""
+    from cprobe.launch import slurmctl
+
+    sweep_dir = Path(sweep_dir)
+    manifest = read_manifest(sweep_dir)
+    out = SweepState(sweep_dir)
+    if manifest is None:
+        for status in sorted(sweep_dir.rglob(STATUS)):
+            if SLURM_DIR in status.relative_to(sweep_dir).parts:
+                continue
+            state, detail = _status_state(read_status(status.parent))
+            out.points.append(PointState(_rel(status.parent, sweep_dir), state, detail))
+        return out
+    lt = latest_task(manifest)
+    out.jobs = job_ids(manifest)
+    records: dict[str, dict[str, Any]] = {}
+    for task, _ in set(lt.values()):
+        records[task] = read_record(sweep_dir, task)
+
+    def points(states: Mapping[str, Any] | None) -> list[PointState]:
+        return [_point_state(sweep_dir, name, lt.get(name, ("", ""))[0], records.get(lt.get(name, ("", ""))[0], {}),
+                             states) for name in manifest["points"]]
+
+    if task_states is None:
+        out.points = points(None)
+        if all(p.state in ("done", "failed") for p in out.points):  # nothing the scheduler could add
+            return out
+        use = slurmctl.available() if scheduler is None else scheduler
+        if not use:
+            out.note = "the scheduler was not asked: no SLURM commands here"
+            return out
+        try:
+            task_states = slurmctl.states(out.jobs)
+        except slurmctl.SchedulerError as e:
+            out.note = f"the scheduler was not asked: {e}"
+            return out
+    out.scheduler = True
+    out.tasks = dict(task_states)
+    out.points = points(task_states)
+    return out
+
+
+def _point_state(sweep_dir: Path, name: str, task: str, rec: Mapping[str, Any],
+                 task_states: Mapping[str, Any] | None) -> PointState:
+    status = read_status(sweep_dir / name)
+    state, detail = _status_state(status)
+    mine = (rec.get("points") or {}).get(name, {})
+    if state == "done":
+        return PointState(name, "done", "", task)
+    if state == "failed":
+        return PointState(name, "failed", detail, task)
+    if mine.get("state") == "failed" and (status is None or status.get("state") != "running"):
+        return PointState(name, "failed", str(mine.get("error", "")), task)
+    if not task:
+        return PointState(name, state, detail)
+    ts = (task_states or {}).get(task)
+    if task_states is None:  # no scheduler: the files alone
+        if state == "not started" and rec.get("state") in ("done", "interrupted", "failed"):
+            return PointState(name, "not run", f"task {task} ended ({rec.get('state')}) before it", task)
+        return PointState(name, state, detail, task)
+    if ts is not None and ts.alive:
+        if ts.state == "RUNNING" and state == "running":
+            return PointState(name, "running", detail, task)
+        why = ts.describe() if ts.state != "RUNNING" else "its task is running earlier points"
+        if state == "interrupted":
+            restarts = rec.get("restarts", 0)
+            why = f"interrupted {detail}, requeued" + (f" ({restarts} restart(s))" if restarts else "") + \
+                  f"; task {ts.describe()}"
+        return PointState(name, "queued", why, task)
+    ended = f"task {task} {ts.describe()}" if ts is not None else f"task {task} has ended (the scheduler no " \
+                                                                    "longer knows it)"
+    if state == "running":
+        return PointState(name, "dead", f"{ended} while it ran", task)
+    if state == "interrupted":
+        return PointState(name, "interrupted", f"{detail}; {ended}", task)
+    return PointState(name, "not run", f"{ended} before it started", task)
+
+
+def _rel(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path != root else "."
+
+
+def problems(sweep_dir: Path, scheduler: bool | None = None) -> list[str]:
+    """What is not done in a sweep, one entry per point (``cprobe collect`` names them; the driver's exit code)."""
+    return sweep_state(sweep_dir, scheduler=scheduler).problems()
+
+
+def manifest_problems(directory: Path) -> tuple[set[Path], list[str]]:
+    """(every point dir of the SLURM sweeps below ``directory``, the problems of those not done): ``cprobe collect``
+    names them with their scheduler state — a point that never started, or failed inside Hydra before its directory
+    existed, has no ``status.json`` to find."""
+    directory = Path(directory)
+    covered: set[Path] = set()
+    out: list[str] = []
+    if not directory.is_dir():
+        return covered, out
+    roots = [directory] if manifest_path(directory).is_file() else \
+        [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{MANIFEST}"))]
+    for sweep_dir in roots:
+        for p in sweep_state(sweep_dir).points:
+            covered.add((sweep_dir / p.name).resolve())
+            if p.state != "done":
+                out.append(PointState(_rel(sweep_dir / p.name, directory), p.state, p.detail, p.task).problem())
+    return covered, out
+
+
+def detached(sweep_dir: Path) -> bool:
+    """Whether the newest submission of the sweep returned right after submitting (nothing to aggregate yet)."""
+    m = read_manifest(sweep_dir)
+    subs = (m or {}).get("submissions") or []
+    return bool(subs and subs[-1].get("detached") and subs[-1].get("pid") == os.getpid())

@@ -1,0 +1,222 @@
+"""Every fault of issue 33's list, on the real test cluster: refused submissions (one line, exit 1, no sweep dir,
+``latest`` unmoved), failing points (inside cprobe, inside Hydra), ``scancel`` of one task, SIGUSR2 to a task
+(interrupted, requeued, finished points kept) and SIGTERM to the driver. Points are smoke-sized linear probes at one
+layer (seconds each); a task's start-up (imports) costs more than its points, so the tests pack several points per
+task and share sweeps between faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import cprobe_cmd, run, slurm, stop, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SWEEP = ["run", "-m", "+experiment=sva_tiny", "probe=linear", "--smoke", "hydra/launcher=slurm",
+         "hydra.launcher.poll_s=2"]
+TWO_SLOTS = ["hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=2"]  # two tasks at once on the 2-CPU node
+
+
+def _status(d: Path) -> dict:
+    try:
+        return json.loads((d / "status.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _manifest(d: Path) -> dict:
+    try:
+        return json.loads((d / ".slurm" / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _record(d: Path, task: str) -> dict:
+    try:
+        return json.loads((d / ".slurm" / "tasks" / f"{task}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _status_rows(stdout: str) -> dict[str, str]:
+    """{point: state} from `cprobe status` (lines `  <state padded to 12> <point>[: why]  [task T]`)."""
+    rows = {}
+    for line in stdout.splitlines()[1:]:
+        state, rest = line[2:14].strip(), line[15:]
+        rows[rest.split(":")[0].split("  [")[0].strip()] = state
+    return rows
+
+
+def _task_log(d: Path) -> str:
+    """The tasks' logs (for a failure message)."""
+    return "\n".join(p.read_text()[-3000:] for p in sorted(d.glob(".slurm/*/*_log.out")))
+
+
+def _error_lines(text: str) -> list[str]:
+    return [l for l in text.splitlines() if l.startswith("error:")]
+
+
+# ------------------------------------------------------------------------------------------------ refused
+@pytest.fixture()
+def in_process(slurm_env, monkeypatch):
+    """`cprobe` invoked in this process (the refusals need no task: a process start per case would be most of their
+    cost); Hydra's global state and the root logger are restored after each."""
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+    from typer.testing import CliRunner
+
+    from cprobe.cli import app
+
+    for k in ("SLURM_CONF", "CPROBE_CACHE_DIR", "HF_HUB_OFFLINE"):
+        monkeypatch.setenv(k, slurm_env[k])
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+
+    def invoke(*args: str):
+        GlobalHydra.instance().clear()
+        try:
+            return CliRunner().invoke(app, list(args))
+        finally:
+            GlobalHydra.instance().clear()
+            root.handlers[:] = handlers
+            root.setLevel(level)
+
+    return invoke
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["hydra.launcher.partition=nope"], "unknown SLURM partition 'nope'; choose from ["),
+    (["compute=gpu"], "compute=gpu asks for a GPU but SLURM partition"),
+    (["hydra.launcher.cpus_per_task=64"], "hydra.launcher.cpus_per_task=64 but the largest node of SLURM partition"),
+    (["hydra.launcher.mem_gb=4096"], "hydra.launcher.mem_gb=4096 but the largest node of SLURM partition"),
+    ([], "needs the slurm extra (submitit): pip install 'cprobe[slurm]'"),
+], ids=["partition", "gpu-on-cpu-partition", "too-many-cpus", "too-much-memory", "missing-extra"])
+def test_refused_submission_is_one_line_and_leaves_nothing(in_process, tmp_path, monkeypatch, args, needle):
+    import sys
+
+    out = tmp_path / "out"
+    old = out / "sweeps" / "sva_tiny" / "old"
+    old.mkdir(parents=True)
+    (old.parent / "latest").symlink_to("old")
+    if not args:  # the slurm extra missing: `import submitit` fails
+        monkeypatch.setitem(sys.modules, "submitit", None)
+    r = in_process(*SWEEP, "layers=3,4", *args, f"paths.output_root={out}")
+    assert r.exit_code == 1, r.output
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    assert sorted(p.name for p in old.parent.iterdir()) == ["latest", "old"]  # no sweep dir
+    assert os.readlink(old.parent / "latest") == "old"
+    assert "submitted" not in r.output
+
+
+# ------------------------------------------------------------------------------------------------ failures, scancel
+def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_them(slurm_env, tmp_path):
+    """Six points in two tasks of three, both running at once. Task 0: layers=2 finishes, layers=99 fails inside
+    cprobe (its status.json says why), layers=0 fails inside Hydra (a file is where its directory goes: there is no
+    status.json, only the task's record). Task 1 is cancelled with scancel while its first point runs. The driver
+    names each failure and the cancelled task as it sees them, ends within a minute of the cancel with the aggregate
+    of what finished and exit 1; `status` and `collect` name every point that is not done, one line each; the same
+    command again submits only those five."""
+    d = tmp_path / "sweep"
+    d.mkdir()
+    (d / "layers=0,probe=linear").write_text("in the way\n")
+    argv = [*SWEEP, "layers=2,99,0,3,4,1", "hydra.launcher.points_per_task=3", *TWO_SLOTS, f"hydra.sweep.dir={d}"]
+    driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env=slurm_env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    try:
+        tasks = wait_for(lambda: _manifest(d).get("submissions", [{}])[-1].get("tasks"), 60, "the submission")
+        victim = sorted(tasks)[-1]
+        assert tasks[victim] == ["layers=3,probe=linear", "layers=4,probe=linear", "layers=1,probe=linear"]
+        wait_for(lambda: _status(d / tasks[victim][0]).get("state") == "running", 90, "the victim's first point")
+        assert slurm("scancel", victim, env=slurm_env).returncode == 0
+        t_cancel = time.time()
+        out, _ = driver.communicate(timeout=120)
+    finally:
+        stop(driver)
+    assert driver.returncode == 1, out
+    assert time.time() - t_cancel < 60  # noticed, reported and ended within a minute of the cancel
+    assert "point layers=99,probe=linear failed: layers=99 out of range" in out
+    assert "point layers=0,probe=linear failed: FileExistsError" in out
+    named = [l for l in out.splitlines() if f"task {victim} CANCELLED with 3 point(s) not finished" in l]
+    assert len(named) == 1 and "layers=3,probe=linear (interrupted)" in named[0], out
+    errors = _error_lines(out)
+    assert len(errors) == 1 and errors[0].startswith("error: 5 job(s) failed"), out
+    assert "Traceback" not in out and (d / "results.csv").is_file()  # what finished is aggregated
+    assert out.count("sacct is not available") <= 1  # each scheduler warning once
+
+    r = run(["status", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 1
+    assert _status_rows(r.stdout) == {
+        "layers=2,probe=linear": "done", "layers=99,probe=linear": "failed", "layers=0,probe=linear": "failed",
+        "layers=3,probe=linear": "interrupted", "layers=4,probe=linear": "not run", "layers=1,probe=linear": "not run"
+    }, r.stdout
+    assert "FileExistsError" in r.stdout and f"task {victim} CANCELLED" in r.stdout
+    r = run(["collect", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 1 and len(_error_lines(r.stderr)) == 1 and "5 job(s) not done" in r.stderr
+    assert "layers=0,probe=linear" in r.stderr and "--partial" in r.stderr
+
+    r = run(argv, tmp_path, slurm_env)  # the same command again
+    log = r.stdout + r.stderr
+    assert r.returncode == 1 and "1 of 6 point(s) are done already" in log and "submitted 5 point(s)" in log, log
+    resubmitted = _manifest(d)["submissions"][-1]["tasks"]
+    assert sorted(n for names in resubmitted.values() for n in names) == sorted(
+        ["layers=99,probe=linear", "layers=0,probe=linear", *tasks[victim]])
+    states = {n: _status(d / n).get("state") for n in _manifest(d)["points"]}
+    assert [n for n, s in states.items() if s != "done"] == ["layers=99,probe=linear", "layers=0,probe=linear"]
+    import pandas as pd
+
+    assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------------------------------------ preemption
+def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(slurm_env, tmp_path):
+    """SIGUSR2 (the time-limit warning; also a preemption notice) reaches the task while its second point runs:
+    that point is marked interrupted, the first stays done, the task requeues itself and, started again, finishes
+    without redoing the first. SIGTERM to the driver meanwhile: the task goes on; status and collect follow it."""
+    d = tmp_path / "sweep"
+    argv = [*SWEEP, "layers=2,3,4", f"hydra.sweep.dir={d}"]
+    driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env=slurm_env, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
+    try:
+        tasks = wait_for(lambda: _manifest(d).get("submissions", [{}])[-1].get("tasks"), 60, "the submission")
+        (task, names), = tasks.items()
+        wait_for(lambda: _status(d / names[1]).get("state") == "running", 120, "the second point to run")
+        first = _status(d / names[0])
+        assert first["state"] == "done"
+        assert slurm("scancel", "--signal=USR2", task, env=slurm_env).returncode == 0
+        wait_for(lambda: _record(d, task).get("state") == "requeued", 60, "the task to requeue itself",
+                 on_timeout=lambda: _task_log(d))
+        second = _status(d / names[1])
+        assert second["state"] == "interrupted" and second["signal"] == "SIGUSR2", (second, _task_log(d))
+        # SLURM holds a requeued job for 2 minutes (BeginTime); time passing is not what this test is about
+        wait_for(lambda: "PENDING" in slurm("squeue", "-h", "-j", task, "-o", "%T", env=slurm_env).stdout, 60,
+                 "the requeued task to be pending")
+        r = slurm("scontrol", "update", f"JobId={task}", "StartTime=now", env=slurm_env)
+        assert r.returncode == 0, r.stderr
+        driver.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=60)
+    finally:
+        stop(driver)
+    assert driver.returncode == 143, out + _task_log(d)
+    assert f"SLURM job {task.split('_')[0]} goes on: `cprobe status" in out and "Traceback" not in out, out
+    r = run(["status", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 0, r.stdout + r.stderr + _task_log(d)  # queued or running again: nothing needs a re-run
+    assert "interrupted by SIGUSR2, requeued" in r.stdout or "running" in r.stdout or "3 done" in r.stdout
+    wait_for(lambda: all(_status(d / n).get("state") == "done" for n in names), 150, "the requeued task",
+             on_timeout=lambda: _task_log(d))
+    r = run(["status", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 0 and "3 point(s): 3 done" in r.stdout, r.stdout + r.stderr
+    assert _status(d / names[0])["started"] == first["started"]  # the finished point was not redone
+    rec = _record(d, task)
+    assert rec["restarts"] == 1 and rec["state"] == "done" and len(rec["runs"]) == 2
+    assert rec["runs"][0]["signal"] == "SIGUSR2"
+    r = run(["collect", str(d)], tmp_path, slurm_env)
+    assert r.returncode == 0, r.stderr
