@@ -69,6 +69,10 @@ class InterventionExplainer(Explainer):
         except ConfigError as e:
             raise ConfigError(f"explainer {self.name!r}: {e} (set it in <study>.explainer.{self.name})") from None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by the intervention it bridges (the class is made by :func:`bridge`, so it is rebuilt there)."""
+        return (_unpickle, (self.intervention,), self.__dict__)
+
     def _build(self) -> Intervention:
         return INTERVENTIONS.build({"name": self.intervention, **self.params}, seed=self.seed, device=self.device)
 
@@ -143,6 +147,11 @@ def bridge(name: str, cls: type[Intervention] | None = None) -> type[Interventio
 
 
 _BRIDGES: dict[tuple[str, type], type[InterventionExplainer]] = {}
+
+
+def _unpickle(intervention: str) -> InterventionExplainer:
+    cls = bridge(intervention)
+    return cls.__new__(cls)
 
 
 def _register(name: str) -> type[InterventionExplainer] | None:

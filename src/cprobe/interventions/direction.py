@@ -117,6 +117,10 @@ class DirectionIntervention(Intervention):
         self._basis = Q
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by the direction it bridges (the class is made by :func:`bridge`, so it is rebuilt there)."""
+        return (_unpickle, (self.direction_name,), self.__dict__)
+
     def coordinate(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         """The edited coordinate per row (n,): ``aᵀx``, or along the direction of ``z_target``'s class where there is
         one direction per class; in X's precision (float32 or float64)."""
@@ -162,6 +166,11 @@ def bridge(direction: str, method: type[Direction] | None = None) -> type[Direct
 
 _BRIDGES: dict[tuple[str, type], type[DirectionIntervention]] = {}
 SUFFIX = "_direction"
+
+
+def _unpickle(direction: str) -> DirectionIntervention:
+    cls = bridge(direction)
+    return cls.__new__(cls)
 
 
 def _register(name: str, direction: str) -> type[DirectionIntervention]:
