@@ -460,29 +460,41 @@ def _who(src: Provenance) -> str:
 
 def family_of(obj: Any) -> str | None:
     """The family (registry kind) whose ``accept`` takes ``obj`` unchanged or adapted, None when none does."""
-    for reg in REGISTRIES.values():
-        if reg.accept is None:
-            continue
-        try:
-            reg.accept(obj, target_of(obj))
-        except CprobeError:
-            continue
-        return reg.kind
-    return None
+    _PROBING.append(True)
+    try:
+        for reg in REGISTRIES.values():
+            if reg.accept is None:
+                continue
+            try:
+                reg.accept(obj, target_of(obj))
+            except CprobeError:
+                continue
+            return reg.kind
+        return None
+    finally:
+        _PROBING.clear()
+
+
+_PROBING: list[bool] = []
 
 
 def wrong_family(obj: Any, ref: str, kind: str, base: str) -> WrongFamily:
     """The error for ``obj`` named as a ``kind``: what it is instead, and the base to subclass."""
     other = None
-    for reg in REGISTRIES.values():
-        if reg.kind == kind or reg.accept is None:
-            continue
+    if not _PROBING:  # which family it is, asked of the others (whose own refusal does not ask again)
+        _PROBING.append(True)
         try:
-            reg.accept(obj, ref)
-        except CprobeError:
-            continue
-        other = reg.kind
-        break
+            for reg in REGISTRIES.values():
+                if reg.kind == kind or reg.accept is None:
+                    continue
+                try:
+                    reg.accept(obj, ref)
+                except CprobeError:
+                    continue
+                other = reg.kind
+                break
+        finally:
+            _PROBING.clear()
     what = f"a {other}" if other else ("not a class" if not inspect.isclass(obj) else "not a cprobe " + kind)
     return WrongFamily(f"{ref!r} ({target_of(obj)}) is {what}, not a{'n' if kind[0] in 'aeiou' else ''} {kind}: "
                        f"subclass {base} (cprobe.plugin) or name a{'n' if kind[0] in 'aeiou' else ''} {kind}")

@@ -476,7 +476,7 @@ def check_transform_shape_dtype_device(s: Subject) -> None:
     """transform keeps the input's shape, dtype (float32 and float64) and device."""
     f = _fitted(s)
     m, X, z, out = f.method, f.X, f.z, f.out
-    for name, inp, res in (("float32", X, out), ("float64", X.double(), _transform(m, X.double(), z))):
+    for name, inp, res in (("float32", X, out), ("float64", X.double(), _transform(m, X.double(), z.clone()))):
         if tuple(res.shape) != tuple(inp.shape):
             _fail(f"{name} input {tuple(inp.shape)} came back {tuple(res.shape)}")
         if res.dtype != inp.dtype:
@@ -514,7 +514,7 @@ def check_no_inplace_edits(s: Subject) -> None:
 @_check()
 def check_counterfactual_needs_target(s: Subject) -> None:
     """A counterfactual edit without z_target is a one-line error, never a silent no-op."""
-    m, X = _fitted(s).method, _fitted(s).X
+    m, X = _fitted(s).method, _fitted(s).X.clone()
     if m.kind != "counterfactual":
         raise SkipCheck("nullifying: transform(X) takes no target")
     try:
@@ -533,7 +533,8 @@ def check_deterministic(s: Subject) -> None:
     if s.family == "intervention":
         f = _fitted(s)
         a = f.out
-        b = _transform(_fit_intervention(s.build(), f.X[f.fit_rows], f.z[f.fit_rows]), f.X, f.z)
+        b = _transform(_fit_intervention(s.build(), f.X[f.fit_rows].clone(), f.z[f.fit_rows].clone()), f.X.clone(),
+                       f.z.clone())
     elif s.family == "metric":
         if s.obj.fn is None:
             raise SkipCheck("a study's own metric: its study computes it (its tests hold the values)")
@@ -575,7 +576,7 @@ def check_save_load_round_trip(s: Subject) -> None:
     except Exception as e:  # noqa: BLE001
         _fail(f"could not be saved and loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
     a = f.out if s.family == "intervention" else f.result
-    b = _transform(back, f.X, f.z) if s.family == "intervention" else _result(s, back)
+    b = _transform(back, f.X.clone(), f.z.clone()) if s.family == "intervention" else _result(s, back)
     if a is None and b is None:
         return
     if not torch.allclose(a.double(), b.double(), atol=1e-6):
