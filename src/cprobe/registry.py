@@ -495,9 +495,14 @@ def wrong_family(obj: Any, ref: str, kind: str, base: str) -> WrongFamily:
                 break
         finally:
             _PROBING.clear()
-    what = f"a {other}" if other else ("not a class" if not inspect.isclass(obj) else "not a cprobe " + kind)
-    return WrongFamily(f"{ref!r} ({target_of(obj)}) is {what}, not a{'n' if kind[0] in 'aeiou' else ''} {kind}: "
-                       f"subclass {base} (cprobe.plugin) or name a{'n' if kind[0] in 'aeiou' else ''} {kind}")
+    an = f"a{'n' if kind[0] in 'aeiou' else ''} {kind}"
+    if other:
+        what = f"a{'n' if other[0] in 'aeiou' else ''} {other}, not {an}"
+    elif not inspect.isclass(obj) and kind not in ("metric",):
+        what = f"not a class, not {an}"
+    else:
+        what = f"not {an}"
+    return WrongFamily(f"{ref!r} ({target_of(obj)}) is {what}: subclass cprobe.plugin.{base}, or name {an}")
 
 
 # ----------------------------------------------------------------------------------------------- config modules

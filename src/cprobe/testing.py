@@ -1022,13 +1022,13 @@ class PlantedAgreement(DatasetSource):
 
     properties = ("z_c", "z_e")
 
-    def __init__(self, n: int = 40, seed: int = 0) -> None:
+    def __init__(self, n: int = 40, draw: int = 0) -> None:
         if n < 2:
             raise ValueError(f"n must be >= 2, got {n}")
-        self.n, self.seed = n, seed
+        self.n, self.draw = n, draw
 
     def load(self, root: Path, name: str) -> Dataset:
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.draw)
         out = []
         plural = rng.permutation(self.n) % 2 == 1
         for i, pl in enumerate(plural):
