@@ -9,25 +9,65 @@ on both sides of ``-m`` (Hydra 1.3's ``parse_args`` rejects that). Pinned to ``h
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 NOTICE_EXPERIMENT = "note: treating 'experiment={0}' as '+experiment={0}' (experiment is an addition to the defaults)"
+CUSTOM_GROUPS = ("intervention", "dataset")
+"""Groups with a ``custom`` option (an empty node for outside code): its keys are the class's, so ``group.key=v``
+adds them (``++group.key=v``) instead of failing as keys the node does not have."""
 
 
 def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], list[str]]:
-    """Rewrite a bare ``experiment=x`` to ``+experiment=x``, and (``resolve``) add ``--resolve`` to ``--cfg job``
-    and ``--cfg all`` so the config is printed as it will run, not with ``${...}`` interpolations (``--cfg
-    hydra`` stays raw: the hydra node alone refers to job keys it cannot resolve); returns (argv, notices)."""
+    """Rewrite a bare ``experiment=x`` to ``+experiment=x``; with ``intervention=custom`` (``dataset=custom``), a
+    ``intervention.key=v`` to ``++intervention.key=v`` (the outside class's keys are not in the empty node); quote
+    list items Hydra's grammar cannot read bare (``[<eos>]`` -> ``['<eos>']``); and (``resolve``) add ``--resolve``
+    to ``--cfg job`` and ``--cfg all`` so the config is printed as it will run, not with ``${...}`` interpolations
+    (``--cfg hydra`` stays raw: the hydra node alone refers to job keys it cannot resolve); returns (argv,
+    notices)."""
     out, notes = [], []
+    custom = {g for g in CUSTOM_GROUPS if f"{g}=custom" in argv}
     for a in argv:
         if a.startswith("experiment="):
             notes.append(NOTICE_EXPERIMENT.format(a.split("=", 1)[1]))
             a = "+" + a
+        key = a.split("=", 1)[0]
+        if "=" in a and key.split(".")[0] in custom and "." in key and not key.startswith(("+", "~")):
+            a = "++" + a
+        a = quote_list_items(a)
         out.append(a)
     if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
         out.append("--resolve")
     return out, notes
+
+
+_BARE = re.compile(r"^[\w./\-+\\$%*@?|: ]+$")
+
+
+def quote_list_items(arg: str) -> str:
+    """``key=[a,<eos>]`` -> ``key=[a,'<eos>']``: a bracketed list's items that Hydra's override grammar cannot read
+    unquoted (``<``, ``>``, ...) quoted; anything else (and every already-valid override) unchanged."""
+    key, eq, value = arg.partition("=")
+    if not eq or not (value.startswith("[") and value.endswith("]")) or any(q in value for q in "'\"{}()"):
+        return arg
+    if parses(arg):
+        return arg
+    items = value[1:-1].split(",")
+    if all(not i.strip() or _BARE.match(i.strip()) for i in items):
+        return arg
+    return f"{key}=[" + ",".join(i if not i.strip() or _BARE.match(i.strip()) else f"'{i.strip()}'" for i in items) + "]"
+
+
+def parses(override: str) -> bool:
+    """Does Hydra's override grammar read ``override`` (``key=value``, with ``+``/``++``/``~`` prefixes)?"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        OverridesParser.create().parse_override(override)
+    except Exception:
+        return False
+    return True
 
 
 def _cfg_kind(argv: Sequence[str]) -> str | None:

@@ -24,6 +24,16 @@ cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the activat
 app.add_typer(cache_app, name="cache")
 
 
+@app.callback()
+def _main(
+    no_plugins: Annotated[bool, typer.Option("--no-plugins", help="Ignore installed plugins (entry points); also "
+                                             "CPROBE_NO_PLUGINS=1.")] = False,
+) -> None:
+    """cprobe: config-driven causal probing of language models."""
+    if no_plugins:
+        os.environ["CPROBE_NO_PLUGINS"] = "1"  # inherited by launcher workers
+
+
 def _fail(msg: str) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(1)
@@ -146,6 +156,24 @@ def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. m
             typer.secho(f"{g}:", bold=True)
             for name, desc in describe_group(g):
                 typer.echo(f"  {name:<28} {desc}")
+            for name, desc in _outside_options(g):
+                typer.echo(f"  {name:<28} {desc}")
+
+
+def _outside_options(group: str) -> list[tuple[str, str]]:
+    """The installed plugins' names for a group with a ``custom`` option (names only; nothing is imported)."""
+    from cprobe.registry import dist_of, entry_points_of
+
+    spelled = {"intervention": ("cprobe.interventions", "intervention=custom intervention.name={}"),
+               "dataset": ("cprobe.datasets", "dataset=custom dataset.type={}")}
+    if group not in spelled:
+        return []
+    ep_group, how = spelled[group]
+    out = []
+    for name, eps in sorted(entry_points_of(ep_group).items()):
+        pkg, ver = dist_of(eps[0])
+        out.append((name, f"plugin ({pkg} {ver}): {how.format(name)}"))
+    return out
 
 
 @app.command(help="Aggregate any mix of runs and sweeps below a directory: each study's table and paper tables "
@@ -233,6 +261,137 @@ def _list_metrics() -> None:
             typer.echo(f"  {m.name:<26} {better}, range {m.range_text}{unit}{head}")
             typer.echo(f"      {m.definition}")
             typer.echo(f"      ref: {m.reference}; studies: {', '.join(m.studies)}")
+
+
+@app.command(
+    help="Run the conformance checks on methods: registered names (built-in or plugin) or package.module:Class, and "
+         "key=value constructor settings (YAML values; with one method); --package checks every entry point of an "
+         "installed package. A table of passed / failed / expected failure / skipped checks, each with a one-line "
+         "reason; exit 1 when a check fails.")
+def check(
+    targets: Annotated[list[str] | None, typer.Argument(help="NAME or package.module:Class (e.g. leace, "
+                                                        "my_lab.eraser:Eraser), then key=value settings.")] = None,
+    package: Annotated[str | None, typer.Option("--package", help="Check every method an installed package "
+                                                "declares as a cprobe entry point.")] = None,
+    family: Annotated[str | None, typer.Option("--family", help="Check only this family (intervention, direction "
+                                               "method, probe, explainer, metric, dataset type).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    xfail: Annotated[list[str] | None, typer.Option("--xfail", help="CHECK=REASON: a failure you expect (shown as "
+                                                    "xfail, does not fail the run); repeatable.")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="An expected failure that passes fails the run.")] = False,
+    plugins: Annotated[list[str] | None, typer.Option("--plugins", help="A module to import first (it registers "
+                                                      "names, as the config's plugins: list); repeatable.")] = None,
+) -> None:
+    import json
+
+    with user_errors():
+        from cprobe.registry import load_plugin_modules
+        from cprobe.testing import format_table, package_targets, run_checks
+
+        names = [t for t in targets or [] if "=" not in t or ":" in t.split("=", 1)[0]]
+        params = _key_values([t for t in targets or [] if t not in names])
+        if params and len(names) != 1:
+            raise CprobeError("key=value settings go with exactly one method (check the others separately)")
+        expected = {}
+        for item in xfail or []:
+            name, sep, reason = item.partition("=")
+            if not sep or not name:
+                raise CprobeError(f"--xfail {item!r}: write CHECK=REASON (e.g. check_deterministic='GPU kernels')")
+            expected[name.strip()] = reason.strip()
+        load_plugin_modules(list(plugins or []), "--plugins")
+        todo: list = [(n, params) for n in names] + (package_targets(package) if package else [])
+        if not todo:
+            raise CprobeError("name a method to check (cprobe check leace), or --package DIST")
+        results = []
+        for target, kw in todo:
+            results += run_checks(target, kw, family=family if isinstance(target, str) else None,
+                                  expected_failures=expected, strict=strict)
+        if as_json:
+            typer.echo(json.dumps([r.as_dict() for r in results], indent=1))
+        else:
+            typer.echo(format_table(results))
+        if any(r.status == "failed" for r in results):
+            raise typer.Exit(1)
+
+
+def _key_values(args: list[str]) -> dict:
+    """``key=value`` arguments, each value read as YAML (``rank=2`` an int, ``lrs=[0.01]`` a list)."""
+    import yaml
+
+    out = {}
+    for a in args:
+        key, sep, value = a.partition("=")
+        if not sep or not key.isidentifier():
+            raise CprobeError(f"{a!r}: constructor settings are key=value (e.g. rank=2)")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+@app.command(help="List the installed plugins (entry points of every family) with their package, version and "
+             "whether they import; MODULE arguments (a config's plugins: list) are imported and their names listed.")
+def plugins(
+    modules: Annotated[list[str] | None, typer.Argument(help="Modules to import (as the config's plugins: list).")]
+    = None,
+) -> None:
+    with user_errors():
+        from cprobe.registry import PLUGIN_API_VERSION, plugins_enabled
+
+        rows = _plugin_rows(list(modules or []))
+        typer.echo(f"cprobe {__version__}, plugin API {PLUGIN_API_VERSION}"
+                   + ("" if plugins_enabled() else " (entry points ignored: --no-plugins / CPROBE_NO_PLUGINS)"))
+        if not rows:
+            typer.echo("no plugins installed (a package declares entry points in the groups cprobe.interventions, "
+                       "cprobe.directions, cprobe.probes, cprobe.explainers, cprobe.metrics, cprobe.datasets; "
+                       "docs/extending.md)")
+            return
+        head = ("family", "name", "source", "target", "status")
+        widths = [max(len(h), *(len(str(r[i])) for r in rows)) for i, h in enumerate(head[:4])]
+        typer.echo("  ".join(h.ljust(w) for h, w in zip(head[:4], widths)) + "  status")
+        for r in rows:
+            typer.echo("  ".join(str(v).ljust(w) for v, w in zip(r[:4], widths)) + "  " + r[4])
+        if any(not r[4].startswith("ok") for r in rows):
+            raise typer.Exit(1)
+
+
+def _plugin_rows(modules: list[str]) -> list[tuple[str, str, str, str, str]]:
+    """(family, name, package version, target, status) of every entry point and of every name the modules register;
+    status ``ok`` (imports and is of its family), or the one-line reason it cannot be used."""
+    from cprobe.registry import REGISTRIES, dist_of, entry_points_of, load_plugin_modules
+    from cprobe.testing import _registry
+
+    _registry("intervention")  # imports every family, so each has registered its registry
+    rows = []
+    for group in list(REGISTRIES):
+        reg = REGISTRIES[group]
+        for name, eps in sorted(entry_points_of(group).items()):
+            pkgs = [" ".join(dist_of(ep)) for ep in eps]
+            if name in reg.builtin_names():
+                status = "ignored: shadows a built-in name (a plugin never shadows a built-in)"
+            elif len(eps) > 1:
+                status = f"error: claimed by several packages ({' and '.join(pkgs)})"
+            else:
+                try:
+                    reg.resolve(name)
+                    status = "ok"
+                except CprobeError as e:
+                    status = "error: " + _one_line(str(e))
+            rows.append((reg.kind, name, ", ".join(pkgs), eps[0].value, status))
+    for module in modules:
+        try:
+            (loaded,) = load_plugin_modules([module], "plugins")
+        except CprobeError as e:
+            rows.append(("module", module, "", module, "error: " + _one_line(str(e))))
+            continue
+        src = f"{loaded.package} {loaded.version}".strip() or "(not packaged)"
+        for kind, name in loaded.names:
+            reg = next(r for r in REGISTRIES.values() if r.kind == kind)
+            rows.append((kind, name, src, reg.provenance(name).target, "ok"))
+        if not loaded.names:
+            rows.append(("module", module, src, module, "ok (registers no name)"))
+    return rows
 
 
 @app.command(help="Where each dataset is expected and how to obtain it.")

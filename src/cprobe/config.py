@@ -106,3 +106,15 @@ def check(value: Any, tp: Any, where: str) -> Any:
 
 def known_keys(cls: type) -> list[str]:
     return sorted(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+OPTIONAL_KEYS = ("plugins", "metrics")
+"""Top-level job keys whose empty default names the same configuration as their absence (configs written before
+they existed): left out of config hashes and ids while empty, so adding them changed no finished job's identity."""
+
+
+def identity(cfg: Any) -> Any:
+    """``cfg`` without the :data:`OPTIONAL_KEYS` that are empty (what config hashes and ids are computed over)."""
+    if not isinstance(cfg, Mapping):
+        return cfg
+    return {k: v for k, v in cfg.items() if not (k in OPTIONAL_KEYS and not v)}

@@ -93,3 +93,39 @@ def _checking(fn: Any, name: str) -> Any:
 
     wrapper.__cprobe_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def adapt(obj: Any, base: type, required: tuple[str, ...], kind: str) -> type | None:
+    """A class that does not subclass ``base`` but has every ``required`` method (duck typing): a subclass of both,
+    so the family's contract (fitted state, not-fitted errors, capability defaults) applies to it; None when ``obj``
+    is not such a class. Logged once per class: subclassing ``base`` says the same without the adapter."""
+    import inspect
+    import logging
+
+    if not inspect.isclass(obj) or issubclass(obj, base):
+        return None
+    if not all(callable(getattr(obj, m, None)) for m in required):
+        return None
+    cached = _ADAPTED.get((obj, base))
+    if cached is not None:
+        return cached
+    logging.getLogger("cprobe").warning(
+        "%s.%s does not subclass cprobe.plugin.%s; used as one (subclass it to silence this)", obj.__module__,
+        obj.__qualname__, base.__name__)
+    ns: dict[str, Any] = {"__module__": obj.__module__, "__qualname__": obj.__qualname__, "__doc__": obj.__doc__,
+                          "__cprobe_adapted__": obj}
+    for name in (*base._marks_fitted, *base._needs_fitted, *required):
+        if callable(getattr(obj, name, None)):
+            ns[name] = getattr(obj, name)
+    try:
+        cls = type(obj.__name__, (obj, base), ns)
+    except TypeError as e:  # incompatible layouts / metaclasses
+        from cprobe.errors import ConfigError
+
+        raise ConfigError(f"{obj.__module__}.{obj.__qualname__} cannot be used as a{'n' if kind[0] in 'aeiou' else ''} "
+                          f"{kind} ({e}); subclass cprobe.plugin.{base.__name__}") from None
+    _ADAPTED[(obj, base)] = cls
+    return cls
+
+
+_ADAPTED: dict[tuple[type, type], type] = {}

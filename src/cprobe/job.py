@@ -37,7 +37,10 @@ def seed_everything(seed: int) -> None:
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """16 hex digits of the config (empty optional keys left out: :func:`cprobe.config.identity`)."""
+    from cprobe.config import identity
+
+    return hashlib.sha256(json.dumps(identity(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def read_status(out_dir: Path) -> dict[str, Any] | None:

@@ -33,7 +33,7 @@ from cprobe.records import KEY, parse
 CELL = tuple(k for k in KEY if k not in ("seed", "metric"))
 N_BOOT = 2000
 LEVEL = 0.95
-COLUMNS = (*CELL, "variant", "metric", "direction", "mean", "ci_low", "ci_high", "seeds", "items", "ci")
+COLUMNS = (*CELL, "source", "variant", "metric", "direction", "mean", "ci_low", "ci_high", "seeds", "items", "ci")
 CI_TEXT = {
     "seeds+items": "bootstrap over seeds and items",
     "items": "bootstrap over items (one seed)",
@@ -146,7 +146,9 @@ def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
         info = METRICS[str(rec["metric"])]
         finite = values[~np.isnan(values)]
         used = [int(np.isfinite(x).sum()) for x, v in zip(its, values) if not np.isnan(v)] if its else []
-        rows.append({**rec, "variant": (variants or {}).get(str(rec["config_id"]), ""), "direction": info.direction,
+        sources = [x for x in g["source"] if x] if "source" in g else []
+        rows.append({**rec, "source": sources[0] if sources else "",
+                     "variant": (variants or {}).get(str(rec["config_id"]), ""), "direction": info.direction,
                      "mean": float(finite.mean()) if len(finite) else np.nan, "ci_low": lo, "ci_high": hi,
                      "seeds": int(len(finite)), "items": round(sum(used) / len(used)) if used else 0,
                      "ci": ci_text(kind, n_boot, level, len(finite))})
@@ -198,7 +200,7 @@ def _blank(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or str(v) in ("", "{}", "<NA>", "nan")
 
 
-ROW = ("model", "layer", "read_layer", "position", "slice", "method", "family", "setting", "variant")
+ROW = ("model", "layer", "read_layer", "position", "slice", "method", "family", "source", "setting", "variant")
 
 
 def wide(board: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -212,7 +214,8 @@ def wide(board: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for (study, dataset), g in board.groupby(["study", "dataset"], sort=False):
         g = g.assign(cell=[cell_text(m, lo, hi) for m, lo, hi in zip(g["mean"], g["ci_low"], g["ci_high"])],
                      column=[f"{m}{arrow.get(d, '')}" for m, d in zip(g["metric"], g["direction"])])
-        keys = [k for k in ROW if not all(_blank(v) for v in g[k])]
+        outside = "source" in g and any(not _blank(v) and v != "built-in" for v in g["source"])
+        keys = [k for k in ROW if k in g and not all(_blank(v) for v in g[k]) and (k != "source" or outside)]
         keys = keys or ["method"]
         frame = g.assign(**{k: ["" if _blank(v) else _kv(v) if k in ("setting", "slice") else v for v in g[k]]
                             for k in keys})

@@ -40,12 +40,14 @@ def spec_of(study: str) -> R.RecordSpec | None:
 
 
 def make_records(study: str, table: pd.DataFrame, out_dir: Path | None, config: str,
-                 seed: int | None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(records, per-item values or None) of one job's metric table (without timing columns)."""
+                 seed: int | None, sources: Any = None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(records, per-item values or None) of one job's metric table (without timing columns); ``sources``: the
+    table's per-row ``method_source`` values (where each row's method came from), when the study wrote them."""
     spec = spec_of(study)
     if spec is None:
         return R.finish(pd.DataFrame()), None
-    recs = R.to_records(table, spec, study, seed, config)
+    recs = R.to_records(table, spec, study, seed, config,
+                        R.method_sources(table, spec, list(sources)) if sources is not None else None)
     items = spec.items(table, recs, out_dir) if spec.items is not None else None
     recs = R.count_items(recs, items)  # n: the items a value averages (NaN items excluded)
     for p in R.problems(recs):
@@ -78,17 +80,18 @@ def write_leaderboard(board: pd.DataFrame, directory: Path) -> None:
     atomic_write_bytes(directory / f"{LEADERBOARD}.md", markdown(board).encode())
 
 
-def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[str, Any]) -> pd.DataFrame:
+def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[str, Any],
+               sources: Any = None) -> pd.DataFrame:
     """A finished job's records, paper tables (from the records), leaderboard and environment; returns the records.
-    ``metrics``: the job's table without timing columns. ``report.html`` comes after its status (see
-    :func:`write_report`)."""
+    ``metrics``: the job's table without timing columns; ``sources``: its rows' ``method_source`` (provenance, kept
+    out of the metric tables). ``report.html`` comes after its status (see :func:`write_report`)."""
     from cprobe.leaderboard import leaderboard
     from cprobe.report import write_environment
     from cprobe.tasks import task_module
 
     out_dir = Path(out_dir)
     seed = int(cfg.get("seed", 0))
-    recs, items = make_records(study, metrics, out_dir, R.config_id(cfg), seed)
+    recs, items = make_records(study, metrics, out_dir, R.config_id(cfg), seed, sources)
     R.write_records(recs, out_dir, items)
     spec = spec_of(study)
     table = R.from_records(recs, spec) if spec is not None else metrics
@@ -154,6 +157,21 @@ def _job_config(job: Path) -> dict[str, Any] | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+def _load_job_plugins(job: Path) -> None:
+    """The job's ``plugins:`` modules and ``metrics:`` (outside metrics), so its records read as it wrote them (a
+    metric's direction and range); what no longer imports is a warning, and its metrics stay off the leaderboard."""
+    from cprobe.metrics.registry import resolve_metric
+    from cprobe.registry import load_plugin_modules
+
+    cfg = _job_config(job) or {}
+    try:
+        load_plugin_modules(cfg.get("plugins") or [])
+        for ref in cfg.get("metrics") or []:
+            resolve_metric(str(ref))
+    except CprobeError as e:
+        log.warning("%s: %s (its outside metrics are left off the leaderboard)", job, e)
+
+
 def variants(jobs: list[Path], ids: Mapping[Path, set[str]]) -> dict[str, str]:
     """{config_id: the overrides that set its jobs apart from the others (the seed's left out)}."""
     from cprobe.results import job_overrides
@@ -191,6 +209,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     tables: dict[str, list[pd.DataFrame]] = {}
     all_records, all_items, ids = [], [], {}
     for job in jobs:
+        _load_job_plugins(job)
         recs, items = load_job(job)
         all_records.append(recs)
         if items is not None and len(items):

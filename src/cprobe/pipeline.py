@@ -101,6 +101,8 @@ class JobKeys:
     intervention: dict | None = None
     split: dict | None = None
     logger: dict | None = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never in the results
+    plugins: list[str] = field(default_factory=list)  # modules imported first: they register methods by name
+    metrics: list[str] = field(default_factory=list)  # outside metrics computed where the study has their inputs
 
 
 @dataclass
@@ -131,6 +133,9 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
         raise ConfigError(f"unknown config key(s) {unknown}; known keys: {sorted(known)} "
                           "(a `+key=value` override adds a new key: check its spelling)")
     keys = parse(JobKeys, {k: v for k, v in cfg.items() if k not in task_names}, "")
+    from cprobe.registry import load_plugin_modules
+
+    load_plugin_modules(keys.plugins)  # before anything reads a name (they register theirs)
     if keys.seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
     module = task_module(keys.task)
@@ -140,6 +145,7 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
         if other in cfg and other != keys.task:
             parse(task_module(other).Config, cfg[other], other)
     task_cfg = parse(module.Config, cfg.get(keys.task), keys.task)
+    check_metrics(keys.metrics, keys.task)
     job = Job(dict(cfg), keys, module, task_cfg, uses, data_root)
     _validate_common(job)
     if hasattr(module, "validate"):
@@ -152,6 +158,23 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
         if n is not None:
             resolve_layers(keys.layers, n)
     return job
+
+
+def check_metrics(refs: Sequence[str], task: str) -> None:
+    """The config's ``metrics:``: outside metrics that resolve, each read from inputs the task computes (one line
+    naming what is missing otherwise)."""
+    from cprobe.metrics.registry import INPUTS, resolve_metric
+
+    seen: dict[str, str] = {}
+    for ref in refs:
+        m = resolve_metric(ref)
+        if m.name in seen:
+            raise ConfigError(f"metrics lists {m.name!r} twice ({seen[m.name]!r} and {ref!r})")
+        seen[m.name] = ref
+        studies = INPUTS[str(m.inputs)][1]
+        if task not in studies:
+            raise ConfigError(f"metric {ref!r} reads {m.inputs!r} inputs, which task {task!r} does not compute "
+                              f"(tasks that do: {list(studies)}); drop it from metrics for this task")
 
 
 PRESET_GROUPS = ("experiment", "debug", "sweep", "local", "hydra", "compute", "paths")
@@ -316,7 +339,8 @@ def _run_job(cfg: DictConfig) -> None:
         from cprobe import outputs, results
 
         results.write_job(table, out_dir, ctx.timings)
-        outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain)
+        outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain,
+                           sources=table["method_source"] if "method_source" in table else None)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         outputs.write_report(out_dir)

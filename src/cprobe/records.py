@@ -26,6 +26,10 @@ config_id     hash of the job's config without the seed and run-only keys: recor
 info          the study's other columns of the row, JSON in the table's column order (its own vocabulary, e.g.
               CEBaB's ``kind``); ``""`` for records derived from the table (summaries such as CausalGym's overall
               odds), which are not rows of it
+source        where the method came from: ``built-in``, ``<package> <version>`` (an installed plugin, or a module of
+              the config's ``plugins:`` list that a package provides), or the import path (``my_lab.eraser:Eraser``);
+              ``""`` for a record that is not about a registered method (the model's accuracy, a reference row)
+plugin_api    the plugin API version (:data:`cprobe.registry.PLUGIN_API_VERSION`) the job ran under
 ============  =========================================================================================================
 
 Each study declares how its table maps onto the schema with a :class:`RecordSpec` (``RECORDS`` in its task module);
@@ -57,11 +61,12 @@ from cprobe.io import atomic_write_bytes
 RECORDS_FILE = "records.parquet"
 ITEMS_FILE = "record_items.parquet"
 COLUMNS = ("study", "dataset", "model", "layer", "read_layer", "position", "method", "family", "setting", "slice",
-           "metric", "value", "n", "seed", "config_id", "info")
-KEY = tuple(c for c in COLUMNS if c not in ("value", "n", "info"))
+           "metric", "value", "n", "seed", "config_id", "info", "source", "plugin_api")
+KEY = tuple(c for c in COLUMNS if c not in ("value", "n", "info", "source", "plugin_api"))
 """What identifies a record (and joins per-item values to it)."""
-TEXT = ("study", "dataset", "model", "position", "method", "family", "setting", "slice", "metric", "config_id", "info")
-INTS = ("layer", "read_layer", "n", "seed")
+TEXT = ("study", "dataset", "model", "position", "method", "family", "setting", "slice", "metric", "config_id", "info",
+        "source")
+INTS = ("layer", "read_layer", "n", "seed", "plugin_api")
 FIELDS = ("dataset", "model", "layer", "read_layer", "position", "method", "family")
 RUN_ONLY_KEYS = ("seed", "force", "progress", "paths", "logger")
 """Job config keys that do not change what is measured (or that ``seed`` repeats): left out of ``config_id``."""
@@ -125,6 +130,9 @@ class RecordSpec:
     breakdowns: tuple[str, ...] = ()
     extra: Callable[[pd.DataFrame], pd.DataFrame] | None = None
     items: Callable[[pd.DataFrame, pd.DataFrame, Path | None], pd.DataFrame | None] | None = None
+    outside_metrics: str | None = None
+    """Wide tables: the column prefix of outside metrics (``metric_`` -> column ``metric_<name>`` holds metric
+    ``<name>`` of the config's ``metrics:``)."""
 
     @property
     def wide(self) -> bool:
@@ -166,7 +174,9 @@ def parse(s: Any) -> dict[str, Any]:
 
 def config_id(cfg: Mapping[str, Any]) -> str:
     """12 hex digits naming a job's configuration apart from its seed and run-only keys."""
-    body = {k: v for k, v in cfg.items() if k not in RUN_ONLY_KEYS}
+    from cprobe.config import identity
+
+    body = {k: v for k, v in identity(cfg).items() if k not in RUN_ONLY_KEYS}
     return hashlib.sha256(json.dumps(plain(body), sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -221,6 +231,12 @@ def _pattern(spec: RecordSpec, column: str) -> tuple[str, str, str] | None:
     return None
 
 
+def _outside(spec: RecordSpec, column: str) -> str | None:
+    """The outside metric a wide table's column holds (``metric_<name>`` -> ``<name>``), or None."""
+    p = spec.outside_metrics
+    return column[len(p):] if p and column.startswith(p) and len(column) > len(p) else None
+
+
 def _n_column(spec: RecordSpec, metric: str) -> str | None:
     if isinstance(spec.n, Mapping):
         return spec.n.get(metric, spec.n.get("*"))
@@ -255,6 +271,10 @@ def finish(frame: pd.DataFrame, study: str = "", seed: int | None = None, config
             col = pd.Series([config] * n)
         elif c in ("setting", "slice"):
             col = pd.Series(["{}"] * n)
+        elif c == "plugin_api" and study:  # new records; records read from older files keep NA
+            from cprobe.registry import PLUGIN_API_VERSION
+
+            col = pd.Series([PLUGIN_API_VERSION] * n, dtype=object)
         else:
             col = pd.Series([None] * n, dtype=object)
         if c in INTS:
@@ -266,8 +286,10 @@ def finish(frame: pd.DataFrame, study: str = "", seed: int | None = None, config
     return pd.DataFrame(out, columns=list(COLUMNS))
 
 
-def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | None, config: str) -> pd.DataFrame:
-    """The records of one job's table (see the module doc); ``table`` without timing columns."""
+def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | None, config: str,
+               sources: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """The records of one job's table (see the module doc); ``table`` without timing columns. ``sources``: method ->
+    where it came from (the ``source`` column; a method not in it gets ``""``)."""
     t = table.reset_index(drop=True)
     moved: set[str] = {"task", "seed"}
     fields: dict[str, pd.Series] = {}
@@ -280,7 +302,7 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
     moved |= used
     slice_dicts: dict[str, dict] = {}
     if spec.wide:
-        metric_cols = [c for c in t.columns if c in spec.metrics or _pattern(spec, c)]
+        metric_cols = [c for c in t.columns if c in spec.metrics or _pattern(spec, c) or _outside(spec, c)]
         moved |= set(metric_cols)
     else:
         metric_cols = []
@@ -297,7 +319,7 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
         parts = []
         for order, col in enumerate(metric_cols):
             pat = _pattern(spec, col)
-            metric = spec.metrics.get(col) if pat is None else pat[0]
+            metric = spec.metrics.get(col, _outside(spec, col)) if pat is None else pat[0]
             if pat is None:
                 sl = slices
             else:
@@ -323,7 +345,17 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
         if more is not None and len(more):
             more = more.assign(info="")
             recs = pd.concat([recs, finish(more, study, seed, config)], ignore_index=True)
+    if sources:
+        recs["source"] = pd.Series([sources.get(m, "") for m in recs["method"]], dtype="str")
     return recs.reset_index(drop=True)
+
+
+def method_sources(table: pd.DataFrame, spec: RecordSpec, sources: Sequence[Any]) -> dict[str, str]:
+    """{method: source} from a table's per-row ``method_source`` values (aligned with its rows), the method read as
+    the spec reads it."""
+    methods, _ = _field(table.reset_index(drop=True), spec.method)
+    return {str(m): str(s) for m, s in zip(_values(methods), sources) if m not in (None, "") and s not in (None, "")
+            and not (isinstance(s, float) and math.isnan(s))}
 
 
 # ----------------------------------------------------------------------------------------------- records -> table
@@ -343,6 +375,11 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
     if spec.wide:
         names = {m: c for c, m in spec.metrics.items()}
         pats = {metric: (regex, key) for regex, (metric, key) in spec.patterns.items()}
+        if spec.outside_metrics:  # metrics that are no column of the spec's: the outside ones, back to metric_<name>
+            from cprobe.metrics.registry import METRICS
+
+            names.update({m: f"{spec.outside_metrics}{m}" for m in set(r["metric"]) - set(names) - set(pats)
+                          if m not in METRICS or METRICS[m].fn is not None})
         r = r[r["metric"].isin(set(names) | set(pats))].reset_index(drop=True)
     if r.empty:
         return pd.DataFrame()

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 RESULTS = "results"
 METRICS = "metrics"
 TIMINGS = "timings"
-VOLATILE = ("probe_source",)
+VOLATILE = ("probe_source", "method_source")
 
 
 def is_volatile(column: str) -> bool:

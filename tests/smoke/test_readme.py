@@ -3,7 +3,8 @@ in README order, from one empty working directory, at smoke size (CPROBE_SMOKE=1
 
 A trailing `# needs: hub` marks a command that needs a model download: it must fail fast with the one-line
 instructions. `# needs: slurm` marks a command that needs a SLURM cluster: its first sweep point must compose
-with the SLURM launcher (`--cfg hydra`, which Hydra accepts only without `-m`).
+with the SLURM launcher (`--cfg hydra`, which Hydra accepts only without `-m`). `# needs: example` marks a command
+that uses the example plugin's code (`examples/cprobe-plugin-example`): it runs with that code on the path.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def test_readme_command(command, needs, workdir, cache_dir):
     if needs == "slurm":
         argv = [a if "=" not in a else a.split(",")[0] for a in argv if a not in ("-m", "--multirun")]
         argv += ["--cfg", "hydra"]
+    if needs == "example":  # as after `pip install -e examples/cprobe-plugin-example`, the suite's venv untouched
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "examples" / "cprobe-plugin-example" / "src"),
+                                             env.get("PYTHONPATH", "")])
     r = subprocess.run([str(exe), *argv[1:]], capture_output=True, text=True, cwd=workdir, env=env, timeout=1500)
     if needs == "hub":
         assert r.returncode == 1, r.stderr[-3000:]

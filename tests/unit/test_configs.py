@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import REPO
 
-INTERVENTIONS = sorted(p.stem for p in (REPO / "conf" / "intervention").glob("*.yaml"))
+INTERVENTIONS = sorted(p.stem for p in (REPO / "conf" / "intervention").glob("*.yaml") if p.stem != "custom")
 PROBES = sorted(p.stem for p in (REPO / "conf" / "probe").glob("*.yaml"))
 
 
@@ -27,6 +27,20 @@ def test_every_intervention_config_builds(name):
     node.pop("hparam", None)
     method = REG.build(node)
     assert type(method) is REG.get(name)
+
+
+def test_the_custom_intervention_is_an_empty_node_for_outside_classes():
+    from cprobe.errors import ConfigError
+    from cprobe.interventions import INTERVENTIONS as REG
+
+    node = _compose("intervention=custom")["intervention"]
+    assert node == {"name": None, "hparam": None}
+    with pytest.raises(ConfigError, match="needs a 'name'"):
+        REG.build({"name": node["name"]})
+    node = _compose("intervention=custom", "intervention.name=cprobe.interventions.leace:LEACE",
+                    "++intervention.shrinkage=false")["intervention"]
+    node.pop("hparam")
+    assert REG.build(node).shrinkage is False
 
 
 @pytest.mark.parametrize("name", PROBES)
@@ -94,6 +108,8 @@ def test_every_option_of_every_group_composes_and_validates(group, name, tmp_pat
         extra = ["prompt_bias.disparity.base=[]"] if base == "lama_bias" and "fact" not in name else []
         if (group, name) == ("dataset", "generic"):  # the reliability study needs z_e too: name its column
             extra.append("+dataset.properties.z_e=attractor_number")
+        if (group, name) == ("dataset", "custom"):  # an outside dataset class, named by its import path
+            extra.append("dataset.type=cprobe.testing:PlantedAgreement")
         cfg = compose("config", overrides=[f"+experiment={base}", override, f"paths.cache_dir={tmp_path}", *extra])
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("paths", None)

@@ -1,175 +1,190 @@
-"""One conformance suite over every registered estimator (scikit-learn's ``check_estimator`` idea): every probe,
-intervention and direction method, present and future, is checked for the interface's promises — inputs never
-modified, shape and dtype kept, deterministic under a seed, the declared kind honoured, and a clear error when
-used unfitted. A newly registered class is picked up automatically; it needs an entry in ``SMALL`` only when
-its constructor has required arguments."""
+"""Every built-in method passes cprobe's conformance checks (:mod:`cprobe.testing`, the checks ``cprobe check`` runs
+on outside code): parametrised over the registries, so a newly registered built-in is checked without an entry here
+(it needs one in ``SMALL`` only for required arguments or a budget small enough for a unit test). Also: the checks
+fail, readably, on deliberately broken classes, expected failures are the caller's, and the three ways of running
+them agree."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
-from cprobe.directions import DIRECTIONS
-from cprobe.errors import CprobeError, NotFittedError
-from cprobe.interventions import INTERVENTIONS
-from cprobe.probes import PROBES
+from cprobe.testing import SMALL_PROBE, Subject, parametrize_with_checks, run_checks, subjects
 
-SMALL = {  # required arguments (and budgets small enough for a unit test)
-    ("intervention", "inlp"): {"rank": 2}, ("intervention", "alterrep"): {"rank": 2},
-    ("intervention", "rlace"): {"rank": 1, "max_steps": 200}, ("intervention", "fgsm"): {"eps": 0.5},
-    ("intervention", "pgd"): {"eps": 0.5}, ("intervention", "autoattack"): {"eps": 0.5},
-    ("probe", "linear"): {"lrs": (1e-1,), "epochs": 20}, ("probe", "mlp"): {"lrs": (1e-2,), "epochs": 10,
-                                                                          "widths": (16,), "n_layers": (1,)},
-    ("direction", "das"): {"epochs": 1}, ("intervention", "das"): {"epochs": 1},
+SMALL = {  # required arguments, and budgets small enough for a unit test (rank 1: the erasers' directions are checked)
+    ("intervention", "inlp"): {"rank": 1}, ("intervention", "alterrep"): {"rank": 1},
+    ("intervention", "rlace"): {"rank": 1, "max_steps": 300, "lr": 0.05},
+    ("intervention", "fgsm"): {"eps": 4.0, "probe": SMALL_PROBE},
+    ("intervention", "pgd"): {"eps": 4.0, "steps": 10, "probe": SMALL_PROBE},
+    ("intervention", "autoattack"): {"eps": 4.0, "n_queries": 50, "probe": SMALL_PROBE},
+    ("intervention", "das"): {"epochs": 1, "batch_size": 16, "lr": 0.1},
+    ("direction method", "das"): {"epochs": 1, "batch_size": 16, "lr": 0.1},
+    ("probe", "linear"): {"lrs": (1e-1,), "epochs": 20},
+    ("probe", "mlp"): {"lrs": (1e-2,), "epochs": 10, "widths": (16,), "n_layers": (1,)},
+    ("explainer", "conceptshap"): {"epochs": 3, "hidden": 32},
+    ("explainer", "via_inlp"): {"rank": 2}, ("explainer", "via_alterrep"): {"rank": 2},
+    ("explainer", "via_rlace"): {"rank": 1, "max_steps": 50},
+    ("explainer", "via_fgsm"): {"eps": 0.5, "probe": SMALL_PROBE},
+    ("explainer", "via_pgd"): {"eps": 0.5, "steps": 5, "probe": SMALL_PROBE},
+    ("explainer", "via_autoattack"): {"eps": 0.5, "n_queries": 20, "probe": SMALL_PROBE},
+    ("explainer", "inlp"): {"iterations": 2, "head_epochs": 1},
 }
-GBI_PROBE = {"name": "mlp", "lrs": (1e-2,), "epochs": 3, "widths": (16,), "n_layers": (1,)}
+FAMILIES = ("intervention", "direction method", "probe", "explainer", "metric")
 
 
-def data(seed: int = 0, n: int = 120, d: int = 6):
-    g = torch.Generator().manual_seed(seed)
-    X = torch.randn(n, d, generator=g)
-    z = (X[:, 0] + 0.5 * X[:, 1] > 0).long()
-    X[:, 0] += 2.0 * (z * 2 - 1)  # well separated along x0
-    return X, z
+def builtins() -> list[Subject]:
+    from cprobe.testing import _registry
+
+    out = []
+    for family in FAMILIES:
+        reg = _registry(family)
+        for name in reg.builtin_names():
+            out += subjects(name, SMALL.get((family, name), {}), family)
+    return out
 
 
-def build(kind: str, name: str, seed: int = 0):
-    reg = {"intervention": INTERVENTIONS, "probe": PROBES, "direction": DIRECTIONS}[kind]
-    cfg = {"name": name, **SMALL.get((kind, name), {})}
-    if kind == "intervention" and reg.get(name).needs_probe:
-        cfg["probe"] = GBI_PROBE
-    return reg.build(cfg, seed=seed)
+BUILTINS = builtins()
 
 
-def fit(kind: str, est, X, z):
-    if kind == "direction" and type(est).causal:
-        return est.fit(_toy_forward(X.shape[1]), X.clone(), z.clone())
-    if kind == "intervention" and type(est).needs_model:  # trained through the model on minimal pairs (DAS)
-        from cprobe.interventions.direction import Through
+def test_every_family_and_every_registered_name_is_checked():
+    names = {(s.family, s.ref) for s in BUILTINS}
+    for family in FAMILIES:
+        from cprobe.testing import _registry
 
-        return est.fit(X, z, through=Through(_toy_forward(X.shape[1]), X.clone(), z.clone()))
-    return est.fit(X, z)
-
-
-def _toy_forward(d: int):
-    """A frozen 'model' for causal direction methods: logits over 2 tokens read off the edited site."""
-    W = torch.randn(2, d, generator=torch.Generator().manual_seed(1))
-    X0, _ = data()
-
-    def forward(edit, idx):
-        return edit(X0[idx]) @ W.T
-    return forward
+        assert {(family, n) for n in _registry(family).builtin_names()} <= names
+    assert {("intervention", n) for n in ("leace", "rlace", "inlp", "das", "random_direction")} <= names
+    assert ("explainer", "via_leace") in names and ("metric", "icace_error_l2") in names
 
 
-INTERVENTION_NAMES = INTERVENTIONS.names()
-PROBE_NAMES = PROBES.names()
-DIRECTION_NAMES = DIRECTIONS.names()
+@parametrize_with_checks(BUILTINS)
+def test_builtin_conformance(subject, check):
+    check(subject)
 
 
-def test_every_registered_name_is_checked():
-    assert {"inlp", "rlace", "leace", "alterrep", "mean_diff", "fgsm", "pgd", "autoattack"} <= set(INTERVENTION_NAMES)
-    assert {"das", "probe_direction", "mean_direction", "lda_direction", "pca_direction", "kmeans_direction",
-            "random_direction"} <= set(INTERVENTION_NAMES)  # directions as interventions
-    assert {"das", "probe", "mean", "lda", "pca", "kmeans", "random", "vanilla"} <= set(DIRECTION_NAMES)
-    assert {"linear", "mlp"} <= set(PROBE_NAMES)
+# ------------------------------------------------------------------------------------ broken classes
+from cprobe.interventions.base import Intervention  # noqa: E402
 
 
-# ---------------------------------------------------------------------------------- interventions
+class InPlaceEraser(Intervention):
+    """Broken on purpose: zeroes the first coordinate of its input in place."""
+
+    kind = "nullifying"
+
+    def fit(self, X, z):
+        return self
+
+    def transform(self, X, z_target=None):
+        X[:, 0] = 0.0
+        return X
 
 
-@pytest.mark.parametrize("name", INTERVENTION_NAMES)
-def test_intervention_conformance(name):
-    X, z = data()
-    X0, z0 = X.clone(), z.clone()
-    cls = INTERVENTIONS.get(name)
-    assert cls.kind in ("nullifying", "counterfactual")
-    est = build("intervention", name)
-    with pytest.raises(NotFittedError, match="not fitted"):
-        est.transform(X, 1 - z)  # unfitted
-    assert fit("intervention", est, X, z) is est
-    target = 1 - z if cls.kind == "counterfactual" else None
-    out = est.transform(X, target)
-    assert torch.equal(X, X0) and torch.equal(z, z0)  # inputs untouched
-    assert out.shape == X.shape and out.dtype == X.dtype and torch.isfinite(out).all()
-    assert not torch.equal(out, X)  # it intervenes
-    if cls.kind == "counterfactual":
-        with pytest.raises(CprobeError, match="z_target"):
-            est.transform(X)
-    # deterministic under a seed
-    again = fit("intervention", build("intervention", name), X, z).transform(X, target)
-    torch.testing.assert_close(out, again)
-    if cls.needs_probe:  # attacking an already-fitted probe is fitting too
-        probe = PROBES.build(GBI_PROBE, seed=0).fit(X, z)
-        attack = build("intervention", name).use_probe(probe)
-        assert attack.transform(X, target).shape == X.shape
-    # float64 in, float64 out
-    X64 = X.double()
-    assert est.transform(X64, target).dtype == torch.float64
+class WrongShapeEraser(Intervention):
+    """Broken on purpose: drops the last coordinate."""
+
+    kind = "nullifying"
+
+    def fit(self, X, z):
+        return self
+
+    def transform(self, X, z_target=None):
+        return X[:, :-1].clone()
 
 
-# ---------------------------------------------------------------------------------- probes
+class NaNSteer(Intervention):
+    """Broken on purpose: counterfactual, returns NaNs, and ignores a missing target."""
+
+    kind = "counterfactual"
+
+    def fit(self, X, z):
+        return self
+
+    def transform(self, X, z_target=None):
+        return torch.full_like(X, float("nan"))
 
 
-@pytest.mark.parametrize("name", PROBE_NAMES)
-def test_probe_conformance(name):
-    X, z = data()
-    X0 = X.clone()
-    est = build("probe", name)
-    with pytest.raises(NotFittedError, match="not fitted"):
-        est.predict_proba(X)
-    assert est.fit(X, z) is est
-    p = est.predict_proba(X)
-    assert torch.equal(X, X0)
-    assert p.shape == (len(X), 2) and torch.allclose(p.sum(1), torch.ones(len(X)), atol=1e-5)
-    assert est.score(X, z) > 0.9  # separable data
-    torch.testing.assert_close(build("probe", name).fit(X, z).predict_proba(X), p)
+def _status(results, check):
+    return next(r for r in results if r.check == check)
 
 
-# ---------------------------------------------------------------------------------- directions
+def test_checks_fail_readably_on_broken_classes():
+    inplace = run_checks(InPlaceEraser)
+    r = _status(inplace, "check_no_inplace_edits")
+    assert r.status == "failed" and "in place" in r.reason
+    assert _status(inplace, "check_nullifying_erases").status == "passed"  # zeroing e0 erases: only the contract fails
+    shape = run_checks(WrongShapeEraser)
+    r = _status(shape, "check_transform_shape_dtype_device")
+    assert r.status == "failed" and "came back (1000, 5)" in r.reason
+    nan = run_checks(NaNSteer)
+    assert _status(nan, "check_finite_output").status == "failed"
+    assert _status(nan, "check_counterfactual_needs_target").status == "failed"
+    assert _status(nan, "check_counterfactual_sets_target").status == "failed"
+    assert all(x.status in ("passed", "skipped", "failed") and "\n" not in x.reason for x in inplace + shape + nan)
 
 
-@pytest.mark.parametrize("name", DIRECTION_NAMES)
-def test_direction_conformance(name):
-    X, z = data()
-    X0, z0 = X.clone(), z.clone()
-    est = build("direction", name)
-    with pytest.raises(NotFittedError, match="not fitted"):
-        est.a  # noqa: B018  (unfitted)
-    assert fit("direction", est, X, z) is est
-    assert torch.equal(X, X0) and torch.equal(z, z0)
-    if type(est).whole_vector:  # the whole-vector swap learns no direction
-        assert est.a is None
-        return
-    a = est.a
-    assert a.shape == (X.shape[1],) and a.dtype == torch.float32
-    torch.testing.assert_close(a.norm(), torch.tensor(1.0))
-    torch.testing.assert_close(fit("direction", build("direction", name), X, z).a, a)
-    if type(est).supervised:  # a label-using method finds the planted separating coordinate
-        assert abs(float(a[0])) > 0.5
+def test_expected_failures_are_declared_by_the_caller():
+    results = run_checks(WrongShapeEraser, expected_failures={"check_transform_shape_dtype_device": "known: drops a dim"})
+    r = _status(results, "check_transform_shape_dtype_device")
+    assert r.status == "xfail" and r.reason.startswith("known: drops a dim")
+    ok = run_checks("leace", family="intervention", expected_failures={"check_intervenes": "not really"})
+    assert _status(ok, "check_intervenes").status == "xpass"
+    strict = run_checks("leace", family="intervention", expected_failures={"check_intervenes": "x"}, strict=True)
+    assert _status(strict, "check_intervenes").status == "failed"
 
 
-@pytest.mark.parametrize("name", ["leace", "mean_diff"])
-def test_streaming_update_equals_one_fit(name):
-    """update() over batches (uneven, one missing a class) gives the eraser/steerer of one fit on all rows."""
-    X, z = data(n=300, d=8)
-    X = X * torch.linspace(0.5, 3.0, 8) + 4.0  # off-centre, anisotropic: the merge of means matters
-    full = build("intervention", name).fit(X, z)
-    stream = build("intervention", name)
-    order = torch.argsort(z, stable=True)  # the first batch holds class 0 only
-    for chunk in torch.split(order, [50, 37, 113, 100]):
-        stream.update(X[chunk], z[chunk])
-    target = 1 - z if full.kind == "counterfactual" else None
-    torch.testing.assert_close(stream.transform(X, target), full.transform(X, target), atol=1e-4, rtol=1e-4)
-    if name == "leace":
-        torch.testing.assert_close(stream.P, full.P, atol=1e-5, rtol=1e-5)
-    else:
-        torch.testing.assert_close(stream.means, full.means)
-    stream.update(X[:60] * 3.0, z[:60])  # more data after use: every public attribute follows
-    again = build("intervention", name).fit(torch.cat([X, X[:60] * 3.0]), torch.cat([z, z[:60]]))
-    if name == "leace":
-        torch.testing.assert_close(stream.P, again.P, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(stream.bias, again.bias, atol=1e-5, rtol=1e-5)
-    else:
-        torch.testing.assert_close(stream.means, again.means)
-    with pytest.raises(NotFittedError):
-        build("intervention", name).P if name == "leace" else build("intervention", name).nearest_class(X)
+def test_the_cli_prints_a_table_and_fails_on_a_broken_class():
+    from typer.testing import CliRunner
+
+    from cprobe.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["check", "tests.unit.test_conformance:InPlaceEraser"])
+    assert r.exit_code == 1, r.output
+    line = next(x for x in r.output.splitlines() if "check_no_inplace_edits" in x)
+    assert "failed" in line and "in place" in line and "Traceback" not in r.output
+    r = runner.invoke(app, ["check", "tests.unit.test_conformance:WrongShapeEraser", "--json",
+                            "--xfail", "check_transform_shape_dtype_device=drops a dim",
+                            "--xfail", "check_intervenes=drops a dim"])
+    got = {x["check"]: x["status"] for x in json.loads(r.output)}
+    assert got["check_transform_shape_dtype_device"] == "xfail"
+    r = runner.invoke(app, ["check", "mean_diff", "alpha=1.0", "--family", "intervention"])
+    assert r.exit_code == 0 and "mean_diff(alpha=1.0)" in r.output and " failed" not in r.output, r.output
+    r = runner.invoke(app, ["check", "mean_diff", "alpha=0.5", "--family", "intervention"])  # moves halfway only
+    assert r.exit_code == 1 and "check_counterfactual_sets_target" in r.output.split("failed")[0].splitlines()[-1]
+
+
+def test_pytest_ids_name_the_method_and_the_check():
+    mark = parametrize_with_checks([("leace", {})])
+    ids = [p.id for p in mark.args[1]]
+    assert "leace-check_nullifying_erases" in ids and "leace-check_explains_every_query" in ids
+
+
+def test_streaming_update_equals_one_fit_and_follows_later_batches():
+    """update() over batches (uneven, one missing a class) gives the eraser/steerer of one fit on all rows, and more
+    data after use updates every public attribute."""
+    from cprobe.errors import NotFittedError
+    from cprobe.interventions import INTERVENTIONS
+    from cprobe.testing import planted
+
+    for name in ("leace", "mean_diff"):
+        X, z = planted(n=300)
+        X = X * torch.linspace(0.5, 3.0, X.shape[1]) + 4.0
+        full = INTERVENTIONS.build({"name": name}).fit(X, z)
+        stream = INTERVENTIONS.build({"name": name})
+        for chunk in torch.split(torch.argsort(z, stable=True), [50, 37, 113, 100]):
+            stream.update(X[chunk], z[chunk])
+        if name == "leace":
+            torch.testing.assert_close(stream.P, full.P, atol=1e-5, rtol=1e-5)
+        else:
+            torch.testing.assert_close(stream.means, full.means)
+        stream.update(X[:60] * 3.0, z[:60])
+        again = INTERVENTIONS.build({"name": name}).fit(torch.cat([X, X[:60] * 3.0]), torch.cat([z, z[:60]]))
+        if name == "leace":
+            torch.testing.assert_close(stream.P, again.P, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(stream.bias, again.bias, atol=1e-5, rtol=1e-5)
+        else:
+            torch.testing.assert_close(stream.means, again.means)
+        with pytest.raises(NotFittedError):
+            INTERVENTIONS.build({"name": name}).P if name == "leace" else \
+                INTERVENTIONS.build({"name": name}).nearest_class(X)

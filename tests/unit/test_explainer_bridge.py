@@ -12,7 +12,8 @@ from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS, ExplainedModel
 from cprobe.interventions import INTERVENTIONS
 from cprobe.tasks.effects import refusal
-from tests.unit.test_explainers import SMALL_PROBE, queries_for, world  # noqa: F401  (world is a fixture)
+from cprobe.testing import SMALL_PROBE
+from tests.unit.test_explainers import queries_for, world  # noqa: F401  (world is a fixture)
 
 
 def test_every_intervention_not_trained_through_the_model_is_bridged_by_its_kind():

@@ -22,9 +22,9 @@ FLOORS = {
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
-    4: ("extract", "job", "results", "plots", "records", "leaderboard", "report", "trackers"),
+    4: ("extract", "job", "results", "plots", "records", "leaderboard", "report", "trackers", "testing"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "__init__"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "__init__", "plugin"),
 }
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -89,3 +90,18 @@ class Dataset:
     def _check(self, prop: str) -> None:
         if prop not in self.properties:
             raise DataError(f"dataset {self.name!r} has no property {prop!r}; it has {list(self.properties)}")
+
+
+class DatasetSource:
+    """A dataset class of your own, usable by ``dataset=`` (``dataset=custom dataset.type=NAME_OR_PATH``): its
+    constructor's keyword arguments are the config keys (checked like a built-in dataset's), ``load`` returns the
+    items with their named properties. Declare the properties the items carry as ``properties`` (a tuple, or a method
+    of the instance returning one), so a study naming another property is refused before any data is read; leave it
+    None when only the data can tell. Items are checked like every dataset's (unique ids, correct != wrong,
+    duplicates) and subsampled by ``dataset.max_examples``."""
+
+    properties: tuple[str, ...] | None = None
+
+    def load(self, root: Path, name: str) -> Dataset:  # pragma: no cover - the interface
+        """The items; ``root`` is the data dir (resolve relative paths against it), ``name`` the config's name."""
+        raise NotImplementedError

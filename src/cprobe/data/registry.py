@@ -47,7 +47,76 @@ class DatasetType:
     flippable: tuple[str, ...] = ()  # the properties ``twins`` can flip
 
 
-DATASETS: Registry[DatasetType] = Registry("dataset type")
+def _accept(obj: Any, ref: str) -> DatasetType:
+    """An outside dataset: a :class:`DatasetType` as the built-ins register, or a dataset class
+    (:class:`cprobe.data.base.DatasetSource`, or any class with ``load(root, name)``) whose constructor's keyword
+    arguments are its config keys."""
+    import inspect
+
+    if isinstance(obj, DatasetType):
+        return obj
+    if not (inspect.isclass(obj) and callable(getattr(obj, "load", None))):
+        from cprobe.registry import wrong_family
+
+        raise wrong_family(obj, ref, "dataset type", "DatasetSource")
+    return source_type(obj, ref)
+
+
+def source_type(cls: type, ref: str) -> DatasetType:
+    """The :class:`DatasetType` of a dataset class: its config dataclass read from the constructor's signature
+    (annotations and defaults; the common keys ``name``, ``type``, ``max_examples``, ... stay the common ones)."""
+    import dataclasses
+    import inspect
+
+    import typing
+
+    common = {f.name for f in fields(DatasetCommon)}
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: the values are not type-checked
+        hints = {}
+    specs = []
+    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if p.name in common:
+            raise ConfigError(f"dataset class {ref!r}: constructor argument {p.name!r} is a key every dataset has "
+                              f"({sorted(common)}); rename it")
+        tp = hints.get(p.name, Any)
+        if p.default is p.empty:
+            specs.append((p.name, tp, dataclasses.field(default=None)))
+        else:
+            default = p.default
+            specs.append((p.name, tp, dataclasses.field(default_factory=lambda d=default: d)))
+    keys = dataclasses.make_dataclass(f"{cls.__name__}Keys", specs, frozen=True)
+
+    def build(specific: Any) -> Any:
+        try:
+            return cls(**{f.name: getattr(specific, f.name) for f in fields(specific)})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"dataset {ref!r}: {e}") from None
+
+    def loader(specific: Any, root: Path, name: str) -> Dataset:
+        ds = build(specific).load(root, name)
+        if not isinstance(ds, Dataset):
+            raise DataError(f"dataset {ref!r}: load() returned {type(ds).__name__}, not a cprobe Dataset")
+        return ds
+
+    def properties(specific: Any) -> tuple[str, ...] | None:
+        declared = getattr(cls, "properties", None)
+        if callable(declared):
+            declared = build(specific).properties()
+        return None if declared is None else tuple(declared)
+
+    twins = None
+    if callable(getattr(cls, "twins", None)):
+        def twins(specific: Any, root: Path, name: str, prop: str) -> Dataset:
+            return build(specific).twins(root, name, prop)
+    return DatasetType(loader, keys, properties, str(getattr(cls, "duplicates", "error")), twins,
+                       tuple(getattr(cls, "flippable", ())))
+
+
+DATASETS: Registry[DatasetType] = Registry("dataset type", group="cprobe.datasets", accept=_accept)
 
 
 def register(name: str, config: type, properties: Callable[[Any], tuple[str, ...]] | None = None,
@@ -239,6 +308,9 @@ def split_config(cfg: Mapping[str, Any]) -> tuple[DatasetCommon, DatasetType, An
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"dataset must be a config mapping, got {cfg!r}")
     kind = cfg.get("type", cfg.get("name"))
+    if kind is None:
+        raise ConfigError("dataset=custom needs dataset.type=NAME_OR_IMPORT_PATH (a plugin's dataset, or "
+                          "package.module:Class)")
     dtype = DATASETS.get(str(kind))
     common_names = {f.name for f in fields(DatasetCommon)}
     specific_names = {f.name for f in fields(dtype.config)}

@@ -8,6 +8,7 @@ instead trained through the frozen model (see ``cprobe.directions.das``).
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Self
 
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cprobe.estimator import Estimator
-from cprobe.registry import Registry
+from cprobe.estimator import Estimator, adapt
+from cprobe.registry import Registry, WrongFamily, wrong_family
 
 
 class Direction(Estimator, ABC):
@@ -48,7 +49,47 @@ class Direction(Estimator, ABC):
         """Learn ``self.a``; returns ``self`` (scikit-learn style)."""
 
 
-DIRECTIONS: Registry[type[Direction]] = Registry("direction method")
+def capability_problems(cls: type) -> list[str]:
+    """Contradictions in a direction class's declared capabilities: flags that are not booleans, a whole-vector swap
+    that also learns (``causal``/``supervised``/``per_model_lambda``), ``per_model_lambda`` without a ``lam``
+    constructor argument."""
+    flags = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
+    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
+           if not isinstance(getattr(cls, f, False), bool)]
+    if getattr(cls, "whole_vector", False):
+        learns = [f for f in ("causal", "supervised", "per_model_lambda") if getattr(cls, f, False)]
+        if learns:
+            out.append(f"whole_vector (no direction is learned) contradicts {learns}")
+    if getattr(cls, "per_model_lambda", False):
+        try:
+            params = inspect.signature(cls.__init__).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "lam" not in params:
+            out.append("per_model_lambda is declared but the constructor takes no `lam`")
+    return out
+
+
+def accept(obj: Any, ref: str) -> type[Direction]:
+    """``obj`` as a direction class (a :class:`Direction` subclass, or a class with ``fit``, adapted), its
+    capabilities checked; a one-line ConfigError otherwise."""
+    from cprobe.errors import ConfigError
+
+    if not (inspect.isclass(obj) and issubclass(obj, Direction)):
+        got = adapt(obj, Direction, ("fit",), "direction method") if inspect.isclass(obj) and not any(
+            callable(getattr(obj, m, None)) for m in ("transform", "explain", "predict_proba")) else None
+        if got is None:
+            raise wrong_family(obj, ref, "direction method", "Direction")
+        obj = got
+    if inspect.isabstract(obj):
+        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
+    problems = capability_problems(obj)
+    if problems:
+        raise ConfigError(f"direction method {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
+    return obj
+
+
+DIRECTIONS: Registry[type[Direction]] = Registry("direction method", group="cprobe.directions", accept=accept)
 
 
 def unit(v: Tensor) -> Tensor:

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError, DataError
-from cprobe.estimator import Estimator
-from cprobe.registry import Registry
+from cprobe.estimator import Estimator, adapt
+from cprobe.registry import Registry, WrongFamily, wrong_family
 
 
 @dataclass
@@ -193,7 +193,45 @@ def check_inputs(explainer: Explainer, obs: Observed, what: str) -> None:
         raise ConfigError(f"explainer {explainer.name!r} needs the concept classifier's distributions of the {what}")
 
 
-EXPLAINERS: Registry[type[Explainer]] = Registry("explainer")
+EMBEDDING_SPACES = ("ft", "pt", "st")
+"""The embedding spaces the studies compute for ``embedding_space`` (fine-tuned, pre-trained, sentence-transformer)."""
+
+
+def capability_problems(cls: type) -> list[str]:
+    """Contradictions in an explainer class's declared capabilities: flags that are not booleans, an unknown
+    embedding space, ``min_concepts`` below 1."""
+    flags = ("needs_representation", "needs_predicted_concepts", "needs_training", "removal_only",
+             "needs_concept_probs")
+    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
+           if not isinstance(getattr(cls, f, False), bool)]
+    space = getattr(cls, "embedding_space", None)
+    if space is not None and space not in EMBEDDING_SPACES:
+        out.append(f"embedding_space must be null or one of {list(EMBEDDING_SPACES)}, got {space!r}")
+    m = getattr(cls, "min_concepts", 1)
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        out.append(f"min_concepts must be an integer >= 1, got {m!r}")
+    return out
+
+
+def accept(obj: Any, ref: str) -> type[Explainer]:
+    """``obj`` as an explainer class (an :class:`Explainer` subclass, or a class with ``fit`` and ``explain``,
+    adapted), its capabilities checked; a one-line ConfigError otherwise."""
+    import inspect
+
+    if not (inspect.isclass(obj) and issubclass(obj, Explainer)):
+        got = adapt(obj, Explainer, ("fit", "explain"), "explainer")
+        if got is None:
+            raise wrong_family(obj, ref, "explainer", "Explainer")
+        obj = got
+    if inspect.isabstract(obj):
+        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
+    problems = capability_problems(obj)
+    if problems:
+        raise ConfigError(f"explainer {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
+    return obj
+
+
+EXPLAINERS: Registry[type[Explainer]] = Registry("explainer", group="cprobe.explainers", accept=accept)
 
 
 def check_explainers(names: Sequence[str], settings: dict, where: str) -> None:

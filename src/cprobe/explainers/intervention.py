@@ -69,6 +69,10 @@ class InterventionExplainer(Explainer):
         except ConfigError as e:
             raise ConfigError(f"explainer {self.name!r}: {e} (set it in <study>.explainer.{self.name})") from None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by the intervention it bridges (the class is made by :func:`bridge`, so it is rebuilt there)."""
+        return (_unpickle, (self.intervention,), self.__dict__)
+
     def _build(self) -> Intervention:
         return INTERVENTIONS.build({"name": self.intervention, **self.params}, seed=self.seed, device=self.device)
 
@@ -121,17 +125,56 @@ class InterventionExplainer(Explainer):
         return per_concept(queries, self.n_classes_, list(self.interventions_), estimate)
 
 
-def _register(name: str) -> type[InterventionExplainer] | None:
-    cls = INTERVENTIONS.get(name)
+PREFIX = "via_"
+
+
+def bridge(name: str, cls: type[Intervention] | None = None) -> type[InterventionExplainer]:
+    """The :class:`InterventionExplainer` subclass for the intervention ``name`` (a registered name or an import
+    path); an intervention trained through the model (``needs_model``) has none: a one-line ConfigError naming the
+    capability."""
+    cls = cls or INTERVENTIONS.get(name)
     if cls.needs_model:  # trained through the model on minimal pairs: not from φ(x) alone (module doc)
+        raise ConfigError(f"explainer {PREFIX + name!r}: intervention {name!r} declares needs_model (it trains through "
+                          "the model on minimal pairs), and an explainer sees only φ(x) of texts")
+    key = (name, cls)
+    if key not in _BRIDGES:
+        _BRIDGES[key] = type(f"Via{cls.__name__}", (InterventionExplainer,), {
+            "__doc__": f"The {name!r} intervention as an explainer (:class:`InterventionExplainer`).",
+            "name": f"{PREFIX}{name}", "intervention": name, "removal_only": cls.kind == "nullifying",
+            "forwards_kwargs_to": (cls,), "__module__": __name__,
+        })
+    return _BRIDGES[key]
+
+
+_BRIDGES: dict[tuple[str, type], type[InterventionExplainer]] = {}
+
+
+def _unpickle(intervention: str) -> InterventionExplainer:
+    cls = bridge(intervention)
+    return cls.__new__(cls)
+
+
+def _register(name: str) -> type[InterventionExplainer] | None:
+    if INTERVENTIONS.get(name).needs_model:
         return None
-    sub = type(f"Via{cls.__name__}", (InterventionExplainer,), {
-        "__doc__": f"The {name!r} intervention as an explainer (:class:`InterventionExplainer`).",
-        "name": f"via_{name}", "intervention": name, "removal_only": cls.kind == "nullifying",
-        "forwards_kwargs_to": (cls,), "__module__": __name__,
-    })
-    return EXPLAINERS.register(f"via_{name}")(sub)
+    return EXPLAINERS.register(f"{PREFIX}{name}")(bridge(name))
+
+
+def _outside_intervention(name: str) -> tuple[type[InterventionExplainer], Any] | None:
+    """``via_<intervention>`` for any intervention the registry resolves (an installed plugin, a registered one, an
+    import path, a direction method as ``<name>_direction``); the built-ins are registered below."""
+    if not name.startswith(PREFIX) or len(name) == len(PREFIX):
+        return None
+    inner = name[len(PREFIX):]
+    try:
+        cls, src = INTERVENTIONS.resolve(inner)
+    except ConfigError as e:
+        if str(e).startswith("unknown intervention"):
+            return None
+        raise ConfigError(f"explainer {name!r}: {e}") from None
+    return bridge(inner, cls), src
 
 
 BRIDGED = {name: cls for name in INTERVENTIONS.names() if (cls := _register(name)) is not None}
 """Intervention name → its explainer class."""
+EXPLAINERS.resolvers.append(_outside_intervention)

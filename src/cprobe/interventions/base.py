@@ -6,13 +6,15 @@ Two kinds (Canby et al. 2024, §3): *nullifying* interventions remove property Z
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import ClassVar, Literal, Self
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, Self
 
 from torch import Tensor
 
-from cprobe.estimator import Estimator
-from cprobe.registry import Registry
+from cprobe.estimator import Estimator, adapt
+from cprobe.registry import Registry, WrongFamily, wrong_family
 
 Kind = Literal["nullifying", "counterfactual"]
 
@@ -36,7 +38,10 @@ class Intervention(Estimator, ABC):
     needs_model: ClassVar[bool] = False
     """True when ``fit`` trains through the frozen model on minimal pairs (a direction found by DAS): the study passes
     ``fit(X, z, through=Through(forward, h_source, target))`` (:mod:`cprobe.interventions.direction`)."""
-    CAPABILITIES = ("kind", "needs_probe", "needs_model", "exposes_direction")
+    chance_baseline: ClassVar[bool] = False
+    """True for a chance-level reference edit (a random direction): not expected to set or remove Z, so the
+    semantic conformance checks (:mod:`cprobe.testing`) do not apply to it."""
+    CAPABILITIES = ("kind", "needs_probe", "needs_model", "exposes_direction", "chance_baseline")
     _marks_fitted = ("fit", "use_probe")
     _needs_fitted = ("transform",)
     _fit_hint = "fit(X, z)"
@@ -57,7 +62,64 @@ class Intervention(Estimator, ABC):
         return None
 
 
-INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention")
+KINDS = ("nullifying", "counterfactual")
+
+
+def capability_problems(cls: type) -> list[str]:
+    """Contradictions in an intervention class's declared capabilities (empty when they hold together): a kind
+    that is neither, flags that are not booleans, ``needs_probe`` without ``use_probe``, ``needs_model`` without a
+    ``through`` argument to ``fit``, both at once, ``exposes_direction`` without its own ``edit_direction``."""
+    out = []
+    if getattr(cls, "kind", None) not in KINDS:
+        out.append(f"kind must be one of {list(KINDS)}, got {getattr(cls, 'kind', None)!r}")
+    for flag in ("needs_probe", "needs_model", "exposes_direction", "chance_baseline"):
+        if not isinstance(getattr(cls, flag, False), bool):
+            out.append(f"{flag} must be true or false, got {getattr(cls, flag)!r}")
+    if getattr(cls, "needs_probe", False) and not callable(getattr(cls, "use_probe", None)):
+        out.append("needs_probe is declared but there is no use_probe(probe) method")
+    if getattr(cls, "needs_probe", False) and getattr(cls, "needs_model", False):
+        out.append("needs_probe and needs_model are both declared: an intervention attacks a probe or trains through "
+                   "the model, not both")
+    if getattr(cls, "needs_model", False):
+        try:
+            params = inspect.signature(cls.fit).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "through" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            out.append("needs_model is declared but fit() takes no `through` argument")
+    if getattr(cls, "exposes_direction", False) and getattr(cls, "edit_direction", None) is Intervention.edit_direction:
+        out.append("exposes_direction is declared but edit_direction() is not implemented")
+    return out
+
+
+ADAPTERS: list[Callable[[Any, str], Any]] = []
+"""Other families' classes usable as interventions (a direction method: :mod:`cprobe.interventions.direction`)."""
+
+
+def accept(obj: Any, ref: str) -> type[Intervention]:
+    """``obj`` as an intervention class: a subclass of :class:`Intervention` (or a class with ``fit`` and
+    ``transform``, adapted), or another family's class an adapter turns into one; its declared capabilities checked
+    for contradictions. A one-line ConfigError otherwise."""
+    from cprobe.errors import ConfigError
+
+    if not (inspect.isclass(obj) and issubclass(obj, Intervention)):
+        for adapter in ADAPTERS:
+            got = adapter(obj, ref)
+            if got is not None:
+                return got
+        got = adapt(obj, Intervention, ("fit", "transform"), "intervention")
+        if got is None:
+            raise wrong_family(obj, ref, "intervention", "Intervention")
+        obj = got
+    if inspect.isabstract(obj):
+        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
+    problems = capability_problems(obj)
+    if problems:
+        raise ConfigError(f"intervention {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
+    return obj
+
+
+INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention", group="cprobe.interventions", accept=accept)
 
 
 def check_batch(X: Tensor, z: Tensor) -> bool:

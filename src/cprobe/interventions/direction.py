@@ -51,7 +51,7 @@ from torch import Tensor
 
 from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions.base import INTERVENTIONS, Intervention, Kind
+from cprobe.interventions.base import ADAPTERS, INTERVENTIONS, Intervention, Kind
 from cprobe.interventions.inlp import n_classes_of
 
 ALONG = ("direction", "covariance")
@@ -136,6 +136,10 @@ class DirectionIntervention(Intervention):
             self._push, self._oblique = _covariance_moves(Xd.double(), A.double(), self._basis)
         return self
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by the direction it bridges (the class is made by :func:`bridge`, so it is rebuilt there)."""
+        return (_unpickle, (self.direction_name,), self.__dict__)
+
     def coordinate(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         """The edited coordinate per row (n,): ``aᵀx``, or along the direction of ``z_target``'s class where there is
         one direction per class; in X's precision (float32 or float64)."""
@@ -195,15 +199,58 @@ def _span(A: Tensor) -> Tensor:
     return U[:, S > S.max() * 1e-4]  # the directions are float32 unit vectors: a dependent one leaves σ ~ 1e-7
 
 
+def bridge(direction: str, method: type[Direction] | None = None) -> type[DirectionIntervention]:
+    """The :class:`DirectionIntervention` subclass for the direction method ``direction`` (a registered name or an
+    import path): what an intervention name resolves to when it names a direction method."""
+    method = method or DIRECTIONS.get(direction)
+    key = (direction, method)
+    if key not in _BRIDGES:
+        _BRIDGES[key] = type(f"{method.__name__}Intervention", (DirectionIntervention,), {
+            "__doc__": f"The {direction!r} direction as an intervention (:class:`DirectionIntervention`).",
+            "direction_name": direction, "needs_model": bool(method.causal),
+            "chance_baseline": bool(method.chance_baseline), "forwards_kwargs_to": (method,), "__module__": __name__,
+        })
+    return _BRIDGES[key]
+
+
+_BRIDGES: dict[tuple[str, type], type[DirectionIntervention]] = {}
+SUFFIX = "_direction"
+
+
+def _unpickle(direction: str) -> DirectionIntervention:
+    cls = bridge(direction)
+    return cls.__new__(cls)
+
+
 def _register(name: str, direction: str) -> type[DirectionIntervention]:
-    method = DIRECTIONS.get(direction)
-    cls = type(f"{method.__name__}Intervention", (DirectionIntervention,), {
-        "__doc__": f"The {direction!r} direction as an intervention (:class:`DirectionIntervention`).",
-        "direction_name": direction, "needs_model": bool(method.causal), "forwards_kwargs_to": (method,),
-        "__module__": __name__,
-    })
-    return INTERVENTIONS.register(name)(cls)
+    return INTERVENTIONS.register(name)(bridge(direction))
+
+
+def _direction_as_intervention(obj: Any, ref: str) -> type[DirectionIntervention] | None:
+    """A direction method's class named where an intervention is expected (an import path): its bridge. The
+    whole-vector swap learns no direction and is not one."""
+    import inspect
+
+    if not (inspect.isclass(obj) and issubclass(obj, Direction)):
+        return None
+    if obj.whole_vector:
+        raise ConfigError(f"{ref!r} is a whole-vector swap (whole_vector): it learns no direction to intervene along")
+    return bridge(ref, obj)
+
+
+def _plugin_direction(name: str) -> tuple[type[DirectionIntervention], Any] | None:
+    """``<direction>_direction`` for a direction method that is not built in (an installed plugin, a registered one):
+    the built-ins have their names in :data:`BRIDGED`."""
+    if not name.endswith(SUFFIX) or name[: -len(SUFFIX)] not in DIRECTIONS:
+        return None
+    direction = name[: -len(SUFFIX)]
+    method, src = DIRECTIONS.resolve(direction)
+    if method.whole_vector:
+        return None
+    return bridge(direction, method), src
 
 
 for _name, _direction in BRIDGED.items():
     _register(_name, _direction)
+ADAPTERS.append(_direction_as_intervention)
+INTERVENTIONS.resolvers.append(_plugin_direction)

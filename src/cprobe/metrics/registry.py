@@ -9,14 +9,26 @@ The same metric may be recorded at several granularities (per site and the mean 
 mean over relations): the record's ``slice`` and ``layer`` say which.
 
 Add a metric: one :class:`Metric` entry in :data:`METRICS` (and the study's record mapping that writes it).
+
+**Outside metrics** (a plugin's, or ``package.module:NAME``): a :class:`Metric` with ``inputs`` and ``fn``, listed in
+the job config's ``metrics:``. ``inputs`` names what the metric reads, and so which studies compute it
+(:data:`INPUTS`): ``edit`` — the states before and after an intervention's edit (the reliability study, per scored
+test item), ``effect`` — the true and estimated effect vectors of each evaluation pair (CEBaB and LIBERTy, per
+explainer). ``fn`` returns one value per item; the record's value is their mean, its per-item values feed the
+leaderboard's bootstrap. Registered metrics appear in records, the leaderboard, the report and ``cprobe list metrics``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from cprobe.errors import ConfigError
+import numpy as np
+
+from cprobe.errors import ConfigError, DataError
+from cprobe.registry import BUILTIN, Provenance, Registry, target_of
 
 HIGHER, LOWER, NEITHER = "higher", "lower", "neither"
 
@@ -33,9 +45,13 @@ class Metric:
     direction: str
     range: tuple[float | None, float | None]
     reference: str
-    studies: tuple[str, ...]
+    studies: tuple[str, ...] = ()
     headline: bool = False
     unit: str = ""
+    inputs: str | None = None
+    """Outside metrics: what ``fn`` reads (a key of :data:`INPUTS`); None for the studies' own metrics."""
+    fn: Callable[..., Any] | None = None
+    """Outside metrics: ``fn(**inputs) -> (n,)`` one value per item (module doc)."""
 
     def contains(self, value: float) -> bool:
         """Is ``value`` in the metric's range (NaN, an undefined value, always is)?"""
@@ -267,13 +283,128 @@ _ENTRIES = [
            NEITHER, (0, 100), f"{CAO} Table 3", ("prompt_bias",), unit="%"),
 ]
 
+INPUTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "edit": ("fn(before, after, z, z_target): before/after (n, d) float states at the edited site (read layer), z (n,) "
+             "the targeted property's class ids, z_target (n,) the goal class (counterfactual) or None (nullifying)",
+             ("reliability",)),
+    "effect": ("fn(true, estimate): (n, K) the true and the explainer's estimated effect on the K class "
+               "probabilities, one row per evaluation pair", ("cebab", "liberty")),
+}
+"""What an outside metric may read: input kind -> (signature, the studies that compute it)."""
+
+
+def metric_problems(m: Any) -> list[str]:
+    """What is wrong with a :class:`Metric` declaration (empty when nothing)."""
+    out = []
+    if not isinstance(m.name, str) or not m.name.isidentifier():
+        out.append(f"name must be an identifier, got {m.name!r}")
+    if m.direction not in (HIGHER, LOWER, NEITHER):
+        out.append(f"direction must be {HIGHER!r}, {LOWER!r} or {NEITHER!r}, got {m.direction!r}")
+    try:
+        lo, hi = m.range
+        if lo is not None and hi is not None and not lo < hi:
+            out.append(f"range {m.range} is empty (low must be below high)")
+    except (TypeError, ValueError):
+        out.append(f"range must be (low, high) with None for an open end, got {m.range!r}")
+    if m.inputs is not None or m.fn is not None:
+        if m.inputs not in INPUTS:
+            out.append(f"inputs must be one of {sorted(INPUTS)}, got {m.inputs!r}")
+        if not callable(m.fn):
+            out.append("fn must be a function returning one value per item")
+    return out
+
+
 METRICS: dict[str, Metric] = {}
+"""Every metric a record may hold: the studies' own, and the outside metrics a job resolved (:func:`resolve_metric`)."""
 for _m in _ENTRIES:
     if _m.name in METRICS:
         raise ValueError(f"metric {_m.name!r} registered twice")
-    if _m.direction not in (HIGHER, LOWER, NEITHER):
-        raise ValueError(f"metric {_m.name!r}: direction must be higher, lower or neither")
+    if metric_problems(_m):
+        raise ValueError(f"metric {_m.name!r}: {metric_problems(_m)}")
     METRICS[_m.name] = _m
+
+
+def _accept(obj: Any, ref: str) -> Metric:
+    """An outside metric: a :class:`Metric` with ``inputs`` and ``fn``, a name of its own (never a built-in's)."""
+    if not isinstance(obj, Metric):
+        from cprobe.registry import wrong_family
+
+        raise wrong_family(obj, ref, "metric", "Metric")
+    problems = metric_problems(obj)
+    if obj.fn is None or obj.inputs is None:
+        problems.append(f"an outside metric needs inputs (one of {sorted(INPUTS)}) and fn")
+    if problems:
+        raise ConfigError(f"metric {ref!r}: {'; '.join(problems)}")
+    builtin = METRICS.get(obj.name)
+    if builtin is not None and builtin is not obj and builtin.fn is None:
+        raise ConfigError(f"metric {ref!r} is named {obj.name!r}, a built-in metric's name; a plugin never shadows a "
+                          "built-in: rename it")
+    return obj
+
+
+METRIC_REGISTRY: Registry[Metric] = Registry("metric", group="cprobe.metrics", accept=_accept)
+"""The metric family: built-ins (the studies' own, computed by them) and outside metrics (computed by ``fn``)."""
+for _m in _ENTRIES:
+    METRIC_REGISTRY.register(_m.name, _m, source=Provenance(BUILTIN, target_of(_m)))
+SOURCES: dict[str, Provenance] = {}
+"""Outside metrics resolved in this process: name -> provenance."""
+
+
+def resolve_metric(ref: str) -> Metric:
+    """The outside metric ``ref`` names (a registered name or ``package.module:NAME``), added to :data:`METRICS`."""
+    m, src = METRIC_REGISTRY.resolve(ref)
+    if src.builtin and m.fn is None:
+        raise ConfigError(f"metrics: {ref!r} is a built-in metric, recorded by its studies already; list outside "
+                          "metrics here (a plugin's, or package.module:NAME)")
+    other = METRICS.get(m.name)
+    if other is not None and other is not m:
+        raise ConfigError(f"metric {ref!r} is named {m.name!r}, which another metric ({SOURCES.get(m.name, BUILTIN)}) "
+                          "already uses")
+    METRICS[m.name] = m
+    SOURCES[m.name] = src
+    return m
+
+
+def ensure_metrics(names: Any) -> None:
+    """Resolve the installed plugins' metrics among ``names`` that this process has not seen (``cprobe collect``
+    reading another process's records); names nothing resolves stay unregistered (and are reported as such)."""
+    for n in sorted({str(x) for x in names} - set(METRICS)):
+        if n in METRIC_REGISTRY:
+            try:
+                resolve_metric(n)
+            except ConfigError:
+                pass
+
+
+def compute(metric: Metric, **inputs: Any) -> np.ndarray:
+    """``metric.fn(**inputs)`` as float64 (n,) per-item values, checked: one value per item, finite or NaN, inside the
+    declared range — a DataError naming the metric otherwise."""
+    n = _n_items(inputs)
+    try:
+        raw = metric.fn(**inputs)  # type: ignore[misc]
+    except Exception as e:
+        raise DataError(f"metric {metric.name!r} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                        ) from None
+    import torch
+
+    v = raw.detach().cpu().double().numpy() if isinstance(raw, torch.Tensor) else np.asarray(raw, dtype=np.float64)
+    if v.ndim == 0:
+        v = np.full(n, float(v))
+    if v.shape != (n,):
+        raise DataError(f"metric {metric.name!r} returned shape {v.shape}; it must return one value per item ({n},)")
+    if np.isinf(v).any():
+        raise DataError(f"metric {metric.name!r} returned an infinite value")
+    bad = [x for x in v if not metric.contains(float(x))]
+    if bad:
+        raise DataError(f"metric {metric.name!r} returned {bad[0]!r}, outside its declared range {metric.range_text}")
+    return v
+
+
+def _n_items(inputs: Mapping[str, Any]) -> int:
+    for key in ("before", "true"):
+        if key in inputs:
+            return len(inputs[key])
+    raise ValueError(f"unknown metric inputs {sorted(inputs)}")
 
 
 def metric_info(name: str) -> Metric:

@@ -6,14 +6,15 @@ can differentiate through them; ``module`` returns logits of shape (n, k).
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import Self
+from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
 
-from cprobe.estimator import Estimator
-from cprobe.registry import Registry
+from cprobe.estimator import Estimator, adapt
+from cprobe.registry import Registry, WrongFamily, wrong_family
 
 
 class Probe(Estimator, ABC):
@@ -51,4 +52,17 @@ class Probe(Estimator, ABC):
         return float((self.predict(X) == y.cpu()).double().mean())
 
 
-PROBES: Registry[type[Probe]] = Registry("probe")
+def accept(obj: Any, ref: str) -> type[Probe]:
+    """``obj`` as a probe class (a :class:`Probe` subclass, or a class with ``fit`` and ``predict_proba``, adapted);
+    a one-line ConfigError otherwise."""
+    if not (inspect.isclass(obj) and issubclass(obj, Probe)):
+        got = adapt(obj, Probe, ("fit", "predict_proba"), "probe")
+        if got is None:
+            raise wrong_family(obj, ref, "probe", "Probe")
+        obj = got
+    if inspect.isabstract(obj):
+        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
+    return obj
+
+
+PROBES: Registry[type[Probe]] = Registry("probe", group="cprobe.probes", accept=accept)

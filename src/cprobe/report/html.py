@@ -175,6 +175,24 @@ def _records_overview(d: Path) -> str:
                                             "study: docs/records.md)", max_rows=500))
 
 
+def _methods_overview(d: Path) -> str:
+    """Where each method came from (records' ``source``: built-in, a plugin package and version, an import path)
+    and the plugin API version the jobs ran under."""
+    recs = _read_table(d / "records.parquet")
+    if recs is None or recs.empty or "source" not in recs:
+        return ""
+    r = recs[(recs["method"] != "") & (recs["source"] != "")]
+    if r.empty:
+        return ""
+    g = r.groupby(["study", "method", "family", "source"], sort=True).agg(
+        plugin_api=("plugin_api", lambda v: ", ".join(sorted({str(x) for x in v.dropna()}))),
+        records=("value", "size")).reset_index()
+    outside = int((g["source"] != "built-in").sum())
+    return ("<h3>Methods</h3>" + table_html(g, note=f"where each method came from: built-in, an installed plugin "
+                                            f"(package version) or an import path; {outside} from outside cprobe "
+                                            "(docs/extending.md)", max_rows=500))
+
+
 def _config(d: Path, job: bool) -> str:
     parts = []
     hydra = d / ".hydra"
@@ -300,7 +318,7 @@ def render(directory: Path) -> str:
     sections: list[tuple[str, str, str]] = []
     overview = _dl([("directory", str(d)), ("studies", ", ".join(studies)),
                     ("state", (status or {}).get("state")), ("rows", (status or {}).get("rows")),
-                    ("error", (status or {}).get("error"))]) + _records_overview(d)
+                    ("error", (status or {}).get("error"))]) + _records_overview(d) + _methods_overview(d)
     sections.append(("overview", "Overview", overview))
     sections.append(("leaderboard", "Leaderboard", _leaderboard(d)))
     search = None if job else _read_json(d / "search.json")

@@ -123,6 +123,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         frames.append(got[0])
         directions.update(got[1])
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if len(table):
+        sources = method_sources(config)
+        table["method_source"] = [sources.get(m, "") for m in table["method"]]
     model = str(table["model"].iloc[0]) if len(table) else str(cfg["model"].get("name"))
     save_directions(directions, ctx.out_dir / DIRECTIONS_FILE, model=model, stream=config.stream)
     incapable = sorted(table.loc[~table["capable"].astype(bool), "cg_task"].unique()) if len(table) else []
@@ -131,6 +134,20 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                  f"or unknown label tokens): {', '.join(incapable)}; they are marked capable=false and the "
                  "summary also reports the capable tasks alone")
     return table
+
+
+def method_sources(config: Config) -> dict[str, str]:
+    """Row label -> where its method came from (built-in, a plugin's package and version, an import path): each
+    run's label (``probe0``), and ``<label>_dir`` for an intervention's direction."""
+    from cprobe.tasks.causalgym_engine import method_runs
+
+    out = {}
+    for run in method_runs(config):
+        reg = INTERVENTIONS if run.intervention else DIRECTIONS
+        out[run.label] = reg.provenance(run.name).text
+        if run.intervention:
+            out[f"{run.label}_dir"] = out[run.label]
+    return out
 
 
 def _parts_key(cfg: dict[str, Any]) -> str:

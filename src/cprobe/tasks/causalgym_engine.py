@@ -153,10 +153,10 @@ class Config:
             if is_intervention(m) and getattr(INTERVENTIONS.get(m), "needs_model", False):
                 raise ValueError(f"intervention {m!r} trains through the model (needs_model); CausalGym trains such a "
                                  "method itself: list its direction method instead (e.g. das)")
-        unknown = sorted(set(self.interventions or {}) - set(INTERVENTIONS.names()))
+        unknown = sorted(k for k in self.interventions or {} if k not in INTERVENTIONS)
         if unknown:
             raise ValueError(f"unknown intervention {unknown[0]!r} in causalgym.interventions; choose from "
-                             f"{INTERVENTIONS.names()}")
+                             f"{INTERVENTIONS.all_names()}")
         if self.read_layers and not self.reliability:
             raise ValueError("causalgym.read_layers needs causalgym.reliability=true (its oracles are the readers)")
         if len(set(self.methods)) != len(self.methods):
@@ -222,8 +222,9 @@ class Config:
 
 
 def method_names() -> list[str]:
-    """Every name ``causalgym.methods`` accepts: the direction methods and the interventions."""
-    return sorted(set(DIRECTIONS.names()) | set(INTERVENTIONS.names()))
+    """Every name ``causalgym.methods`` accepts: the direction methods and the interventions (installed plugins'
+    too; any package.module:Class of either family as well)."""
+    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
 
 
 def is_intervention(name: str) -> bool:

@@ -58,8 +58,9 @@ from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.results import summarise
 from cprobe.tasks import Uses
-from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, run_effects,
-                                  subsample_pairs, validate_effects)
+from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, effect_values,
+                                  explainer_sources, finite_table, outside_metrics, run_effects, subsample_pairs,
+                                  validate_effects)
 
 log = logging.getLogger("cprobe")
 
@@ -163,11 +164,16 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     pf = pair_frame(spec.pairs)
     rows += _data_effect_rows(common, pf, config.task, config.aspects)
     rows += _cace_rows(common, pf, res.probs[res.base_idx].argmax(1), res.probs[res.cf_idx].argmax(1), config.aspects)
+    extra = outside_metrics(cfg)
     for name, est in res.estimates.items():
         for dist in config.distances:
             rows += _error_rows(common, name, dist, pf, icace_error(res.true, est, dist))
+        for m in extra:  # the config's outside metrics, per pair as ICaCE-Error is
+            rows += _error_rows(common, name, "", pf, effect_values(m, res.true, est), kind="metric", metric=m.name)
         rows += _explainer_info(common, name, res.explainers[name])
-    return finite_table(rows, ("explainer", "distance", "aspect", "direction", "split", "metric"))
+    table = finite_table(rows, ("explainer", "distance", "aspect", "direction", "split", "metric"))
+    table["method_source"] = explainer_sources(table["explainer"])
+    return table
 
 
 def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
@@ -216,8 +222,9 @@ def _cace_rows(common: dict, pf: pd.DataFrame, pred_base: np.ndarray, pred_cf: n
     return out
 
 
-def _error_rows(common: dict, name: str, dist: str, pf: pd.DataFrame, err: np.ndarray) -> list[dict]:
-    base = {**common, "kind": "icace_error", "explainer": name, "distance": dist, "metric": "icace_error"}
+def _error_rows(common: dict, name: str, dist: str, pf: pd.DataFrame, err: np.ndarray, kind: str = "icace_error",
+                metric: str = "icace_error") -> list[dict]:
+    base = {**common, "kind": kind, "explainer": name, "distance": dist, "metric": metric}
     out = [{**base, "aspect": "all", "direction": "all", "value": float(err.mean()), "n": len(err)}]
     ordered = [direction_name(c, c2) for c, c2 in zip(pf["c"], pf["c_prime"])]
     frame = pd.DataFrame({"aspect": pf["aspect"], "direction": ordered, "err": err})
@@ -339,14 +346,19 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
         return None
     pairs = pd.read_parquet(path)
     true = np.stack(pairs["icace"])
-    whole = records[(records["slice"] == "{}") & records["metric"].str.startswith("icace_error_")]
+    from cprobe.metrics.registry import METRICS
+
+    outside = {m for m in records["metric"] if m in METRICS and METRICS[m].inputs == "effect"}
+    whole = records[(records["slice"] == "{}") & (records["metric"].str.startswith("icace_error_")
+                                                  | records["metric"].isin(outside))]
     frames = []
     for name, recs in whole.groupby("method", sort=False):
         col = f"estimate_{name}"
         if col not in pairs:
             continue
         est = np.stack(pairs[col])
-        values = {m: icace_error(true, est, m.removeprefix("icace_error_")) for m in recs["metric"]}
+        values = {m: effect_values(METRICS[m], true, est) if m in outside else
+                  icace_error(true, est, m.removeprefix("icace_error_")) for m in recs["metric"]}
         frames.append(item_rows(recs, values, pairs["pair"]))
     return pd.concat(frames, ignore_index=True) if frames else None
 

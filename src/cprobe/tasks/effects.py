@@ -42,7 +42,7 @@ from cprobe.progress import track
 
 log = logging.getLogger("cprobe")
 
-SPACES = ("ft", "pt", "st")
+from cprobe.explainers.base import EMBEDDING_SPACES as SPACES  # noqa: E402
 """Embedding spaces the engine computes for the matching explainers (``Explainer.embedding_space``)."""
 DEFAULT_ST_MODEL = "minilm_l6"
 
@@ -148,6 +148,39 @@ def validate_effects(job: Any, where: str, concepts: Sequence[str], removal_supp
     finetune_config(cfg.concept_model, f"{where}.concept_model", defaults)
     if any(EXPLAINERS.get(n).embedding_space == "st" for n in cfg.explainers):
         named_model_config(cfg.st_model, f"{where}.st_model")
+
+
+def outside_metrics(cfg: Mapping[str, Any]) -> list[Any]:
+    """The config's ``metrics:`` that read effects (``inputs: effect``; validated by the pipeline)."""
+    from cprobe.metrics.registry import resolve_metric
+
+    return [m for m in (resolve_metric(str(r)) for r in cfg.get("metrics") or []) if m.inputs == "effect"]
+
+
+def effect_values(metric: Any, true: np.ndarray, estimate: np.ndarray) -> np.ndarray:
+    """An outside effect metric per pair (checked: one finite value per pair, in its range)."""
+    from cprobe.metrics.registry import compute
+
+    return compute(metric, true=np.asarray(true, dtype=np.float64), estimate=np.asarray(estimate, dtype=np.float64))
+
+
+def explainer_sources(names: Sequence[Any]) -> list[str]:
+    """Where each row's explainer came from (built-in, a plugin's package and version, an import path); ``""`` for
+    rows that name no explainer (the classifiers, the references, the data)."""
+    from cprobe.errors import CprobeError
+    from cprobe.explainers import EXPLAINERS
+
+    cache: dict[str, str] = {}
+    out = []
+    for n in names:
+        n = "" if n is None else str(n)
+        if n not in cache:
+            try:
+                cache[n] = EXPLAINERS.provenance(n).text if n else ""
+            except CprobeError:
+                cache[n] = ""
+        out.append(cache[n])
+    return out
 
 
 def subsample_pairs(pairs: Sequence[Any], max_pairs: int | None) -> list[Any]:

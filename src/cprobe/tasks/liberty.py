@@ -49,8 +49,8 @@ from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec
 from cprobe.results import summarise
-from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, finite_table, \
-    run_effects, subsample_pairs, validate_effects
+from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, effect_values, \
+    explainer_sources, finite_table, outside_metrics, run_effects, subsample_pairs, validate_effects
 
 log = logging.getLogger("cprobe")
 
@@ -225,13 +225,30 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         ctx.timings["true_effects_s"] = time.perf_counter() - t0
         rows += [{**common, "kind": "sensitivity", "explainer": "scm", "concept": c, "value": effects[c],
                   "n": config.mc_samples} for c in concepts]
+    extra = outside_metrics(cfg)
     for name, est in res.estimates.items():
         rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances,
                             {c: gold[c] for c in concepts if c in gold})
+        for m in extra:  # the config's outside metrics: the mean over pairs, overall and per concept
+            v = effect_values(m, true, est)
+            rows.append({**common, "kind": "metric", "explainer": name, "concept": "all", "metric": m.name,
+                         "value": _mean(v), "n": len(v)})
+            for c in concepts:
+                sel = np.asarray([x == c for x in concept_of])
+                if sel.any():
+                    rows.append({**common, "kind": "metric", "explainer": name, "concept": c, "metric": m.name,
+                                 "value": _mean(v[sel]), "n": int(sel.sum())})
         for metric, concept, v in diagnostics(res.explainers[name]):
             rows.append({**common, "kind": "explainer", "explainer": name, "metric": metric, "value": v,
                          "n": len(spec.pairs), **({"concept": concept} if concept else {})})
-    return finite_table(rows, ("explainer", "distance", "concept", "metric", "split"))
+    table = finite_table(rows, ("explainer", "distance", "concept", "metric", "split"))
+    table["method_source"] = explainer_sources(table["explainer"])
+    return table
+
+
+def _mean(v: np.ndarray) -> float:
+    ok = ~np.isnan(v)
+    return float(v[ok].mean()) if ok.any() else float("nan")
 
 
 def null_index(scm: Any, concepts: Sequence[str], null: str) -> int:
@@ -386,7 +403,7 @@ def _metric(t: pd.DataFrame) -> list[str]:
             out.append("ed" if d == "mean" else f"ed_{d}")
         elif k == "sensitivity":
             out.append("true_effect" if e == "scm" else "sensitivity")
-        elif k in ("classifier", "explainer"):
+        elif k in ("classifier", "explainer", "metric"):  # by name (the config's outside metrics: theirs)
             out.append({"completeness": "conceptshap_completeness"}.get(m, m))
         else:
             out.append(k)

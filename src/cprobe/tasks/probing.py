@@ -26,6 +26,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
+from cprobe.probes import PROBES
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
@@ -124,6 +125,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             "model": adapter.name, "dataset": ex.dataset.name, "dataset_source": ex.dataset.source,
             "layer": layer, "position": cfg["position"], "property": prop, "probe": pname, **scores,
             "n_classes": len(values), "task_accuracy": task_acc, "n_dropped": ex.n_dropped,
+            "method_source": PROBES.provenance(str(probes[pname]["name"])).text,
         })
     ctx.timings["probes_s"] = time.perf_counter() - t0
     cached = sum(r["probe_source"] == "cache" for r in rows)

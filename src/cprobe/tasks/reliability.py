@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -356,6 +357,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     per_item: dict[str, Tensor] = {}
     scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
                                 {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after, per_item)
+    scores.update(edit_metrics(outside_metrics(cfg), X_te[rows], X_new, z_te[rows], z_goal, per_item))
     _write_items(ctx.out_dir / ITEMS_FILE, te[rows.numpy()], z_goal, per_item)
     hval = icfg.get(hparam) if hparam else None
     row = {
@@ -366,6 +368,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         **oracle_info, "oracle_probe": config.oracle_probe,
         "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
         "device": str(dev), "probe_source": ",".join(f"{k_}={v}" for k_, v in sources.items()),
+        "method_source": INTERVENTIONS.provenance(name).text,
         **{f"fit_{a}": getattr(method, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(method, a)},
         "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "task_s": t_task,
         "job_s": time.perf_counter() - t_job,
@@ -373,6 +376,32 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     log.info("%s %s=%s: C=%.3f S=%.3f R=%.3f ΔTask=%s (%.1fs)", name, hparam, hval, scores["completeness"],
              scores["selectivity"], scores["reliability"], scores.get("delta_task_acc"), row["job_s"])
     return pd.DataFrame([row])
+
+
+OUTSIDE = "metric_"
+"""Table columns ``metric_<name>`` hold the outside metrics of the config's ``metrics:`` (``edit`` inputs)."""
+
+
+def outside_metrics(cfg: Mapping[str, Any]) -> list[Any]:
+    """The config's ``metrics:`` that read an edit (validated by the pipeline)."""
+    from cprobe.metrics.registry import resolve_metric
+
+    return [m for m in (resolve_metric(str(r)) for r in cfg.get("metrics") or []) if m.inputs == "edit"]
+
+
+def edit_metrics(metrics: Sequence[Any], before: Tensor, after: Tensor, z: Tensor, z_goal: Tensor | None,
+                 per_item: dict[str, Tensor]) -> dict[str, float]:
+    """Each outside metric on the scored test rows (states before / after the edit, the targeted property, the goal
+    class): its mean as ``metric_<name>``, its per-item values into ``per_item`` (the leaderboard's bootstrap)."""
+    from cprobe.metrics.registry import compute
+
+    out = {}
+    for m in metrics:
+        v = compute(m, before=before.float(), after=after.float(), z=z.long(),
+                    z_target=None if z_goal is None else z_goal.long())
+        per_item[f"{OUTSIDE}{m.name}"] = torch.from_numpy(v)
+        out[f"{OUTSIDE}{m.name}"] = float(v[~np.isnan(v)].mean()) if (~np.isnan(v)).any() else float("nan")
+    return out
 
 
 def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: int, position: str, prop: str,
@@ -550,6 +579,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
         scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
                                     {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
                                     per_layer[l])
+        scores.update(edit_metrics(outside_metrics(cfg), X_orig, X_edit, z_te[rows], z_goal, per_layer[l]))
         edited_acc = {}
         for p in (target, *others):
             ok = labels[p][items] >= 0
@@ -564,6 +594,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
             "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
             "device": str(dev),
             "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_sources[l], **sources}.items()),
+            "method_source": INTERVENTIONS.provenance(name).text,
             "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "job_s": time.perf_counter() - t_job,
         })
         log.info("%s%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name,
@@ -791,8 +822,9 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
         return None
     per = pd.read_parquet(path)
     props = sorted(c[len("selectivity_"):] for c in per.columns if c.startswith("selectivity_"))
+    outside = {c.removeprefix(OUTSIDE): c for c in per.columns if c.startswith(OUTSIDE)}
     metric, sl = records["metric"], records["slice"]
-    whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity"])]
+    whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity", *outside])]
     by_prop = {p: records[(metric == "oracle_selectivity") & (sl == canonical({"property": p}))] for p in props}
     groups = [(None, per)] if "read_layer" not in per.columns else list(per.groupby("read_layer"))
     parts = []
@@ -801,7 +833,8 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | No
             return r if l is None else r[r["read_layer"] == l]
 
         parts.append(item_rows(at(whole), {"oracle_completeness": g["completeness"].to_numpy(),
-                                           "oracle_selectivity": g["selectivity"].to_numpy()}, g["item"]))
+                                           "oracle_selectivity": g["selectivity"].to_numpy(),
+                                           **{m: g[c].to_numpy() for m, c in outside.items()}}, g["item"]))
         for p in props:
             parts.append(item_rows(at(by_prop[p]), {"oracle_selectivity": g[f"selectivity_{p}"].to_numpy()},
                                    g["item"]))
@@ -836,6 +869,6 @@ RECORDS = RecordSpec(
               r"oracle_acc_edited_(.+)": ("edited_oracle_accuracy", "property"),
               r"oracle_acc_(?!edited_)(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
     n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
-    items=_record_items)
+    items=_record_items, outside_metrics=OUTSIDE)
 """Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
 the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
