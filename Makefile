@@ -29,8 +29,8 @@ test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline
 test-fast: $(STAMP) ## skip the slow end-to-end tests
 	$(TEST_ENV) $(BIN)/pytest -q -m "not slow"
 
-bench: $(STAMP) ## benchmarks (ratios against baselines in the same process)
-	$(BIN)/python scripts/bench_extract.py
+bench: $(STAMP) ## every benchmark script at a small size, printing its ratios (pytest -m bench; not in `make test`)
+	$(TEST_ENV) $(BIN)/pytest -q -m bench
 
 clean: ## remove caches of tests and Python
 	rm -rf .pytest_cache .cache/cprobe-test
