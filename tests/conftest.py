@@ -13,6 +13,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 os.environ.setdefault("CPROBE_STRICT_FIGURES", "1")  # a figure whose title does not name what it shows fails
 
+from tests import cli  # noqa: E402  (after the environment above)
+
+cli.count_processes()  # every subprocess the suite starts, `cprobe` launches apart: printed in the summary
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
 os.environ.setdefault("CPROBE_DATA_DIR", str(SHARED_DATA))
@@ -47,9 +51,21 @@ def _data_skip(report) -> bool:
     return str(SHARED_DATA) in reason or "CPROBE_DATA_DIR" in reason or "shared data" in reason
 
 
+def pytest_collection_modifyitems(config, items):
+    """Benchmark scripts (``@pytest.mark.bench``) run only when asked for (``pytest -m bench``, ``make bench``)."""
+    if "bench" in (config.getoption("markexpr") or ""):
+        return
+    keep = [it for it in items if it.get_closest_marker("bench") is None]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("bench") is not None])
+        items[:] = keep
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """One line naming the data-dependent tests that were skipped and why, so a clone without ``../shared/data``
-    does not pass silently on less than the whole suite."""
+    """How many processes the suite started (`cprobe` launches apart), and one line naming the data-dependent tests
+    that were skipped and why, so a clone without ``../shared/data`` does not pass silently on less than the whole
+    suite."""
+    terminalreporter.write_line(cli.summary(), yellow=cli.COUNTS["cprobe"] > cli.LAUNCH_TARGET)
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if _data_skip(r)]
     if not skipped:
         return

@@ -23,6 +23,7 @@ from cprobe.models.formatters import RegionFormatter
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
 from cprobe.tasks import causalgym as cg_task
+from tests import cli
 from tests.conftest import REPO, SHARED_DATA, needs_shared
 
 OBJECTS = [f"w{i}" for i in range(10)]
@@ -715,18 +716,14 @@ def test_template_index_is_checked_on_the_tasks_asked_for(tmp_path):
 
 
 def test_a_config_error_in_causalgym_leaves_no_run_dir(tmp_path):
-    """Through the CLI: the empty templates file (today: exit 0, status done, a 0-row table) and an ignored
+    """Through the CLI (in process: tests.cli.run): the empty templates file (today: exit 0, status done, a 0-row table) and an ignored
     intervention are one line, exit 1, and nothing written."""
     (tmp_path / "empty.json").write_text("{}")
-    exe = Path(sys.executable).parent / "cprobe"
     for args, needle in ((["causalgym.templates=" + str(tmp_path / "empty.json")], "holds no tasks"),
                          (["intervention=leace"], "does not use `intervention`")):
         out = tmp_path / "out"
-        res = subprocess.run([str(exe), "run", "+experiment=causalgym", *args, f"paths.output_root={out}"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        lines = [line for line in res.stderr.splitlines() if line.strip()]
-        assert res.returncode == 1 and len(lines) == 1 and needle in lines[0], res.stderr
-        assert not any(p.is_file() for p in out.rglob("*")) if out.exists() else True
+        cli.assert_refused(cli.run("run", "+experiment=causalgym", *args, f"paths.output_root={out}", cwd=REPO), needle,
+                           out)
 
 
 def test_collect_aggregates_a_causalgym_sweep(table, tmp_path):

@@ -17,6 +17,7 @@ from cprobe.data.cebab import ASPECTS, VALUES, CebabKeys, labelled, load_cebab
 from cprobe.models.classifier import FinetuneConfig, classify, finetuned_classifier, phi_site, wrap
 from cprobe.models.formatters import ClassificationFormatter
 from cprobe.models.load import load_adapter
+from tests import cli
 from tests.cebab_fixtures import tiny_encoder_dir, write_cebab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,11 +146,10 @@ def _tiny(world) -> list[str]:
     ("cebab.explainer.inlp.head_lr=inf", "cebab.explainer.inlp.head_lr must be a finite number, got inf"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
-    r = cprobe("run", *_tiny(world), override, f"paths.output_root={tmp_path}", cwd=tmp_path, data=world[0])
-    assert r.returncode != 0
-    err = r.stderr.strip().splitlines()
-    assert err and message in err[-1] and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert not list(tmp_path.rglob("status.json"))
+    """In process: the CLI's own code path (tests.cli.run)."""
+    r = cli.run("run", *_tiny(world), override, f"paths.output_root={tmp_path}", cwd=tmp_path,
+                env={"CPROBE_DATA_DIR": str(world[0])})
+    cli.assert_refused(r, message, tmp_path)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from cprobe.data.scm import SCM
 from cprobe.models.formatters import ClassificationFormatter
 from cprobe.models.load import load_adapter
 from cprobe.models.sites import MEAN, Site
+from tests import cli
 from tests.liberty_fixtures import tiny_encoder_dir, write_scm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,13 +83,12 @@ def _tiny(world) -> list[str]:
     ("dataset.n_test=4", "test texts (dataset.n_test) has 4 texts, below the minimum of 10"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
+    """In process: the CLI's own code path (tests.cli.run)."""
     args = [a for a in _tiny(world) if not a.startswith("dataset.")] if override.startswith("dataset=") else \
         _tiny(world)
-    r = cprobe("run", *args, override, f"paths.output_root={tmp_path}", cwd=tmp_path, data=world[2])
-    assert r.returncode != 0
-    err = r.stderr.strip().splitlines()
-    assert err and message in err[-1] and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert not list(tmp_path.rglob("status.json"))
+    r = cli.run("run", *args, override, f"paths.output_root={tmp_path}", cwd=tmp_path,
+                env={"CPROBE_DATA_DIR": str(world[2])})
+    cli.assert_refused(r, message, tmp_path)
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import torch
 from cprobe.data.fact_world import FactWorldKeys, generate_world
 from cprobe.errors import ConfigError
 from cprobe.metrics import prompt_bias as M
+from tests import cli
 from tests.unit.test_fact_data import write_lama
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +36,7 @@ def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None =
     return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
 
 
-@pytest.mark.parametrize("override, message", [
+@pytest.mark.parametrize("override, message", [  # in process: the CLI's own code path (tests.cli.run)
     ("prompt_bias.settings=[original,best]", "unknown evaluation setting 'best'; choose from"),
     ("prompt_bias.subset=7", "prompt_bias.subset must be in [1, 6]"),
     ("+prompt_bias.zoo.optimiser.lr=1", "unknown key(s) ['optimiser'] under prompt_bias.zoo"),
@@ -53,11 +54,9 @@ def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None =
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
     args = [a for a in SMALL if not a.startswith("dataset.")] if override.startswith("dataset=") else SMALL
-    r = cprobe("run", *args, override, f"paths.output_root={tmp_path}", cwd=tmp_path, data=tmp_path)
-    assert r.returncode != 0
-    err = r.stderr.strip().splitlines()
-    assert err and message in err[-1] and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert not list(tmp_path.rglob("status.json"))
+    r = cli.run("run", *args, override, f"paths.output_root={tmp_path}", cwd=tmp_path,
+                env={"CPROBE_DATA_DIR": str(tmp_path)})
+    cli.assert_refused(r, message, tmp_path)
 
 
 @pytest.mark.parametrize("relations, message", [
@@ -68,16 +67,15 @@ def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
 def test_lama_without_relations_is_refused_before_any_model_loads(relations, message, tmp_path):
     base = write_lama(tmp_path)
     (base / "relations.jsonl").write_text(relations)
-    r = cprobe("run", "+experiment=lama_bias", "dataset=lama", f"dataset.path={base}", "model=lama_hub_zoo",
-               f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path, data=tmp_path)
-    assert r.returncode != 0 and message in r.stderr.strip().splitlines()[-1], r.stderr[-2000:]
-    assert "Traceback" not in r.stderr and not list(tmp_path.rglob("status.json"))
+    r = cli.run("run", "+experiment=lama_bias", "dataset=lama", f"dataset.path={base}", "model=lama_hub_zoo",
+                f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path, env={"CPROBE_DATA_DIR": str(tmp_path)})
+    cli.assert_refused(r, message, tmp_path / "out")
+    assert not list(tmp_path.rglob("status.json"))
 
 
 def test_a_zoo_is_refused_by_other_tasks(tmp_path):
-    r = cprobe("run", "+experiment=sva_tiny", "model=fact_zoo", f"paths.output_root={tmp_path}", cwd=tmp_path)
-    assert r.returncode != 0 and "is a model zoo (a set of models); only task(s) ['prompt_bias'] read one" in \
-        r.stderr.splitlines()[-1]
+    r = cli.run("run", "+experiment=sva_tiny", "model=fact_zoo", f"paths.output_root={tmp_path}", cwd=tmp_path)
+    cli.assert_refused(r, "is a model zoo (a set of models); only task(s) ['prompt_bias'] read one", tmp_path)
 
 
 @pytest.mark.slow

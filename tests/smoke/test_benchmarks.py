@@ -1,4 +1,5 @@
-"""The README's benchmark commands run (at a tiny size) and print their ratios."""
+"""The README's benchmark commands run (at a tiny size) and print their ratios: `make bench` (``pytest -m bench``);
+`make test` leaves them out."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.bench
 
 
 def _run(*args: str) -> str:

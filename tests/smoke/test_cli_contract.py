@@ -1,8 +1,11 @@
-"""The CLI contract: Hydra overrides pass through `cprobe run`, errors are one line with exit code 1."""
+"""The CLI contract: Hydra overrides pass through `cprobe run`, errors are one line with exit code 1.
+
+Most commands run in process (``tests.cli.run``: the Typer app the console script calls, the same code path); the
+console script itself is launched only where a process is the point: a bad input's exit code and stderr as a shell
+sees them, start-up time and imports, Ctrl-C, SIGTERM and SIGKILL."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,16 +17,10 @@ from typer.testing import CliRunner
 
 from cprobe import _hydra
 from cprobe.cli import app
+from tests.cli import REPO, assert_refused, launch, start
+from tests.cli import run as cli
 
-REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the installed console script in a subprocess (exit codes and stderr as a user sees them)."""
-    exe = Path(sys.executable).with_name("cprobe")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, **(env or {})}, timeout=300)
 
 
 def test_normalise_bare_experiment():
@@ -42,7 +39,7 @@ def test_cfg_job_is_resolved_by_default_and_raw_on_request():
     """`--cfg job` prints the config exactly as it will run: `device: auto`, not `device: ${compute.device}`."""
     import yaml
 
-    r = cli("run", "+experiment=sva_tiny", "--cfg", "job")
+    r = cli("run", "+experiment=sva_tiny", "--cfg", "job", cwd=REPO)
     assert r.returncode == 0 and "${" not in r.stdout, r.stdout
     cfg = yaml.safe_load(r.stdout)
     assert cfg["device"] == "auto" and cfg["model"]["dtype"] == "float32" and cfg["paths"]["root_dir"] == str(REPO)
@@ -106,13 +103,18 @@ BAD_INPUTS = [
     (["task=reliability", "intervention=inlp", "+reliability.others=[z_q]"], "unknown property ['z_q']"),
 ])
 def test_bad_input_is_one_line_exit_1_and_leaves_no_run_dir(tmp_path, args, needle):
+    """In process: Hydra makes the run dir, validation refuses the job, the run dir goes, one line is printed."""
     extra = ["split=reliability", "probe=all"] if "task=reliability" in args else []
     r = cli("run", "+experiment=sva_tiny", *args, *extra, f"paths.output_root={tmp_path}")
-    assert r.returncode == 1, r.stderr
-    lines = [l for l in r.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
-    assert not any(p.is_file() for p in tmp_path.rglob("*")), list(tmp_path.rglob("*"))
+    assert_refused(r, needle, tmp_path)
+
+
+def test_the_console_script_refuses_bad_input_in_one_line_with_exit_1_and_no_run_dir(tmp_path):
+    """The same contract as a shell sees it: a validation error (the run dir made, then removed) and a Hydra
+    composition error (an unknown experiment: before any run dir), each one line on stderr, exit code 1."""
+    r = launch("run", "+experiment=sva_tiny", "model.batch_size=0", f"paths.output_root={tmp_path}", timeout=300)
+    assert_refused(r, "model.batch_size must be >= 1", tmp_path)
+    assert not list(tmp_path.rglob("status.json")) and not (tmp_path / "runs" / "sva_tiny").exists()
 
 
 def test_unknown_experiment_is_one_line():
@@ -140,7 +142,7 @@ def test_run_without_arguments_prints_help():
 
 
 def test_info_passes_through():
-    r = cli("run", "--info", "searchpath")
+    r = cli("run", "--info", "searchpath", cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert str(REPO / "conf") in r.stdout
 
@@ -151,8 +153,8 @@ def test_help_and_list_are_fast_and_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[1:] == ["False", "False", "False"]
     t0 = time.perf_counter()
-    assert cli("list").returncode == 0
-    assert cli("--help").returncode == 0
+    assert launch("list", timeout=300).returncode == 0
+    assert launch("--help", timeout=300).returncode == 0
     assert (time.perf_counter() - t0) / 2 < 3.0  # generous for a loaded CI box; typically ~0.3 s each
 
 
@@ -212,15 +214,13 @@ def _status(d: Path) -> dict:
 def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
     import signal
 
-    exe = Path(sys.executable).with_name("cprobe")
     run_dir = tmp_path / "run"
     # 10 MLP epochs: ~30 s of probe training after the job is marked running, so the signal always lands mid-job
-    p = subprocess.Popen([str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
-                          f"hydra.run.dir={run_dir}"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                         # Ctrl-C in a terminal: the default disposition, even when this test runs in a background
-                         # job whose shell set SIGINT to ignored (which the child would inherit)
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = start("run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10", f"hydra.run.dir={run_dir}",
+              cwd=tmp_path,
+              # Ctrl-C in a terminal: the default disposition, even when this test runs in a background
+              # job whose shell set SIGINT to ignored (which the child would inherit)
+              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while _status(run_dir).get("state") != "running" and time.time() < deadline and p.poll() is None:
         time.sleep(0.2)
@@ -239,13 +239,11 @@ def test_sigkill_leaves_a_dead_job_that_collect_names_and_sigterm_is_handled_lik
     """A killed job used to stay `running` forever; SIGTERM now marks it `interrupted` and exits 143."""
     import signal
 
-    exe = Path(sys.executable).with_name("cprobe")
     run_dir = tmp_path / "run"
-    argv = [str(exe), "run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10",
-            f"hydra.run.dir={run_dir}"]
+    argv = ["run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10", f"hydra.run.dir={run_dir}"]
 
     def start_and_wait_running() -> subprocess.Popen:
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        p = start(*argv, cwd=tmp_path)
         deadline = time.time() + 240
         while (_status(run_dir).get("state"), _status(run_dir).get("pid")) != ("running", p.pid) \
                 and time.time() < deadline and p.poll() is None:

@@ -165,3 +165,38 @@ def test_a_corrupt_cached_probe_fit_is_refit(tmp_path) -> None:
     f.write_bytes(bytes(data))
     assert fit_cached(build_probe(cfg, seed=0), X, z, cache_dir=tmp_path)[1] == "fit"
     assert fit_cached(build_probe(cfg, seed=0), X, z, cache_dir=tmp_path)[1] == "cache"
+
+
+def test_fits_on_worker_processes_are_bitwise_the_fits_made_here(monkeypatch, tmp_path):
+    """fit_cached_many spreads many fits over worker processes (the demo's 20 probes: two cores instead of one);
+    each fit runs as it would here, so the probes are the same to the bit, in the tasks' order, and the cache
+    serves them the second time."""
+    import concurrent.futures
+
+    from cprobe.probes import grid
+
+    X, y = gaussian_classes(n=300, d=8, k=2, seed=0)
+
+    def tasks():
+        return [(MLPProbe(n_layers=(1,), widths=(16,), lrs=(1e-2,), epochs=2, seed=s), X, y, None, None)
+                for s in range(3)] + [(LinearProbe(lrs=(0.1,), epochs=2), X, y, None, None)]
+
+    here = [p for p, _, _ in grid.fit_cached_many(tasks(), processes=1)]
+    assert grid.fit_steps(tasks()[0][0], 240) == 1 * 2 * 4  # grid points x epochs x batches
+    pools = []
+
+    class Counting(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, *a, **k):
+            pools.append(a[0])
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Counting)
+    assert [s for _, s, _ in grid.fit_cached_many(tasks(), processes=2)] == ["fit"] * 4 and pools == []  # too few
+    monkeypatch.setattr(grid, "PARALLEL_MIN_STEPS", 0)
+    there = list(grid.fit_cached_many(tasks(), tmp_path, processes=2))
+    assert pools == [2] and [s for _, s, _ in there] == ["fit"] * 4
+    for a, (b, _, _) in zip(here, there, strict=True):
+        assert a.best_params == b.best_params and a.val_accuracy == b.val_accuracy
+        for (k, v), w in zip(a.module.state_dict().items(), b.module.state_dict().values(), strict=True):
+            assert torch.equal(v, w), k
+    assert [s for _, s, _ in grid.fit_cached_many(tasks(), tmp_path, processes=2)] == ["cache"] * 4

@@ -32,7 +32,7 @@ from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.records import RecordSpec, const, job_records
 from cprobe.probes import Probe
-from cprobe.probes.grid import PROBE_FITS, fit_cached
+from cprobe.probes.grid import PROBE_FITS, fit_cached_many
 
 log = logging.getLogger("cprobe")
 
@@ -80,22 +80,39 @@ def property_labels(ds: Dataset, props: list[str], ctx: JobContext) -> dict[str,
     return labels
 
 
-def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray],
-                  cache_dir: Path | None = None) -> dict[str, Any]:
-    """Fit on the train split (selecting hyperparameters on the validation split when there is one), score on
-    test; rows whose label is "none" (−1) are left out of every split. With ``cache_dir`` the fit is read back
-    when the same probe config and seed saw the same activations and labels before (``probe_source``)."""
+def fit_task(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray]) -> tuple:
+    """The fit of ``probe`` on the train split (selecting hyperparameters on the validation split when there is
+    one; rows whose label is "none" (−1) are left out of every split), as a task of
+    :func:`cprobe.probes.grid.fit_cached_many`."""
+    tr, va, _ = _split_rows(y, splits)
+    yt = torch.from_numpy(y)
+    val = (X[va], yt[va]) if va is not None and len(va) else (None, None)
+    return probe, X[tr], yt[tr], *val
+
+
+def _split_rows(y: np.ndarray, splits: Mapping[str, np.ndarray]) -> tuple:
     tr, va, te = (splits[s][y[splits[s]] >= 0] if s in splits else None for s in ("train", "val", "test"))
     if len(tr) == 0 or len(te) == 0:
         raise DataError("empty train or test split after dropping 'none' labels")
-    yt = torch.from_numpy(y)
-    t0 = time.perf_counter()
-    val = (X[va], yt[va]) if va is not None and len(va) else (None, None)
-    probe, source = fit_cached(probe, X[tr], yt[tr], *val, cache_dir=cache_dir)
-    return {"accuracy": probe.score(X[te], yt[te]), "majority": majority_baseline(y[tr], y[te]),
+    return tr, va, te
+
+
+def score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray], source: str,
+          seconds: float) -> dict[str, Any]:
+    """A fitted probe's test accuracy beside the majority baseline and the split sizes (``probe_source``: "fit", or
+    "cache" when the same probe config and seed saw the same activations and labels before)."""
+    tr, va, te = _split_rows(y, splits)
+    return {"accuracy": probe.score(X[te], torch.from_numpy(y)[te]), "majority": majority_baseline(y[tr], y[te]),
             "n_train": len(tr), "n_val": 0 if va is None else len(va), "n_test": len(te),
-            "best_params": str(getattr(probe, "best_params", "")),
-            "fit_s": time.perf_counter() - t0, "probe_source": source}
+            "best_params": str(getattr(probe, "best_params", "")), "fit_s": seconds, "probe_source": source}
+
+
+def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray],
+                  cache_dir: Path | None = None) -> dict[str, Any]:
+    """Fit on the train split and score on test (:func:`fit_task`, :func:`score`); with ``cache_dir`` the fit is
+    read back when it was made before."""
+    ((fitted, source, seconds),) = fit_cached_many([fit_task(probe, X, y, splits)], cache_dir)
+    return score(fitted, X, y, splits, source, seconds)
 
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
@@ -118,9 +135,12 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
     fit_cache = kind_dir(ctx.cache_root, PROBE_FITS) if ctx.cache.enabled else None
     rows, t0 = [], time.perf_counter()
-    for prop, layer, pname in track(jobs, "probes", ctx.progress):
+    # the fits on the job's cores, a worker process each when they are many (bitwise the same probes either way)
+    tasks = [fit_task(ctx.probe(probes[pname]), ex.acts[layer], labels[prop][1], splits) for prop, layer, pname in jobs]
+    fits = fit_cached_many(tasks, fit_cache, processes=torch.get_num_threads())
+    for (prop, layer, pname), (probe, source, seconds) in zip(jobs, track(fits, "probes", ctx.progress, len(jobs))):
         values, y = labels[prop]
-        scores = fit_and_score(ctx.probe(probes[pname]), ex.acts[layer], y, splits, fit_cache)
+        scores = score(probe, ex.acts[layer], y, splits, source, seconds)
         rows.append({
             "model": adapter.name, "dataset": ex.dataset.name, "dataset_source": ex.dataset.source,
             "layer": layer, "position": cfg["position"], "property": prop, "probe": pname, **scores,
