@@ -39,6 +39,7 @@ if [ -f "$DIR/slurmctld.pid" ] && kill -0 "$(cat "$DIR/slurmctld.pid")" 2>/dev/n
 fi
 
 mkdir -p "$DIR"/{state,spool,log,munge}
+chmod 0755 "$DIR"   # munged runs as the munge user and must reach $DIR/munge (mktemp -d makes 0700 directories)
 HOST=$(hostname -s)
 NODE=$(slurmd -C | head -1)                       # NodeName=<host> CPUs=.. Boards=.. ... RealMemory=..
 CPUS=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$NODE")
