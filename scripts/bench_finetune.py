@@ -63,8 +63,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}; flags: {' '.join(shown) or '(none found)'}")
     print(f"native bf16 ({'/'.join(BF16_FLAGS)}): {'yes' if cpu_bf16() else 'no'} — precision: bf16 "
           f"{'trains in bf16 here' if cpu_bf16() else 'falls back to fp32 here (the bf16 row below is forced)'}")
-    os.environ["CPROBE_CPU_BF16"] = "1"  # measure bf16 itself, even where cprobe would not use it
-    cpu_bf16.cache_clear()
+    os.environ["CPROBE_CPU_BF16"] = "1"  # measure bf16 itself, even where cprobe would not use it (read per call)
     rates, preds = {}, {}
     for precision in ("fp32", "bf16"):
         cfg = FinetuneConfig(epochs=1, lr=1e-4, batch_size=args.batch_size, max_length=args.max_length,

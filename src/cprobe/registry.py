@@ -318,8 +318,8 @@ class Registry(Generic[T]):
         """(entry, provenance) for a name or an import path; one-line ConfigError otherwise."""
         if not isinstance(name, str):
             raise ConfigError(f"{self.kind} must be named by a string (a name or package.module:Class), got {name!r}")
-        if name in self._items:
-            return self._items[name], self._sources[name]
+        if name in self._items:  # an entry set directly (a test's monkeypatch) counts as built-in
+            return self._items[name], self._sources.get(name) or Provenance(BUILTIN, target_of(self._items[name]))
         if name in self._resolved:
             return self._resolved[name]
         if is_import_path(name):  # a derived name around a path (via_pkg.mod:Cls) first, then the path itself
