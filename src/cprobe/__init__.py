@@ -9,6 +9,7 @@ Models and datasets load by config name, without Hydra (the README's "Python" se
     z = torch.from_numpy(ex.dataset.labels("z_c"))                 # class ids (-1: the property does not apply)
     X_erased = cprobe.LEACE().fit(ex.acts[4], z).transform(ex.acts[4])
     cprobe.task_accuracy(cprobe.intervene(model, ex, layer=4, states=X_erased))
+    run_dir = cprobe.run("+experiment=sva_tiny_reliability", "intervention=leace")  # a whole job, as `cprobe run`
 
 The estimators are importable from the package top for use in a notebook, e.g.::
 
@@ -63,6 +64,7 @@ _EXPORTS = {
     "read_sites": "cprobe.api",
     "intervene": "cprobe.api",
     "task_accuracy": "cprobe.api",
+    "run": "cprobe.api",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -9,7 +9,11 @@ A config name is a file of the config group (``conf/model/<name>.yaml``, ``conf/
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +70,6 @@ def load_dataset(name: str | Mapping[str, Any], data_root: str | Path | None = N
     ``data.values("z_c")`` their values (``"none"`` excluded), ``data.labels("z_c")`` the integer labels (index
     into those values; −1 where the property does not apply), ``data.examples[i].props`` one item's values, and
     ``data.notes`` what loading changed (e.g. duplicates dropped)."""
-    import logging
-
     from cprobe.data.registry import load_dataset as _load
     from cprobe.paths import data_dir
 
@@ -116,3 +118,103 @@ def task_accuracy(scores: Any) -> float | None:
     from cprobe.extract import task_accuracy as _acc
 
     return _acc(scores)
+
+
+def run(*overrides: str, smoke: bool | None = None) -> Path:
+    """Run an experiment in this process exactly as ``cprobe run OVERRIDES`` does — the same composition,
+    validation, job, outputs and cache — and return its directory: the run's, or the sweep's for ``-m``. E.g.
+    ``cprobe.run("+experiment=sva_tiny_reliability", "intervention=leace")``, then
+    ``pandas.read_parquet(run_dir / "records.parquet")``.
+
+    ``overrides`` are the command line's Hydra overrides (``"-m"`` makes it a sweep); ``smoke`` adds
+    ``+debug=smoke`` (None: when ``CPROBE_SMOKE=1``, as the CLI). Methods registered in this process with
+    :func:`cprobe.plugin.register` can be named (``intervention=custom intervention.name=mine``). A bad config raises
+    :class:`~cprobe.errors.ConfigError` with the CLI's one line, before any run directory exists; a failed sweep job
+    raises :class:`~cprobe.errors.CprobeError` naming it. The process is left as it was found (working directory,
+    logging handlers — the job's log file closed —, torch threads, Hydra's global state)."""
+    from cprobe import _hydra, callbacks, pipeline
+    from cprobe.errors import CprobeError, JobAborted
+    from cprobe.paths import config_dir
+
+    argv = [str(a) for a in overrides]
+    flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
+    if flags:
+        raise ConfigError(f"cprobe.run takes overrides and -m, not {flags}; the other flags (--cfg, --info, "
+                          "--detach) are the command line's: `cprobe run ...`")
+    if not any(a.lstrip("+").startswith("experiment=") for a in argv):
+        raise ConfigError("cprobe.run needs an experiment, e.g. cprobe.run('+experiment=sva_tiny') "
+                          "(`cprobe list experiment` shows them)")
+    argv, notes = _hydra.normalise(argv)
+    for note in notes:
+        logging.getLogger("cprobe").info("%s", note)
+    if smoke is None:
+        smoke = os.environ.get("CPROBE_SMOKE", "") not in ("", "0")
+    if smoke and "+debug=smoke" not in argv:
+        argv.append("+debug=smoke")
+    callbacks.reset()
+    before = len(callbacks.DIRS)
+    with _process_kept(), _env(HYDRA_FULL_ERROR="1"):  # errors reach this function, not Hydra's printer
+        try:
+            _hydra.run(argv, pipeline.run_job, str(config_dir()))
+        except JobAborted as e:
+            raise e.error from None
+        except Exception as e:
+            msg = _hydra.explain_error(e)
+            if msg is None:
+                raise
+            raise ConfigError(msg) from None
+    if callbacks.FAILED or callbacks.REPORT_FAILED:
+        raise CprobeError(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3])
+                          + (f"; {callbacks.REPORT_FAILED[0]}" if callbacks.REPORT_FAILED else ""))
+    if len(callbacks.DIRS) == before:  # a run and a sweep's end both record theirs
+        raise CprobeError("the run did not report its directory")
+    return callbacks.DIRS[-1]
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """The environment with ``values`` set for the block, and as it was afterwards."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def _process_kept() -> Iterator[None]:
+    """What a Hydra job changes in its process, given back afterwards: the working directory, the root logger's
+    handlers and level (Hydra points them at the job's log file, which is closed here), torch's thread count,
+    matplotlib's backend (a study's figures are drawn headless: a notebook's inline backend comes back), the global
+    Hydra instance."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    backend = sys.modules["matplotlib"].get_backend() if "matplotlib.pyplot" in sys.modules else None
+    here = os.getcwd()
+    try:
+        yield
+    finally:
+        os.chdir(here)
+        for h in root.handlers[:]:
+            if h not in handlers:
+                root.removeHandler(h)
+                h.close()
+        for h in handlers:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)
+        torch = sys.modules.get("torch")
+        if threads is not None and torch is not None and torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        if backend is not None and sys.modules["matplotlib"].get_backend() != backend:
+            sys.modules["matplotlib"].use(backend)
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()

@@ -21,6 +21,9 @@ from cprobe.paths import LATEST
 log = logging.getLogger("cprobe")
 
 REPORT_FAILED: list[str] = []
+DIRS: list[Path] = []
+"""The run directory of each ``cprobe run`` (the sweep directory of each ``-m`` run) this process started, in order:
+:func:`cprobe.run` returns the one its call added."""
 
 
 def reset() -> None:
@@ -156,6 +159,7 @@ class AggregateResults(Callback):
             with read_write(config.hydra.run):
                 config.hydra.run.dir = str(claimed)
         link_latest(Path(config.hydra.run.dir))
+        DIRS.append(Path(config.hydra.run.dir).absolute())
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         from cprobe import trackers
@@ -182,6 +186,7 @@ class AggregateResults(Callback):
         from cprobe.outputs import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        DIRS.append(sweep_dir.absolute())  # here, not at the start: the SLURM launcher claims its directory late
         if S.detached(sweep_dir):  # nothing has run yet: `cprobe collect` aggregates later
             return
         state = S.sweep_state(sweep_dir)

@@ -128,3 +128,28 @@ def test_readme_python_block_runs_as_written(block, workdir, cache_dir):
     assert 0.35 <= after_leace <= 0.65, out[1]  # z_c erased: the probe is at chance
     before, after = (float(x) for x in out[2].split(": ")[1].split(" -> "))
     assert before >= 0.95 and after < before, out[2]  # the model used z_c for agreement
+
+
+def readme_notebook_lines(text: str) -> list[str]:
+    """Every line starting with `jupyter ` inside ```bash blocks."""
+    out, in_bash = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_bash = line.strip() == "```bash"
+            continue
+        if in_bash and line.startswith("jupyter "):
+            out.append(line)
+    return out
+
+
+def test_readme_notebook_lines_run_the_notebook_the_suite_executes():
+    """A `jupyter execute NOTEBOOK` line names a notebook in the repo that tests/smoke/test_notebook.py executes end to
+    end and checks (so it is not run a second time here)."""
+    from tests.smoke.test_notebook import NOTEBOOK
+
+    lines = readme_notebook_lines((REPO / "README.md").read_text())
+    assert lines, "the README's Usage shows how to run the quickstart notebook"
+    for line in lines:
+        argv = shlex.split(line, comments=True)
+        assert argv[:2] == ["jupyter", "execute"] and len(argv) == 3, line
+        assert (REPO / argv[2]).resolve() == NOTEBOOK.resolve() and NOTEBOOK.is_file(), line

@@ -12,7 +12,7 @@ from cprobe.paths import config_dir
 
 def test_the_library_names_are_exported():
     for name in ("load_model", "load_dataset", "model_config", "dataset_config", "read_sites", "intervene",
-                 "task_accuracy", "LEACE", "LinearProbe", "Site"):
+                 "task_accuracy", "run", "LEACE", "LinearProbe", "Site"):
         assert name in cprobe.__all__ and callable(getattr(cprobe, name)) or name == "Site"
 
 
