@@ -23,8 +23,9 @@ install: $(STAMP) ## create .venv with torch (CPU) and cprobe[dev]
 demo: $(STAMP) ## offline demo: probing accuracy by layer on the project's own tiny BERT
 	HF_HUB_OFFLINE=1 $(BIN)/cprobe run +experiment=sva_tiny
 
-test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline
-	$(TEST_ENV) $(BIN)/pytest -q
+TEST_WORKERS ?= 2
+test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline, on TEST_WORKERS processes (pytest-xdist)
+	$(TEST_ENV) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: $(STAMP) ## skip the slow end-to-end tests
 	$(TEST_ENV) $(BIN)/pytest -q -m "not slow"

@@ -51,14 +51,44 @@ def _data_skip(report) -> bool:
     return str(SHARED_DATA) in reason or "CPROBE_DATA_DIR" in reason or "shared data" in reason
 
 
+SESSION_GROUPS = {
+    # files whose tests share one session-scoped run: they go to one worker, so it is made once
+    "study_runs": ("tests/integration/test_cebab_task.py", "tests/integration/test_liberty_task.py",
+                   "tests/smoke/test_studies_collect.py", "tests/smoke/test_report_browser.py"),
+    "slurm": ("tests/slurm/",),  # one test cluster per session
+}
+FIRST = ("tests/smoke/test_readme.py", "study_runs", "tests/integration/test_causalgym_task.py",
+         "tests/integration/test_tiny_models.py", "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py")
+"""The longest groups, started first (the workers then share out the rest): a long group left to the end is the
+suite's tail."""
+
+
+def xdist_group(nodeid: str) -> str:
+    """The unit of work a parallel run (``pytest -n 2``, what ``make test`` runs) gives one worker: a test file (its
+    tests keep their order, and module fixtures are made once), or a session group of files."""
+    path = nodeid.split("::", 1)[0]
+    for group, prefixes in SESSION_GROUPS.items():
+        if path.startswith(prefixes):
+            return group
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Benchmark scripts (``@pytest.mark.bench``) run only when asked for (``pytest -m bench``, ``make bench``)."""
-    if "bench" in (config.getoption("markexpr") or ""):
+    """Benchmark scripts (``@pytest.mark.bench``) run only when asked for (``pytest -m bench``, ``make bench``); in a
+    parallel run every test is marked with its :func:`xdist_group`, the longest groups first."""
+    if "bench" not in (config.getoption("markexpr") or ""):
+        keep = [it for it in items if it.get_closest_marker("bench") is None]
+        if len(keep) < len(items):
+            config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("bench") is not None])
+            items[:] = keep
+    if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):  # an xdist worker under --dist loadgroup
         return
-    keep = [it for it in items if it.get_closest_marker("bench") is None]
-    if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("bench") is not None])
-        items[:] = keep
+    for it in items:
+        if it.get_closest_marker("xdist_group") is None:
+            it.add_marker(pytest.mark.xdist_group(xdist_group(it.nodeid)))
+    rank = {g: i for i, g in enumerate(FIRST)}
+    items.sort(key=lambda it: rank.get(xdist_group(it.nodeid), len(FIRST)))  # stable: file order kept otherwise
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -128,3 +158,4 @@ def study_runs(tmp_path_factory):
     from tests.study_runs import study_runs as run_all
 
     return run_all(tmp_path_factory.mktemp("study_runs"), SHARED_DATA)
+
