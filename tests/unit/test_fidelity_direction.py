@@ -1,4 +1,4 @@
-"""The direction intervention's survivors of the mutation pass (issue 30, docs/testing.md), pinned by value: its
+"""The direction intervention's survivors of the mutation pass (issue 30, scripts/mutation.py), pinned by value: its
 precision follows X, ``a`` and the untargeted coordinate are class 0's direction, bad targets are refused, the default
 seed is 0."""
 

@@ -1,4 +1,4 @@
-"""The leaderboard's survivors of the mutation pass (issue 30, docs/testing.md), each pinned by a value: the
+"""The leaderboard's survivors of the mutation pass (issue 30, scripts/mutation.py), each pinned by a value: the
 bootstrap recomputed draw by draw from the same seeded stream, NaN seeds, defaults, the wide table's cells, seeds
 and variants, the number formats."""
 

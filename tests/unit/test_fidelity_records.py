@@ -1,4 +1,4 @@
-"""The record schema's survivors of the mutation pass (issue 30, docs/testing.md), each pinned by a value: JSON of
+"""The record schema's survivors of the mutation pass (issue 30, scripts/mutation.py), each pinned by a value: JSON of
 missing values and lists, config ids independent of key order, columns a spec names but a table lacks, string and
 float identity columns, integer columns with gaps, round trips of settings, slices, all-NaN metrics, unsorted rows,
 missing booleans, patterns with a suffix; the items and job-level helpers."""
