@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -57,6 +57,25 @@ class RunOutput:
 
 class _Stop(Exception):
     """Raised by the deepest read hook when nothing after it is needed (no readout): ends the forward early."""
+
+
+_SCORED = "_scored"  # the position name of the head's single gathered token
+
+
+def _gather_rows(pred: Tensor) -> Callable[..., Any]:
+    """A forward pre-hook for the output head: its input (n, T, d) becomes (n, 1, d), each row's token at ``pred``
+    (the head then computes n rows of logits, not n × T)."""
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            h = args[0]
+            rows = torch.arange(h.shape[0], device=h.device)
+            return (h[rows, pred.to(h.device)][:, None], *args[1:]), kwargs
+        key = next(iter(kwargs))
+        h = kwargs[key]
+        rows = torch.arange(h.shape[0], device=h.device)
+        return args, {**kwargs, key: h[rows, pred.to(h.device)][:, None]}
+    return hook
 
 
 def model_positions(config) -> int | None:
@@ -103,6 +122,10 @@ class ModelAdapter:
         self._blocks = self._find_blocks(layers_path)
         self._final_norm = self._find_final_norm()
         self._head = self._find_head()
+        self.scored_positions = True
+        """Apply the output head to the scored position of each row only (a readout that scores one position per
+        row: ``Readout.at_position``), not to every token: the same scores for a fraction of the head's work. False
+        runs the head at every position, for comparison."""
 
     # ----------------------------------------------------------------- structure
     @property
@@ -239,6 +262,12 @@ class ModelAdapter:
             return patch
 
         handles = [self._register(points[k][0], points[k][1], make(k)) for k in order]
+        scored = batch
+        if self._scores_rows_only(readout, batch):
+            # the head sees each row's scored position only: logits (n, 1, V), read at position 0
+            pred = batch.pred_positions()
+            handles.append(self._head.register_forward_pre_hook(_gather_rows(pred), with_kwargs=True))
+            scored = replace(batch, positions={**batch.positions, _SCORED: torch.zeros_like(pred)}, pred=_SCORED)
         res = None
         try:
             with torch.enable_grad() if grad else torch.inference_mode():
@@ -246,11 +275,19 @@ class ModelAdapter:
                     res = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **batch.extra)
                 except _Stop:
                     pass
-                scores = readout.scores(res.logits, batch) if readout is not None else None
+                scores = readout.scores(res.logits, scored) if readout is not None else None
         finally:
             for h in handles:
                 h.remove()
         return RunOutput({s: acts[s] for s in read}, scores)
+
+    def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
+        """Whether the head can run at the scored positions only: a readout that scores one position per row, a
+        head module of its own, every row with that position (otherwise the readout's own error is raised)."""
+        if not (self.scored_positions and readout is not None and readout.at_position and self._head is not None
+                and batch.pred is not None and batch.pred in batch.positions):
+            return False
+        return bool((batch.pred_positions() >= 0).all())
 
     def _depth(self, module: nn.Module, pre: bool) -> int:
         if pre:
