@@ -290,20 +290,23 @@ def _eq(a: Tensor, b: Tensor) -> bool:
 def _fit_intervention(m: Any, X: Tensor, z: Tensor) -> Any:
     """Fit as the studies do: through the toy model (``needs_model``), else ``fit(X, z)`` (a method that attacks a
     probe trains its own in ``fit``; :func:`check_use_probe` covers ``use_probe``)."""
+    from cprobe.interventions.base import fit_intervention
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if getattr(m, "needs_model", False):
-            return m.fit(X, z, through=ToyThrough(X, z).build())
-        return m.fit(X, z)
+        return fit_intervention(m, X, z, through=lambda: ToyThrough(X, z).build())
 
 
 def _goal(m: Any, z: Tensor) -> Tensor | None:
-    return (1 - z).long() if getattr(m, "kind", None) == "counterfactual" else None
+    from cprobe.interventions.base import needs_goal
+
+    return (1 - z).long() if needs_goal(m) else None
 
 
 def _transform(m: Any, X: Tensor, z: Tensor) -> Tensor:
-    goal = _goal(m, z)
-    return m.transform(X) if goal is None else m.transform(X, goal)
+    from cprobe.interventions.base import apply
+
+    return apply(m, X, _goal(m, z))
 
 
 @dataclass
@@ -325,6 +328,7 @@ def _fitted(s: Subject) -> _Fit:
     the first of :func:`cprobe.explainers.base.leftover_split`'s three parts, applied to every row."""
     def make() -> _Fit:
         from cprobe.explainers.base import leftover_split
+        from cprobe.interventions.base import apply
 
         X, z = planted(n=1000, d=6, signal=1.5)
         fit_rows = leftover_split(z.numpy(), 0)[0]
@@ -336,7 +340,7 @@ def _fitted(s: Subject) -> _Fit:
         X0, z0 = X.clone(), z.clone()
         goal = _goal(m, z)
         g0 = None if goal is None else goal.clone()
-        out = m.transform(X) if goal is None else m.transform(X, goal)
+        out = apply(m, X, goal)
         if not kept and not (_eq(X, X0) and _eq(z, z0) and (goal is None or _eq(goal, g0))):
             kept = "transform modified its inputs (X or z_target) in place"
         return _Fit(m, X0, z0, fit_rows, out, m is est, kept)

@@ -36,7 +36,7 @@ import torch
 from cprobe.errors import ConfigError, DataError
 from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Observed, Queries, concept_targets, leftover,
                                     per_concept, rows_of)
-from cprobe.interventions import INTERVENTIONS, Intervention
+from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.probes import PROBES
 
 DEFAULT_PROBE = {"name": "mlp", "lrs": (1e-3, 1e-2), "epochs": 20, "widths": (64,), "n_layers": (1,)}
@@ -77,11 +77,8 @@ class InterventionExplainer(Explainer):
         return INTERVENTIONS.build({"name": self.intervention, **self.params}, seed=self.seed, device=self.device)
 
     def _fit_one(self, X: torch.Tensor, z: torch.Tensor) -> Intervention:
-        method = self._build()
-        if method.needs_probe:
-            probe = PROBES.build(self.probe, seed=self.seed, device=self.device).fit(X, z)
-            return method.use_probe(probe)  # type: ignore[attr-defined]
-        return method.fit(X, z)
+        return fit_intervention(self._build(), X, z,
+                                probe=lambda: PROBES.build(self.probe, seed=self.seed, device=self.device).fit(X, z))
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         assert train.reps is not None and train.concepts is not None
@@ -107,16 +104,15 @@ class InterventionExplainer(Explainer):
         def estimate(concept: str, rows: np.ndarray) -> np.ndarray:
             method = self.interventions_[concept]
             X = rows_of(reps, rows)
-            if method.kind == "nullifying":
-                new = method.transform(X)
-            else:
+            goal = None
+            if needs_goal(method):
                 goal = [values.index(queries.c_prime[r]) if queries.c_prime[r] in values else -1 for r in rows]
                 k = getattr(method, "n_classes", None)
                 bad = [v for v, r in zip(goal, rows) if v < 0 or (k is not None and v >= k)]
                 if bad:
                     raise DataError(f"{self.name}: target value {queries.c_prime[rows[goal.index(bad[0])]]!r} of "
                                     f"concept {concept!r} has no training text to fit the counterfactual on")
-                new = method.transform(X, torch.tensor(goal, dtype=torch.long))
+            new = apply(method, X, None if goal is None else torch.tensor(goal, dtype=torch.long))
             return self.model_.head_probs(new.float()) - queries.base.probs[rows]
 
         missing = sorted(set(queries.aspect) - set(self.interventions_))

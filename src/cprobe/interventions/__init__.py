@@ -16,7 +16,7 @@ from cprobe.interventions import (  # noqa: F401
     pgd,
     rlace,
 )
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 
 
 def build_intervention(cfg: Mapping[str, Any], **context: Any) -> Intervention:
@@ -24,4 +24,4 @@ def build_intervention(cfg: Mapping[str, Any], **context: Any) -> Intervention:
     return INTERVENTIONS.build(cfg, **context)
 
 
-__all__ = ["INTERVENTIONS", "Intervention", "build_intervention"]
+__all__ = ["INTERVENTIONS", "Intervention", "apply", "build_intervention", "fit_intervention", "needs_goal"]

@@ -2,6 +2,10 @@
 
 Two kinds (Canby et al. 2024, §3): *nullifying* interventions remove property Z
 (``transform(X)``), *counterfactual* ones set Z to a target value z' (``transform(X, z_target)``).
+
+Every study fits and applies an intervention through the two helpers here: :func:`fit_intervention` (dispatch on
+the declared capabilities ``needs_probe`` / ``needs_model`` / plain) and :func:`apply` (dispatch on ``kind``, with
+the one rule of the two kinds, :func:`check_goal`).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Self
 
+import torch
 from torch import Tensor
 
+from cprobe.errors import ConfigError, DataError
 from cprobe.estimator import Estimator, adapt
 from cprobe.registry import Registry, WrongFamily, wrong_family
 
@@ -53,6 +59,10 @@ class Intervention(Estimator, ABC):
     @abstractmethod
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         """Return intervened embeddings of the same shape and dtype as ``X``."""
+
+    def check_goal(self, z_target: Tensor | None) -> None:
+        """:func:`check_goal` for this intervention (what :class:`cprobe.models.edits.Apply` calls)."""
+        check_goal(self, z_target)
 
     def edit_direction(self) -> Tensor | None:
         """The unit vector (d,) spanning the subspace the fitted edit changes, when that subspace is one direction
@@ -100,8 +110,6 @@ def accept(obj: Any, ref: str) -> type[Intervention]:
     """``obj`` as an intervention class: a subclass of :class:`Intervention` (or a class with ``fit`` and
     ``transform``, adapted), or another family's class an adapter turns into one; its declared capabilities checked
     for contradictions. A one-line ConfigError otherwise."""
-    from cprobe.errors import ConfigError
-
     if not (inspect.isclass(obj) and issubclass(obj, Intervention)):
         for adapter in ADAPTERS:
             got = adapter(obj, ref)
@@ -124,8 +132,6 @@ INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention", group="cp
 
 def check_batch(X: Tensor, z: Tensor) -> bool:
     """Shapes of a streamed ``update(X, z)`` batch: X (n, d), z (n,); False for an empty batch (nothing to add)."""
-    from cprobe.errors import ConfigError
-
     if X.ndim != 2 or z.shape != (X.shape[0],):
         raise ConfigError(f"expected X (n, d) and z (n,), got {tuple(X.shape)} and {tuple(z.shape)}")
     return len(z) > 0
@@ -135,8 +141,6 @@ def projection_direction(P: Tensor) -> Tensor | None:
     """The unit u with ``I − P = u uᵀ`` when ``I − P`` is (numerically) a rank-1 orthogonal projection, else None:
     the one direction an orthogonal eraser ``X ↦ X P`` removes. Cheap (no eigendecomposition): the column of
     ``I − P`` with the largest diagonal entry is ``u·u_j``."""
-    import torch
-
     M = torch.eye(P.shape[0], dtype=torch.float64, device=P.device) - P.double()
     if abs(float(torch.trace(M)) - 1.0) > 1e-3:
         return None
@@ -145,3 +149,59 @@ def projection_direction(P: Tensor) -> Tensor | None:
     if float((M - torch.outer(u, u)).abs().max()) > 1e-3:
         return None
     return u.float()
+
+
+def n_classes_of(z: Tensor) -> int:
+    """Number of classes implied by int labels in [0, k); at least two must occur."""
+    if z.ndim != 1 or z.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise DataError(f"labels must be a 1-d integer tensor, got shape {tuple(z.shape)} dtype {z.dtype}")
+    if z.numel() == 0 or int(z.min()) < 0:
+        raise DataError("labels must be non-empty class ids in [0, k)")
+    if z.unique().numel() < 2:
+        raise DataError("labels contain a single class; an intervention needs at least two")
+    return int(z.max()) + 1
+
+
+def needs_goal(method: Any) -> bool:
+    """Whether ``method`` is applied toward a target class per row: a counterfactual intervention sets Z to z′
+    (``transform(X, z_target)``), a nullifying one removes Z (``transform(X)``)."""
+    return getattr(method, "kind", None) == "counterfactual"
+
+
+def check_goal(method: Any, z_target: Tensor | None) -> None:
+    """The one rule of the two kinds: a counterfactual intervention needs ``z_target`` (the target class of every
+    row), a nullifying one takes none. A one-line ConfigError otherwise."""
+    kind = getattr(method, "kind", None)
+    if kind == "counterfactual" and z_target is None:
+        raise ConfigError(f"{type(method).__name__}: a counterfactual intervention needs targets (z_target, the "
+                          "target class of every row)")
+    if kind == "nullifying" and z_target is not None:
+        raise ConfigError(f"{type(method).__name__}: a nullifying intervention takes no targets (z_target)")
+
+
+def apply(method: Any, X: Tensor, goal: Tensor | None = None) -> Tensor:
+    """The fitted ``method`` applied to ``X`` (n, d) by its kind: ``transform(X, goal)`` toward the target classes
+    ``goal`` (n,) for a counterfactual one, ``transform(X)`` for a nullifying one (:func:`check_goal`)."""
+    check_goal(method, goal)
+    return method.transform(X) if goal is None else method.transform(X, goal)
+
+
+def fit_intervention(method: Any, X: Tensor, z: Tensor, *, probe: Callable[[], Any] | None = None,
+                     through: Callable[[], Any] | None = None) -> Any:
+    """``method`` fitted on (X, z) as its declared capabilities say (the one dispatch every study uses):
+
+    - ``needs_probe`` (it attacks a classifier): given the probe ``probe()`` returns (the study's interventional
+      probe, its own object, trained on the same rows); with no ``probe`` its ``fit`` trains its own;
+    - ``needs_model`` (trained through the model on minimal pairs, DAS): ``fit(X, z, through=through())``;
+    - otherwise ``fit(X, z)``.
+
+    ``probe`` and ``through`` are called only when the method needs them (both cost a fit or a forward). Returns
+    what ``fit`` / ``use_probe`` return (the method itself)."""
+    if getattr(method, "needs_probe", False) and probe is not None:
+        return method.use_probe(probe())
+    if getattr(method, "needs_model", False):
+        if through is None:
+            raise ConfigError(f"{type(method).__name__} is trained through the model (needs_model): it needs minimal "
+                              "pairs at one edit site")
+        return method.fit(X, z, through=through())
+    return method.fit(X, z)

@@ -51,8 +51,7 @@ from torch import Tensor
 
 from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions.base import ADAPTERS, INTERVENTIONS, Intervention, Kind
-from cprobe.interventions.inlp import n_classes_of
+from cprobe.interventions.base import ADAPTERS, INTERVENTIONS, Intervention, Kind, n_classes_of
 
 ALONG = ("direction", "covariance")
 """How a row moves to its new coordinate: along ``a`` (the Euclidean-smallest move) or along ``Σa`` (module doc)."""

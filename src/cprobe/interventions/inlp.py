@@ -22,19 +22,8 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, n_classes_of
 from cprobe.stats import fit_logistic, l2_for_C
-
-
-def n_classes_of(z: Tensor) -> int:
-    """Number of classes implied by int labels in [0, k); at least two must occur."""
-    if z.ndim != 1 or z.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-        raise DataError(f"labels must be a 1-d integer tensor, got shape {tuple(z.shape)} dtype {z.dtype}")
-    if z.numel() == 0 or int(z.min()) < 0:
-        raise DataError("labels must be non-empty class ids in [0, k)")
-    if z.unique().numel() < 2:
-        raise DataError("labels contain a single class; an intervention needs at least two")
-    return int(z.max()) + 1
 
 
 def _orthonormal_extension(Q: Tensor, V: Tensor, tol: float = 1e-4) -> tuple[Tensor, Tensor]:

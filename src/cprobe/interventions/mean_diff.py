@@ -21,8 +21,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError, NotFittedError
-from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch
-from cprobe.interventions.inlp import n_classes_of
+from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch, n_classes_of
 from cprobe.stats import ClassMeans
 
 

@@ -50,6 +50,25 @@ def nullifying_completeness(p_hat: Tensor) -> Tensor:
     return 1.0 - k / (k - 1) * tv_distance(p_hat, uniform)
 
 
+def completeness(p_hat: Tensor, z_goal: Tensor | None = None, nullifying: bool | Tensor | None = None) -> Tensor:
+    """Per row, the completeness of edited states an oracle reads as ``p_hat`` (n, k) — at the edited layer or any
+    later one: eq. 2 (:func:`nullifying_completeness`) where the row's edit is nullifying, else eq. 1
+    (:func:`counterfactual_completeness`) toward ``z_goal`` (n,). ``nullifying``: one bool for every row (default
+    ``z_goal is None``), or (n,) bools where rows carry edits of both kinds (many edits in one forward pass). The
+    one downstream-read scorer of the reliability study and CausalGym."""
+    if nullifying is None:
+        nullifying = z_goal is None
+    if isinstance(nullifying, bool):
+        if nullifying:
+            return nullifying_completeness(p_hat)
+        if z_goal is None:
+            raise ConfigError("counterfactual completeness needs the goal class of every row (z_goal)")
+        return counterfactual_completeness(p_hat, z_goal)
+    assert z_goal is not None, "rows of both kinds need z_goal for the counterfactual ones"
+    return torch.where(nullifying.to(p_hat.device), nullifying_completeness(p_hat),
+                       counterfactual_completeness(p_hat, z_goal))
+
+
 def selectivity(p_hat: Tensor, p: Tensor, mask: Tensor | None = None) -> Tensor:
     """Eq. 3 for one non-targeted property: s = 1 − δ(P̂, P)/m, m = max(1 − min P, max P).
 
@@ -131,7 +150,7 @@ def score_intervention(oracles: Mapping[str, Oracle], target: str, others: Seque
     and each non-targeted property's ``selectivity_<p>`` (n,; NaN where p does not apply).
     """
     p_hat = oracles[target].predict_proba(X_new)
-    per_row = counterfactual_completeness(p_hat, z_goal) if z_goal is not None else nullifying_completeness(p_hat)
+    per_row = completeness(p_hat, z_goal)
     comp = per_row.double().mean().item()
     parts = {p: selectivity(oracles[p].predict_proba(X_new), oracles[p].predict_proba(X_orig), applies[p])
              for p in others}

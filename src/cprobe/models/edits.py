@@ -95,7 +95,8 @@ class Apply(EditSpec):
 
     ``Apply(eraser)`` takes anything with a ``transform(X[, z_target])`` method (the interventions), checked fitted
     here; a counterfactual one needs ``targets`` (N,), the target class of each item, bound per batch like the
-    other specs. ``Apply(fn)`` takes a plain function (n, d) → (n, d). Applied in the model it equals
+    other specs, and a nullifying one takes none (the intervention's ``check_goal``). ``Apply(fn)`` takes a plain
+    function (n, d) → (n, d). Applied in the model it equals
     :class:`Replace` with the transformed states of the same pass (tests/unit/test_edits.py).
     """
 
@@ -105,11 +106,9 @@ class Apply(EditSpec):
             check = getattr(fn, "check_fitted", None)
             if check is not None:
                 check()
-            if getattr(fn, "kind", None) == "counterfactual" and targets is None:
-                raise ConfigError(f"Apply({type(fn).__name__}): a counterfactual intervention needs targets (the "
-                                  "target class of every item)")
-            if getattr(fn, "kind", None) == "nullifying" and targets is not None:
-                raise ConfigError(f"Apply({type(fn).__name__}): a nullifying intervention takes no targets")
+            check_goal = getattr(fn, "check_goal", None)  # an intervention's kind rule (interventions.base)
+            if check_goal is not None:
+                check_goal(targets)
         elif not callable(fn):
             raise ConfigError(f"Apply needs a fitted estimator (with transform) or a function, got {fn!r}")
         elif targets is not None:

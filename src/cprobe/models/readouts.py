@@ -5,6 +5,7 @@
 - :class:`Verbaliser`: the same with one fixed set of label words for every row (an LM used as a
   classifier through a prompt);
 - :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
+- :class:`NextToken`: the same, unchecked, for a forward that runs every training step (DAS at many sites);
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
 - :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C).
 
@@ -120,6 +121,17 @@ class Vocabulary(Readout):
 
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         return logits_at(logits, batch).float().log_softmax(-1)
+
+
+class NextToken(Readout):
+    """The next-token log-distribution (n, V) at the prediction position, with no check that reads the device (DAS
+    trains through it every step; the rows are known to have the position)."""
+
+    name = "next_token"
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        pos = batch.positions[str(batch.pred)].to(logits.device)
+        return logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
 
 
 class TopK(Readout):

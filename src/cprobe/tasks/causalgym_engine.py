@@ -37,7 +37,7 @@ import logging
 import time
 import warnings
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,13 +52,14 @@ from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
-from cprobe.interventions import INTERVENTIONS
+from cprobe.interventions import INTERVENTIONS, apply, fit_intervention, needs_goal
 from cprobe.metrics.odds import erased_fraction, erasure, iia, log_odds_ratio, task_accuracy
-from cprobe.metrics.reliability import counterfactual_completeness, nullifying_completeness
+from cprobe.metrics.reliability import completeness
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
 from cprobe.models.formatters import RegionFormatter
-from cprobe.models.readouts import CandidateTokens, Readout
+from cprobe.models.multisite import SitesForward, rowwise_dii, site_batch
+from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import STREAMS, Batch, Site
 
 log = logging.getLogger("cprobe")
@@ -320,75 +321,6 @@ def site_of(layer: int, region: int, stream: str) -> Site:
     return Site(layer, f"region:{region}", stream)  # type: ignore[arg-type]
 
 
-# ----------------------------------------------------------------------------------------- many sites in one pass
-
-
-class NextToken(Readout):
-    """The next-token log-distribution (n, V) at the prediction position, with no check that reads the device (DAS
-    trains through it every step; the rows are known to have the position)."""
-
-    name = "next_token"
-
-    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
-        pos = batch.positions[str(batch.pred)].to(logits.device)
-        return logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
-
-
-def site_batch(batch: Batch, items: Tensor, row_site: Tensor, sites: Sequence[Site]) -> tuple[Batch, list[Site]]:
-    """The batch whose row r is item ``items[r]`` of ``batch`` (trimmed to its longest row), edited at site
-    ``sites[row_site[r]]``: one synthetic position per (layer, stream) of those sites, holding each row's site
-    position where the row's site is at that layer and −1 elsewhere (an edit there leaves the row alone). Returns
-    the batch and its synthetic sites, so one forward carries interventions at many sites, one per row."""
-    sub = batch.select(items)
-    keys = sorted({(sites[i].layer, sites[i].stream) for i in row_site.unique().tolist()})
-    group = torch.tensor([keys.index((s.layer, s.stream)) if (s.layer, s.stream) in keys else -1 for s in sites],
-                         dtype=torch.long)
-    table = torch.stack([batch.positions[s.position] for s in sites])  # (sites, N)
-    at = table[row_site, items]
-    out = []
-    for g, (layer, stream) in enumerate(keys):
-        name = f"sites@{layer}.{stream}"
-        sub.positions[name] = torch.where(group[row_site] == g, at, torch.full_like(at, -1))
-        out.append(Site(layer, name, stream))  # type: ignore[arg-type]
-    sub.rows = torch.arange(len(items))
-    return sub, out
-
-
-def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
-    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)), or the whole-
-    vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
-    def edit(h: Tensor) -> Tensor:
-        new = dii(h.float(), source, direction)
-        if whole is not None:
-            new = torch.where(whole[:, None], source, new)
-        return new.to(h.dtype)
-    return edit
-
-
-class SitesForward:
-    """The DAS forward for K sites that share their train rows (:data:`cprobe.directions.das.BatchForward`): every
-    step's rows, K times, edited copy k at site k, in one pass. The step batches are built and moved to the device
-    before training, so a step reads nothing back from the device."""
-
-    def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
-                 windows: Sequence[tuple[int, int]]) -> None:
-        self.adapter, self.K = adapter, len(sites)
-        self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
-        for start, stop in windows:
-            b = stop - start
-            items = rows[start:stop].repeat(self.K)
-            row_site = torch.arange(self.K).repeat_interleave(b)
-            batch, at = site_batch(train, items, row_site, sites)
-            self.batches[start, stop] = (batch.to(adapter.device), at)
-
-    def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
-        K, b, d = h_source.shape
-        batch, at = self.batches[rows.start, rows.stop]
-        edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
-        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True).scores
-        return out.view(K, b, -1)
-
-
 # ----------------------------------------------------------------------------------------- one task
 
 
@@ -443,16 +375,14 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
             raise ValueError("the train activations at this site are all equal")
         with warnings.catch_warnings():  # e.g. INLP stopping early: the fit is still usable
             warnings.simplefilter("ignore", UserWarning)
-            if cls.needs_probe:
+            def site_probe() -> Any:
                 if not gbi_probe:
                     probe_cfg = config.interventional_probe or config.oracle_probe
                     gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device))
-                inter.use_probe(gbi_probe[0])
-            else:
-                inter.fit(X_tr.float().to(dev), y_tr.to(dev))
-        X = X_ev.float().to(dev)
-        edited = inter.transform(X, z_source.to(dev)) if kind == "counterfactual" else inter.transform(X)
-        edited = edited.float().cpu()
+                return gbi_probe[0]
+
+            fit_intervention(inter, X_tr.float().to(dev), y_tr.to(dev), probe=site_probe)
+        edited = apply(inter, X_ev.float().to(dev), z_source.to(dev) if needs_goal(inter) else None).float().cpu()
         if cls.exposes_direction and config.intervention_directions:
             a = inter.edit_direction()
             a = None if a is None else (a / a.norm()).float().cpu()
@@ -794,9 +724,7 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
             if len(take) == 0:
                 continue
             p_hat = plan.oracle.predict_proba(out.acts[s][take.to(dev)].float()).float().cpu()
-            null = row_null[rows][take]
-            cf = counterfactual_completeness(p_hat, ev_src_class[items[take]])
-            read_comp[rows[take], k] = torch.where(null, nullifying_completeness(p_hat), cf)
+            read_comp[rows[take], k] = completeness(p_hat, ev_src_class[items[take]], row_null[rows][take])
     first = 0
     for plan, r, a, conds in jobs:
         n = len(plan.ok_ev)
@@ -804,14 +732,10 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
         comp = float("nan")
         if plan.oracle is not None:
             X_ev, hs_ev = base_ev[plan.site][plan.ok_ev], src_ev[plan.site][plan.ok_ev]
-            if r.edited is not None:
-                p_hat = plan.oracle.predict_proba(r.edited)
-                per = (nullifying_completeness(p_hat) if r.edit == "nullifying"
-                       else counterfactual_completeness(p_hat, ev_src_class[plan.ok_ev]))
-            else:
-                h_new = hs_ev if a is None else dii(X_ev, hs_ev, a.to(X_ev.device, torch.float32))
-                per = counterfactual_completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev])
-            comp = float(per.mean())
+            h_new = r.edited if r.edited is not None else hs_ev if a is None else dii(
+                X_ev, hs_ev, a.to(X_ev.device, torch.float32))
+            comp = float(completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev],
+                                      r.edit == "nullifying").mean())
         by_layer = {lr: float(read[:, k].mean()) for k, lr in enumerate(layers) if lr >= plan.layer} if readers else {}
         for k, c in enumerate(conditions):
             if c in conds:

@@ -32,7 +32,7 @@ from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import check_layers_spec, extract, resolve_layers, task_accuracy
-from cprobe.interventions import INTERVENTIONS, Intervention
+from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.models.load import fingerprint, resolve_device
@@ -266,25 +266,22 @@ def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], 
 def _fit_intervention(ctx: JobContext, config: Config, icfg: Mapping[str, Any], X_fit: Tensor, z_fit: Tensor,
                       memo_base: Mapping[str, Any], probe_dir: Path | None, dev: str, sources: dict[str, str],
                       oracles: Sequence[Probe], tag: str = "", through: Any = None) -> Intervention:
-    """A fresh intervention fitted on (X_fit, z_fit) — the intervention split's states at its site — or, for one
-    that attacks a probe, given an interventional probe trained there (its own object, never an oracle); one trained
-    through the model (``needs_model``: DAS) gets ``through()``, its minimal-pair training
-    (:func:`minimal_pair_training`)."""
+    """A fresh intervention fitted on (X_fit, z_fit) — the intervention split's states at its site — by its
+    capabilities (:func:`cprobe.interventions.base.fit_intervention`): one that attacks a probe is given an
+    interventional probe trained there (its own object, never an oracle); one trained through the model
+    (``needs_model``: DAS) gets ``through()``, its minimal-pair training (:func:`minimal_pair_training`)."""
     cfg = ctx.cfg
     method: Intervention = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
-    if method.needs_probe:
+
+    def interventional_probe() -> Probe:
         pc = cfg["probe"][config.interventional_probe]
         probe, sources[f"interventional{tag}"] = _memo_probe(
             {**memo_base, "interventional": config.target, "probe": pc}, ctx.probe(pc), X_fit.to(dev),
             z_fit.to(dev), probe_dir)
         assert all(probe is not o for o in oracles)
-        method.use_probe(probe)  # type: ignore[attr-defined]
-    elif method.needs_model:
-        if through is None:
-            raise ConfigError(f"intervention {icfg['name']!r} is trained through the model: it needs one edit site")
-        method.fit(X_fit.to(dev), z_fit.to(dev), through=through())  # type: ignore[call-arg]
-    else:
-        method.fit(X_fit.to(dev), z_fit.to(dev))
+        return probe
+
+    fit_intervention(method, X_fit.to(dev), z_fit.to(dev), probe=interventional_probe, through=through)
     return method
 
 
@@ -297,85 +294,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         ctx.warn(note)
     position = cfg["position"]
     sites = edit_sites(config, cfg["layers"], position, adapter.n_layers)
-    if config.read_layers is not None or config.sites is not None:
-        return _run_sites(ctx, config, adapter, ds, sites, t_job)
-    layer = sites[0].layer
-    ex = extract(adapter, ds, [layer], position, ctx.cache, progress=ctx.progress)
-    for reason, n in ex.dropped.items():
-        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
-    data = ex.dataset
-    target, others = config.target, list(config.others)
-    seed = ctx.seed
-    splits, values, labels = _labels(cfg, config, data, seed)
-    X = ex.acts[layer].float()
-    dev = str(resolve_device(ctx.device or "auto"))
-    memo_base = _acts_key(adapter, data, layer, position, seed, cfg["split"])
-    probe_dir = _probe_dir(ctx, config)
-
-    # Oracle probes: oracle split only, original embeddings only, one per property.
-    t0 = time.perf_counter()
-    te = splits["test"]
-    oracles, sources, oracle_info = _train_oracles(ctx, config, values, labels, splits, X, memo_base, probe_dir, dev,
-                                                   f"{adapter.name} layer {layer}")
-    t_oracle = time.perf_counter() - t0
-
-    X_te, z_te = X[te], labels[target][te]
-    k = len(values[target])
-    icfg = dict(cfg["intervention"])
-    hparam = icfg.pop("hparam", None)
-    name = icfg["name"]
-    inter = splits["intervention"]
-    t0 = time.perf_counter()
-    method = _fit_intervention(ctx, config, icfg, X[inter], labels[target][inter], memo_base, probe_dir, dev, sources,
-                               list(oracles.values()),
-                               through=lambda: minimal_pair_training(adapter, data, ex, inter, layer, position, target,
-                                                                     cfg["dataset"], ctx.data_root, ctx.progress))
-    t_fit = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    if method.kind == "counterfactual":
-        rows, z_goal = counterfactual_targets(z_te, k)
-        X_new = method.transform(X_te[rows].to(dev), z_goal.to(dev)).float().cpu()
-    else:
-        rows, z_goal = torch.arange(len(te)), None
-        X_new = method.transform(X_te.to(dev)).float().cpu()
-    t_apply = time.perf_counter() - t0
-
-    # ΔTask Acc: the same (test row, goal) items before and after writing the intervened states back.
-    t0 = time.perf_counter()
-    acc_before = acc_after = None
-    if ex.scores is not None:
-        items = te[rows.numpy()]
-        acc_before = task_accuracy(ex.scores[items])
-        written = adapter.map([data.examples[i] for i in items], AgreementFormatter((position,)),
-                              edits={Site(layer, position): Replace(X_new)},
-                              readout=CandidateTokens(ex.candidates[items]),
-                              desc="write-back" if ctx.progress else None)
-        acc_after = task_accuracy(written.scores)
-    t_task = time.perf_counter() - t0
-
-    per_item: dict[str, Tensor] = {}
-    scores = score_intervention(oracles, target, others, X_te[rows], X_new, z_goal,
-                                {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after, per_item)
-    scores.update(edit_metrics(outside_metrics(cfg), X_te[rows], X_new, z_te[rows], z_goal, per_item))
-    _write_items(ctx.out_dir / ITEMS_FILE, te[rows.numpy()], z_goal, per_item)
-    hval = icfg.get(hparam) if hparam else None
-    row = {
-        "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": layer,
-        "position": position, "target": target, "method": name, "kind": method.kind, "hparam": hparam,
-        "hparam_value": None if hval is None else float(hval), **scores,
-        "selectivity_valid": all(oracle_info[f"oracle_informative_{p}"] for p in others),
-        **oracle_info, "oracle_probe": config.oracle_probe,
-        "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
-        "device": str(dev), "probe_source": ",".join(f"{k_}={v}" for k_, v in sources.items()),
-        "method_source": INTERVENTIONS.provenance(name).text,
-        **{f"fit_{a}": getattr(method, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(method, a)},
-        "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "task_s": t_task,
-        "job_s": time.perf_counter() - t_job,
-    }
-    log.info("%s %s=%s: C=%.3f S=%.3f R=%.3f ΔTask=%s (%.1fs)", name, hparam, hval, scores["completeness"],
-             scores["selectivity"], scores["reliability"], scores.get("delta_task_acc"), row["job_s"])
-    return pd.DataFrame([row])
+    return _run_sites(ctx, config, adapter, ds, sites, t_job)
 
 
 OUTSIDE = "metric_"
@@ -482,9 +401,12 @@ def _site_name(s: Site, position: str) -> str:
 
 def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
                t_job: float) -> pd.DataFrame:
-    """Edit at ``sites`` (one or several) and score the states read at every read layer l′ in the same forward pass,
-    with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's output."""
+    """The study's one run path: edit at ``sites`` (one or several) and score the states read at every read layer l′
+    in the same forward pass, with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's
+    output. A plain job (no ``read_layers``, no ``sites``: one site, read where it is edited) scores the edited
+    states themselves and keeps its row's shape (no ``read_layer``/``sites``/``mode``; the fit's diagnostics)."""
     cfg = ctx.cfg
+    plain = config.read_layers is None and config.sites is None
     position = cfg["position"]
     seed = ctx.seed
     edited = [s.layer for s in sites]
@@ -545,7 +467,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     # One forward over the scored test items: every site edited, every read layer read, the task output scored.
     t0 = time.perf_counter()
     z_te = labels[target][te]
-    if kind == "counterfactual":
+    if needs_goal(next(iter(fitted.values()))):
         rows, z_goal = counterfactual_targets(z_te, len(values[target]))
     else:
         rows, z_goal = torch.arange(len(te)), None
@@ -554,18 +476,21 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     if len(sites) == 1:  # the one-site edit as the states the plain study scores (Replace of the transform)
         (s,) = sites
         X_site = exs[s.position].acts[s.layer].float()[items].to(dev)
-        m = fitted[s]
-        X_new = (m.transform(X_site, z_goal.to(dev)) if z_goal is not None else m.transform(X_site)).float().cpu()
+        X_new = apply(fitted[s], X_site, None if z_goal is None else z_goal.to(dev)).float().cpu()
         edits = {s: Replace(X_new)}
     else:
         edits = {s: Apply(m, z_goal) for s, m in fitted.items()}
+    t_apply = time.perf_counter() - t0
+    t0 = time.perf_counter()
     readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
-    out = adapter.map([data.examples[i] for i in items], fmt, read=[Site(l, position) for l in reads], edits=edits,
-                      readout=readout, desc="edited pass" if ctx.progress else None)
-    acc_before = acc_after = None
+    acc_before = acc_after = out = None
+    if not plain or readout is not None:  # a plain job reads nothing back: it scores X_new, the states written
+        out = adapter.map([data.examples[i] for i in items], fmt, read=[] if plain else [Site(l, position) for l in reads],
+                          edits=edits, readout=readout,
+                          desc=("write-back" if plain else "edited pass") if ctx.progress else None)
     if readout is not None:
         acc_before, acc_after = task_accuracy(ex.scores[items]), task_accuracy(out.scores)
-    t_apply = time.perf_counter() - t0
+    t_task = time.perf_counter() - t0
 
     hval = icfg.get(hparam) if hparam else None
     deepest = max(edited)
@@ -574,7 +499,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     per_layer: dict[int, dict[str, Tensor]] = {}
     for l in reads:
         X_orig = ex.acts[l].float()[items]
-        X_edit = out.acts[Site(l, position)].float()
+        X_edit = X_new if plain else out.acts[Site(l, position)].float()
         per_layer[l] = {}
         scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
                                     {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
@@ -584,23 +509,31 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
         for p in (target, *others):
             ok = labels[p][items] >= 0
             edited_acc[f"oracle_acc_edited_{p}"] = oracles[l][p].score(X_edit[ok], labels[p][items][ok])
+        where = {"position": position, "target": target} if plain else {
+            "read_layer": l, "sites": site_names, "target": target,
+            "mode": config.mode if len(sites) > 1 else "single", "position": position}
+        m = fitted[sites[0]]
         rows_out.append({
-            "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": deepest,
-            "read_layer": l, "sites": site_names, "target": target, "mode": config.mode if len(sites) > 1 else "single",
-            "position": position, "method": name, "kind": kind, "hparam": hparam,
-            "hparam_value": None if hval is None else float(hval), **scores, **edited_acc,
+            "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": deepest, **where,
+            "method": name, "kind": kind, "hparam": hparam,
+            "hparam_value": None if hval is None else float(hval), **scores, **({} if plain else edited_acc),
             "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
             **o_info[l], "oracle_probe": config.oracle_probe,
             "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
             "device": str(dev),
             "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_sources[l], **sources}.items()),
             "method_source": INTERVENTIONS.provenance(name).text,
-            "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": t_apply, "job_s": time.perf_counter() - t_job,
+            **({f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
+               if plain else {}),
+            "oracle_s": t_oracle, "fit_s": t_fit,
+            **({"apply_s": t_apply, "task_s": t_task} if plain else {"apply_s": t_apply + t_task}),
+            "job_s": time.perf_counter() - t_job,
         })
         log.info("%s%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name,
-                 f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"], scores["selectivity"], scores["reliability"],
-                 target, edited_acc[f"oracle_acc_edited_{target}"], scores.get("delta_task_acc"))
-    _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer)
+                 f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"],
+                 scores["selectivity"], scores["reliability"], target, edited_acc[f"oracle_acc_edited_{target}"],
+                 scores.get("delta_task_acc"))
+    _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer[reads[0]] if plain else per_layer)
     return pd.DataFrame(rows_out)
 
 

@@ -1,0 +1,79 @@
+"""Many sites per forward: a different edit site per row, so one pass carries interventions at many (layer, position)
+sites (pyvene's per-example ``unit_locations``, with the site kept as data).
+
+- :func:`site_batch`: the batch whose row r is an item edited at its own site (one synthetic position per (layer,
+  stream), −1 where the row's site is elsewhere, so an edit there leaves the row alone);
+- :func:`rowwise_dii`: the edit applying, row by row, the 1-D DII toward each row's source along each row's direction
+  (or the whole-vector swap);
+- :class:`SitesForward`: the training forward of K sites sharing their train rows (DAS ``fit_many``): every step's
+  rows K times, copy k edited at site k, in one pass.
+
+The studies score with these (CausalGym's many (site, edit) pairs per eval forward; DAS at many sites at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.edits import dii
+from cprobe.models.readouts import NextToken
+from cprobe.models.sites import Batch, Site
+
+
+def site_batch(batch: Batch, items: Tensor, row_site: Tensor, sites: Sequence[Site]) -> tuple[Batch, list[Site]]:
+    """The batch whose row r is item ``items[r]`` of ``batch`` (trimmed to its longest row), edited at site
+    ``sites[row_site[r]]``: one synthetic position per (layer, stream) of those sites, holding each row's site
+    position where the row's site is at that layer and −1 elsewhere (an edit there leaves the row alone). Returns
+    the batch and its synthetic sites, so one forward carries interventions at many sites, one per row."""
+    sub = batch.select(items)
+    keys = sorted({(sites[i].layer, sites[i].stream) for i in row_site.unique().tolist()})
+    group = torch.tensor([keys.index((s.layer, s.stream)) if (s.layer, s.stream) in keys else -1 for s in sites],
+                         dtype=torch.long)
+    table = torch.stack([batch.positions[s.position] for s in sites])  # (sites, N)
+    at = table[row_site, items]
+    out = []
+    for g, (layer, stream) in enumerate(keys):
+        name = f"sites@{layer}.{stream}"
+        sub.positions[name] = torch.where(group[row_site] == g, at, torch.full_like(at, -1))
+        out.append(Site(layer, name, stream))  # type: ignore[arg-type]
+    sub.rows = torch.arange(len(items))
+    return sub, out
+
+
+def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
+    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)), or the whole-
+    vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
+    def edit(h: Tensor) -> Tensor:
+        new = dii(h.float(), source, direction)
+        if whole is not None:
+            new = torch.where(whole[:, None], source, new)
+        return new.to(h.dtype)
+    return edit
+
+
+class SitesForward:
+    """The DAS forward for K sites that share their train rows (:data:`cprobe.directions.das.BatchForward`): every
+    step's rows, K times, edited copy k at site k, in one pass. The step batches are built and moved to the device
+    before training, so a step reads nothing back from the device."""
+
+    def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
+                 windows: Sequence[tuple[int, int]]) -> None:
+        self.adapter, self.K = adapter, len(sites)
+        self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
+        for start, stop in windows:
+            b = stop - start
+            items = rows[start:stop].repeat(self.K)
+            row_site = torch.arange(self.K).repeat_interleave(b)
+            batch, at = site_batch(train, items, row_site, sites)
+            self.batches[start, stop] = (batch.to(adapter.device), at)
+
+    def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
+        K, b, d = h_source.shape
+        batch, at = self.batches[rows.start, rows.stop]
+        edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
+        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True).scores
+        return out.view(K, b, -1)
