@@ -1,5 +1,5 @@
 """DAS training throughput: every CausalGym site's direction trained one site at a time (the runner before the
-batched pass) vs many sites in one batched forward per step (``DAS.fit_many`` + the engine's ``SitesForward``).
+batched pass) vs many sites in one batched forward per step (``DAS.fit_many`` + ``models.multisite.SitesForward``).
 
 Same model, same train pairs, same sites, same seed and budget; prints optimiser steps per second of each, their ratio
 and the largest difference between the directions they learn (the batched pass must learn the same ones; tolerance
@@ -25,7 +25,7 @@ from cprobe.models.formatters import RegionFormatter
 from cprobe.models.readouts import Vocabulary
 from cprobe.models.sites import Site
 from cprobe.models.tiny import build_tokenizer
-from cprobe.tasks.causalgym_engine import SitesForward
+from cprobe.models.multisite import SitesForward
 
 NOUNS = [f"n{i}" for i in range(30)]
 SPEC = {  # the agreement templates' shape: 6 regions from the label on

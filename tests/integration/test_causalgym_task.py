@@ -522,7 +522,8 @@ def test_one_pass_over_many_sites_scores_as_one_site_at_a_time(adapter, template
     """The batched forward (every row its own site, many sites per pass) gives each row the scores of a pass with that
     row's DII alone at its site."""
     from cprobe.models.readouts import Vocabulary
-    from cprobe.tasks.causalgym_engine import NextToken, rowwise_dii, site_batch
+    from cprobe.models.multisite import rowwise_dii, site_batch
+    from cprobe.models.readouts import NextToken
 
     splits = make_pair_splits(template, 8, 4)
     base, src = pair_items(splits.train)
@@ -564,7 +565,7 @@ def test_das_over_many_sites_in_one_pass_equals_one_site_at_a_time(adapter, temp
 def test_das_training_reads_nothing_back_from_the_device_per_step(adapter, template):
     """Through the real model: the host reads of a DAS pass do not grow with its steps (HF's own mask check aside)."""
     from cprobe.directions.das import DAS
-    from cprobe.tasks.causalgym_engine import SitesForward
+    from cprobe.models.multisite import SitesForward
     from tests.unit.test_directions import _sync_ops
 
     splits = make_pair_splits(template, 8, 4)
