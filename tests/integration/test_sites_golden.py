@@ -28,6 +28,7 @@ RELIABILITY = {
     "mean_diff_plain": ["intervention=mean_diff"],
     "fgsm_plain": ["intervention=fgsm"],
     "das_plain": ["intervention=das"],
+    "rlace_plain": ["intervention=rlace", "intervention.max_steps=200"],  # its fit_steps_run / fit_converged columns
     "leace_read_all": ["intervention=leace", "reliability.read_layers=all"],
     "das_read_all": ["intervention=das", "reliability.read_layers=all"],
     "leace_sequential": ["intervention=leace", "reliability.sites=[2,3]", "reliability.mode=sequential",

@@ -111,8 +111,7 @@ def test_completeness_by_kind_row_by_row_hand_computed():
     # rows of both kinds in one pass: each row by its own edit's kind
     mixed = completeness(p, goal, torch.tensor([True, False, True]))
     assert mixed.tolist() == pytest.approx([1.0, 0.1, 0.4])
-    with pytest.raises(ConfigError, match="z_goal"):
-        completeness(p, None, False)
+    assert completeness(p, goal, False).tolist() == pytest.approx([0.5, 0.1, 0.8])
 
 
 def test_rowwise_dii_hand_computed():

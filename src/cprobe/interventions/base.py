@@ -2,10 +2,7 @@
 
 Two kinds (Canby et al. 2024, §3): *nullifying* interventions remove property Z
 (``transform(X)``), *counterfactual* ones set Z to a target value z' (``transform(X, z_target)``).
-
-Every study fits and applies an intervention through the two helpers here: :func:`fit_intervention` (dispatch on
-the declared capabilities ``needs_probe`` / ``needs_model`` / plain) and :func:`apply` (dispatch on ``kind``, with
-the one rule of the two kinds, :func:`check_goal`).
+Every study fits one with :func:`fit_intervention` (by its capabilities) and applies it with :func:`apply` (by kind).
 """
 
 from __future__ import annotations
@@ -163,8 +160,7 @@ def n_classes_of(z: Tensor) -> int:
 
 
 def needs_goal(method: Any) -> bool:
-    """Whether ``method`` is applied toward a target class per row: a counterfactual intervention sets Z to z′
-    (``transform(X, z_target)``), a nullifying one removes Z (``transform(X)``)."""
+    """Whether ``method`` is applied toward a target class per row (counterfactual: ``transform(X, z_target)``)."""
     return getattr(method, "kind", None) == "counterfactual"
 
 
@@ -188,15 +184,10 @@ def apply(method: Any, X: Tensor, goal: Tensor | None = None) -> Tensor:
 
 def fit_intervention(method: Any, X: Tensor, z: Tensor, *, probe: Callable[[], Any] | None = None,
                      through: Callable[[], Any] | None = None) -> Any:
-    """``method`` fitted on (X, z) as its declared capabilities say (the one dispatch every study uses):
-
-    - ``needs_probe`` (it attacks a classifier): given the probe ``probe()`` returns (the study's interventional
-      probe, its own object, trained on the same rows); with no ``probe`` its ``fit`` trains its own;
-    - ``needs_model`` (trained through the model on minimal pairs, DAS): ``fit(X, z, through=through())``;
-    - otherwise ``fit(X, z)``.
-
-    ``probe`` and ``through`` are called only when the method needs them (both cost a fit or a forward). Returns
-    what ``fit`` / ``use_probe`` return (the method itself)."""
+    """``method`` fitted on (X, z) by its declared capabilities: ``needs_probe`` (it attacks a classifier) →
+    ``use_probe(probe())``, the study's interventional probe (with no ``probe``, its ``fit`` trains its own);
+    ``needs_model`` (trained through the model: DAS) → ``fit(X, z, through=through())``; else ``fit(X, z)``. ``probe``
+    and ``through`` are called only when needed (each costs a fit or a forward). Returns what the fit returns."""
     if getattr(method, "needs_probe", False) and probe is not None:
         return method.use_probe(probe())
     if getattr(method, "needs_model", False):

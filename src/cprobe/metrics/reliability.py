@@ -51,22 +51,13 @@ def nullifying_completeness(p_hat: Tensor) -> Tensor:
 
 
 def completeness(p_hat: Tensor, z_goal: Tensor | None = None, nullifying: bool | Tensor | None = None) -> Tensor:
-    """Per row, the completeness of edited states an oracle reads as ``p_hat`` (n, k) — at the edited layer or any
-    later one: eq. 2 (:func:`nullifying_completeness`) where the row's edit is nullifying, else eq. 1
-    (:func:`counterfactual_completeness`) toward ``z_goal`` (n,). ``nullifying``: one bool for every row (default
-    ``z_goal is None``), or (n,) bools where rows carry edits of both kinds (many edits in one forward pass). The
-    one downstream-read scorer of the reliability study and CausalGym."""
-    if nullifying is None:
-        nullifying = z_goal is None
-    if isinstance(nullifying, bool):
-        if nullifying:
-            return nullifying_completeness(p_hat)
-        if z_goal is None:
-            raise ConfigError("counterfactual completeness needs the goal class of every row (z_goal)")
-        return counterfactual_completeness(p_hat, z_goal)
-    assert z_goal is not None, "rows of both kinds need z_goal for the counterfactual ones"
-    return torch.where(nullifying.to(p_hat.device), nullifying_completeness(p_hat),
-                       counterfactual_completeness(p_hat, z_goal))
+    """Per row, the completeness of edited states an oracle (at the edited layer or a later one) reads as ``p_hat``:
+    eq. 2 where the row's edit is nullifying, else eq. 1 toward ``z_goal``. ``nullifying``: one bool (default ``z_goal
+    is None``), or (n,) bools for rows of both kinds in one pass. The reliability study's and CausalGym's one scorer."""
+    null = z_goal is None if nullifying is None else nullifying
+    if isinstance(null, bool):
+        return nullifying_completeness(p_hat) if null else counterfactual_completeness(p_hat, z_goal)
+    return torch.where(null.to(p_hat.device), nullifying_completeness(p_hat), counterfactual_completeness(p_hat, z_goal))
 
 
 def selectivity(p_hat: Tensor, p: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -1,15 +1,6 @@
-"""Many sites per forward: a different edit site per row, so one pass carries interventions at many (layer, position)
-sites (pyvene's per-example ``unit_locations``, with the site kept as data).
-
-- :func:`site_batch`: the batch whose row r is an item edited at its own site (one synthetic position per (layer,
-  stream), −1 where the row's site is elsewhere, so an edit there leaves the row alone);
-- :func:`rowwise_dii`: the edit applying, row by row, the 1-D DII toward each row's source along each row's direction
-  (or the whole-vector swap);
-- :class:`SitesForward`: the training forward of K sites sharing their train rows (DAS ``fit_many``): every step's
-  rows K times, copy k edited at site k, in one pass.
-
-The studies score with these (CausalGym's many (site, edit) pairs per eval forward; DAS at many sites at once).
-"""
+"""Many sites per forward: a different edit site per row (pyvene's per-example ``unit_locations``, the site kept as
+data): :func:`site_batch` builds the batch, :func:`rowwise_dii` the row-wise edit, :class:`SitesForward` DAS's
+training forward over K sites at once. CausalGym scores many (site, edit) pairs per forward with them."""
 
 from __future__ import annotations
 
