@@ -370,17 +370,18 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
     inter = build_intervention(run.name, run.params, seed=seed, device=device)
     kind = inter.kind
+
+    def site_probe() -> Any:
+        if not gbi_probe:
+            probe_cfg = config.interventional_probe or config.oracle_probe
+            gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device))
+        return gbi_probe[0]
+
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")
         with warnings.catch_warnings():  # e.g. INLP stopping early: the fit is still usable
             warnings.simplefilter("ignore", UserWarning)
-            def site_probe() -> Any:
-                if not gbi_probe:
-                    probe_cfg = config.interventional_probe or config.oracle_probe
-                    gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device))
-                return gbi_probe[0]
-
             fit_intervention(inter, X_tr.float().to(dev), y_tr.to(dev), probe=site_probe)
         edited = apply(inter, X_ev.float().to(dev), z_source.to(dev) if needs_goal(inter) else None).float().cpu()
         if cls.exposes_direction and config.intervention_directions:
