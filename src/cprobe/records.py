@@ -44,7 +44,6 @@ Records are deterministic: the same config and seed give byte-identical files (n
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import re
@@ -56,7 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import atomic_write_bytes, parquet_bytes
 
 RECORDS_FILE = "records.parquet"
 ITEMS_FILE = "record_items.parquet"
@@ -454,12 +453,6 @@ def _field_back(col: pd.Series, name: str) -> pd.Series:
 
 
 # ----------------------------------------------------------------------------------------------- files
-def parquet_bytes(frame: pd.DataFrame) -> bytes:
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    return buf.getvalue()
-
-
 def write_records(records: pd.DataFrame, out_dir: Path, items: pd.DataFrame | None = None) -> None:
     """``records.parquet`` (and ``record_items.parquet`` when there are per-item values), atomically."""
     atomic_write_bytes(Path(out_dir) / RECORDS_FILE, parquet_bytes(records))

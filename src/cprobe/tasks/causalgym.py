@@ -33,12 +33,13 @@ from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
 from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import parquet_bytes
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
-from cprobe.results import parquet_bytes, write_table
+from cprobe.results import write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,

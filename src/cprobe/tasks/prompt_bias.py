@@ -43,13 +43,14 @@ import numpy as np
 import pandas as pd
 
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import parquet_bytes
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec
-from cprobe.results import parquet_bytes, summarise, write_parquet
+from cprobe.results import summarise, write_parquet
 
 log = logging.getLogger("cprobe")
 

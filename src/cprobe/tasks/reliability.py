@@ -798,8 +798,7 @@ ITEMS_FILE = "reliability_items.parquet"
 def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
                  per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> None:
     """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column)."""
-    from cprobe.io import atomic_write_bytes
-    from cprobe.records import parquet_bytes
+    from cprobe.io import atomic_write_bytes, parquet_bytes
 
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
