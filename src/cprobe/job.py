@@ -119,12 +119,24 @@ class JobContext:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def cache_enabled(self) -> bool:
+        """``cache.enabled`` (default true): the one reading of whether the job's caches are on."""
+        return bool((self.cfg.get("cache") or {}).get("enabled", True))
+
+    def cache_dir(self, kind: str) -> Path | None:
+        """The directory of registered cache kind ``kind`` (:func:`cprobe.cache.kind_dir`), or None when the job's
+        caches are off."""
+        from cprobe.cache import kind_dir
+
+        return kind_dir(self.cache_root, kind) if self.cache_enabled else None
+
+    @property
     def cache(self) -> ActivationCache:
         """The activation cache (imported here: reading status files, as `cprobe status` does, needs no torch)."""
         from cprobe.cache import SHARD_MB, ActivationCache
 
         c = self.cfg.get("cache", {}) or {}
-        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)),
+        return ActivationCache(self.cache_root, enabled=self.cache_enabled,
                                dtype=str(c.get("dtype", "float32")), shard_mb=float(c.get("shard_mb", SHARD_MB)))
 
     @property

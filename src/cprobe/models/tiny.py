@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from cprobe.cache import build_lock
+from cprobe.cache import checked_entry, entry_problem, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
 from transformers import (
@@ -51,7 +50,6 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
-from cprobe.io import make_temp_dir, verify_manifest, write_manifest
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -137,32 +135,11 @@ def ensure_tiny_model(
 
 
 def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
-    """``cache_dir/name`` for ``key``, built by ``build(tmp_dir)`` on first use.
-
-    Safe under concurrency (a file lock makes one job build while others wait) and under crashes (``build`` writes
-    a temp dir that is renamed into place; an incomplete dir is rebuilt). ``build`` must write ``training.json``
-    with ``key`` and, last, the checksum manifest.
-    """
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    out = cache_dir / name
-    if _problem(out, key) is None:
-        return out
-    with build_lock(cache_dir / f"{name}.lock", f"the tiny model {name}"):
-        problem = _problem(out, key)  # checked again: another job may have finished it while we waited
-        if problem is None:
-            return out
-        if out.exists():  # one warning, under the lock (the check before it stays quiet)
-            log.warning("tiny model %s: %s; rebuilding it", out, problem)
-            shutil.rmtree(out)
-        for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = make_temp_dir(cache_dir, prefix=f".{name}.tmp-")  # 0777 − umask, not mkdtemp's 0700
-        try:
-            build(tmp)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """``cache_dir/name`` for ``key``, built by ``build(tmp_dir)`` on first use: a checked entry
+    (:func:`cprobe.cache.checked_entry`: locked, atomic, checksummed — the weights, configs and tokenizer files;
+    an incomplete or corrupted dir is rebuilt). ``build`` must write ``training.json`` with ``key``."""
+    return checked_entry(Path(cache_dir) / name, build, f"the tiny model {name}", checked=_CHECKED,
+                         valid=lambda path: _key_problem(path, key))[0]
 
 
 def ensure_corpus_model(
@@ -219,7 +196,6 @@ def ensure_corpus_model(
                   "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "spec": spec,
                   "train": asdict(train), "init": init_key, "numerics": numerics}
         (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
-        write_manifest(out, list(_CHECKED))  # written last: marks completion
 
     return cached_build(Path(cache_dir), f"corpus-{kind}-{key}", key, build)
 
@@ -502,7 +478,6 @@ def _build(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(report, indent=2))
-    write_manifest(out, list(_CHECKED))  # written last: marks completion
 
 
 def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrainConfig) -> PreTrainedModel:
@@ -675,6 +650,11 @@ def _is_complete(path: Path, key: str) -> bool:
 
 def _problem(path: Path, key: str) -> str | None:
     """What keeps ``path`` from being a complete, uncorrupted model for ``key`` (None: nothing)."""
+    return entry_problem(path, lambda p: _key_problem(p, key))
+
+
+def _key_problem(path: Path, key: str) -> str | None:
+    """What keeps a checksum-verified ``path`` from being the model for ``key``: a missing file, another key."""
     missing = [f for f in _FILES if not (path / f).is_file()]
     if missing:
         return f"{', '.join(missing)} missing"
@@ -683,7 +663,7 @@ def _problem(path: Path, key: str) -> str | None:
             return "trained for another configuration"
     except (OSError, ValueError):
         return "training.json unreadable"
-    return verify_manifest(path)
+    return None
 
 
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:
@@ -706,7 +686,7 @@ def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = Tru
         train = TinyTrainConfig(**(t.get("train") or {}))
     except TypeError as e:
         raise ConfigError(f"bad model.tiny.train config: {e}") from None
-    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, cache_root / "models",
+    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, kind_dir(cache_root, "models"),
                             extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress)
     acc = float(training_report(out)["heldout_accuracy"])
     if acc < float(gate):

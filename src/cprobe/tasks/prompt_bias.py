@@ -30,7 +30,6 @@ The long table (column ``kind``; column ``variant``: ``main`` or a control's nam
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import time
@@ -293,30 +292,29 @@ def choose_predictions(frame: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[Any], config: Config,
                        items_key: str) -> tuple[pd.DataFrame, bool]:
-    """The model's prediction table from the cache (kind ``cloze``: a checksummed parquet keyed by the model's content
-    identity, so a moved or copied cache stays valid), or computed and cached."""
-    from cprobe.cache import cache_key, kind_dir, load_file, model_identity, store_files
+    """The model's prediction table from the cache (kind ``cloze``: a checked entry holding a parquet, keyed by the
+    model's content identity, so a moved or copied cache stays valid), or computed (and cached when caching is on)."""
+    from cprobe.cache import cache_key, checked_entry, model_identity
 
+    def compute() -> pd.DataFrame:
+        return cloze_predictions(ctx.adapter(m), items, config.top_k, desc=f"cloze {m['name']}" if ctx.progress else None)
+
+    cloze_dir = ctx.cache_dir("cloze")
+    if cloze_dir is None:
+        return compute(), False
     key = cache_key({"model": model_identity(m), "items": items_key, "top_k": config.top_k,
                      "skip": config.skip_stop_words, "version": CACHE_VERSION})
-    entry = kind_dir(ctx.cache_root, "cloze") / key
-    enabled = bool(ctx.cfg.get("cache", {}).get("enabled", True))
-    if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:
-        return pd.read_parquet(io.BytesIO(blob)), True
-    from contextlib import nullcontext
+    built: list[pd.DataFrame] = []
 
-    from cprobe.cache import build_lock
+    def build(_: Path) -> dict[str, bytes]:
+        built.append(compute())
+        return {"predictions.parquet": parquet_bytes(built[0]),
+                "meta.json": json.dumps({"model": m.get("name"), "rows": len(built[0])}).encode()}
 
-    with build_lock(str(entry) + ".lock", f"the cloze predictions of {m.get('name')}") if enabled else nullcontext():
-        if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:  # built while we waited
-            return pd.read_parquet(io.BytesIO(blob)), True
-        adapter = ctx.adapter(m)
-        frame = cloze_predictions(adapter, items, config.top_k,
-                                  desc=f"cloze {m['name']}" if ctx.progress else None)
-        if enabled:
-            meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
-            store_files(entry, {"predictions.parquet": parquet_bytes(frame), "meta.json": meta})
-    return frame, False
+    entry, hit = checked_entry(cloze_dir / key, build, f"the cloze predictions of {m.get('name')}")
+    if built:
+        return built[0], False
+    return pd.read_parquet(entry / "predictions.parquet"), hit
 
 
 # ----------------------------------------------------------------------------------------------- the job

@@ -436,8 +436,7 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
 
 
 def _probe_dir(ctx: JobContext, config: Config) -> Path | None:
-    return ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
-        else None
+    return ctx.cache_dir("probes") if config.cache_probes else None
 
 
 def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
