@@ -6,6 +6,10 @@ to the cache gets its directory from :func:`kind_dir`, which refuses an unregist
 info/clear`` list and clear exactly these. Every file is checksummed the one way :mod:`cprobe.io` does it (XXH3 in
 the safetensors metadata of tensor files; a ``checksums.json`` manifest for anything else).
 
+**Checked entries** (:func:`checked_entry`): the one store for everything that is a directory of files — tiny
+models, cloze tables, CausalGym's per-task parts in a job dir. Built once under the entry's lock, in a temporary
+directory whose manifest is written last and which is then renamed into place; verified on every read.
+
 **Model identity.** :func:`model_identity` says what determines a model's outputs without loading it, and never
 holds a machine's absolute paths or file times: a moved or copied cache stays valid.
 
