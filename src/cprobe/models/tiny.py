@@ -10,7 +10,8 @@ Tokenizers are word-level: every grammar word is one token, so the verb slot is 
 "P(correct) vs P(wrong)" compares two token ids.
 
 Training always uses :data:`TRAIN_THREADS` (1) intra-op threads, whatever the job's own thread count. Corpus models
-train in a portable process (:func:`train_portable`: ATen and MKL pinned to their AVX2 code paths), so the same key
+train in the portable process (:func:`train_portable`, :mod:`cprobe.models.portable`: ATen and MKL pinned to their AVX2
+code paths), so the same key
 gives bitwise the same weights on every x86-64 CPU with AVX2; agreement-grammar models still train in the job's
 process (their studies' documented numbers come from those weights).
 """
@@ -22,12 +23,11 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from cprobe.cache import checked_entry, entry_problem, kind_dir
@@ -50,6 +50,7 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
+from cprobe.models.portable import TRAIN_THREADS, numerics_mode, run_portable
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -200,108 +201,6 @@ def ensure_corpus_model(
     return cached_build(Path(cache_dir), f"corpus-{kind}-{key}", key, build)
 
 
-# --- portable training --------------------------------------------------------------------------
-# One thread for every tiny-model training run: the matrices are tiny (intra-op threads cost more than they gain,
-# 5x slower on a busy 2-core box), and a fixed thread count fixes the order of every parallel reduction. The job's
-# own thread count (chosen per machine) applies to everything else.
-TRAIN_THREADS = 1
-
-
-def portable_env() -> dict[str, str]:
-    """The environment of the portable training process: what makes tiny-model training bitwise the same on every
-    x86-64 CPU with AVX2 (AVX2 or AVX-512, Intel or AMD), at any thread count, as far as torch allows.
-
-    Without it, the same seed gives other weights on another machine: ATen's kernels (softmax, layer norm, GELU,
-    reductions, even ``normal_`` initialisation) are compiled once per instruction set and picked at start-up by the
-    CPU (``ATEN_CPU_CAPABILITY``), and MKL's GEMM picks its code path by CPU model (pinned by its conditional
-    numerical reproducibility mode, ``MKL_CBWR``). CPUs without AVX2 (e.g. ARM) keep their own paths: they reproduce
-    among themselves only."""
-    import torch
-
-    env = {"OMP_NUM_THREADS": str(TRAIN_THREADS), "MKL_NUM_THREADS": str(TRAIN_THREADS),
-           "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    if torch.cpu._is_avx2_supported():
-        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", MKL_CBWR="AVX2,STRICT")
-    return env
-
-
-def numerics_mode() -> str:
-    """``avx2`` when training is pinned to the AVX2 paths (part of the corpus models' cache key), else ``native``."""
-    return "avx2" if "ATEN_CPU_CAPABILITY" in portable_env() else "native"
-
-
-class _Trainer:
-    """The portable training process: one ``python`` started under :func:`portable_env` (the CPU paths are fixed
-    when torch starts, so they cannot be pinned in a process that has already computed anything), kept for the life
-    of this process and fed one job file at a time over stdin (its answer: one JSON line on stdout)."""
-
-    _CODE = "from cprobe.models.tiny import _serve; _serve()"
-    _MARK = "cprobe-train: "
-
-    def __init__(self) -> None:
-        import threading
-
-        self.proc: Any = None
-        self.lock = threading.Lock()
-
-    def run(self, job: dict) -> dict:
-        import atexit
-        import subprocess
-        import sys
-
-        with self.lock, tempfile.TemporaryDirectory(prefix="cprobe-train-") as tmp:
-            path = Path(tmp) / "job.json"
-            path.write_text(json.dumps(job))
-            if self.proc is None or self.proc.poll() is not None:
-                self.proc = subprocess.Popen([sys.executable, "-c", self._CODE], env={**os.environ, **portable_env()},
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                atexit.register(self.close)
-            try:
-                self.proc.stdin.write(f"{path}\n")
-                self.proc.stdin.flush()
-                while True:
-                    line = self.proc.stdout.readline()
-                    if not line:
-                        raise BrokenPipeError
-                    if line.startswith(self._MARK):
-                        answer = json.loads(line[len(self._MARK):])
-                        break
-            except (BrokenPipeError, OSError, ValueError):
-                self.close()
-                raise ModelLoadError(f"the process training a tiny {job['kind']} model died (out of memory?)") from None
-        if "error" in answer:
-            raise ModelLoadError(f"training a tiny {job['kind']} model failed: {answer['error']}")
-        return answer["ok"]
-
-    def close(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001  (it is going away either way)
-                proc.kill()
-
-
-_TRAINER = _Trainer()
-
-
-def _serve() -> None:
-    """The loop of the portable training process (:class:`_Trainer`): a job file path per stdin line."""
-    import sys
-
-    answers, sys.stdout = sys.stdout, sys.stderr  # anything else printed goes to stderr
-    torch.set_num_threads(TRAIN_THREADS)
-    torch.use_deterministic_algorithms(True)
-    for line in sys.stdin:
-        try:
-            answer = {"ok": _train_job(json.loads(Path(line.strip()).read_text()))}
-        except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
-            answer = {"error": f"{type(e).__name__}: {e}"}
-        answers.write(_Trainer._MARK + json.dumps(answer) + "\n")
-        answers.flush()
-
-
 def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_pos: list[int],
                    forms: tuple[list[int], list[int]], train: TinyTrainConfig, out: Path,
                    init_from: Path | None = None, progress: bool = True) -> dict:
@@ -311,7 +210,7 @@ def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_p
     job = {"kind": kind, "tokenizer": str(tokenizer_dir), "ids": ids, "pos": verb_pos, "forms": list(forms),
            "train": asdict(train), "init_from": str(init_from) if init_from else None, "out": str(out),
            "progress": progress}
-    return _TRAINER.run(job)
+    return run_portable("cprobe.models.tiny:_train_job", job, f"training a tiny {kind} model")
 
 
 def _train_job(job: dict) -> dict:
