@@ -204,11 +204,6 @@ def _safe(name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- checked entries
-Build = Callable[[Path], "Mapping[str, bytes] | None"]
-"""What fills a checked entry: ``build(tmp)`` writes files into the fresh directory ``tmp`` and/or returns
-{name: bytes} to be written there."""
-
-
 def entry_problem(entry: Path, valid: Callable[[Path], str | None] | None = None) -> str | None:
     """None when directory ``entry`` is a complete checked entry — its ``checksums.json`` present and every file it
     lists matching its checksum — that ``valid`` (when given) accepts; else what is wrong (``"missing"``)."""
@@ -219,9 +214,9 @@ def entry_problem(entry: Path, valid: Callable[[Path], str | None] | None = None
     return valid(entry) if problem is None and valid is not None else problem
 
 
-def _publish(entry: Path, build: Build, checked: Sequence[str] | None) -> None:
-    """Fill a temporary directory beside ``entry`` with ``build``, write its manifest (of ``checked``, default every
-    file), then rename it into place: readers see the whole old entry, nothing, or the whole new one."""
+def _publish(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], checked: Sequence[str] | None) -> None:
+    """Fill a temporary directory beside ``entry`` with ``build`` (it writes files there and/or returns {name:
+    bytes}), write its manifest (of ``checked``, default every file), then rename it into place."""
     from cprobe.io import make_temp_dir, write_manifest
 
     entry = Path(entry)
@@ -259,8 +254,9 @@ def load_file(entry: Path, name: str) -> bytes | None:
         return None
 
 
-def checked_entry(entry: Path, build: Build, what: str, *, checked: Sequence[str] | None = None,
-                  valid: Callable[[Path], str | None] | None = None, rebuild: bool = False) -> tuple[Path, bool]:
+def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], what: str, *,
+                  checked: Sequence[str] | None = None, valid: Callable[[Path], str | None] | None = None,
+                  rebuild: bool = False) -> tuple[Path, bool]:
     """The one checked-store primitive: directory ``entry``, built by ``build`` once. Returns (entry, hit).
 
     *Checksummed*: the entry's ``checksums.json`` (of ``checked``, default every file the build wrote) is verified

@@ -62,6 +62,12 @@ def parquet_bytes(df: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
+def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
+    """``df`` to ``path`` as Parquet, atomically (the one Parquet writer); returns the bytes written."""
+    atomic_write_bytes(Path(path), data := parquet_bytes(df))
+    return data
+
+
 def _bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, without a copy."""
     import torch

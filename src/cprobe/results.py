@@ -29,14 +29,6 @@ def is_volatile(column: str) -> bool:
     return column.endswith("_s") or column in ("seconds", *VOLATILE)
 
 
-def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
-    """``df`` to ``path`` as Parquet, atomically (the one Parquet writer: per-pair files, prediction tables, caches);
-    returns the bytes written (e.g. to checksum them)."""
-    data = parquet_bytes(df)
-    atomic_write_bytes(Path(path), data)
-    return data
-
-
 def write_table(df: pd.DataFrame, stem: Path, compact: bool = False) -> None:
     """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
     leaves the previous tables (or none), never a half-written one. ``compact``: the Markdown is

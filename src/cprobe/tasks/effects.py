@@ -365,7 +365,7 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
 
 def write_pairs(frame: pd.DataFrame, path: Any) -> None:
     """The per-pair file, written atomically (the one Parquet writer)."""
-    from cprobe.results import write_parquet
+    from cprobe.io import write_parquet
 
     write_parquet(frame, path)
 

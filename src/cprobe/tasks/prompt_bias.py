@@ -42,11 +42,11 @@ import numpy as np
 import pandas as pd
 
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import write_parquet
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
 from cprobe.records import Derived, RecordSpec
-from cprobe.results import write_parquet
 from cprobe.tasks.prompt_bias_cloze import (REFERENCE_STOP_WORDS, cached_predictions, choose_predictions,  # noqa: F401
                                             cloze_predictions, stop_words)
 from cprobe.tasks.prompt_bias_report import (DEFAULT_SETTINGS, MAIN, _plot_prompts, pair_table, report,  # noqa: F401
