@@ -568,19 +568,15 @@ def _key_problem(path: Path, key: str) -> str | None:
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:
     """The trained model directory for a ``model.tiny`` config node (trained and cached on first use), checked
     against its ``gate`` (minimum held-out agreement accuracy)."""
-    from cprobe.data.registry import grammar_config
+    from cprobe.data.registry import CORPORA, grammar_config, with_corpora
+    from cprobe.paths import data_dir
 
-    t = dict(tiny)
+    t = with_corpora(tiny, data_root or data_dir())  # sentences of the corpora it names join its corpus
     gate = t.pop("gate", 0.9)
-    if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
-        from cprobe.data.causalgym_corpus import expand_model_cfg
-        from cprobe.paths import data_dir
-
-        t = expand_model_cfg({"tiny": t}, data_root or data_dir())["tiny"]
     unknown = sorted(set(t) - {"kind", "grammar", "train", "extra_sentences"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: ['extra_sentences', 'gate', 'grammar', "
-                          "'kind', 'train']")
+        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: "
+                          f"{sorted(['extra_sentences', 'gate', 'grammar', 'kind', 'train', *CORPORA.names()])}")
     try:
         train = TinyTrainConfig(**(t.get("train") or {}))
     except TypeError as e:
