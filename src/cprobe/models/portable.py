@@ -107,15 +107,9 @@ def run_portable(target: str, job: dict, what: str) -> dict:
     return _WORKER.run(target, job, what)
 
 
-def _run_target(spec: dict) -> dict:
-    import importlib
-
-    module, name = spec["target"].split(":")
-    return getattr(importlib.import_module(module), name)(spec["job"])
-
-
 def _serve() -> None:
     """The loop of the portable process (:class:`_Worker`): a job file path per stdin line."""
+    import importlib
     import sys
 
     answers, sys.stdout = sys.stdout, sys.stderr  # anything else printed goes to stderr
@@ -123,7 +117,9 @@ def _serve() -> None:
     torch.use_deterministic_algorithms(True)
     for line in sys.stdin:
         try:
-            answer = {"ok": _run_target(json.loads(Path(line.strip()).read_text()))}
+            spec = json.loads(Path(line.strip()).read_text())
+            module, name = spec["target"].split(":")
+            answer = {"ok": getattr(importlib.import_module(module), name)(spec["job"])}
         except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
             answer = {"error": f"{type(e).__name__}: {e}"}
         answers.write(_Worker._MARK + json.dumps(answer) + "\n")

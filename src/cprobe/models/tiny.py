@@ -544,12 +544,7 @@ def training_report(path: Path) -> dict:
 
 def _is_complete(path: Path, key: str) -> bool:
     """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    return _problem(path, key) is None
-
-
-def _problem(path: Path, key: str) -> str | None:
-    """What keeps ``path`` from being a complete, uncorrupted model for ``key`` (None: nothing)."""
-    return entry_problem(path, lambda p: _key_problem(p, key))
+    return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
 
 def _key_problem(path: Path, key: str) -> str | None:
