@@ -6,6 +6,10 @@ to the cache gets its directory from :func:`kind_dir`, which refuses an unregist
 info/clear`` list and clear exactly these. Every file is checksummed the one way :mod:`cprobe.io` does it (XXH3 in
 the safetensors metadata of tensor files; a ``checksums.json`` manifest for anything else).
 
+**Checked entries** (:func:`checked_entry`): the one store for everything that is a directory of files — tiny
+models, cloze tables, CausalGym's per-task parts in a job dir. Built once under the entry's lock, in a temporary
+directory whose manifest is written last and which is then renamed into place; verified on every read.
+
 **Model identity.** :func:`model_identity` says what determines a model's outputs without loading it, and never
 holds a machine's absolute paths or file times: a moved or copied cache stays valid.
 
@@ -199,31 +203,82 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
 
 
-# ----------------------------------------------------------------------------------------------- checked files
-def store_files(entry: Path, files: Mapping[str, bytes]) -> None:
-    """Write ``files`` into directory ``entry`` atomically, then their ``checksums.json`` manifest (last: an entry
-    without a valid manifest is incomplete)."""
-    from cprobe.io import write_manifest
+# ----------------------------------------------------------------------------------------------- checked entries
+def entry_problem(entry: Path, valid: Callable[[Path], str | None] | None = None) -> str | None:
+    """None when directory ``entry`` is a complete checked entry — its ``checksums.json`` present and every file it
+    lists matching its checksum — that ``valid`` (when given) accepts; else what is wrong (``"missing"``)."""
+    entry = Path(entry)
+    if not entry.is_dir():
+        return "missing"
+    problem = verify_manifest(entry)
+    return valid(entry) if problem is None and valid is not None else problem
 
-    for name, data in files.items():
-        atomic_write_bytes(Path(entry) / name, data)
-    write_manifest(Path(entry), list(files))
+
+def _publish(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], checked: Sequence[str] | None) -> None:
+    """Fill a temporary directory beside ``entry`` with ``build`` (it writes files there and/or returns {name:
+    bytes}), write its manifest (of ``checked``, default every file), then rename it into place."""
+    from cprobe.io import make_temp_dir, write_manifest
+
+    entry = Path(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(entry.parent, prefix=f".{entry.name}.tmp-")  # 0777 - umask, not mkdtemp's 0700
+    try:
+        for name, data in (build(tmp) or {}).items():
+            (tmp / name).write_bytes(data)
+        write_manifest(tmp, list(checked) if checked is not None else
+                       sorted(p.name for p in tmp.iterdir() if p.is_file()))
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def store_files(entry: Path, files: Mapping[str, bytes]) -> None:
+    """Make directory ``entry`` hold exactly ``files`` and their ``checksums.json``, atomically (:func:`_publish`);
+    no lock (:func:`checked_entry` is the locked get-or-build)."""
+    _publish(entry, lambda tmp: files, None)
 
 
 def load_file(entry: Path, name: str) -> bytes | None:
-    """File ``name`` of a :func:`store_files` entry when the entry is complete and every file matches its checksum;
-    None otherwise (a warning when the entry exists but fails)."""
-    entry = Path(entry)
-    if not entry.is_dir():
-        return None
-    problem = verify_manifest(entry)
+    """File ``name`` of a checked entry when the entry is complete and every file matches its checksum; None
+    otherwise (a warning when the entry exists but fails)."""
+    problem = entry_problem(entry)
     if problem is not None:
-        log.warning("cache entry %s: %s; recomputing it", entry, problem)
+        if problem != "missing":
+            log.warning("cache entry %s: %s; recomputing it", entry, problem)
         return None
     try:
-        return (entry / name).read_bytes()
+        return (Path(entry) / name).read_bytes()
     except OSError:
         return None
+
+
+def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], what: str, *,
+                  checked: Sequence[str] | None = None, valid: Callable[[Path], str | None] | None = None,
+                  rebuild: bool = False) -> tuple[Path, bool]:
+    """The one checked-store primitive: directory ``entry``, built by ``build`` once. Returns (entry, hit).
+
+    *Checksummed*: the entry's ``checksums.json`` (of ``checked``, default every file the build wrote) is verified
+    on every read; an entry that fails it, or that ``valid`` rejects (built for another key), is logged and rebuilt.
+    *Atomic*: the build fills a temporary directory that is renamed into place after its manifest, so a killed or
+    torn build is never read (its leftovers are removed by the next builder). *Locked*: built under the entry's
+    :func:`build_lock`, so concurrent builders build it once; the others wait, then read it. ``rebuild`` builds it
+    anew whatever is there (a re-run that must not reuse it)."""
+    entry = Path(entry)
+    if not rebuild and entry_problem(entry, valid) is None:
+        return entry, True
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(str(entry) + ".lock", what):
+        problem = "rebuilt on request" if rebuild else entry_problem(entry, valid)  # again: built while we waited?
+        if problem is None:
+            return entry, True
+        if entry.exists() and not rebuild:
+            log.warning("%s (%s): %s; rebuilding it", what, entry, problem)
+        for stale in entry.parent.glob(f".{entry.name}.tmp-*"):  # left by a killed build; we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        _publish(entry, build, checked)
+    return entry, False
 
 
 # ----------------------------------------------------------------------------------------------- model identity

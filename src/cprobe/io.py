@@ -18,6 +18,7 @@ that the returned tensors share (:func:`load_tensors`), or straight into a calle
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
     import torch
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     ``mkstemp``'s private 0600, so results are readable by collaborators on a shared machine.
     """
     atomic_write_with(path, lambda f: f.write(data))
+
+
+def parquet_bytes(df: pd.DataFrame) -> bytes:
+    """``df`` as Parquet (no index): the same frame gives the same bytes (the one Parquet encoder: job tables,
+    records, caches, resumable parts)."""
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
+    """``df`` to ``path`` as Parquet, atomically (the one Parquet writer); returns the bytes written."""
+    atomic_write_bytes(Path(path), data := parquet_bytes(df))
+    return data
 
 
 def _bytes(t: torch.Tensor) -> memoryview:

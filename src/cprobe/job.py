@@ -118,13 +118,20 @@ class JobContext:
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    def cache_dir(self, kind: str) -> Path | None:
+        """The directory of registered cache kind ``kind`` (:func:`cprobe.cache.kind_dir`), or None when the job's
+        caches are off (``cache.enabled=false``: the one place that setting is read)."""
+        from cprobe.cache import kind_dir
+
+        return kind_dir(self.cache_root, kind) if (self.cfg.get("cache") or {}).get("enabled", True) else None
+
     @property
     def cache(self) -> ActivationCache:
         """The activation cache (imported here: reading status files, as `cprobe status` does, needs no torch)."""
-        from cprobe.cache import SHARD_MB, ActivationCache
+        from cprobe.cache import ACTS, SHARD_MB, ActivationCache
 
         c = self.cfg.get("cache", {}) or {}
-        return ActivationCache(self.cache_root, enabled=bool(c.get("enabled", True)),
+        return ActivationCache(self.cache_root, enabled=self.cache_dir(ACTS) is not None,
                                dtype=str(c.get("dtype", "float32")), shard_mb=float(c.get("shard_mb", SHARD_MB)))
 
     @property

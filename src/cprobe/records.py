@@ -44,7 +44,6 @@ Records are deterministic: the same config and seed give byte-identical files (n
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import re
@@ -56,7 +55,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import write_parquet
 
 RECORDS_FILE = "records.parquet"
 ITEMS_FILE = "record_items.parquet"
@@ -454,18 +453,12 @@ def _field_back(col: pd.Series, name: str) -> pd.Series:
 
 
 # ----------------------------------------------------------------------------------------------- files
-def parquet_bytes(frame: pd.DataFrame) -> bytes:
-    buf = io.BytesIO()
-    frame.to_parquet(buf, index=False)
-    return buf.getvalue()
-
-
 def write_records(records: pd.DataFrame, out_dir: Path, items: pd.DataFrame | None = None) -> None:
     """``records.parquet`` (and ``record_items.parquet`` when there are per-item values), atomically."""
-    atomic_write_bytes(Path(out_dir) / RECORDS_FILE, parquet_bytes(records))
+    write_parquet(records, Path(out_dir) / RECORDS_FILE)
     path = Path(out_dir) / ITEMS_FILE
     if items is not None and len(items):
-        atomic_write_bytes(path, parquet_bytes(finish_items(items)))
+        write_parquet(finish_items(items), path)
     else:
         path.unlink(missing_ok=True)
 

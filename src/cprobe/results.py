@@ -7,7 +7,6 @@ the same config and seed give byte-identical metric tables.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import atomic_write_bytes, parquet_bytes
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +27,6 @@ VOLATILE = ("probe_source", "method_source")
 def is_volatile(column: str) -> bool:
     """A column that records how long something took or where it came from, not what was measured."""
     return column.endswith("_s") or column in ("seconds", *VOLATILE)
-
-
-def parquet_bytes(df: pd.DataFrame) -> bytes:
-    """``df`` as Parquet (no index): the same frame gives the same bytes."""
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    return buf.getvalue()
-
-
-def write_parquet(df: pd.DataFrame, path: Path) -> bytes:
-    """``df`` to ``path`` as Parquet, atomically (the one Parquet writer: per-pair files, prediction tables, caches);
-    returns the bytes written (e.g. to checksum them)."""
-    data = parquet_bytes(df)
-    atomic_write_bytes(Path(path), data)
-    return data
 
 
 def write_table(df: pd.DataFrame, stem: Path, compact: bool = False) -> None:

@@ -1,12 +1,16 @@
 """Activation cache and checksummed IO: hits, partial hits, corrupt entries (torn files, bit flips) rebuilt,
-concurrent writers, every cache kind listed and cleared, files readable by others."""
+concurrent writers, every cache kind listed and cleared, files readable by others; the checked store (atomic,
+checksummed, built once under its lock)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import stat
 import threading
 
+import pytest
 import torch
 
 from cprobe.cache import CACHE_KINDS, ActivationCache, cache_entries, cache_key, clear_cache
@@ -133,3 +137,138 @@ def test_written_files_respect_the_umask(tmp_path):
         os.umask(old)
     mode = stat.S_IMODE((tmp_path / "metrics.csv").stat().st_mode)
     assert mode == 0o644  # mkstemp alone would leave 0600: unreadable for collaborators
+
+
+# ----------------------------------------------------------------------------------------------- the checked store
+def _builder(calls, payload=b"abc", sleep=0.0):
+    def build(tmp):
+        import time
+
+        calls.append(tmp.name)
+        time.sleep(sleep)
+        (tmp / "weights.bin").write_bytes(payload)  # a file the build writes itself
+        return {"table.parquet": payload + b"-t"}   # and one it hands back
+    return build
+
+
+def test_a_checked_entry_is_built_once_then_read(tmp_path):
+    from cprobe.cache import checked_entry, load_file
+
+    calls = []
+    entry, hit = checked_entry(tmp_path / "e", _builder(calls), "e")
+    assert (entry, hit) == (tmp_path / "e", False) and calls and len(calls) == 1
+    assert checked_entry(tmp_path / "e", _builder(calls), "e") == (tmp_path / "e", True) and len(calls) == 1
+    assert json.loads((entry / "checksums.json").read_text()).keys() == {"table.parquet", "weights.bin"}
+    assert load_file(entry, "table.parquet") == b"abc-t" and load_file(entry, "weights.bin") == b"abc"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
+
+
+def test_a_torn_build_is_never_read(tmp_path):
+    """A build killed half-way (here: raising after its first file) leaves no entry, only a temporary directory that
+    the next builder removes; the entry appears whole or not at all."""
+    from cprobe.cache import checked_entry, entry_problem, load_file
+
+    def torn(tmp):
+        (tmp / "weights.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        checked_entry(tmp_path / "e", torn, "e")
+    assert entry_problem(tmp_path / "e") == "missing" and load_file(tmp_path / "e", "weights.bin") is None
+    (tmp_path / ".e.tmp-killed").mkdir()  # what a SIGKILLed build leaves (its finally never ran)
+    (tmp_path / ".e.tmp-killed" / "weights.bin").write_bytes(b"half")
+    calls = []
+    assert checked_entry(tmp_path / "e", _builder(calls), "e")[1] is False and len(calls) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e.lock"]
+    # a file torn inside a finished entry (truncated on disk) fails its checksum and is never handed back
+    (tmp_path / "e" / "weights.bin").write_bytes(b"ab")
+    assert load_file(tmp_path / "e", "weights.bin") is None
+
+
+def test_a_corrupted_file_is_detected_and_the_entry_rebuilt(tmp_path, caplog):
+    from cprobe.cache import checked_entry
+
+    calls = []
+    entry, _ = checked_entry(tmp_path / "e", _builder(calls), "the thing")
+    (entry / "weights.bin").write_bytes(b"abd")  # one flipped bit's worth: same size, other bytes
+    with caplog.at_level(logging.WARNING):
+        assert checked_entry(tmp_path / "e", _builder(calls, b"xyz"), "the thing") == (entry, False)
+    assert len(calls) == 2 and (entry / "weights.bin").read_bytes() == b"xyz"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "weights.bin failed its checksum" in warnings[0] and "the thing" in warnings[0]
+    # an entry that `valid` rejects (built for another key) is rebuilt too, and `rebuild` rebuilds whatever is there
+    assert checked_entry(entry, _builder(calls), "e", valid=lambda p: "another key")[1] is False and len(calls) == 3
+    assert checked_entry(entry, _builder(calls), "e", rebuild=True)[1] is False and len(calls) == 4
+
+
+def test_concurrent_builders_build_a_checked_entry_once_threads(tmp_path):
+    from cprobe.cache import checked_entry
+
+    calls, hits = [], []
+
+    def job():
+        hits.append(checked_entry(tmp_path / "e", _builder(calls, sleep=0.3), "e")[1])
+
+    threads = [threading.Thread(target=job) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(hits) == [False, True, True, True]
+
+
+def _build_in_process(root: str, log_file: str) -> bool:
+    from pathlib import Path
+
+    from cprobe.cache import checked_entry
+
+    def build(tmp):
+        import time
+
+        with open(log_file, "a") as f:  # one line per build, whoever builds
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        return {"x.bin": b"built"}
+
+    entry, hit = checked_entry(Path(root) / "e", build, "e")
+    assert (entry / "x.bin").read_bytes() == b"built"
+    return hit
+
+
+def test_concurrent_builders_build_a_checked_entry_once_processes(tmp_path):
+    """Two processes on one entry: one builds under the file lock, the other waits and reads what it wrote."""
+    import multiprocessing
+
+    log_file = tmp_path / "builds.txt"
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        hits = pool.starmap(_build_in_process, [(str(tmp_path), str(log_file))] * 2)
+    assert sorted(hits) == [False, True] and len(log_file.read_text().splitlines()) == 1
+
+
+def test_causalgym_task_parts_resume_and_recompute(tmp_path):
+    """The per-task store of a CausalGym job: a finished task is read back (same frame, same directions); another
+    config key, a forced re-run or a corrupted part computes it again."""
+    import pandas as pd
+
+    from cprobe.tasks.causalgym import TaskParts
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return pd.DataFrame({"a": [1.5, 2.0], "b": ["x", "y"]}), {"t/d": torch.arange(3.0)}
+
+    frame, dirs = TaskParts(tmp_path, "k").get("agr/1", compute)
+    again = TaskParts(tmp_path, "k")
+    assert again.has("agr/1") and not again.has("other")
+    frame2, dirs2 = again.get("agr/1", compute)
+    assert len(calls) == 1 and frame2.equals(frame) and torch.equal(dirs2["t/d"], torch.arange(3.0))
+    assert list(frame["b"]) == ["x", "y"]
+    TaskParts(tmp_path, "another key").get("agr/1", compute)
+    assert len(calls) == 2 and not TaskParts(tmp_path, "k").has("agr/1")  # the index now holds the other key
+    TaskParts(tmp_path, "another key", fresh=True).get("agr/1", compute)
+    assert len(calls) == 3
+    (entry,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (entry / "table.parquet").write_bytes(b"torn")
+    TaskParts(tmp_path, "another key").get("agr/1", compute)
+    assert len(calls) == 4

@@ -7,6 +7,7 @@ import ast
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -273,3 +274,38 @@ def test_the_compute_group_sizes_batches_and_the_model_config_still_wins(overrid
         cfg = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
     mc = parse_model_config(cfg["model"])
     assert (mc.batch_size, mc.batch_tokens) == (rows, tokens)
+
+
+def _hand_built_cache_paths() -> list[str]:
+    """Every ``<root> / ...`` or ``os.path.join(<root>, ...)`` whose root is the cache root itself (a name holding
+    ``cache_root``, ``CPROBE_CACHE_DIR`` or a ``cache_dir()`` call) rather than ``kind_dir(root, kind)``."""
+    def is_root(node: ast.AST) -> bool:
+        text = ast.unparse(node)
+        return not text.startswith(("kind_dir(", "cache.kind_dir(")) and (
+            "cache_root" in text or "CPROBE_CACHE_DIR" in text or text.endswith("cache_dir()"))
+
+    bad = []
+    for f in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and is_root(node.left):
+                bad.append(f"{f.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("path.join") and node.args \
+                    and is_root(node.args[0]):
+                bad.append(f"{f.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def test_every_path_under_the_cache_root_goes_through_kind_dir():
+    """No cache path is built by hand: ``cache_root / "models"`` (even a registered kind) must be
+    ``kind_dir(cache_root, "models")``, so the registry names every directory the code writes."""
+    assert _hand_built_cache_paths() == []
+
+
+def test_the_cache_path_check_catches_a_hand_built_path(tmp_path, monkeypatch):
+    """The check above can fail: a module with ``Path(cache_root) / "models"`` is named."""
+    pkg = tmp_path / "cprobe"
+    pkg.mkdir()
+    (pkg / "m.py").write_text("from pathlib import Path\n\ndef f(cache_root):\n    return Path(cache_root) / 'models'\n"
+                              "\ndef g(cache_root):\n    return kind_dir(cache_root, 'models') / 'x'\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", pkg)
+    assert _hand_built_cache_paths() == ["m.py:4: Path(cache_root) / 'models'"]

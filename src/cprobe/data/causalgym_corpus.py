@@ -1,7 +1,7 @@
 """Training sentences from CausalGym templates, so the project's tiny LM can do the agreement tasks.
 
 A model config may carry ``tiny.causalgym_corpus: {tasks: [...], n_per_task: N, seed: S}``; YAML
-cannot generate sentences, so :func:`expand_model_cfg` turns it into ``tiny.extra_sentences``
+cannot generate sentences, so :func:`template_corpus` (a registered corpus source) adds them to the corpus
 (each a filled template followed by its correct label, i.e. the continuation the task scores)
 before the model is loaded. Sentences that are base inputs of the paper's default eval split are
 never emitted, so the eval items stay unseen. The control labels (" dog"/" give") are put in the
@@ -11,7 +11,6 @@ the control task would be vacuous.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,20 +39,12 @@ def template_sentences(templates_path: str | Path, tasks: Sequence[str], n_per_t
     return out
 
 
-def expand_model_cfg(model_cfg: Mapping[str, Any], data_root: Path) -> dict[str, Any]:
-    """A copy of ``model_cfg`` with ``tiny.causalgym_corpus`` expanded into ``tiny.extra_sentences``."""
-    cfg = copy.deepcopy(dict(model_cfg))
-    tiny = cfg.get("tiny")
-    if not isinstance(tiny, Mapping) or not tiny.get("causalgym_corpus"):
-        return cfg
-    tiny = dict(tiny)
-    spec = dict(tiny.pop("causalgym_corpus"))
+def template_corpus(spec: Mapping[str, Any], data_root: Path) -> list[str]:
+    """The sentences of a ``tiny.causalgym_corpus`` node (the corpus source ``causalgym_corpus`` of
+    :data:`cprobe.data.registry.CORPORA`): ``tasks``, ``n_per_task``, ``seed``, ``templates`` (under ``data_root``)."""
     tasks = spec.get("tasks")
     if not tasks:
         raise ConfigError("model.tiny.causalgym_corpus.tasks must list CausalGym task names")
     path = Path(spec.get("templates", DEFAULT_TEMPLATES))
     path = path if path.is_absolute() else Path(data_root) / path
-    sentences = template_sentences(path, list(tasks), int(spec.get("n_per_task", 2000)), int(spec.get("seed", 12345)))
-    tiny["extra_sentences"] = [*tiny.get("extra_sentences", ()), *sentences]
-    cfg["tiny"] = tiny
-    return cfg
+    return template_sentences(path, list(tasks), int(spec.get("n_per_task", 2000)), int(spec.get("seed", 12345)))

@@ -149,6 +149,30 @@ def check_properties(cfg: Mapping[str, Any], wanted: Sequence[str], where: str) 
                           f"{cfg.get('name')!r}; it has {list(have)}")
 
 
+CORPORA: Registry[Callable[[Mapping[str, Any], Path], list[str]]] = Registry("tiny-model corpus")
+"""Sentence sources a ``model.tiny`` node may name (``tiny.<name>: {...}``): ``source(spec, data_root)`` returns
+sentences that join the model's training corpus, generated when the model is built (:func:`with_corpora`)."""
+
+
+def _causalgym_corpus(spec: Mapping[str, Any], data_root: Path) -> list[str]:
+    from cprobe.data.causalgym_corpus import template_corpus
+
+    return template_corpus(spec, data_root)
+
+
+CORPORA.register("causalgym_corpus", _causalgym_corpus)
+
+
+def with_corpora(tiny: Mapping[str, Any], data_root: Path) -> dict[str, Any]:
+    """A copy of a ``model.tiny`` node with every registered corpus it names expanded into ``extra_sentences``."""
+    t = dict(tiny)
+    for name in [k for k in t if k in CORPORA.names()]:
+        spec = t.pop(name)
+        if spec:
+            t["extra_sentences"] = [*t.get("extra_sentences", ()), *CORPORA.get(name)(dict(spec), data_root)]
+    return t
+
+
 def grammar_config(d: Mapping[str, Any] | None):
     """``GrammarConfig`` from a config mapping (YAML lists become the tuples it hashes)."""
     from cprobe.data.grammar import GrammarConfig

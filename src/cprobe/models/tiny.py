@@ -10,7 +10,8 @@ Tokenizers are word-level: every grammar word is one token, so the verb slot is 
 "P(correct) vs P(wrong)" compares two token ids.
 
 Training always uses :data:`TRAIN_THREADS` (1) intra-op threads, whatever the job's own thread count. Corpus models
-train in a portable process (:func:`train_portable`: ATen and MKL pinned to their AVX2 code paths), so the same key
+train in the portable process (:func:`train_portable`, :mod:`cprobe.models.portable`: ATen and MKL pinned to their AVX2
+code paths), so the same key
 gives bitwise the same weights on every x86-64 CPU with AVX2; agreement-grammar models still train in the job's
 process (their studies' documented numbers come from those weights).
 """
@@ -22,16 +23,14 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from cprobe.cache import build_lock
+from cprobe.cache import checked_entry, entry_problem, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
 from transformers import (
@@ -51,7 +50,7 @@ from transformers import (
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
-from cprobe.io import make_temp_dir, verify_manifest, write_manifest
+from cprobe.models.portable import TRAIN_THREADS, numerics_mode, run_portable
 from cprobe.models.sites import pad
 from cprobe.progress import track
 
@@ -137,32 +136,11 @@ def ensure_tiny_model(
 
 
 def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
-    """``cache_dir/name`` for ``key``, built by ``build(tmp_dir)`` on first use.
-
-    Safe under concurrency (a file lock makes one job build while others wait) and under crashes (``build`` writes
-    a temp dir that is renamed into place; an incomplete dir is rebuilt). ``build`` must write ``training.json``
-    with ``key`` and, last, the checksum manifest.
-    """
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    out = cache_dir / name
-    if _problem(out, key) is None:
-        return out
-    with build_lock(cache_dir / f"{name}.lock", f"the tiny model {name}"):
-        problem = _problem(out, key)  # checked again: another job may have finished it while we waited
-        if problem is None:
-            return out
-        if out.exists():  # one warning, under the lock (the check before it stays quiet)
-            log.warning("tiny model %s: %s; rebuilding it", out, problem)
-            shutil.rmtree(out)
-        for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed run; we hold the lock
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = make_temp_dir(cache_dir, prefix=f".{name}.tmp-")  # 0777 − umask, not mkdtemp's 0700
-        try:
-            build(tmp)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """``cache_dir/name`` for ``key``, built by ``build(tmp_dir)`` on first use: a checked entry
+    (:func:`cprobe.cache.checked_entry`: locked, atomic, checksummed — the weights, configs and tokenizer files;
+    an incomplete or corrupted dir is rebuilt). ``build`` must write ``training.json`` with ``key``."""
+    return checked_entry(Path(cache_dir) / name, build, f"the tiny model {name}", checked=_CHECKED,
+                         valid=lambda path: _key_problem(path, key))[0]
 
 
 def ensure_corpus_model(
@@ -219,111 +197,8 @@ def ensure_corpus_model(
                   "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "spec": spec,
                   "train": asdict(train), "init": init_key, "numerics": numerics}
         (out / "training.json").write_text(json.dumps(report, indent=2, default=str))
-        write_manifest(out, list(_CHECKED))  # written last: marks completion
 
     return cached_build(Path(cache_dir), f"corpus-{kind}-{key}", key, build)
-
-
-# --- portable training --------------------------------------------------------------------------
-# One thread for every tiny-model training run: the matrices are tiny (intra-op threads cost more than they gain,
-# 5x slower on a busy 2-core box), and a fixed thread count fixes the order of every parallel reduction. The job's
-# own thread count (chosen per machine) applies to everything else.
-TRAIN_THREADS = 1
-
-
-def portable_env() -> dict[str, str]:
-    """The environment of the portable training process: what makes tiny-model training bitwise the same on every
-    x86-64 CPU with AVX2 (AVX2 or AVX-512, Intel or AMD), at any thread count, as far as torch allows.
-
-    Without it, the same seed gives other weights on another machine: ATen's kernels (softmax, layer norm, GELU,
-    reductions, even ``normal_`` initialisation) are compiled once per instruction set and picked at start-up by the
-    CPU (``ATEN_CPU_CAPABILITY``), and MKL's GEMM picks its code path by CPU model (pinned by its conditional
-    numerical reproducibility mode, ``MKL_CBWR``). CPUs without AVX2 (e.g. ARM) keep their own paths: they reproduce
-    among themselves only."""
-    import torch
-
-    env = {"OMP_NUM_THREADS": str(TRAIN_THREADS), "MKL_NUM_THREADS": str(TRAIN_THREADS),
-           "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    if torch.cpu._is_avx2_supported():
-        env.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", MKL_CBWR="AVX2,STRICT")
-    return env
-
-
-def numerics_mode() -> str:
-    """``avx2`` when training is pinned to the AVX2 paths (part of the corpus models' cache key), else ``native``."""
-    return "avx2" if "ATEN_CPU_CAPABILITY" in portable_env() else "native"
-
-
-class _Trainer:
-    """The portable training process: one ``python`` started under :func:`portable_env` (the CPU paths are fixed
-    when torch starts, so they cannot be pinned in a process that has already computed anything), kept for the life
-    of this process and fed one job file at a time over stdin (its answer: one JSON line on stdout)."""
-
-    _CODE = "from cprobe.models.tiny import _serve; _serve()"
-    _MARK = "cprobe-train: "
-
-    def __init__(self) -> None:
-        import threading
-
-        self.proc: Any = None
-        self.lock = threading.Lock()
-
-    def run(self, job: dict) -> dict:
-        import atexit
-        import subprocess
-        import sys
-
-        with self.lock, tempfile.TemporaryDirectory(prefix="cprobe-train-") as tmp:
-            path = Path(tmp) / "job.json"
-            path.write_text(json.dumps(job))
-            if self.proc is None or self.proc.poll() is not None:
-                self.proc = subprocess.Popen([sys.executable, "-c", self._CODE], env={**os.environ, **portable_env()},
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                atexit.register(self.close)
-            try:
-                self.proc.stdin.write(f"{path}\n")
-                self.proc.stdin.flush()
-                while True:
-                    line = self.proc.stdout.readline()
-                    if not line:
-                        raise BrokenPipeError
-                    if line.startswith(self._MARK):
-                        answer = json.loads(line[len(self._MARK):])
-                        break
-            except (BrokenPipeError, OSError, ValueError):
-                self.close()
-                raise ModelLoadError(f"the process training a tiny {job['kind']} model died (out of memory?)") from None
-        if "error" in answer:
-            raise ModelLoadError(f"training a tiny {job['kind']} model failed: {answer['error']}")
-        return answer["ok"]
-
-    def close(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.stdin.close()
-                proc.wait(timeout=10)
-            except Exception:  # noqa: BLE001  (it is going away either way)
-                proc.kill()
-
-
-_TRAINER = _Trainer()
-
-
-def _serve() -> None:
-    """The loop of the portable training process (:class:`_Trainer`): a job file path per stdin line."""
-    import sys
-
-    answers, sys.stdout = sys.stdout, sys.stderr  # anything else printed goes to stderr
-    torch.set_num_threads(TRAIN_THREADS)
-    torch.use_deterministic_algorithms(True)
-    for line in sys.stdin:
-        try:
-            answer = {"ok": _train_job(json.loads(Path(line.strip()).read_text()))}
-        except Exception as e:  # noqa: BLE001  (reported to the parent, which raises it)
-            answer = {"error": f"{type(e).__name__}: {e}"}
-        answers.write(_Trainer._MARK + json.dumps(answer) + "\n")
-        answers.flush()
 
 
 def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_pos: list[int],
@@ -335,7 +210,7 @@ def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_p
     job = {"kind": kind, "tokenizer": str(tokenizer_dir), "ids": ids, "pos": verb_pos, "forms": list(forms),
            "train": asdict(train), "init_from": str(init_from) if init_from else None, "out": str(out),
            "progress": progress}
-    return _TRAINER.run(job)
+    return run_portable("cprobe.models.tiny:_train_job", job, f"training a tiny {kind} model")
 
 
 def _train_job(job: dict) -> dict:
@@ -502,7 +377,6 @@ def _build(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(report, indent=2))
-    write_manifest(out, list(_CHECKED))  # written last: marks completion
 
 
 def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrainConfig) -> PreTrainedModel:
@@ -670,11 +544,11 @@ def training_report(path: Path) -> dict:
 
 def _is_complete(path: Path, key: str) -> bool:
     """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    return _problem(path, key) is None
+    return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
 
-def _problem(path: Path, key: str) -> str | None:
-    """What keeps ``path`` from being a complete, uncorrupted model for ``key`` (None: nothing)."""
+def _key_problem(path: Path, key: str) -> str | None:
+    """What keeps a checksum-verified ``path`` from being the model for ``key``: a missing file, another key."""
     missing = [f for f in _FILES if not (path / f).is_file()]
     if missing:
         return f"{', '.join(missing)} missing"
@@ -683,30 +557,26 @@ def _problem(path: Path, key: str) -> str | None:
             return "trained for another configuration"
     except (OSError, ValueError):
         return "training.json unreadable"
-    return verify_manifest(path)
+    return None
 
 
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:
     """The trained model directory for a ``model.tiny`` config node (trained and cached on first use), checked
     against its ``gate`` (minimum held-out agreement accuracy)."""
-    from cprobe.data.registry import grammar_config
+    from cprobe.data.registry import CORPORA, grammar_config, with_corpora
+    from cprobe.paths import data_dir
 
-    t = dict(tiny)
+    t = with_corpora(tiny, data_root or data_dir())  # sentences of the corpora it names join its corpus
     gate = t.pop("gate", 0.9)
-    if t.get("causalgym_corpus"):  # sentences generated from the CausalGym templates join the corpus
-        from cprobe.data.causalgym_corpus import expand_model_cfg
-        from cprobe.paths import data_dir
-
-        t = expand_model_cfg({"tiny": t}, data_root or data_dir())["tiny"]
     unknown = sorted(set(t) - {"kind", "grammar", "train", "extra_sentences"})
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: ['extra_sentences', 'gate', 'grammar', "
-                          "'kind', 'train']")
+        raise ConfigError(f"unknown key(s) {unknown} under model.tiny; known: "
+                          f"{sorted(['extra_sentences', 'gate', 'grammar', 'kind', 'train', *CORPORA.names()])}")
     try:
         train = TinyTrainConfig(**(t.get("train") or {}))
     except TypeError as e:
         raise ConfigError(f"bad model.tiny.train config: {e}") from None
-    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, cache_root / "models",
+    out = ensure_tiny_model(t.get("kind", "bert"), grammar_config(t.get("grammar")), train, kind_dir(cache_root, "models"),
                             extra_sentences=tuple(t.get("extra_sentences", ())), progress=progress)
     acc = float(training_report(out)["heldout_accuracy"])
     if acc < float(gate):

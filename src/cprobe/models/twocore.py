@@ -1,7 +1,7 @@
 """Train a small model on two cores with the bits of one: the backward of every ``nn.Linear`` computes its input
 gradient and its weight (and bias) gradient at the same time, on two threads, each one single-threaded GEMM.
 
-Tiny-model training runs on one intra-op thread (``models.tiny.TRAIN_THREADS``): a fixed reduction order gives the
+Tiny-model training runs on one intra-op thread (``models.portable.TRAIN_THREADS``): a fixed reduction order gives the
 same weights on any machine. A second intra-op thread would change that order; this does not. The two gradients are
 the exact calls autograd's ``AddmmBackward0`` makes for ``F.linear`` on a contiguous input (``grad @ W`` and
 ``grad.T @ x``, and the bias reduced as ``sum_to`` does), only started together, so the trained weights are bitwise

@@ -73,6 +73,7 @@ def fact_model_dir(m: Mapping[str, Any], data: Any, cache_root: Path, progress: 
                    corpus: Any = None, init_from: Path | None = None) -> Path:
     """The trained checkpoint of fact-world member ``m`` on ``data``'s world (trained and cached on first use);
     ``corpus`` / ``init_from`` override its corpus and continue training another checkpoint (sample disparity)."""
+    from cprobe.cache import kind_dir
     from cprobe.data.fact_world import sample_corpus
     from cprobe.models.tiny import ensure_corpus_model
 
@@ -86,7 +87,7 @@ def fact_model_dir(m: Mapping[str, Any], data: Any, cache_root: Path, progress: 
         return c.sentences, c.object_word
 
     return ensure_corpus_model(_ARCH[m.get("kind", "mlm")], world.words(), sentences, key, train,
-                               Path(cache_root) / "models", init_from, progress)
+                               kind_dir(cache_root, "models"), init_from, progress)
 
 
 def resolved(m: Mapping[str, Any], path: Path) -> dict[str, Any]:

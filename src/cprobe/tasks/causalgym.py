@@ -16,11 +16,11 @@ The settings schema (:class:`Config`) lives with the engine and is re-exported h
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,13 @@ from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
 from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import atomic_write_bytes, parquet_bytes
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
-from cprobe.results import parquet_bytes, write_table
+from cprobe.results import write_table
 from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                            PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
@@ -108,8 +109,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         log.info("causalgym: resuming; %d of %d task(s) already done in %s (%s)", len(done), len(names),
                  parts.directory, ", ".join(done))
     for name in names:
-        got = parts.load(name)
-        if got is None:
+
+        def compute(name: str = name) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
             adapter = ctx.adapter(cfg["model"])  # device=cuda puts the model (and every intervention) on the GPU
             t0 = time.perf_counter()
             found: dict[str, torch.Tensor] = {}
@@ -118,8 +119,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             frame = pd.DataFrame(rows)
             frame.insert(0, "model", adapter.name)
             frame["device"] = str(adapter.device)
-            got = parts.save(name, frame, found)
             log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
+            return frame, found
+
+        got = parts.get(name, compute)
         frames.append(got[0])
         directions.update(got[1])
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -159,21 +162,23 @@ def _parts_key(cfg: dict[str, Any]) -> str:
 
 @dataclass
 class TaskParts:
-    """Per-task results in the job dir: ``<task>.parquet`` (its long-table rows) and ``<task>.safetensors`` (its
-    directions), written atomically as each task finishes, with a manifest of their SHA-256 under the config key.
+    """Per-task results in the job dir: one checked entry per task (:func:`cprobe.cache.checked_entry`: its long-table
+    rows ``table.parquet`` and its directions ``directions.safetensors``, checksummed, renamed into place whole as the
+    task finishes), and ``manifest.json``, the index of finished tasks under the config key (written after each).
 
     Every task's table goes through the same Parquet bytes whether it was just computed or read back, so a resumed
-    run's tables are byte-identical to an uninterrupted one's. Parts made under another config key, or failing their
-    checksum, are ignored (and recomputed)."""
+    run's tables are byte-identical to an uninterrupted one's. Parts made under another config key (or an older
+    format), or failing their checksum, are recomputed."""
 
     directory: Path
     key: str
     fresh: bool = False
 
     MANIFEST = "manifest.json"
+    VERSION = 2  # 2: one checked entry per task; 1: loose files with SHA-256 sums in the manifest
 
     def __post_init__(self) -> None:
-        self.manifest: dict[str, Any] = {"key": self.key, "tasks": {}}
+        self.manifest: dict[str, Any] = {"key": self.key, "version": self.VERSION, "tasks": {}}
         path = self.directory / self.MANIFEST
         if self.fresh or not path.is_file():
             return
@@ -181,54 +186,34 @@ class TaskParts:
             old = json.loads(path.read_text())
         except (OSError, ValueError):
             return
-        if old.get("key") == self.key:
+        if old.get("key") == self.key and old.get("version") == self.VERSION:
             self.manifest = old
         else:
             log.info("causalgym: %s holds results of another config; recomputing every task", self.directory)
 
-    def _stem(self, name: str) -> str:
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-        return f"{safe}.{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
     def has(self, name: str) -> bool:
         return name in self.manifest["tasks"]
 
-    def load(self, name: str) -> tuple[pd.DataFrame, dict[str, torch.Tensor]] | None:
-        entry = self.manifest["tasks"].get(name)
-        if entry is None:
-            return None
-        stem = self.directory / self._stem(name)
-        try:
-            table = (stem.with_suffix(".parquet")).read_bytes()
-            dirs = (stem.with_suffix(".safetensors")).read_bytes()
-        except OSError:
-            return None
-        if hashlib.sha256(table).hexdigest() != entry["table"] or hashlib.sha256(dirs).hexdigest() != entry["directions"]:
-            log.warning("causalgym: the saved results of %s fail their checksum; recomputing the task", name)
-            return None
-        return self._decode(table, dirs)
+    def get(self, name: str, compute: Callable[[], tuple[pd.DataFrame, dict[str, torch.Tensor]]]
+            ) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
+        """Task ``name``'s (table, directions): read back when it finished under this key, else ``compute()``d
+        and saved."""
+        from safetensors.torch import load, save
 
-    def save(self, name: str, frame: pd.DataFrame, directions: dict[str, torch.Tensor]
-             ) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
-        from safetensors.torch import save
+        from cprobe.cache import checked_entry
 
-        from cprobe.io import atomic_write_bytes
+        def build(_: Path) -> dict[str, bytes]:
+            frame, directions = compute()
+            return {"table.parquet": parquet_bytes(frame),
+                    "directions.safetensors": save({k: v.contiguous() for k, v in directions.items()})}
 
-        table = parquet_bytes(frame)
-        dirs = save({k: v.contiguous() for k, v in directions.items()})
-        stem = self.directory / self._stem(name)
-        atomic_write_bytes(stem.with_suffix(".parquet"), table)
-        atomic_write_bytes(stem.with_suffix(".safetensors"), dirs)
-        self.manifest["tasks"][name] = {"table": hashlib.sha256(table).hexdigest(),
-                                        "directions": hashlib.sha256(dirs).hexdigest()}
-        atomic_write_bytes(self.directory / self.MANIFEST, json.dumps(self.manifest, indent=1).encode())
-        return self._decode(table, dirs)
-
-    @staticmethod
-    def _decode(table: bytes, dirs: bytes) -> tuple[pd.DataFrame, dict[str, torch.Tensor]]:
-        from safetensors.torch import load
-
-        return pd.read_parquet(io.BytesIO(table)), load(dirs)
+        stem = f"{safe_name(name, limit=80)}.{hashlib.sha256(name.encode()).hexdigest()[:8]}"  # distinct names
+        entry, hit = checked_entry(self.directory / stem, build, f"the CausalGym task {name}",
+                                   rebuild=not self.has(name))
+        if not hit:
+            self.manifest["tasks"][name] = entry.name
+            atomic_write_bytes(self.directory / self.MANIFEST, json.dumps(self.manifest, indent=1).encode())
+        return pd.read_parquet(entry / "table.parquet"), load((entry / "directions.safetensors").read_bytes())
 
 
 DIRECTIONS_FILE = "directions.safetensors"
@@ -239,8 +224,6 @@ def save_directions(directions: dict[str, torch.Tensor], path: Path, **meta: str
     safetensors (no pickle), written atomically, the same bytes for the same directions; ``meta`` (model, stream) is
     the JSON of the file's one metadata entry ``cprobe``. Load with :func:`load_directions`."""
     from safetensors.torch import save
-
-    from cprobe.io import atomic_write_bytes
 
     if not directions:
         return

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from cprobe.cache import kind_dir
 from cprobe.data.items import CounterfactualPair, TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
@@ -210,7 +211,7 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
     encoder = ctx.adapter({**cfg["model"], "kind": "encoder"})
     t0 = time.perf_counter()
     clf, cached = finetuned_classifier(encoder, list(study.train), torch.tensor(list(study.y_train)), 1,
-                                       study.n_classes, ft, seed, ctx.cache_root / "finetuned", study.model_cache,
+                                       study.n_classes, ft, seed, kind_dir(ctx.cache_root, "finetuned"), study.model_cache,
                                        ctx.progress)
     ctx.timings["finetune_s" if not cached else "load_finetuned_s"] = time.perf_counter() - t0
     log.info("explained model %s (%s)", clf.name, "cached" if cached else "fine-tuned now")
@@ -342,7 +343,7 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
     cm = finetune_config(config.concept_model, f"{study.name}.concept_model", ctx.cfg["model"].get("finetune"))
     t0 = time.perf_counter()
     clf, _ = finetuned_classifier(encoder, list(study.concept_train), study.concept_targets, len(concepts), width, cm,
-                                  ctx.seed, ctx.cache_root / "finetuned", study.concept_cache, ctx.progress)
+                                  ctx.seed, kind_dir(ctx.cache_root, "finetuned"), study.concept_cache, ctx.progress)
     sub = [items[i] for i in rows]
     _, logp = classify(clf, sub, cm.max_length, desc="concept labels" if ctx.progress else None)
     ctx.timings["concept_model_s"] = time.perf_counter() - t0
@@ -364,7 +365,7 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
 
 def write_pairs(frame: pd.DataFrame, path: Any) -> None:
     """The per-pair file, written atomically (the one Parquet writer)."""
-    from cprobe.results import write_parquet
+    from cprobe.io import write_parquet
 
     write_parquet(frame, path)
 

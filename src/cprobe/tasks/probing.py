@@ -17,7 +17,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cprobe.cache import kind_dir
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
 from cprobe.data.registry import check_properties, load_dataset
@@ -133,7 +132,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     labels = property_labels(ex.dataset, list(config.properties), ctx)
     probes = cfg["probe"]
     jobs = [(p, l, n) for p in labels for l in layers for n in probes]
-    fit_cache = kind_dir(ctx.cache_root, PROBE_FITS) if ctx.cache.enabled else None
+    fit_cache = ctx.cache_dir(PROBE_FITS)
     rows, t0 = [], time.perf_counter()
     # the fits on the job's cores, a worker process each when they are many (bitwise the same probes either way)
     tasks = [fit_task(ctx.probe(probes[pname]), ex.acts[layer], labels[prop][1], splits) for prop, layer, pname in jobs]

@@ -9,11 +9,11 @@ One job probes a set of models (a zoo: ``model=fact_zoo``; any model config: ``m
 2. fact-world members are trained on their own corpora (cached; :mod:`cprobe.models.zoo`) — and, for each
    ``prompt_bias.controls`` entry, a control zoo: the same members on corpora with the control's overrides (the
    experiment's ``no_preference``: no planted prompt or name preference);
-3. the cloze runner: every relation × prompt × fact × mention query through the one model entry point
-   (:class:`~cprobe.models.formatters.ClozeFormatter` + the :class:`~cprobe.models.readouts.TopK` readout); the
-   top-k tokens are cached per model, the prediction is the first that is not a stop word (the public code's list
-   and exact matching by default; :func:`choose_predictions`); ``prompt_bias_predictions.parquet`` in the job dir
-   holds every model's;
+3. the cloze runner (:mod:`cprobe.tasks.prompt_bias_cloze`): every relation × prompt × fact × mention query through
+   the one model entry point (:class:`~cprobe.models.formatters.ClozeFormatter` + the
+   :class:`~cprobe.models.readouts.TopK` readout); the top-k tokens are cached per model, the prediction is the first
+   that is not a stop word (the public code's list and exact matching by default; :func:`choose_predictions`);
+   ``prompt_bias_predictions.parquet`` in the job dir holds every model's;
 4. every analysis aggregates that table, per model set (:mod:`cprobe.metrics.prompt_bias`): P@1 per relation and
    prompt, the prompt spread (Table 1), rank instability, verbalization stability (Fig. 5), rank consistency under
    the ``original`` / ``random`` / ``backdoor`` / ``backdoor_sampled`` evaluation settings on one shared set of
@@ -26,12 +26,11 @@ The long table (column ``kind``; column ``variant``: ``main`` or a control's nam
 ``rank_instability`` (model: which models are ranked), ``rank_consistency`` (setting, model or ``overall``),
 ``rank_ties`` (setting, model or ``any``: % of draws tied), ``rank_pairs`` (setting, model ``a|b``, metric ``gap`` /
 ``tied`` / ``flips``), ``disparity`` (model, gamma; ``gamma = -1``: the base model before continued training).
+Its tables and figures: :mod:`cprobe.tasks.prompt_bias_report`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -43,20 +42,19 @@ import numpy as np
 import pandas as pd
 
 from cprobe.errors import ConfigError, DataError
+from cprobe.io import write_parquet
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import prompt_bias as M
-import cprobe.plots as plots
-from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec
-from cprobe.results import parquet_bytes, summarise, write_parquet
+from cprobe.tasks.prompt_bias_cloze import (REFERENCE_STOP_WORDS, cached_predictions, choose_predictions,  # noqa: F401
+                                            cloze_predictions, stop_words)
+from cprobe.tasks.prompt_bias_report import (DEFAULT_SETTINGS, MAIN, _plot_prompts, pair_table, report,  # noqa: F401
+                                             table1, table3, table4, ties_table)
 
 log = logging.getLogger("cprobe")
 
 USES = Uses(groups=("model", "dataset"), capabilities=("model_sets",))  # a zoo (or one model) and a fact dataset
-CACHE_VERSION = 3  # 2: checksummed directories keyed by the model's content identity; 3: they hold the top-k tokens
-DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
-MAIN = "main"  # the variant name of the study's own zoo (controls are named by prompt_bias.controls)
 SUBSET_SHARE = 20 / 32  # the paper draws 20 of its 32 relations per run
 
 
@@ -219,103 +217,6 @@ def validate(job: Any) -> None:
         TinyTrainConfig(**d.train)
     except TypeError as e:
         raise ConfigError(f"bad prompt_bias.disparity.train: {e}") from None
-
-
-# ----------------------------------------------------------------------------------------------- cloze runner
-# The public code's stop words (causalEval utils/constant.py): NLTK's English list and the pieces of contractions.
-# Matched exactly (case-sensitive) against the decoded, stripped token, as there.
-REFERENCE_STOP_WORDS = frozenset("""
-i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her hers herself it
-its itself they them their theirs themselves what which who whom this that these those am is are was were be been
-being have has had having do does did doing a an the and but if or because as until while of at by for with about
-against between into through during before after above below to from up down in out on off over under again further
-then once here there when where why how all any both each few more most other some such no nor not only own same so
-than too very s t can will just don should now d ll m o re ve y ain aren couldn didn doesn hadn hasn haven isn ma
-mightn mustn needn shan shouldn wasn weren won wouldn 'll 're 've n't 's 'd 'm '' ``
-""".split())
-
-
-def stop_words(name: str) -> tuple[frozenset[str], bool]:
-    """(words, case_sensitive) of a stop-word list: ``reference`` (the public code's 162, exact match) or ``sklearn``
-    (scikit-learn's 318 English words, lower-cased match: it holds possible objects such as 'system', 'fire', 'us',
-    which can then never be predicted)."""
-    if name == "reference":
-        return REFERENCE_STOP_WORDS, True
-    if name == "sklearn":
-        from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-        return frozenset(ENGLISH_STOP_WORDS), False
-    raise ConfigError(f"unknown stop-word list {name!r}; choose from ['reference', 'sklearn']")
-
-
-def cloze_predictions(adapter: Any, items: Sequence[Any], top_k: int, desc: str | None = None) -> pd.DataFrame:
-    """One row per query: the query's indices, the gold object, its ``top_k`` tokens best first (``top``: decoded and
-    stripped, as the public code) and which of them are not words (``non_word``: special or punctuation-only
-    tokens). Which token is the prediction is decided later (:func:`choose_predictions`), so a change of stop words
-    or matching reruns no model."""
-    from cprobe.models.formatters import ClozeFormatter
-    from cprobe.models.readouts import TopK
-
-    top = adapter.map(list(items), ClozeFormatter(), readout=TopK(top_k), desc=desc).scores
-    ids = top.numpy() if top is not None else np.zeros((0, top_k), dtype=np.int64)
-    special = set(adapter.tok.all_special_ids)
-    text = {int(i): adapter.tok.decode([int(i)]).strip() for i in np.unique(ids)}
-    non_word = {i: i in special or not any(ch.isalnum() for ch in t) for i, t in text.items()}
-    meta = pd.DataFrame([dict(it.meta) for it in items])
-    return meta.assign(gold=[it.outcome for it in items], top=[[text[int(i)] for i in row] for row in ids],
-                       non_word=[[non_word[int(i)] for i in row] for row in ids])
-
-
-def choose_predictions(frame: pd.DataFrame, config: Config) -> pd.DataFrame:
-    """``frame`` (:func:`cloze_predictions`) with ``prediction`` and ``correct``, as the public code: the first of the
-    top-k tokens that is not a stop word (when every one is, the last of them); correct when it equals the gold
-    object (case-sensitive unless ``case_sensitive`` is false). ``skip_non_words`` also skips special and
-    punctuation-only tokens."""
-    if frame.empty:
-        return frame.assign(prediction=pd.Series(dtype=str), correct=pd.Series(dtype=bool))
-    top = np.array(frame["top"].tolist(), dtype=object)
-    skip = np.zeros(top.shape, dtype=bool)
-    if config.skip_stop_words:
-        words, exact = stop_words(config.stop_words)
-        vocab = np.unique(top)
-        hit = {w for w in vocab if (w if exact else w.lower()) in words}
-        skip |= np.isin(top, list(hit))
-    if config.skip_non_words:
-        skip |= np.array(frame["non_word"].tolist(), dtype=bool)
-    keep = ~skip
-    first = np.where(keep.any(1), keep.argmax(1), top.shape[1] - 1)
-    pred = top[np.arange(len(top)), first].astype(str)
-    gold = frame["gold"].to_numpy(str)
-    correct = pred == gold if config.case_sensitive else np.char.lower(pred) == np.char.lower(gold)
-    return frame.assign(prediction=pred, correct=correct)
-
-
-def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[Any], config: Config,
-                       items_key: str) -> tuple[pd.DataFrame, bool]:
-    """The model's prediction table from the cache (kind ``cloze``: a checksummed parquet keyed by the model's content
-    identity, so a moved or copied cache stays valid), or computed and cached."""
-    from cprobe.cache import cache_key, kind_dir, load_file, model_identity, store_files
-
-    key = cache_key({"model": model_identity(m), "items": items_key, "top_k": config.top_k,
-                     "skip": config.skip_stop_words, "version": CACHE_VERSION})
-    entry = kind_dir(ctx.cache_root, "cloze") / key
-    enabled = bool(ctx.cfg.get("cache", {}).get("enabled", True))
-    if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:
-        return pd.read_parquet(io.BytesIO(blob)), True
-    from contextlib import nullcontext
-
-    from cprobe.cache import build_lock
-
-    with build_lock(str(entry) + ".lock", f"the cloze predictions of {m.get('name')}") if enabled else nullcontext():
-        if enabled and (blob := load_file(entry, "predictions.parquet")) is not None:  # built while we waited
-            return pd.read_parquet(io.BytesIO(blob)), True
-        adapter = ctx.adapter(m)
-        frame = cloze_predictions(adapter, items, config.top_k,
-                                  desc=f"cloze {m['name']}" if ctx.progress else None)
-        if enabled:
-            meta = json.dumps({"model": m.get("name"), "rows": len(frame)}).encode()
-            store_files(entry, {"predictions.parquet": parquet_bytes(frame), "meta.json": meta})
-    return frame, False
 
 
 # ----------------------------------------------------------------------------------------------- the job
@@ -529,214 +430,6 @@ def _disparity(ctx: JobContext, full: Any, data: Any, spec: Mapping[str, Mapping
     return rows
 
 
-
-
-# ----------------------------------------------------------------------------------------------- report
-def _cell(m: float, s: float, n: int) -> str:
-    if np.isnan(m):
-        return "nan"
-    return f"{m:.2f}" if n <= 1 else f"{m:.2f} ({s:.2f})"
-
-
-TABLE1 = {"lama_p1": "LAMA P@1", "worst_p1": "Worst P@1", "best_p1": "Best P@1", "std": "Std",
-          "diff_gt10_share": "% rel. diff>10", "verbalization_stability": "Verb. stability",
-          "p1_backdoor": "P@1 (backdoor)", "true_knowledge": "True knowledge %"}
-_ROWS4 = {"overall": "Overall Rank", "any": "Draws with a tie (%)", "pair": "Closest pair",
-          "gap": "Closest-pair gap (points)", "flips": "Closest-pair flips (%)"}
-
-
-def _with_variant(table: pd.DataFrame) -> pd.DataFrame:
-    """Tables from before controls existed read as the study's own zoo."""
-    if "variant" not in table:
-        return table.assign(variant=MAIN)
-    return table.assign(variant=table["variant"].fillna(MAIN).replace("", MAIN))
-
-
-def _index(s: pd.DataFrame) -> list[str]:
-    return [k for k in ("config_id", "dataset", "variant", "model") if k in s.columns]
-
-
-def table1(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 1 (+ Fig. 5's mean stability, the backdoor P@1 and, on the fact world, the true knowledge): rows
-    (variant, model), cells ``mean (std)`` over seeds."""
-    s = summarise(_with_variant(table), "summary", ["dataset", "variant", "model", "metric"])
-    if s.empty:
-        return s
-    s = s[s["metric"].isin(list(TABLE1))]
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
-    idx = _index(s)
-    wide = s.pivot_table(index=idx, columns="metric", values="cell", aggfunc="first", sort=False)
-    wide = wide[[k for k in TABLE1 if k in wide.columns]].rename(columns=TABLE1)
-    return wide.reset_index()
-
-
-def table3(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 3: rows γ (and ``None``: the base model), columns base models, cells P@1 with the original prompt."""
-    s = summarise(table, "disparity", ["dataset", "model", "gamma"])
-    if s.empty:
-        return s
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])],
-                 row=["None" if g < 0 else f"{100 * g:g}%" for g in s["gamma"]])
-    order = [*[f"{100 * g:g}%" for g in sorted(x for x in s["gamma"].unique() if x >= 0)], "None"]
-    wide = s.pivot_table(index="row", columns="model", values="cell", aggfunc="first", sort=False).reindex(order)
-    return wide.rename_axis("γ (evidence share)").reset_index()
-
-
-def pair_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Every model pair per (variant, setting): mean gap (points), tied and flipped draws (%), means over seeds;
-    closest pair first."""
-    s = summarise(_with_variant(table), "rank_pairs", ["dataset", "variant", "setting", "model", "metric"])
-    if s.empty:
-        return s
-    idx = [k for k in ("config_id", "dataset", "variant", "setting", "model") if k in s.columns]
-    wide = s.pivot_table(index=idx, columns="metric", values="mean", aggfunc="first", sort=False).reset_index()
-    wide = wide.rename(columns={"model": "pair"})
-    wide["abs_gap"] = wide["gap"].abs()
-    group = [k for k in idx if k != "model"]
-    wide = wide.sort_values([*group, "abs_gap"], kind="stable").drop(columns="abs_gap")
-    return wide[[*group, "pair", "gap", "tied", "flips"]].reset_index(drop=True)
-
-
-def table4(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 4: rows (variant) models, ``Overall Rank``, the share of draws with a tie and the closest pair (its
-    mean gap and the share of draws that flip its order); columns evaluation settings, cells rank consistency (%)."""
-    table = _with_variant(table)
-    s = summarise(table, "rank_consistency", ["dataset", "variant", "model", "setting"])
-    if s.empty:
-        return s
-    ties = summarise(table, "rank_ties", ["dataset", "variant", "model", "setting"])
-    s = pd.concat([s, ties[ties["model"] == "any"]], ignore_index=True)
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
-    pairs = pair_table(table)
-    if not pairs.empty:
-        first = pairs.groupby([k for k in ("config_id", "dataset", "variant", "setting") if k in pairs.columns],
-                              sort=False).head(1)
-        extra = []
-        for r in first.to_dict("records"):
-            base = {k: r[k] for k in ("config_id", "dataset", "variant", "setting") if k in r}
-            extra += [{**base, "model": "pair", "cell": r["pair"].replace("|", " / ")},
-                      {**base, "model": "gap", "cell": f"{abs(r['gap']):.2f}"},
-                      {**base, "model": "flips", "cell": f"{r['flips']:.1f}"}]
-        s = pd.concat([s, pd.DataFrame(extra)], ignore_index=True)
-    idx = _index(s)
-    wide = s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
-    settings = [x for x in DEFAULT_SETTINGS if x in wide.columns] + [x for x in wide.columns
-                                                                    if x not in DEFAULT_SETTINGS and x not in idx]
-    wide["model"] = wide["model"].replace(_ROWS4)
-    know = summarise(table, "summary", ["dataset", "variant", "model", "metric"])
-    know = know[know["metric"] == "true_knowledge"]
-    if not know.empty:
-        on = [k for k in idx if k in know.columns]
-        wide = wide.merge(know[[*on, "mean"]].rename(columns={"mean": "true_knowledge"}), on=on, how="left")
-        settings.append("true_knowledge")
-    return wide[[*idx, *settings]]
-
-
-def ties_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (variant, model): the share (%) of draws in which its score ties another model's, per setting."""
-    s = summarise(_with_variant(table), "rank_ties", ["dataset", "variant", "model", "setting"])
-    if s.empty:
-        return s
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
-    idx = _index(s)
-    return s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
-
-
-def report(table: pd.DataFrame, out_dir: Any) -> None:
-    from cprobe.results import write_table
-
-    if "kind" not in table:
-        return
-    tab = _with_variant(table.copy())
-    write_table(table1(tab), out_dir / "prompt_bias_table1")
-    t3 = table3(tab)
-    if not t3.empty:
-        write_table(t3, out_dir / "prompt_bias_table3")
-    t4 = table4(tab)
-    if not t4.empty:
-        write_table(t4, out_dir / "prompt_bias_table4")
-        write_table(ties_table(tab), out_dir / "prompt_bias_rank_ties")
-        write_table(pair_table(tab), out_dir / "prompt_bias_rank_pairs")
-    write_table(summarise(tab, "spread", ["dataset", "variant", "model", "relation", "metric"]),
-                out_dir / "prompt_bias_relations")
-    write_table(summarise(tab, "rank_instability", ["dataset", "variant", "model"]),
-                out_dir / "prompt_bias_rank_instability")
-    main = tab[tab["variant"] == MAIN]
-    _plot_prompts(main, out_dir)
-    _plot_stability(main, out_dir)
-
-
-def _grid(n: int, ncols: int, width: float, height: float) -> tuple[Any, list[Any]]:
-    """A figure of ``n`` panels in rows of at most ``ncols`` (spare axes hidden)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = max(1, min(ncols, n))
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=True)
-    flat = list(axes.ravel())
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:n]
-
-
-def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
-    """Fig. 3 as box plots: a grid of panels, one per model, one box per relation of its P@1 over the relation's
-    prompts (mean over seeds), the original prompt marked."""
-    p = tab[tab["kind"] == "p1"]
-    if p.empty:
-        return
-    rows = p
-    p = p.groupby(["model", "relation", "prompt"], sort=False)["value"].mean().reset_index()
-    models = list(dict.fromkeys(p["model"]))
-    relations = list(dict.fromkeys(p["relation"]))
-    fig, axes = _grid(len(models), ncols=2 if len(relations) > 16 else 4,
-                      width=max(3.2, min(0.22 * len(relations) + 1.2, 9.0)), height=2.8)
-    for i, (ax, model) in enumerate(zip(axes, models)):
-        g = p[p["model"] == model]
-        data = [g.loc[g["relation"] == r, "value"].to_numpy() for r in relations]
-        ax.boxplot(data, showfliers=True)
-        orig = [g.loc[(g["relation"] == r) & (g["prompt"] == 0), "value"] for r in relations]
-        ax.scatter(np.arange(1, len(relations) + 1), [o.iloc[0] if len(o) else np.nan for o in orig], marker="x",
-                   color="tab:red", s=14, label="original prompt", zorder=3)
-        ax.set_xticks(np.arange(1, len(relations) + 1), relations, rotation=90, fontsize=6)
-        ax.set_ylim(-2, 102)
-        ax.set_title(str(model), fontsize=9)
-        if i % (2 if len(relations) > 16 else 4) == 0:
-            ax.set_ylabel("P@1 over prompts", fontsize=8)
-    axes[0].legend(fontsize=7, loc="upper right")
-    _caption(fig, "Prompt preference: P@1 of each relation over its prompts (× the original prompt)", rows,
-             "facts per relation")
-    save(fig, out_dir / "prompt_bias_prompts.png")
-
-
-def _caption(fig: Any, shows: str, rows: pd.DataFrame, unit: str) -> None:
-    """What every prompt-bias figure names: the relations probed, the model(s), the fact data, n and the seed(s)."""
-    ns = rows["n"].dropna().astype(int) if "n" in rows else pd.Series(dtype=int)
-    n = "?" if ns.empty else str(ns.min()) if ns.min() == ns.max() else f"{ns.min()}–{ns.max()}"
-    plots.caption(fig, shows, property=[f"relation {r}" for r in rows["relation"].dropna().unique()],
-                  model=rows["model"], data=rows["dataset"] if "dataset" in rows else "facts",
-                  n=f"{n} {unit}", seed=rows.get("seed"))
-
-
-def _plot_stability(tab: pd.DataFrame, out_dir: Any) -> None:
-    """Fig. 5: verbalization stability over relations, one box per model."""
-    s = tab[tab["kind"] == "stability"]
-    if s.empty:
-        return
-    rows = s
-    s = s.groupby(["model", "relation"], sort=False)["value"].mean().reset_index()
-    models = list(dict.fromkeys(s["model"]))
-    fig, (ax,) = new_figure(1, width=max(4.0, 0.9 * len(models) + 1.5), height=3.4)
-    ax.boxplot([s.loc[s["model"] == m, "value"].to_numpy() for m in models])
-    ax.set_xticks(np.arange(1, len(models) + 1), models, rotation=45, ha="right", fontsize=8)
-    ax.set_ylim(-2, 102)
-    ax.set_ylabel("verbalization stability (%)", fontsize=8)
-    _caption(fig, "Verbalization stability: predictions unchanged across subject mentions, per relation", rows,
-             "subjects per relation")
-    save(fig, out_dir / "prompt_bias_stability.png")
 
 
 # ----------------------------------------------------------------------------------------------- records

@@ -355,8 +355,7 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
 
 
 def _probe_dir(ctx: JobContext, config: Config) -> Path | None:
-    return ctx.cache_root / "probes" if config.cache_probes and ctx.cfg.get("cache", {}).get("enabled", True) \
-        else None
+    return ctx.cache_dir("probes") if config.cache_probes else None
 
 
 def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
@@ -731,8 +730,7 @@ ITEMS_FILE = "reliability_items.parquet"
 def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
                  per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> None:
     """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column)."""
-    from cprobe.io import atomic_write_bytes
-    from cprobe.records import parquet_bytes
+    from cprobe.io import write_parquet
 
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
@@ -741,7 +739,7 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
                            for l, part in per_item.items()], ignore_index=True)  # type: ignore[union-attr]
     else:
         frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
-    atomic_write_bytes(path, parquet_bytes(frame))
+    write_parquet(frame, path)
 
 
 def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
