@@ -265,9 +265,12 @@ class ModelAdapter:
         scored = batch
         if self._scores_rows_only(readout, batch):
             # the head sees each row's scored position only: logits (n, 1, V), read at position 0
+            # a row without the position (−1) stays −1 for the readout, which raises its own error: no host read here
+            # (DAS runs this every step)
             pred = batch.pred_positions()
-            handles.append(self._head.register_forward_pre_hook(_gather_rows(pred), with_kwargs=True))
-            scored = replace(batch, positions={**batch.positions, _SCORED: torch.zeros_like(pred)}, pred=_SCORED)
+            handles.append(self._head.register_forward_pre_hook(_gather_rows(pred.clamp(min=0)), with_kwargs=True))
+            scored = replace(batch, positions={**batch.positions, _SCORED: torch.where(pred >= 0, 0, -1)},
+                             pred=_SCORED)
         res = None
         try:
             with torch.enable_grad() if grad else torch.inference_mode():
@@ -282,12 +285,10 @@ class ModelAdapter:
         return RunOutput({s: acts[s] for s in read}, scores)
 
     def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
-        """Whether the head can run at the scored positions only: a readout that scores one position per row, a
-        head module of its own, every row with that position (otherwise the readout's own error is raised)."""
-        if not (self.scored_positions and readout is not None and readout.at_position and self._head is not None
-                and batch.pred is not None and batch.pred in batch.positions):
-            return False
-        return bool((batch.pred_positions() >= 0).all())
+        """Whether the head can run at the scored positions only: a readout that scores one position per row and a
+        head module of its own (a row without the position keeps −1, so the readout raises its own error)."""
+        return bool(self.scored_positions and readout is not None and readout.at_position and self._head is not None
+                    and batch.pred is not None and batch.pred in batch.positions)
 
     def _depth(self, module: nn.Module, pre: bool) -> int:
         if pre:
