@@ -355,8 +355,10 @@ def _run_job(cfg: DictConfig) -> None:
 
 
 def job_hash(plain: Mapping[str, Any]) -> str:
-    """What ``status.json`` records to tell a finished job with the same config (``force`` and ``progress`` aside)."""
-    return config_hash({k: v for k, v in plain.items() if k not in ("force", "progress")})
+    """What ``status.json`` records to tell a finished job with the same config (``force``, ``progress`` and the
+    trackers of ``logger`` aside: none of them changes a result). The job and the SLURM driver (which asks whether a
+    point is done before submitting it) both hash through here."""
+    return config_hash({k: v for k, v in plain.items() if k not in ("force", "progress", "logger")})
 
 
 def is_done(plain: Mapping[str, Any], out_dir: Path) -> bool:

@@ -173,3 +173,16 @@ def test_report_files_named_after_config_strings_stay_in_the_output_dir(tmp_path
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert all(w.startswith("a/b/run/") and w.count("/") == 3 for w in written), written
     assert "a/b/run/liberty_sensitivity__.._escaped.png" in written
+
+
+def test_the_job_hash_ignores_the_trackers_so_the_slurm_driver_sees_a_finished_point_as_done(tmp_path):
+    """The job hashes its config after dropping ``logger``; the SLURM driver hashes the composed config with it. Both
+    go through ``job_hash``, which must drop it (a rerun of a sweep resubmitted every finished point before)."""
+    from cprobe.pipeline import is_done, job_hash
+
+    plain = {"task": "probing", "seed": 0, "layers": [2], "logger": {"csv": {}}, "progress": True}
+    assert job_hash(plain) == job_hash({k: v for k, v in plain.items() if k != "logger"})
+    assert job_hash(plain) != job_hash({**plain, "seed": 1})
+    (tmp_path / "status.json").write_text(json.dumps({"state": "done", "config_hash": job_hash(
+        {k: v for k, v in plain.items() if k != "logger"})}))
+    assert is_done(plain, tmp_path) and not is_done({**plain, "seed": 1}, tmp_path)
