@@ -200,3 +200,34 @@ def test_resume_off_runs_the_full_forward():
     adapter.resume = True
     torch.testing.assert_close(out.scores, adapter.run(batch, (), {Site(2): lambda h: h + 1.0}, cands).scores,
                                atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("layer", [1, 2, 3])
+def test_reliability_das_trains_through_resumed_passes(tmp_path, layer):
+    """The reliability study's DAS (``minimal_pair_training``) runs every step from the base items' clean states at
+    the site's layer: the trained direction equals the full forward's."""
+    from types import SimpleNamespace
+
+    from cprobe.data.registry import load_dataset
+    from cprobe.directions.das import DAS
+    from cprobe.tasks.reliability import minimal_pair_training
+
+    cfg = {"name": "s", "type": "synthetic", "grammar": {"n_sentences": 40, "seed": 1}, "duplicates": "drop"}
+    ds = load_dataset(cfg, tmp_path)
+    rows = list(range(12))
+    found = []
+    for on in (False, True):
+        adapter = _adapter("gpt2")
+        adapter.resume = on
+        n = len(ds.examples)
+        ex = SimpleNamespace(scores=torch.zeros(n, 2), candidates=torch.arange(2 * n).view(n, 2) % 20)
+        through = minimal_pair_training(adapter, SimpleNamespace(examples=ds.examples), ex, rows, layer, "target",
+                                        "z_c", cfg, tmp_path)
+        calls = _Calls(adapter)
+        das = DAS(lr=0.05, batch_size=4, epochs=2).fit(through.forward, through.h_source, through.target)
+        ran = calls.ran()
+        calls.remove()
+        assert ran == [not on or i >= layer for i in range(adapter.n_layers)]
+        found.append((das.a, das.losses))
+    torch.testing.assert_close(found[1][0], found[0][0], atol=1e-5, rtol=1e-5)
+    assert found[1][1] == pytest.approx(found[0][1], abs=1e-5)
