@@ -353,7 +353,7 @@ class ModelAdapter:
 
             def keep(layer: int) -> Callable[[Tensor], Tensor]:
                 def patch(h: Tensor) -> Tensor:
-                    store[layer][a:a + len(piece), :w] = h.to(where, non_blocking=True)
+                    store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
                     if layer == deepest:
                         raise _Stop
                     return h
