@@ -279,8 +279,10 @@ class ModelAdapter:
         if self._scores_rows_only(readout, batch):
             # the head sees each row's scored position only: logits (n, 1, V), read at position 0
             pred = batch.pred_positions()
-            handles.append(self._head.register_forward_pre_hook(_gather_rows(pred), with_kwargs=True))
-            scored = replace(batch, positions={**batch.positions, _SCORED: torch.zeros_like(pred)}, pred=_SCORED)
+            handles.append(self._head.register_forward_pre_hook(_gather_rows(pred.clamp(min=0)), with_kwargs=True))
+            # a row without the position stays without it (−1): the readout raises its own error, as on every token
+            at = torch.where(pred >= 0, torch.zeros_like(pred), torch.full_like(pred, -1))
+            scored = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED)
         res = None
         try:
             with torch.enable_grad() if grad else torch.inference_mode():
@@ -371,11 +373,10 @@ class ModelAdapter:
 
     def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
         """Whether the head can run at the scored positions only: a readout that scores one position per row, a
-        head module of its own, every row with that position (otherwise the readout's own error is raised)."""
-        if not (self.scored_positions and readout is not None and readout.at_position and self._head is not None
-                and batch.pred is not None and batch.pred in batch.positions):
-            return False
-        return bool((batch.pred_positions() >= 0).all())
+        head module of its own, the batch's prediction position named (rows without it keep −1 there, so the readout
+        raises its own error; nothing is read back from the device)."""
+        return bool(self.scored_positions and readout is not None and readout.at_position and self._head is not None
+                    and batch.pred is not None and batch.pred in batch.positions)
 
     def _depth(self, module: nn.Module, pre: bool) -> int:
         if pre:
