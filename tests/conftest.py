@@ -127,17 +127,23 @@ def make_word_tokenizer(kind: str):
 
 
 def make_random_model(arch: str, seed: int = 0):
-    """A tiny random-init HF model (no download) and its tokenizer: arch in bert | gpt_neox | gpt2 | llama."""
+    """A tiny random-init HF model (no download) and its tokenizer: arch in bert | roberta | gpt_neox | gpt2 | llama."""
     import torch
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
                               GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM)
 
     torch.manual_seed(seed)
-    tok = make_word_tokenizer("mlm" if arch == "bert" else "causal")
+    tok = make_word_tokenizer("mlm" if arch in ("bert", "roberta") else "causal")
     V = len(tok)
     if arch == "bert":
         m = BertForMaskedLM(BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                        intermediate_size=64, max_position_embeddings=64))
+    elif arch == "roberta":  # position ids count from the padding index + 1, as RoBERTa's
+        from transformers import RobertaConfig, RobertaForMaskedLM
+
+        m = RobertaForMaskedLM(RobertaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                                             intermediate_size=64, max_position_embeddings=66,
+                                             pad_token_id=tok.pad_token_id))
     elif arch == "gpt_neox":
         m = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                              intermediate_size=64, max_position_embeddings=64))

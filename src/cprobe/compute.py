@@ -24,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from cprobe.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # x86 (Linux /proc/cpuinfo names)
@@ -274,3 +276,13 @@ def worker_device(device: str, workers: int, job_num: int = 0, n_gpus: int | Non
         i = job_num % n_gpus
         log.warning("more parallel workers than GPUs (%d): this job shares cuda:%d", n_gpus, i)
     return f"cuda:{i}"
+
+
+def resume_flag(compute: Any) -> bool:
+    """``compute.resume`` (default true): edited passes resume at their edited layer from clean states
+    (:mod:`cprobe.models.resume`); false runs every edited pass as a full forward, for comparison. A one-line
+    ConfigError for anything but a boolean."""
+    value = (compute or {}).get("resume", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"compute.resume must be true or false, got {value!r}")
+    return value

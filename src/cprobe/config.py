@@ -114,7 +114,12 @@ they existed): left out of config hashes and ids while empty, so adding them cha
 
 
 def identity(cfg: Any) -> Any:
-    """``cfg`` without the :data:`OPTIONAL_KEYS` that are empty (what config hashes and ids are computed over)."""
+    """``cfg`` without the :data:`OPTIONAL_KEYS` that are empty (what config hashes and ids are computed over), and
+    without ``compute.resume`` when true (its default: the configuration from before the key existed)."""
     if not isinstance(cfg, Mapping):
         return cfg
-    return {k: v for k, v in cfg.items() if not (k in OPTIONAL_KEYS and not v)}
+    out = {k: v for k, v in cfg.items() if not (k in OPTIONAL_KEYS and not v)}
+    compute = out.get("compute")
+    if isinstance(compute, Mapping) and compute.get("resume") is True:
+        out["compute"] = {k: v for k, v in compute.items() if k != "resume"}
+    return out

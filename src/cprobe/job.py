@@ -169,6 +169,9 @@ class JobContext:
             t0 = time.perf_counter()
             _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress, self.data_root)
             self.timings["load_model_s"] = time.perf_counter() - t0
+        from cprobe.compute import resume_flag
+
+        _ADAPTER[key].resume = resume_flag(self.cfg.get("compute"))  # compute.resume=false: full forwards
         return _ADAPTER[key]
 
     def probe(self, probe_cfg: Mapping[str, Any]):

@@ -80,3 +80,19 @@ def test_gradients_through_the_scored_rows_equal_the_full_heads():
         out.scores[:, 0].sum().backward()
         grads.append(delta.grad.clone())
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+
+
+def test_a_row_without_the_scored_position_is_refused_by_the_readout_without_a_host_read():
+    """The head's gathered position keeps −1 for such a row, so the readout's own error is raised as on every token."""
+    from cprobe.errors import ConfigError
+
+    adapter = _adapter("gpt2")
+    ex = _examples(4)
+    cands = CandidateTokens([[adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)] for e in ex])
+    batch = AgreementFormatter()(ex, adapter, torch.arange(len(ex)))
+    batch.positions[batch.pred] = batch.positions[batch.pred].clone()
+    batch.positions[batch.pred][1] = -1
+    for flag in (False, True):
+        adapter.scored_positions = flag
+        with pytest.raises(ConfigError, match="no prediction position"):
+            adapter.run(batch, readout=cands)

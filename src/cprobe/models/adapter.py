@@ -12,6 +12,7 @@ so read → write round-trips are exact.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
+from cprobe.models.resume import DEVICE_BUDGET, CleanStates, Resume, skipped
 from cprobe.models.sites import MEAN, Batch, Site
 from cprobe.progress import Progress
 
@@ -126,6 +128,12 @@ class ModelAdapter:
         """Apply the output head to the scored position of each row only (a readout that scores one position per
         row: ``Readout.at_position``), not to every token: the same scores for a fraction of the head's work. False
         runs the head at every position, for comparison."""
+        self.resume = True
+        """Let a pass given clean states (``run(resume=…)``, ``map(resume=…)``) resume at its lowest edited or read
+        layer, running the blocks above it only (:mod:`cprobe.models.resume`; ``compute.resume``). False runs the full
+        forward, for comparison (and :meth:`clean_states` then computes nothing)."""
+        self._resumable = family_of(cfg).resumable
+        self._said_full = False
 
     # ----------------------------------------------------------------- structure
     @property
@@ -201,7 +209,7 @@ class ModelAdapter:
         return self._blocks[site.layer - 1], False
 
     def run(self, batch: Batch, read: Sequence[Site] = (), edits: Mapping[Site, Edit] | None = None,
-            readout: Readout | None = None, grad: bool = False) -> RunOutput:
+            readout: Readout | None = None, grad: bool = False, resume: Resume | None = None) -> RunOutput:
         """One forward pass over ``batch``: apply every edit at its site, read every ``read`` site (after the
         edits at that site), and score the output with ``readout``.
 
@@ -210,6 +218,10 @@ class ModelAdapter:
         read as zeros. With ``grad`` the pass is differentiable in whatever the edits close over (DAS);
         otherwise it runs under ``torch.inference_mode``. Tensors come back on the model's device (a device-mapped
         model's main device: each edit runs on the device of the module it hooks, and the read states are gathered).
+
+        ``resume`` (:meth:`CleanStates.take`) holds this batch's clean states at some layers: the pass then starts at
+        the deepest of them at or below its lowest edited or read site — blocks below it do not run — with the same
+        results as the full forward (:mod:`cprobe.models.resume`).
         """
         edits = dict(edits or {})
         if readout is not None and self.kind == "encoder":
@@ -232,6 +244,7 @@ class ModelAdapter:
         last_read = max((k for k in order if points[k][3]), key=depth.__getitem__, default=None)
         stop_early = readout is None and not grad and last_read is not None and all(
             depth[k] <= depth[last_read] for k in order)
+        start = self._resume_at(resume, min(depth.values(), default=self.n_layers + 1), batch)
 
         def make(key):
             _module, _pre, edit_sites, read_sites = points[key]
@@ -265,17 +278,18 @@ class ModelAdapter:
         scored = batch
         if self._scores_rows_only(readout, batch):
             # the head sees each row's scored position only: logits (n, 1, V), read at position 0
-            # a row without the position (−1) stays −1 for the readout, which raises its own error: no host read here
-            # (DAS runs this every step)
             pred = batch.pred_positions()
             handles.append(self._head.register_forward_pre_hook(_gather_rows(pred.clamp(min=0)), with_kwargs=True))
-            scored = replace(batch, positions={**batch.positions, _SCORED: torch.where(pred >= 0, 0, -1)},
-                             pred=_SCORED)
+            # a row without the position stays without it (−1): the readout raises its own error, as on every token
+            at = torch.where(pred >= 0, torch.zeros_like(pred), torch.full_like(pred, -1))
+            scored = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED)
         res = None
         try:
             with torch.enable_grad() if grad else torch.inference_mode():
                 try:
-                    res = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, **batch.extra)
+                    with skipped(self._blocks, *start) if start else contextlib.nullcontext():
+                        res = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                         **batch.extra)
                 except _Stop:
                     pass
                 scores = readout.scores(res.logits, scored) if readout is not None else None
@@ -284,9 +298,83 @@ class ModelAdapter:
                 h.remove()
         return RunOutput({s: acts[s] for s in read}, scores)
 
+    @property
+    def can_resume(self) -> bool:
+        """Whether passes given clean states resume at their edited layer: :attr:`resume` is on and the family's
+        blocks can be swapped (:attr:`Family.resumable <cprobe.models.family.Family.resumable>`)."""
+        return self.resume and self._resumable
+
+    def _resume_at(self, resume: Resume | None, lowest: int, batch: Batch) -> tuple[int, Tensor] | None:
+        """(layer, states) to resume this pass at, or None for the full forward."""
+        if resume is None or not self.resume:
+            return None
+        if not self._resumable:
+            if not self._said_full:
+                log.info("%s: model family %r cannot resume at an edited layer (its blocks are not known to take "
+                         "and return one tensor); running full forwards", self.name, self.model.config.model_type)
+                self._said_full = True
+            return None
+        if resume.model != self.name:
+            raise ConfigError(f"clean states of model {resume.model!r} cannot resume a pass of {self.name!r}")
+        layer = resume.layer_for(min(lowest, self.n_layers))
+        if layer is None:
+            return None
+        states = resume.states[layer]
+        want = (*batch.input_ids.shape, self.hidden_size)
+        if tuple(states.shape) != want:
+            raise ConfigError(f"clean states {tuple(states.shape)} do not fit this batch {want}; take them for "
+                              "its rows (CleanStates.take)")
+        return layer, states.to(self.dtype)
+
+    def clean_states(self, batch: Batch, layers: Sequence[int]) -> CleanStates:
+        """The clean full-sequence states of ``batch``'s rows at ``layers`` (block
+        outputs; layer 0 needs none), for edited passes over these items to resume from (:mod:`cprobe.models.resume`).
+
+        Computed in pieces of at most ``batch_size`` rows (and the token cap), each stopping after the deepest layer;
+        kept in the model's dtype on its device, or in host memory past :data:`~cprobe.models.resume.DEVICE_BUDGET`.
+        Nothing is computed when passes cannot resume (:attr:`can_resume`): the passes then run in full."""
+        sub = batch.to("cpu")
+        if not self.can_resume:
+            return CleanStates(self.name, sub.input_ids, sub.attention_mask, {})
+        layers = [l for l in self.check_layers(layers) if l >= 1]
+        n, width = sub.input_ids.shape
+        size = len(layers) * n * width * self.hidden_size * self.dtype.itemsize
+        dev = self.device
+        where = dev if dev.type == "cpu" or size <= DEVICE_BUDGET else torch.device("cpu")
+        pin = where.type == "cpu" and dev.type == "cuda"
+        store = {l: torch.zeros(n, width, self.hidden_size, dtype=self.dtype, device=where, pin_memory=pin)
+                 for l in layers}
+        if not layers:
+            return CleanStates(self.name, sub.input_ids, sub.attention_mask, store)
+        deepest = max(layers)
+        cap = self.token_cap()
+        step = max(1, min(self.batch_size, cap // max(width, 1) if cap else self.batch_size))
+        for a in range(0, n, step):
+            piece = sub.select(torch.arange(a, min(a + step, n))).to(dev)
+            w = piece.input_ids.shape[1]
+
+            def keep(layer: int) -> Callable[[Tensor], Tensor]:
+                def patch(h: Tensor) -> Tensor:
+                    store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
+                    if layer == deepest:
+                        raise _Stop
+                    return h
+                return patch
+            handles = [self._register(self._blocks[l - 1], False, keep(l)) for l in layers]
+            try:
+                with torch.no_grad():  # not inference tensors: a resumed pass may train through them (DAS)
+                    self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **piece.extra)
+            except _Stop:
+                pass
+            finally:
+                for hd in handles:
+                    hd.remove()
+        return CleanStates(self.name, sub.input_ids, sub.attention_mask, store)
+
     def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
-        """Whether the head can run at the scored positions only: a readout that scores one position per row and a
-        head module of its own (a row without the position keeps −1, so the readout raises its own error)."""
+        """Whether the head can run at the scored positions only: a readout that scores one position per row, a
+        head module of its own, the batch's prediction position named (rows without it keep −1 there, so the readout
+        raises its own error; nothing is read back from the device)."""
         return bool(self.scored_positions and readout is not None and readout.at_position and self._head is not None
                     and batch.pred is not None and batch.pred in batch.positions)
 
@@ -320,13 +408,15 @@ class ModelAdapter:
 
     def map(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
             edits: Mapping[Site, EditSpec] | None = None, readout: Readout | None = None,
-            desc: str | None = None, dtype: torch.dtype = torch.float32) -> RunOutput:
+            desc: str | None = None, dtype: torch.dtype = torch.float32,
+            resume: CleanStates | None = None) -> RunOutput:
         """:meth:`run` over a whole item list; outputs in input order, on the CPU, read states in ``dtype``
         (float32 by default; ``torch.bfloat16`` halves the memory of a bf16 model's states).
 
         The list is tokenised once and cut into length-sorted batches (:meth:`stream`). Edits are
         :class:`EditSpec` over the whole list (bound per batch). Replacing the last layer's state at the prediction
-        position and scoring it needs only the LM head: that case skips the model.
+        position and scoring it needs only the LM head: that case skips the model. ``resume``: the items' clean
+        states (:meth:`clean_states` of ``formatter(items)``), each batch resuming at its lowest edited or read layer.
         """
         edits = dict(edits or {})
         n = len(items)
@@ -335,7 +425,7 @@ class ModelAdapter:
         read = list(dict.fromkeys(read))
         acts: dict[Site, Tensor] = {s: torch.zeros(n, self.hidden_size, dtype=dtype) for s in read}
         scores: Tensor | None = None
-        for chunk in self.stream(items, formatter, read, edits, readout, dtype=dtype, desc=desc):
+        for chunk in self.stream(items, formatter, read, edits, readout, dtype=dtype, desc=desc, resume=resume):
             for s, v in chunk.acts.items():
                 acts[s][chunk.rows] = v
             if chunk.scores is not None:
@@ -347,7 +437,7 @@ class ModelAdapter:
     def stream(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
                edits: Mapping[Site, EditSpec] | None = None, readout: Readout | None = None,
                windows: Sequence[tuple[int, int]] | None = None, dtype: torch.dtype = torch.float32,
-               desc: str | None = None) -> Iterator[Chunk]:
+               desc: str | None = None, resume: CleanStates | None = None) -> Iterator[Chunk]:
         """The engine under :meth:`map` and cached extraction: :class:`Chunk` s of results, batch by batch.
 
         Items are tokenised once per window (``windows``: row ranges ``[a, b)``, default the whole list; extraction
@@ -381,7 +471,7 @@ class ModelAdapter:
         try:
             for w, batch in source:
                 for piece in self._pieces(batch):
-                    for done in self._run_piece(piece, w, read, edits, readout, dtype, cuda, pending):
+                    for done in self._run_piece(piece, w, read, edits, readout, dtype, cuda, pending, resume):
                         bar.update(len(done.rows))
                         yield done
             for done in self._drain(pending, read):
@@ -417,14 +507,17 @@ class ModelAdapter:
             yield batch.select(torch.arange(s, min(s + step, len(batch))))
 
     def _run_piece(self, piece: Batch, w: int, read: list[Site], edits: Mapping[Site, EditSpec],
-                   readout: Readout | None, dtype: torch.dtype, cuda: bool, pending: list) -> Iterator[Chunk]:
+                   readout: Readout | None, dtype: torch.dtype, cuda: bool, pending: list,
+                   resume: CleanStates | None = None) -> Iterator[Chunk]:
         work = [piece]
         while work:
             p = work.pop(0)
             oom = False
             try:
+                res = None if resume is None else resume.take(p.rows, p.input_ids, p.attention_mask, self.name,
+                                                               self.device)
                 out = self.run(p.to(self.device, non_blocking=True), read,
-                               {s: e.bind(p.rows) for s, e in edits.items()}, readout)
+                               {s: e.bind(p.rows) for s, e in edits.items()}, readout, resume=res)
                 if cuda:  # one device->host copy of every read site, overlapping the next batch's forward
                     host = None
                     if read:

@@ -11,7 +11,10 @@ A :class:`Family` says
   ``last`` real token for decoders;
 - ``pooler``: whether the family's sequence classifier reads the base model's *pooler* (BERT: dense + tanh over
   [CLS], what ``BertForSequenceClassification`` and the CEBaB reference's explainers read) instead of the raw
-  state at ``pool``.
+  state at ``pool``;
+- ``resumable``: whether an edited pass can resume at the edited layer (:mod:`cprobe.models.resume`): each block
+  is called with the hidden states and returns them as one tensor (every listed family; a derived one is not
+  assumed to, and runs the full forward).
 
 :func:`family_of` answers for a model config: the record when ``model_type`` is known, otherwise a record derived
 from the HF config (decoder or encoder from the auto-class mappings and the declared architectures; blocks and final
@@ -44,6 +47,7 @@ class Family:
     pool: Pool | None = "first"  # None: a derived family whose config does not say (the classifier asks for it)
     pooler: bool = False
     derived: bool = False  # True when derived from the HF config rather than listed in FAMILIES
+    resumable: bool = True  # each block takes the hidden states and returns them as one tensor: a pass can resume
 
 
 def _decoder(model_type: str, blocks: str, final_norm: str) -> Family:
@@ -74,7 +78,7 @@ def family_of(config: Any) -> Family:
         return FAMILIES[model_type]
     side = _side(config, model_type)
     return Family(model_type, None, None, 0, None if side is None else "last" if side == "decoder" else "first",
-                  False, derived=True)
+                  False, derived=True, resumable=False)
 
 
 def pool_of(config: Any) -> Pool:

@@ -12,6 +12,7 @@ from torch import Tensor
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
 from cprobe.models.readouts import NextToken
+from cprobe.models.resume import CleanStates, Resume
 from cprobe.models.sites import Batch, Site
 
 
@@ -49,22 +50,33 @@ def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) 
 class SitesForward:
     """The DAS forward for K sites that share their train rows (:data:`cprobe.directions.das.BatchForward`): every
     step's rows, K times, edited copy k at site k, in one pass. The step batches are built and moved to the device
-    before training, so a step reads nothing back from the device."""
+    before training, so a step reads nothing back from the device. Given the train items' ``clean`` states, every
+    step resumes at the lowest site's layer (:mod:`cprobe.models.resume`): the blocks below it never run."""
 
     def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
-                 windows: Sequence[tuple[int, int]]) -> None:
+                 windows: Sequence[tuple[int, int]], clean: CleanStates | None = None) -> None:
         self.adapter, self.K = adapter, len(sites)
         self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
+        self.resume: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # a window's clean states (b, T, d), rows
+        low = min(s.layer for s in sites)  # every step resumes at the lowest site's layer (clean: the train items')
         for start, stop in windows:
             b = stop - start
             items = rows[start:stop].repeat(self.K)
             row_site = torch.arange(self.K).repeat_interleave(b)
             batch, at = site_batch(train, items, row_site, sites)
             self.batches[start, stop] = (batch.to(adapter.device), at)
+            if clean is not None and low in clean.states:
+                own = train.select(rows[start:stop])
+                st = clean.take(rows[start:stop], own.input_ids, own.attention_mask, adapter.name, adapter.device,
+                                [low]).states[low]
+                self.resume[start, stop] = (st, torch.arange(b, device=st.device).repeat(self.K))
+        self.low = low
 
     def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
         K, b, d = h_source.shape
         batch, at = self.batches[rows.start, rows.stop]
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
-        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True).scores
+        st = self.resume.get((rows.start, rows.stop))
+        res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]})
+        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True, resume=res).scores
         return out.view(K, b, -1)

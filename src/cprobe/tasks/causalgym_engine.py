@@ -635,6 +635,10 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
     if not jobs:
         return
     per_pass = config.sites_per_pass or max(1, adapter.batch_size // int(config.das.batch_size or 1))
+    # the train items' clean states at each pass's lowest layer: every step of the pass resumes there
+    lows = {min(p.site.layer for p, _, _ in g[s:s + per_pass])
+            for g in jobs.values() for s in range(0, len(g), per_pass)}
+    clean = adapter.clean_states(train_batch, sorted(lows))
     total = sum(len(j) for j in jobs.values())
     bar = tqdm(total=total, desc=f"{name} DAS", disable=not progress or None, leave=False)
     for group in jobs.values():
@@ -644,7 +648,8 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
             t0 = time.perf_counter()
             das = build_direction(run0.run.name, run0.run.params, seed)
             rows = plan0.ok_tr
-            forward = SitesForward(adapter, train_batch, rows, [p.site for p, _, _ in part], das.windows(len(rows)))
+            forward = SitesForward(adapter, train_batch, rows, [p.site for p, _, _ in part], das.windows(len(rows)),
+                                   clean)
             h_source = torch.stack([src_tr[p.site][rows] for p, _, _ in part]).to(adapter.device)
             target = torch.stack([tr_target[c][rows] for _, _, c in part])
             found = das.fit_many(forward, h_source, target).cpu()
@@ -707,18 +712,21 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     row_region = torch.tensor([p.region for p, _, _, _ in jobs])[job_of_row]
     row_null = torch.tensor([r.edit == "nullifying" for _, r, _, _ in jobs])[job_of_row]
     step = adapter.batch_size
+    clean = adapter.clean_states(eval_batch, [s.layer for s in site_list])  # each pass resumes at its lowest layer
     for start in tqdm(range(0, len(order), step), desc=f"{name} DII", disable=not progress or None, leave=False):
         rows = order[start:start + step]
         jr, items = job_of_row[rows], item_of_row[rows]
         batch, at = site_batch(eval_batch, items, job_site[jr], site_list)
         dev = adapter.device
+        low = min(s.layer for s in at)
+        res = clean.take(items, batch.input_ids, batch.attention_mask, adapter.name, dev, [low])
         source = src_all[job_site[jr], items]
         mine = row_edit_t[rows]
         if bool((mine >= 0).any()):
             source[mine >= 0] = edit_store[mine[mine >= 0]]
         edit = rowwise_dii(source.to(dev), job_dir[jr].to(dev), job_whole[jr].to(dev))
-        out = adapter.run(batch.to(dev), read=read_sites, edits={s: edit for s in at},
-                          readout=CandidateTokens(ev_ids[items]))
+        out = adapter.run(batch.to(dev), read=[s for s in read_sites if s.layer >= low], edits={s: edit for s in at},
+                          readout=CandidateTokens(ev_ids[items]), resume=res)
         scores[rows] = out.scores.float().cpu()
         for (k, plan), s in zip(readers, read_sites):
             take = ((row_region[rows] == plan.region) & (row_layer[rows] <= plan.layer)).nonzero().squeeze(1)

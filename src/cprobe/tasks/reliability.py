@@ -347,9 +347,12 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
     h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
     enc = fmt.encode(base, adapter)
     readout = Vocabulary()
+    clean = adapter.clean_states(enc.batch(torch.arange(len(base))), [layer])  # every step resumes at the layer
 
     def forward(edit: Any, idx: Tensor) -> Tensor:
-        return adapter.run(enc.batch(idx.cpu()), edits={site: edit}, readout=readout, grad=True).scores
+        b = enc.batch(idx.cpu())
+        res = clean.take(idx, b.input_ids, b.attention_mask, adapter.name, adapter.device)
+        return adapter.run(b, edits={site: edit}, readout=readout, grad=True, resume=res).scores
 
     return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())
 
