@@ -44,7 +44,7 @@ def _frame(t: pd.DataFrame) -> pd.DataFrame:
     return t.reset_index(drop=True)
 
 
-def reliability_table(name: str, root: Path) -> pd.DataFrame:
+def reliability_table(name: str, root: Path, resume: bool = False) -> pd.DataFrame:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -52,7 +52,7 @@ def reliability_table(name: str, root: Path) -> pd.DataFrame:
     from cprobe.pipeline import prepare
 
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[*BASE, *RELIABILITY[name]])
+        cfg = compose("config", overrides=[*BASE, *RELIABILITY[name], f"compute.resume={str(resume).lower()}"])
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("paths", None)
     job = prepare(plain)
@@ -79,20 +79,33 @@ def causalgym_table(adapter, template) -> pd.DataFrame:  # noqa: F811
     return _frame(pd.DataFrame(run_gym_task(adapter, template, *s, seed=5)))
 
 
-def _check(got: pd.DataFrame, stem: str) -> None:
-    """``got`` equals the pinned table exactly (``CPROBE_WRITE_GOLDEN=1``: pins it instead)."""
+def _check(got: pd.DataFrame, stem: str, exact: bool = True) -> None:
+    """``got`` equals the pinned table exactly, or within 1e-5 (``CPROBE_WRITE_GOLDEN=1``: pins it instead)."""
     path = GOLDEN / f"{stem}.parquet"
-    if os.environ.get("CPROBE_WRITE_GOLDEN") == "1":
+    if exact and os.environ.get("CPROBE_WRITE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         got.to_parquet(path)
-    pd.testing.assert_frame_equal(got, pd.read_parquet(path), check_exact=True)
+    if exact:
+        pd.testing.assert_frame_equal(got, pd.read_parquet(path), check_exact=True)
+    else:
+        pd.testing.assert_frame_equal(got, pd.read_parquet(path), check_exact=False, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(RELIABILITY))
 def test_a_reliability_job_gives_the_pinned_table_and_items(name, tmp_path):
+    """With full forwards (``compute.resume=false``) the refactored code gives the old code's values bit for bit."""
     table, items = reliability_table(name, tmp_path)
     _check(table, f"reliability_{name}")
     _check(items, f"reliability_{name}_items")
+
+
+@pytest.mark.parametrize("name", ["das_plain", "das_read_all"])
+def test_das_trained_on_resumed_passes_gives_the_pinned_table_within_float_tolerance(name, tmp_path):
+    """DAS's training steps resume at the edited layer (issue 35): the same table within 1e-5 (the resumed blocks sum
+    in another order, so the last bits may differ)."""
+    table, items = reliability_table(name, tmp_path, resume=True)
+    _check(table, f"reliability_{name}", exact=False)
+    _check(items, f"reliability_{name}_items", exact=False)
 
 
 def test_a_causalgym_task_gives_the_pinned_table(adapter, template):  # noqa: F811
