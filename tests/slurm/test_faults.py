@@ -182,13 +182,16 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
     that point is marked interrupted, the first stays done, the task requeues itself and, started again, finishes
     without redoing the first. SIGTERM to the driver meanwhile: the task goes on; status and collect follow it."""
     d = tmp_path / "sweep"
-    argv = [*SWEEP, "layers=2,3,4", f"hydra.sweep.dir={d}"]
+    # cache.enabled=false: each point extracts and fits (seconds), so the second one is caught running (read from the
+    # warm cache, a point can end between two polls)
+    argv = [*SWEEP, "layers=2,3,4", "cache.enabled=false", f"hydra.sweep.dir={d}"]
     driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env=slurm_env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
     try:
         tasks = wait_for(lambda: _manifest(d).get("submissions", [{}])[-1].get("tasks"), 60, "the submission")
         (task, names), = tasks.items()
-        wait_for(lambda: _status(d / names[1]).get("state") == "running", 120, "the second point to run")
+        wait_for(lambda: _status(d / names[1]).get("state") == "running", 120, "the second point to run", step=0.1,
+                 on_timeout=lambda: _task_log(d))
         first = _status(d / names[0])
         assert first["state"] == "done"
         assert slurm("scancel", "--signal=USR2", task, env=slurm_env).returncode == 0
