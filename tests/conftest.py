@@ -91,6 +91,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: rank.get(xdist_group(it.nodeid), len(FIRST)))  # stable: file order kept otherwise
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """An xdist worker hands its process counts to the controller, which prints the suite's sum."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["cprobe_counts"] = dict(cli.COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up what each worker counted (``pytest -n``: the summary is printed by the controller)."""
+    cli.COUNTS.update(getattr(node, "workeroutput", {}).get("cprobe_counts", {}))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """How many processes the suite started (`cprobe` launches apart), and one line naming the data-dependent tests
     that were skipped and why, so a clone without ``../shared/data`` does not pass silently on less than the whole
