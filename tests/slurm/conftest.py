@@ -72,11 +72,11 @@ def slurm_conf(tmp_path_factory):
 
 def pytest_collection_modifyitems(config, items):
     """A `slurm` test drives a real scheduler, whose timing (a requeue's start, a point between two polls of its
-    status file) varies with the machine's load: a failed one runs once more (pytest-rerunfailures), with its own
-    fresh directory and jobs; a fault that fails twice is reported."""
+    status file) varies with the machine's load: a failed one runs up to twice more (pytest-rerunfailures), each time
+    in a fresh directory with fresh jobs; a fault that fails every time is reported."""
     for it in items:
         if it.get_closest_marker("slurm") is not None and it.get_closest_marker("flaky") is None:
-            it.add_marker(pytest.mark.flaky(reruns=1, reruns_delay=2))
+            it.add_marker(pytest.mark.flaky(reruns=2, reruns_delay=2))
 
 
 @pytest.fixture(scope="session")
