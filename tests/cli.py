@@ -31,7 +31,7 @@ EXE = Path(sys.executable).with_name("cprobe")
 LAUNCH_TARGET = 30
 COUNTS: Counter[str] = Counter()
 """``cprobe`` (console-script launches), ``other`` (any other subprocess: python -c, benchmark scripts, Chromium,
-the portable trainer) and ``in_process`` (:func:`run` calls)."""
+the portable trainer) and ``in_process`` (:func:`run` calls); ``cprobe@FILE``: the launches made by FILE's tests."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,8 @@ def count_processes() -> None:
         first = args if isinstance(args, str | bytes | os.PathLike) else (list(args) or [""])[0]
         name = Path(os.fsdecode(first).split()[0] if isinstance(args, str | bytes) else os.fsdecode(first)).name
         COUNTS["cprobe" if name == "cprobe" else "other"] += 1
+        if name == "cprobe":
+            COUNTS["cprobe@" + os.environ.get("PYTEST_CURRENT_TEST", "?").split("::", 1)[0]] += 1
         real_init(self, args, *a, **kw)
 
     subprocess.Popen.__init__ = counting_init  # type: ignore[method-assign]
@@ -156,5 +158,8 @@ def summary() -> str:
     """The counts as one line for the pytest summary."""
     n = COUNTS["cprobe"]
     flag = "" if n <= LAUNCH_TARGET else f" — above the target of {LAUNCH_TARGET}"
-    return (f"cprobe: {n} process launch(es) (target <= {LAUNCH_TARGET}{flag}), {COUNTS['in_process']} in-process "
-            f"CLI run(s); {COUNTS['other']} other subprocess(es)")
+    by_file = sorted(((k.split("@", 1)[1], v) for k, v in COUNTS.items() if k.startswith("cprobe@")),
+                     key=lambda kv: (-kv[1], kv[0]))
+    where = f" [{', '.join(f'{f}: {v}' for f, v in by_file)}]" if by_file else ""
+    return (f"cprobe: {n} process launch(es) (target <= {LAUNCH_TARGET}{flag}){where}, {COUNTS['in_process']} "
+            f"in-process CLI run(s); {COUNTS['other']} other subprocess(es)")
