@@ -78,3 +78,52 @@ def test_causalgym_table_equal_with_resume_on_and_off(read_layers):
     assert set(tables[0]["layer"]) == {1, 2, 3}
     _equal_tables(tables[1], tables[0])
     assert calls[1] < calls[0]  # resumed: block 1 ran in the reads and clean passes, not in every edited pass
+
+
+@pytest.mark.parametrize("arch", ["bert", "roberta", "gpt2", "gpt_neox", "llama"])
+def test_reliability_sequential_refits_resume_with_the_same_states(arch):
+    """Reliability's sequential multi-site fit (sites at the first, the middle and the last layer; items of 3 to 9
+    words, so padded batches): with ``compute.resume`` the two refit passes start from the fitting items' clean
+    states at the first site's layer. Each refit's states (what its eraser is fitted on) equal the full forward's
+    within 1e-5, and block 1 runs once per item (the clean states) instead of once per refit pass — counted, so the
+    test fails if the refits silently stop resuming."""
+    import random
+
+    from cprobe.data.items import TextItem
+    from cprobe.interventions.leace import LEACE
+    from cprobe.models.formatters import ClassificationFormatter
+    from cprobe.models.sites import Site
+    from cprobe.tasks.reliability import fit_sites
+    from tests.conftest import WORDS, make_random_model
+
+    rng = random.Random(0)
+    items = [TextItem(str(i), " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9)))) for i in range(40)]
+    z = torch.tensor([i % 2 for i in range(len(items))])
+    fmt = ClassificationFormatter(32)
+    sites = [Site(1, "last"), Site(2, "last"), Site(3, "last")]
+    seen, calls = {}, {}
+    for on in (False, True):
+        model, tok = make_random_model(arch)
+        adapter = ModelAdapter(model, tok, "mlm" if arch in ("bert", "roberta") else "causal", arch, batch_size=8)
+        adapter.resume = on
+        clean = adapter.map(items, fmt, read=sites).acts
+        rows = [0]
+        # a projection (Linear, GPT-2's Conv1D) inside block 1: it computes only when the block really runs (a
+        # skipped block's own hooks still fire)
+        lin = next(m for m in adapter._blocks[0].modules()
+                   if m is not adapter._blocks[0] and getattr(m, "weight", None) is not None and m.weight.dim() == 2)
+        h = lin.register_forward_hook(lambda _m, args, _o: rows.__setitem__(0, rows[0] + len(args[0])))
+        got: dict[Site, torch.Tensor] = {}
+
+        def fit(s, X, upstream):
+            got[s] = X.clone()
+            return LEACE().fit(X, z)
+        try:
+            fit_sites(adapter, items, fmt, sites, clean, fit, "sequential")
+        finally:
+            h.remove()
+        seen[on], calls[on] = got, rows[0]
+    for s in sites[1:]:
+        assert (seen[True][s] - seen[False][s]).abs().max().item() <= 1e-5, s
+    assert calls[False] == 2 * len(items)  # block 1 in each of the two full refit passes
+    assert calls[True] == len(items)  # block 1 once, in the clean pass; the refits resume above it

@@ -385,12 +385,22 @@ def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites
     """Fit one intervention per site, in the order given (by layer): ``fit(site, X, upstream)`` gets the fitting
     items' states at the site — the clean ones (``simultaneous``: every site fitted on unedited states), or
     (``sequential``) the states read at the site in one forward pass with the edits fitted so far applied upstream
-    (``upstream`` names them), so each eraser removes what is left after the ones before it."""
+    (``upstream`` names them), so each eraser removes what is left after the ones before it.
+
+    With two refits or more, the refit passes resume at the first site's layer (``compute.resume``,
+    :mod:`cprobe.models.resume`): the fitting items' clean states there are computed once (blocks 1 … l₁, one
+    layer's (N, T, d) states) and every refit runs blocks l₁+1 … l_k only; with one refit that would cost as much as
+    the full pass, which then runs."""
     fitted: dict[Site, Intervention] = {}
+    refits = len(sites) - 1 if mode == "sequential" else 0
+    clean_at = None
+    low = min(s.layer for s in sites)
+    if refits >= 2 and adapter.can_resume and low >= 1:
+        clean_at = adapter.clean_states(formatter.encode(items, adapter).batch(torch.arange(len(items))), [low])
     for s in sites:
         if mode == "sequential" and fitted:
             X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
-                            desc=f"refit at layer {s.layer}" if progress else None).acts[s]
+                            desc=f"refit at layer {s.layer}" if progress else None, resume=clean_at).acts[s]
             fitted[s] = fit(s, X, list(fitted))
         else:
             fitted[s] = fit(s, clean[s], [])
