@@ -52,13 +52,28 @@ def default_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str 
     return env
 
 
+# What a job keeps for the rest of its process (module, attribute): the loaded model (consecutive sweep jobs share it,
+# keyed by the model's config only, not the cache root) and the fitted probes. A new process starts without them, so
+# an in-process run does too: a "warm" run reads the model from the disk cache, not from the run before it, and
+# nothing fitted under one test's cache root serves another test's.
+PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.reliability", "_MEMO"))
+
+
+def _clear_process_memos() -> None:
+    for module, name in PROCESS_MEMOS:
+        if module in sys.modules:
+            getattr(sys.modules[module], name).clear()
+
+
 @contextmanager
 def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     """What a job changes in its process and a test process must get back: the working directory, the root
     logger's handlers (Hydra's job logging points them at the run's log file and the captured stdout), torch's
-    thread count, the global Hydra instance."""
+    thread count, the global Hydra instance; and the job's process-wide memos (:data:`PROCESS_MEMOS`), empty
+    before and after, as in a new process."""
     import logging
 
+    _clear_process_memos()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     threads = None
@@ -84,6 +99,7 @@ def _restored_process_state(cwd: Path | None) -> Iterator[None]:
         from hydra.core.global_hydra import GlobalHydra
 
         GlobalHydra.instance().clear()
+        _clear_process_memos()
 
 
 def run(*args: str, cwd: Path | str | None = None, env: Mapping[str, str | None] | None = None) -> Result:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -178,16 +174,16 @@ def test_layers_and_regions_are_configurable(adapter, template):
 @needs_shared("causalgym", "templates", "syntaxgym.json")
 def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     """`cprobe run +experiment=causalgym` on one agreement task with a tiny, briefly trained model: cold (the model
-    trained in the job) and warm (read from the cache) give byte-identical tables."""
-    env = {**os.environ, "CPROBE_CACHE_DIR": str(tmp_path / "cache"), "CPROBE_DATA_DIR": str(SHARED_DATA),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [str(Path(sys.executable).parent / "cprobe"), "run", "+experiment=causalgym", f"hydra.run.dir={tmp_path / 'run'}",
+    trained in the job) and warm (read from the cache) give byte-identical tables. In process (``tests.cli.run``):
+    the warm run reads the model from the disk cache, as a new process would."""
+    env = {"CPROBE_CACHE_DIR": str(tmp_path / "cache"), "CPROBE_DATA_DIR": str(SHARED_DATA)}
+    cmd = ["run", "+experiment=causalgym", f"hydra.run.dir={tmp_path / 'run'}",
            "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8", "causalgym.n_eval=4", "layers=[1,2]",
            "causalgym.methods=[das,probe,mean,random,leace,mean_diff,pgd]", "causalgym.read_layers=true",
            "model.tiny.train.steps=30", "+model.tiny.train.layers=2",
            "model.tiny.grammar.n_sentences=300", "model.tiny.causalgym_corpus.n_per_task=50",
            "model.tiny.causalgym_corpus.tasks=[agr_sv_num_pp]", "progress=false", "device=cpu"]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    res = cli.run(*cmd, cwd=REPO, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     metrics = pd.read_csv(tmp_path / "run" / "metrics.csv")
     assert set(metrics["cg_task"]) == {"agr_sv_num_pp"} and set(metrics["condition"]) == {"task", "control"}
@@ -199,7 +195,7 @@ def test_experiment_end_to_end_on_agreement_templates(tmp_path):
     assert overall["selectivity"].notna().all()
     # warm (the model now cached, nothing trained before the task): the same tables, byte for byte
     warm = [c.replace(str(tmp_path / "run"), str(tmp_path / "warm")) for c in cmd]
-    res = subprocess.run(warm, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    res = cli.run(*warm, cwd=REPO, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("metrics.csv", "metrics.parquet", "causalgym_overall.csv", "causalgym_summary.parquet",
                  "causalgym_table1.md", "causalgym_table1_capable.csv", "directions.safetensors",

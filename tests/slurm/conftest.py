@@ -13,11 +13,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.cli import EXE, launch
 
 REPO = Path(__file__).resolve().parents[2]
 UP = REPO / "scripts" / "slurm_up.sh"
@@ -108,11 +109,14 @@ def slurm_env(slurm_conf, tiny_model, tmp_path):
 
 
 def cprobe_cmd(*args: str) -> list[str]:
-    return [str(Path(sys.executable).with_name("cprobe")), *args]
+    """The console script's argv, for a driver the test signals while it runs (stdout and stderr on one pipe)."""
+    return [str(EXE), *args]
 
 
 def run(args, cwd, env, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run(cprobe_cmd(*args), capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    """A sweep's driver as a process (tests.cli.launch): the scheduler's jobs start their own; `cprobe status` and
+    `cprobe collect` run in process (tests.cli.run)."""
+    return launch(*args, cwd=cwd, env=env, timeout=timeout)
 
 
 def slurm(*argv: str, env=None) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.slurm.conftest import cprobe_cmd, run, slurm, stop, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -65,31 +66,11 @@ def _error_lines(text: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ refused
 @pytest.fixture()
-def in_process(slurm_env, monkeypatch):
-    """`cprobe` invoked in this process (the refusals need no task: a process start per case would be most of their
-    cost); Hydra's global state and the root logger are restored after each."""
-    import logging
-
-    from hydra.core.global_hydra import GlobalHydra
-    from typer.testing import CliRunner
-
-    from cprobe.cli import app
-
-    for k in ("SLURM_CONF", "CPROBE_CACHE_DIR", "HF_HUB_OFFLINE"):
-        monkeypatch.setenv(k, slurm_env[k])
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-
-    def invoke(*args: str):
-        GlobalHydra.instance().clear()
-        try:
-            return CliRunner().invoke(app, list(args))
-        finally:
-            GlobalHydra.instance().clear()
-            root.handlers[:] = handlers
-            root.setLevel(level)
-
-    return invoke
+def in_process(slurm_env):
+    """`cprobe` invoked in this process (tests.cli.run; the refusals need no task: a process start per case would be
+    most of their cost), in the cluster's environment."""
+    env = {k: slurm_env[k] for k in ("SLURM_CONF", "CPROBE_CACHE_DIR", "HF_HUB_OFFLINE")}
+    return lambda *args: cli.run(*args, env=env)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -109,12 +90,12 @@ def test_refused_submission_is_one_line_and_leaves_nothing(in_process, tmp_path,
     if not args:  # the slurm extra missing: `import submitit` fails
         monkeypatch.setitem(sys.modules, "submitit", None)
     r = in_process(*SWEEP, "layers=3,4", *args, f"paths.output_root={out}")
-    assert r.exit_code == 1, r.output
+    assert r.returncode == 1, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
     assert sorted(p.name for p in old.parent.iterdir()) == ["latest", "old"]  # no sweep dir
     assert os.readlink(old.parent / "latest") == "old"
-    assert "submitted" not in r.output
+    assert "submitted" not in r.stdout + r.stderr
 
 
 # ------------------------------------------------------------------------------------------------ failures, scancel
@@ -152,14 +133,14 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     assert "Traceback" not in out and (d / "results.csv").is_file()  # what finished is aggregated
     assert out.count("sacct is not available") <= 1  # each scheduler warning once
 
-    r = run(["status", str(d)], tmp_path, slurm_env)
+    r = cli.run("status", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 1
     assert _status_rows(r.stdout) == {
         "layers=2,probe=linear": "done", "layers=99,probe=linear": "failed", "layers=0,probe=linear": "failed",
         "layers=3,probe=linear": "interrupted", "layers=4,probe=linear": "not run", "layers=1,probe=linear": "not run"
     }, r.stdout
     assert "FileExistsError" in r.stdout and f"task {victim} CANCELLED" in r.stdout
-    r = run(["collect", str(d)], tmp_path, slurm_env)
+    r = cli.run("collect", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 1 and len(_error_lines(r.stderr)) == 1 and "5 job(s) not done" in r.stderr
     assert "layers=0,probe=linear" in r.stderr and "--partial" in r.stderr
 
@@ -210,16 +191,16 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
         stop(driver)
     assert driver.returncode == 143, out + _task_log(d)
     assert f"SLURM job {task.split('_')[0]} goes on: `cprobe status" in out and "Traceback" not in out, out
-    r = run(["status", str(d)], tmp_path, slurm_env)
+    r = cli.run("status", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0, r.stdout + r.stderr + _task_log(d)  # queued or running again: nothing needs a re-run
     assert "interrupted by SIGUSR2, requeued" in r.stdout or "running" in r.stdout or "3 done" in r.stdout
     wait_for(lambda: all(_status(d / n).get("state") == "done" for n in names), 150, "the requeued task",
              on_timeout=lambda: _task_log(d))
-    r = run(["status", str(d)], tmp_path, slurm_env)
+    r = cli.run("status", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0 and "3 point(s): 3 done" in r.stdout, r.stdout + r.stderr
     assert _status(d / names[0])["started"] == first["started"]  # the finished point was not redone
     rec = _record(d, task)
     assert rec["restarts"] == 1 and rec["state"] == "done" and len(rec["runs"]) == 2
     assert rec["runs"][0]["signal"] == "SIGUSR2"
-    r = run(["collect", str(d)], tmp_path, slurm_env)
+    r = cli.run("collect", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0, r.stderr

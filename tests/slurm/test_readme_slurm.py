@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.slurm.conftest import REPO, run, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -53,7 +54,7 @@ def test_readme_slurm_lines_run_as_written(slurm_env, tmp_path):
     assert "detached: 2 point(s) submitted as SLURM job" in log and "sweep dir:" in log
     assert not (tmp_path / LATEST / "results.csv").exists()
     status_line, collect_line = follow
-    r = run(shlex.split(status_line)[1:], tmp_path, env)
+    r = cli.run(*shlex.split(status_line)[1:], cwd=tmp_path, env=env)  # in process, as the collect below
     assert r.returncode == 0, r.stdout + r.stderr  # queued / running / done: nothing needs a re-run
     assert "2 point(s)" in r.stdout and "SLURM job" in r.stdout
 
@@ -64,7 +65,7 @@ def test_readme_slurm_lines_run_as_written(slurm_env, tmp_path):
         return all(_state(p) == "done" for p in points)
 
     wait_for(finished, 150, "the detached sweep to finish")
-    r = run(shlex.split(collect_line)[1:], tmp_path, env)
+    r = cli.run(*shlex.split(collect_line)[1:], cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / LATEST / "results.csv").is_file()
     manifest = json.loads((tmp_path / LATEST / ".slurm" / "sweep.json").read_text())

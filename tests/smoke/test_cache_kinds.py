@@ -1,18 +1,16 @@
 """Caches have one owner: every directory runs write under the cache root is a registered kind, and `cprobe cache
-info` lists what runs wrote (slow: runs the CLI)."""
+info` lists what runs wrote (slow: runs the CLI, in process)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cprobe.cache import KINDS, unregistered
+from tests.cli import REPO, run
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -20,15 +18,13 @@ def test_every_directory_a_run_writes_is_a_registered_kind(tmp_path):
     """A reliability smoke run (activations, tiny models, probes) on the suite's cache: nothing unregistered there,
     including what every other test of the suite wrote before."""
     root = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_CACHE_DIR": str(root)}
-    r = subprocess.run([str(exe), "run", "+experiment=sva_tiny_reliability", "--smoke", "intervention=leace",
-                        f"paths.output_root={tmp_path}", "progress=false"], capture_output=True, text=True,
-                       cwd=REPO, env=env, timeout=1500)
+    env = {"CPROBE_CACHE_DIR": str(root)}
+    r = run("run", "+experiment=sva_tiny_reliability", "--smoke", "intervention=leace", f"paths.output_root={tmp_path}",
+            "progress=false", cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     written = {p.name for p in root.iterdir() if p.is_dir()}
     assert {"activations", "models"} <= written
     assert unregistered(root) == [], f"unregistered cache directories {unregistered(root)}; register them in cache.py"
-    info = subprocess.run([str(exe), "cache", "info"], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    info = run("cache", "info", cwd=REPO, env=env)
     assert info.returncode == 0 and "activations" in info.stdout
     assert set(KINDS) >= written

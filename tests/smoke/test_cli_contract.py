@@ -117,6 +117,45 @@ def test_the_console_script_refuses_bad_input_in_one_line_with_exit_1_and_no_run
     assert not list(tmp_path.rglob("status.json")) and not (tmp_path / "runs" / "sva_tiny").exists()
 
 
+def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypatch):
+    """tests.cli.run restores what a job changes in its process (cwd, root logger handlers and level, torch threads,
+    Hydra's global instance, the environment it was given) and empties the job's process-wide memos before and
+    after, as in a new process: a model loaded under one test's cache root never serves another's."""
+    import logging
+    import os
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    import cprobe.job
+    import cprobe.tasks.reliability as rel
+    from tests import cli as helper
+
+    monkeypatch.delenv("CPROBE_TEST_MARK", raising=False)
+    cprobe.job._ADAPTER["stale"] = object()
+    rel._MEMO["stale"] = object()  # type: ignore[assignment]
+    root = logging.getLogger()
+    before = (os.getcwd(), root.handlers[:], root.level, torch.get_num_threads(), list(sys.path))
+    seen = {}
+
+    real = helper._clear_process_memos
+
+    def spy() -> None:
+        real()
+        if "first" not in seen:
+            seen["first"] = (dict(cprobe.job._ADAPTER), dict(rel._MEMO), os.environ.get("CPROBE_TEST_MARK"))
+            cprobe.job._ADAPTER["loaded by the job"] = object()  # as a job that loads its model leaves it
+
+    monkeypatch.setattr(helper, "_clear_process_memos", spy)
+    r = cli("run", "+experiment=sva_tiny", "--smoke", "layers=[]", f"paths.output_root={tmp_path}", cwd=tmp_path,
+            env={"CPROBE_TEST_MARK": "1"})
+    assert_refused(r, "layers=[] selects no layer", tmp_path)  # the job composed, set up its logging, refused
+    assert seen["first"] == ({}, {}, None)  # emptied before the job (and before its environment was set)
+    assert cprobe.job._ADAPTER == {} and rel._MEMO == {}
+    assert (os.getcwd(), root.handlers, root.level, torch.get_num_threads(), sys.path) == before
+    assert not GlobalHydra.instance().is_initialized() and "CPROBE_TEST_MARK" not in os.environ
+
+
 def test_unknown_experiment_is_one_line():
     r = cli("run", "+experiment=does_not_exist")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "does_not_exist" in r.stderr

@@ -1,27 +1,21 @@
-"""End-to-end runs of the CLI as a user runs them (slow: they train/extract real tiny models)."""
+"""End-to-end runs of the CLI as a user runs them (slow: they train/extract real tiny models).
+
+In process (``tests.cli.run``: the Typer app the console script calls, the same code path, without a new
+interpreter's start-up); the parallel launchers still start their own worker processes."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tests.cli import REPO
+from tests.cli import run as cprobe
 from tests.conftest import needs_shared
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def cprobe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=1500)
 
 
 def _run_dir(out: Path) -> Path:

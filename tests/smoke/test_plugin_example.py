@@ -1,6 +1,6 @@
 """The worked example, as a researcher uses it: ``examples/cprobe-plugin-example`` installed with ``pip install -e``
 (offline, into a scratch target, so the suite's environment is left as it was), listed by ``cprobe plugins``,
-checked by ``cprobe check`` (in process), then run from the CLI — one sweep, one process — on the reliability study
+checked by ``cprobe check`` (in process), then run from the CLI — one sweep, in process — on the reliability study
 (one site with the package's metric; two sites read at every later layer), CausalGym, CEBaB and LIBERTy at smoke
 size, with no line of cprobe changed; the sweep's leaderboard lists the package's methods beside the built-ins, with
 its name and version."""
@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
+from tests.cli import run
 from tests.conftest import REPO, SHARED_DATA
 
 pytestmark = pytest.mark.slow
@@ -143,7 +142,7 @@ EXPERIMENTS = {
 
 @pytest.fixture(scope="module")
 def sweep(installed, tmp_path_factory):
-    """One `cprobe run -m` over the five jobs (one process), the example on PYTHONPATH as installed; each experiment
+    """One `cprobe run -m` over the five jobs (in process: ``tests.cli.run``), the example on the path as installed; each experiment
     takes the smoke sizes (``/debug/smoke``) before its own settings."""
     if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").is_file():
         pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
@@ -163,15 +162,21 @@ def sweep(installed, tmp_path_factory):
 
     for name, body in EXPERIMENTS.items():
         (conf / f"{name}.yaml").write_text("# @package _global_\n" + textwrap.dedent(body).format(**paths))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*installed, os.environ.get("PYTHONPATH", "")]),
-           "CPROBE_DATA_DIR": str(root / "cebab_data"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    env = {"PYTHONPATH": os.pathsep.join([*installed, os.environ.get("PYTHONPATH", "")]),
+           "CPROBE_DATA_DIR": str(root / "cebab_data")}
     out = root / "sweep"
-    exe = Path(sys.executable).with_name("cprobe")
-    r = subprocess.run([str(exe), "run", "-m", f"+experiment={','.join(EXPERIMENTS)}", "device=cpu",
-                        f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={out}",
-                        # the experiment is left out of job dir names (every other sweep fixes it): name them by it
-                        "hydra.sweep.subdir=${name}"],
-                       capture_output=True, text=True, cwd=root, env=env, timeout=1500)
+    from cprobe.registry import refresh_plugins
+
+    sys.path[:0] = installed  # as PYTHONPATH puts them for a new interpreter
+    refresh_plugins()
+    try:
+        r = run("run", "-m", f"+experiment={','.join(EXPERIMENTS)}", "device=cpu",
+                f"hydra.searchpath=[file://{root / 'conf'}]", f"hydra.sweep.dir={out}",
+                # the experiment is left out of job dir names (every other sweep fixes it): name them by it
+                "hydra.sweep.subdir=${name}", cwd=root, env=env)
+    finally:
+        sys.path[:] = [p for p in sys.path if p not in installed]
+        refresh_plugins()
     assert r.returncode == 0, r.stderr[-4000:]
     assert "Traceback" not in r.stderr
     return out

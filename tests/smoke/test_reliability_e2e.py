@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tests.smoke.test_e2e import REPO, cprobe
+from tests.cli import REPO
+from tests.cli import run as cprobe
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ two of its jobs through a real `mlflow server` on 127.0.0.1 (when it comes up wi
 background first) and a server gone; and the refusals before anything is written (a missing logger package, a search
 that cannot run).
 
-Cost: one `cprobe run` launch (4 smoke jobs); the refusals run in process."""
+Cost: one `cprobe run` (4 smoke jobs), in process (``tests.cli.run``) like the refusals."""
 
 from __future__ import annotations
 
@@ -23,16 +23,11 @@ import pytest
 import yaml
 
 from cprobe.trackers.base import JobLog, flatten, points
+from tests.cli import run as cli
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-EXE = Path(sys.executable).with_name("cprobe")
-
-
-def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EXE), *args], capture_output=True, text=True, cwd=cwd, timeout=900,
-                          env={**os.environ, "TQDM_DISABLE": "1", **(env or {})})
 
 
 def _wandb_env(root: Path) -> dict[str, str]:
