@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +17,6 @@ from cprobe.models.load import load_adapter
 from tests import cli
 from tests.cebab_fixtures import tiny_encoder_dir, write_cebab
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +119,9 @@ def test_causalm_retrains_the_encoder_per_concept(encoder, world, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
-def cprobe(*args: str, cwd: Path, data: Path) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_DATA_DIR": str(data)}
-    env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+def cprobe(*args: str, cwd: Path, data: Path) -> cli.Result:
+    """``cprobe *args`` in process (tests.cli.run) with ``data`` as the data dir."""
+    return cli.run(*args, cwd=cwd, env={"CPROBE_DATA_DIR": str(data)})
 
 
 def _tiny(world) -> list[str]:
