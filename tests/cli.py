@@ -56,7 +56,8 @@ def default_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str 
 def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     """What a job changes in its process and a test process must get back: the working directory, the root
     logger's handlers (Hydra's job logging points them at the run's log file and the captured stdout), torch's
-    thread count, the global Hydra instance."""
+    thread count, the global Hydra instance, the environment (the CLI sets ``HYDRA_FULL_ERROR`` for its process;
+    libraries set theirs on first import)."""
     import logging
 
     root = logging.getLogger()
@@ -64,13 +65,16 @@ def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     threads = None
     if "torch" in sys.modules:
         threads = sys.modules["torch"].get_num_threads()
-    here = os.getcwd()
+    here, environ = os.getcwd(), dict(os.environ)
     if cwd is not None:
         os.chdir(cwd)
     try:
         yield
     finally:
         os.chdir(here)
+        for k in set(os.environ) - set(environ):
+            del os.environ[k]
+        os.environ.update(environ)
         for h in root.handlers[:]:
             if h not in handlers:
                 root.removeHandler(h)

@@ -164,6 +164,12 @@ def study_runs(runs: dict[str, StudyRun], root: Path) -> dict[str, Path]:
     return out
 
 
-def environment_snapshot() -> tuple:
-    """What a README command must leave as it found it in the test process."""
-    return os.getcwd(), sys.path[:], dict(os.environ)
+def environment_snapshot() -> dict[str, object]:
+    """What a README command must leave as it found it in the test process: the working directory, ``sys.path``, the
+    environment."""
+    return {"cwd": os.getcwd(), "sys.path": sys.path[:], **{f"${k}": v for k, v in os.environ.items()}}
+
+
+def changed(before: dict[str, object], after: dict[str, object]) -> dict[str, tuple[object, object]]:
+    """{what: (before, after)} for what differs between two :func:`environment_snapshot`\ s."""
+    return {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}

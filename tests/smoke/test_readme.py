@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.study_runs import COMMANDS, LAUNCHED, STUDY_LINES, environment_snapshot, run_readme_line
+from tests.study_runs import COMMANDS, LAUNCHED, STUDY_LINES, changed, environment_snapshot, run_readme_line
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -77,7 +77,7 @@ def test_readme_command(command, needs, readme_dirs, request):
         assert r.returncode != 0 or run.run_dir.is_dir(), run
     else:
         r = run_readme_line(command, needs, readme_dirs)
-    assert environment_snapshot() == before, "a README command left the test process changed (cwd, path, env)"
+    assert not changed(before, environment_snapshot()), "a README command left the test process changed"
     if needs == "hub":
         assert r.returncode == 1, r.stderr[-3000:]
         assert "huggingface-cli download" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
