@@ -76,8 +76,10 @@ SESSION_GROUPS = {
                    "tests/smoke/test_report_browser.py"),
     "slurm": ("tests/slurm/",),  # one test cluster per session
 }
-FIRST = ("study_runs", "tests/integration/test_causalgym_task.py",
-         "tests/integration/test_tiny_models.py", "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py")
+FIRST = ("study_runs", "tests/integration/test_causalgym_task.py", "tests/integration/test_tiny_models.py",
+         "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py",
+         "tests/integration/test_cebab_task.py",
+         "tests/integration/test_liberty_task.py")
 """The longest groups, started first (the workers then share out the rest): a long group left to the end is the
 suite's tail."""
 
@@ -192,7 +194,8 @@ def readme_dirs(tmp_path_factory):
     study runs share them."""
     from tests.study_runs import readme_dirs as make
 
-    return make(tmp_path_factory.mktemp("readme"), Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test")))
+    shared_cache = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
+    return make(tmp_path_factory.mktemp("readme"), shared_cache)
 
 
 @pytest.fixture(scope="session")

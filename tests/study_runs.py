@@ -60,12 +60,15 @@ def _plain_run_of(argv: list[str], experiment: str) -> bool:
 
 
 def study_lines(commands: list[tuple[str, str | None]] = COMMANDS) -> dict[str, str]:
-    """{study: README line}: the shortest un-annotated single-job run of the study's experiment (the first of equals)."""
+    """{study: README line}: the shortest un-annotated single-job run of the study's experiment (the first of
+    equals)."""
     out = {}
     for study, experiment in EXPERIMENTS.items():
-        plain = [c for c, needs in commands if needs is None and _plain_run_of(shlex.split(c, comments=True), experiment)]
+        plain = [c for c, needs in commands
+                 if needs is None and _plain_run_of(shlex.split(c, comments=True), experiment)]
         if not plain:
-            raise LookupError(f"README.md has no plain `cprobe run +experiment={experiment}` line for the {study} study")
+            raise LookupError(f"README.md has no plain `cprobe run +experiment={experiment}` line for the {study} "
+                              "study")
         out[study] = min(plain, key=lambda c: len(shlex.split(c, comments=True)))
     return out
 

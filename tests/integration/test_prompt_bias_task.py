@@ -27,7 +27,8 @@ SMALL = ["+experiment=lama_bias", "model=fact_zoo_smoke", "+debug=smoke", "datas
 
 
 def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> cli.Result:
-    """``cprobe *args`` in process (tests.cli.run), with ``data`` as the data dir and ``cache`` as the cache if given."""
+    """``cprobe *args`` in process (tests.cli.run), with ``data`` as the data dir and ``cache`` as the cache, if
+    given."""
     env = {"CPROBE_DATA_DIR": str(data)} if data is not None else {}
     if cache is not None:
         env["CPROBE_CACHE_DIR"] = str(cache)

@@ -1,4 +1,5 @@
-"""Every study's README run (``study_runs``: the README's own study lines, run once per session): its records (registered metrics, deterministic, the paper tables rebuilt from them), and
+"""Every study's README run (``study_runs``: the README's own study lines, run once per session): its records
+(registered metrics, deterministic, the paper tables rebuilt from them), and
 `cprobe collect` over all of them at once (one leaderboard, each study's tables apart)."""
 
 from __future__ import annotations
