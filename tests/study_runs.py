@@ -1,8 +1,8 @@
 """The README's commands as the suite runs them, and the one finished run of every study that tests read.
 
 The README is an executable spec (``tests/smoke/test_readme.py``): every `cprobe` line of its ```bash blocks runs
-as written, in one working directory, at smoke size (``CPROBE_SMOKE=1``), with a cache of its own whose ``models/``
-link to the suite's. :func:`run_readme_line` runs one line with the README's semantics, in process
+as written, in one working directory, at smoke size (``CPROBE_SMOKE=1``), with a cache of its own whose
+:data:`SHARED_KINDS` (the tiny models, fine-tuned encoders, cloze tables) link to the suite's. :func:`run_readme_line` runs one line with the README's semantics, in process
 (``tests.cli.run``; :data:`LAUNCHED` lines as a real process, so the console script itself is proven).
 
 The README's study commands ARE the study runs: :func:`study_lines` picks, per study, the plainest single-job
@@ -84,13 +84,19 @@ class ReadmeDirs:
     cache: Path
 
 
+SHARED_KINDS = ("models", "finetuned", "cloze")
+"""The cache kinds the README's cache links to the suite's (shared, not copied: what another test is building is
+waited for, never built twice, and a warm suite finds the study lines' fine-tuned encoders and cloze tables); the
+README's own commands (`cprobe cache clear activations`) touch only the rest."""
+
+
 def readme_dirs(root: Path, shared_cache: Path) -> ReadmeDirs:
     workdir, cache = root / "cwd", root / "cache"
     workdir.mkdir(parents=True)
     cache.mkdir(parents=True)
-    # the suite's tiny models, shared (not copied): a model another test is training is waited for, not trained twice
-    (shared_cache / "models").mkdir(parents=True, exist_ok=True)
-    (cache / "models").symlink_to(shared_cache / "models", target_is_directory=True)
+    for kind in SHARED_KINDS:
+        (shared_cache / kind).mkdir(parents=True, exist_ok=True)
+        (cache / kind).symlink_to(shared_cache / kind, target_is_directory=True)
     return ReadmeDirs(workdir, cache)
 
 
