@@ -1,6 +1,7 @@
 """The HTML reports in a real browser: headless Chromium (over its DevTools protocol, tests/browser.py) opens every
-smoke run's report.html and the page collected over all of them, takes a screenshot, and fails on console errors,
-uncaught exceptions, requests that leave the machine, broken images and empty tables.
+study run's report.html (the README's study runs, ``study_runs``), the page collected over all of them and a two-job
+sweep's pages, takes a screenshot, and fails on console errors, uncaught exceptions, requests that leave the machine,
+broken images and empty tables.
 
 Without Chromium the tests skip (locally); CI sets CPROBE_REQUIRE_CHROMIUM=1 (``.ci/run`` installs Debian's
 ``chromium``), so there a missing browser fails instead."""
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import cli
 from tests.browser import Browser, check_page, chromium
 
 BROWSER = chromium()
@@ -51,12 +53,21 @@ def test_every_report_renders_cleanly_in_chromium(study_runs, tmp_path):
         collect(root)
     pages = sorted(root.rglob("report.html"))
     assert len(pages) == 1 + len(study_runs)  # all studies, each study's README run
+    # a sweep's page beside its jobs' (the study runs are single jobs): a two-job smoke sweep, in process
+    sweep = tmp_path / "sweep"
+    r = cli.run("run", "-m", "+experiment=sva_tiny", "probe=linear,mlp", f"hydra.sweep.dir={sweep}", cwd=tmp_path,
+                env={"CPROBE_SMOKE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    sweep_pages = sorted(sweep.rglob("report.html"))
+    assert len(sweep_pages) == 1 + 2  # the sweep and its two jobs
+    pages += sweep_pages
     shots = tmp_path / "screenshots"
     shots.mkdir()
     with Browser() as browser:
         results = {page: browser.check(page) for page in pages}
     for page, res in results.items():
-        name = str(page.parent.relative_to(root)).replace("/", "__") or "root"
+        base = root if page.is_relative_to(root) else tmp_path
+        name = str(page.parent.relative_to(base)).replace("/", "__") or "root"
         (shots / f"{name}.png").write_bytes(res.screenshot)
         assert res.problems() == [], (page, res.problems())
         dirs = [page.parent] + ([root / s for s in study_runs] if page.parent == root else [])
