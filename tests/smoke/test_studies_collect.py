@@ -71,6 +71,20 @@ def test_the_paper_tables_are_views_of_the_records(study_runs, tmp_path):
             assert {k: v for k, v in written.items() if k in _outputs(a)} == _outputs(a), study
 
 
+def test_the_real_data_runs_recompute_from_their_per_pair_files(study_runs):
+    """The README's CEBaB and LIBERTy runs (real CEBaB, the CV Screening SCM; every default explainer): each
+    explainer's errors, the model's CaCE / sensitivity, recomputed from the job's per-pair file (the same checks as
+    the studies' tiny end-to-end sweeps, tests/integration/test_{cebab,liberty}_task.py)."""
+    from tests import cebab_fixtures, liberty_fixtures
+
+    for study, check in (("cebab", cebab_fixtures.check_pair_effects), ("liberty", liberty_fixtures.check_pair_effects)):
+        job = study_runs[study]
+        names = [c.removeprefix("estimate_") for c in pd.read_parquet(job / f"{study}_pair_effects.parquet").columns
+                 if c.startswith("estimate_")]
+        assert len(names) >= 8, (study, names)
+        check(job, tuple(names))
+
+
 def test_a_causalgym_run_writes_its_summary_and_table1(study_runs, tmp_path):
     """The README's CausalGym line (one job, the default methods) writes the study's tables and its report; `cprobe
     collect` over it adds the results table. (Aggregating jobs with different methods into one table:
