@@ -84,3 +84,29 @@ def tiny_encoder_dir(path: Path) -> Path:
     BertModel(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return Path(path)
+
+
+def check_pair_effects(job: Path, explainers: tuple[str, ...] = ("approx", "tcav")) -> None:
+    """A finished CEBaB job's numbers recomputed from its per-pair file: the true ICaCE = N(φ(x_cf)) − N(φ(x_base)),
+    each named explainer's ICaCE-Error per distance, the model's CaCE (argmax class) per aspect and direction."""
+    import numpy as np
+    import pandas as pd
+    import pytest
+
+    from cprobe.metrics.icace import cosine, l2, normdiff
+
+    pairs = pd.read_parquet(job / "cebab_pair_effects.parquet")
+    true = np.stack(pairs["icace"])
+    np.testing.assert_allclose(true, np.stack(pairs["cf_probs"]) - np.stack(pairs["base_probs"]), atol=1e-12)
+    mine = pd.read_parquet(job / "metrics.parquet")
+    for name, fn in (("l2", l2), ("cosine", cosine), ("normdiff", normdiff)):
+        for ex in explainers:
+            row = mine[(mine["kind"] == "icace_error") & (mine["explainer"] == ex) & (mine["distance"] == name)
+                       & (mine["aspect"] == "all")]
+            assert row["value"].iloc[0] == pytest.approx(fn(true, np.stack(pairs[f"estimate_{ex}"])).mean())
+    shift = pairs["sign"] * (np.stack(pairs["cf_probs"]).argmax(1) - np.stack(pairs["base_probs"]).argmax(1))
+    expected = shift.groupby([pairs["aspect"], pairs["direction"]]).mean()
+    cace = mine[mine["kind"] == "cace"].dropna(subset=["value"]).set_index(["aspect", "direction"])["value"]
+    assert len(expected) > 0
+    for key, v in expected.items():
+        assert cace[key] == pytest.approx(v)

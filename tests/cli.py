@@ -69,8 +69,9 @@ def _clear_process_memos() -> None:
 def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     """What a job changes in its process and a test process must get back: the working directory, the root
     logger's handlers (Hydra's job logging points them at the run's log file and the captured stdout), torch's
-    thread count, the global Hydra instance; and the job's process-wide memos (:data:`PROCESS_MEMOS`), empty
-    before and after, as in a new process."""
+    thread count, the global Hydra instance, the environment (the CLI sets ``HYDRA_FULL_ERROR`` for its process;
+    libraries set theirs on first import); and the job's process-wide memos (:data:`PROCESS_MEMOS`), empty before
+    and after, as in a new process."""
     import logging
 
     _clear_process_memos()
@@ -79,13 +80,16 @@ def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     threads = None
     if "torch" in sys.modules:
         threads = sys.modules["torch"].get_num_threads()
-    here = os.getcwd()
+    here, environ = os.getcwd(), dict(os.environ)
     if cwd is not None:
         os.chdir(cwd)
     try:
         yield
     finally:
         os.chdir(here)
+        for k in set(os.environ) - set(environ):
+            del os.environ[k]
+        os.environ.update(environ)
         for h in root.handlers[:]:
             if h not in handlers:
                 root.removeHandler(h)

@@ -72,12 +72,14 @@ def _data_skip(report) -> bool:
 
 SESSION_GROUPS = {
     # files whose tests share one session-scoped run: they go to one worker, so it is made once
-    "study_runs": ("tests/integration/test_cebab_task.py", "tests/integration/test_liberty_task.py",
-                   "tests/smoke/test_studies_collect.py", "tests/smoke/test_report_browser.py"),
+    "study_runs": ("tests/smoke/test_readme.py", "tests/smoke/test_studies_collect.py",
+                   "tests/smoke/test_report_browser.py"),
     "slurm": ("tests/slurm/",),  # one test cluster per session
 }
-FIRST = ("tests/smoke/test_readme.py", "study_runs", "tests/integration/test_causalgym_task.py",
-         "tests/integration/test_tiny_models.py", "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py")
+FIRST = ("study_runs", "tests/integration/test_causalgym_task.py", "tests/integration/test_tiny_models.py",
+         "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py",
+         "tests/integration/test_cebab_task.py",
+         "tests/integration/test_liberty_task.py")
 """The longest groups, started first (the workers then share out the rest): a long group left to the end is the
 suite's tail."""
 
@@ -187,12 +189,30 @@ def make_random_model(arch: str, seed: int = 0):
 
 
 @pytest.fixture(scope="session")
-def study_runs(tmp_path_factory):
-    """One finished smoke run of every study (CausalGym: a two-job sweep), run once per session through the CLI
-    (``tests/study_runs.py``): {study: run or sweep dir}, all under one root (``.parent``)."""
+def readme_dirs(tmp_path_factory):
+    """The README's working directory and cache, one per session (``tests/study_runs.py``): its commands and its
+    study runs share them."""
+    from tests.study_runs import readme_dirs as make
+
+    shared_cache = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
+    return make(tmp_path_factory.mktemp("readme"), shared_cache)
+
+
+@pytest.fixture(scope="session")
+def readme_study_runs(readme_dirs):
+    """The README's study lines (one plain run per study), run once per session in the README's working directory:
+    {study: StudyRun} (``tests/study_runs.py``). The README test asserts on them; ``study_runs`` reads them."""
     if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").exists():
         pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
-    from tests.study_runs import study_runs as run_all
+    from tests.study_runs import run_studies
 
-    return run_all(tmp_path_factory.mktemp("study_runs"), SHARED_DATA)
+    return run_studies(readme_dirs)
 
+
+@pytest.fixture(scope="session")
+def study_runs(readme_study_runs, tmp_path_factory):
+    """One finished run of every study: the README's study runs, copied under one root (``.parent``) for tests that
+    write beside them: {study: run dir}."""
+    from tests.study_runs import study_runs as copies
+
+    return copies(readme_study_runs, tmp_path_factory.mktemp("study_runs"))

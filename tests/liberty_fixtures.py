@@ -50,3 +50,40 @@ def tiny_encoder_dir(path: Path) -> Path:
     BertModel(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return Path(path)
+
+
+def check_pair_effects(job: Path, explainers: tuple[str, ...] = ("ft_match", "approx", "tcav")) -> None:
+    """A finished LIBERTy job's numbers recomputed from its per-pair file: the true ICaCE = cf − base probabilities,
+    each named explainer's error distances (and their mean), order-faithfulness and global OF, the model's
+    sensitivity per concept."""
+    import numpy as np
+    import pandas as pd
+    import pytest
+
+    from cprobe.metrics import liberty as M
+
+    pairs = pd.read_parquet(job / "liberty_pair_effects.parquet")
+    true = np.stack(pairs["icace"])
+    np.testing.assert_allclose(true, np.stack(pairs["cf_probs"]) - np.stack(pairs["base_probs"]), atol=1e-12)
+    mine = pd.read_parquet(job / "metrics.parquet")
+
+    def value(kind, explainer, **kw):
+        m = (mine["kind"] == kind) & (mine["explainer"] == explainer)
+        for k, v in kw.items():
+            m &= mine[k] == v
+        (v,) = mine[m]["value"]
+        return v
+
+    for ex in explainers:
+        est = np.stack(pairs[f"estimate_{ex}"])
+        eds = [M.error_distance(true, est, pairs["change"], d) for d in ("l2", "cosine", "normdiff")]
+        assert value("ed", ex, distance="l2") == pytest.approx(eds[0])
+        assert value("ed", ex, distance="mean") == pytest.approx(np.mean(eds))
+        assert value("of", ex) == pytest.approx(M.order_faithfulness(true, est, pairs["example"], pairs["change"]))
+        gold = M.importance(true, pairs["concept"], pairs["change"])
+        assert value("global_of", ex) == pytest.approx(
+            M.global_order_faithfulness(gold, M.importance(est, pairs["concept"], pairs["change"])))
+    sens = M.sensitivity(true, pairs["concept"])
+    assert len(sens) > 0
+    for c, s in sens.items():
+        assert value("sensitivity", "model", concept=c) == pytest.approx(s)

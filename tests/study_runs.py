@@ -1,96 +1,184 @@
-"""One small finished run of every study, through the CLI, for tests that read a run's outputs (the records, the
-leaderboard of `cprobe collect` over all of them, the HTML reports in a browser).
+"""The README's commands as the suite runs them, and the one finished run of every study that tests read.
 
-``study_runs(root)`` runs them once into ``root/<study>/`` (a rerun of a finished job is skipped by the pipeline, so
-the session fixture in ``tests/conftest.py`` pays for them once per test session). Sizes are the smoke sizes of the
-studies' own end-to-end tests (tiny self-trained or random models, tiny data written by the fixtures), so the six
-together take about two minutes on 2 cores with a warm model cache.
+The README is an executable spec (``tests/smoke/test_readme.py``): every `cprobe` line of its ```bash blocks runs
+as written, in one working directory, at smoke size (``CPROBE_SMOKE=1``), with a cache of its own whose
+:data:`SHARED_KINDS` (the tiny models, fine-tuned encoders, cloze tables) link to the suite's. :func:`run_readme_line` runs one line with the README's semantics, in process
+(``tests.cli.run``; :data:`LAUNCHED` lines as a real process, so the console script itself is proven).
+
+The README's study commands ARE the study runs: :func:`study_lines` picks, per study, the plainest single-job
+`cprobe run +experiment=NAME` line of the README (no sweep, no other model, data, logger or compute), and the session
+fixture ``readme_study_runs`` (``tests/conftest.py``) runs those six lines once, in the README's working directory and
+cache. The README test asserts on those results instead of rerunning them, and the tests that read a study's outputs
+(``study_runs``: the records, ``cprobe collect`` over all studies, the HTML reports in a browser) read those runs.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import re
+import shlex
+import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from tests import cli
+
 REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+EXAMPLE_SRC = REPO / "examples" / "cprobe-plugin-example" / "src"
 STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias")
-RUN_DIRS = {s: f"{s}_run" for s in STUDIES} | {"causalgym": "causalgym_sweep"}
-"""Where each study's run goes under the root (CausalGym: a two-job sweep over its methods, aggregated when it ends;
-the others: one run each)."""
+EXPERIMENTS = {"probing": "sva_tiny", "reliability": "sva_tiny_reliability", "causalgym": "causalgym",
+               "cebab": "cebab", "liberty": "liberty_cv", "prompt_bias": "lama_bias"}
+"""Each study's experiment: its README line is that experiment's plainest run."""
+LAUNCHED = ("cprobe version", "cprobe list")
+"""README lines run as a real process (``cli.launch``): the installed console script, start-up and exit code."""
+NOT_PLAIN = ("-m", "--multirun", "--cfg", "--detach")
+NOT_PLAIN_KEYS = ("+sweep", "model", "dataset", "logger", "compute", "hydra/launcher", "hparams_search")
 
 
-def _cprobe(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("cprobe")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=1200)
-
-
-def study_commands(root: Path, shared_data: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Per study: the `cprobe run` arguments and extra environment (its data dir) of its smoke run."""
-    from tests.cebab_fixtures import tiny_encoder_dir as cebab_encoder
-    from tests.cebab_fixtures import write_cebab
-    from tests.liberty_fixtures import tiny_encoder_dir as liberty_encoder
-    from tests.liberty_fixtures import write_scm
-
-    world = root / "_fixtures"
-    cebab_data = world / "cebab_data"
-    if not (cebab_data / "cebab").is_dir():
-        write_cebab(cebab_data, n_train=40, n_eval=8)
-    cebab_enc = world / "cebab_encoder"
-    if not (cebab_enc / "config.json").is_file():
-        cebab_encoder(cebab_enc)
-    scm = world / "tiny.yaml"
-    if not scm.is_file():
-        world.mkdir(parents=True, exist_ok=True)
-        write_scm(scm)
-    lib_enc = world / "liberty_encoder"
-    if not (lib_enc / "config.json").is_file():
-        liberty_encoder(lib_enc)
-
-    def run_dir(study: str) -> str:
-        return f"hydra.run.dir={root / RUN_DIRS[study]}"
-
-    shared = {"CPROBE_DATA_DIR": str(shared_data)}
-    return {
-        "probing": (["+experiment=sva_tiny", "--smoke", "layers=[2,4]", run_dir("probing")], shared),
-        "reliability": (["+experiment=sva_tiny_reliability", "intervention=mean_diff", "--smoke",
-                         run_dir("reliability")], shared),
-        "causalgym": (["-m", "+experiment=causalgym", "causalgym.tasks=[agr_sv_num_pp]", "causalgym.n_train=8",
-                       "causalgym.n_eval=4", "layers=[1,2]", "causalgym.methods=[das,mean],[random]",
-                       "causalgym.oracle_probe.widths=[32]", "causalgym.oracle_probe.lrs=[0.01]",
-                       "causalgym.oracle_probe.epochs=4", "causalgym.random_draws=2",
-                       "model.tiny.train.steps=30", "+model.tiny.train.layers=2", "model.tiny.grammar.n_sentences=300",
-                       "model.tiny.causalgym_corpus.n_per_task=50",
-                       "model.tiny.causalgym_corpus.tasks=[agr_sv_num_pp]", "progress=false", "device=cpu",
-                       f"hydra.sweep.dir={root / RUN_DIRS['causalgym']}"], shared),
-        "cebab": (["+experiment=cebab", "model=bert_base_uncased", f"model.path={cebab_enc}", "model.finetune.lr=3e-3",
-                   "model.finetune.max_length=64", "--smoke", "cebab.explainers=[random,approx,conceptshap,leace]",
-                   "cebab.explainer.conceptshap.hidden=16", run_dir("cebab")], {"CPROBE_DATA_DIR": str(cebab_data)}),
-        "liberty": (["+experiment=liberty_cv", f"dataset.scm={scm}", "dataset.n_explained=150",
-                     "dataset.n_explainer=60", "model=bert_base_uncased", f"model.path={lib_enc}",
-                     "model.finetune.lr=3e-3", "liberty.finetune.max_length=64", "liberty.concept_model.max_length=64",
-                     "--smoke", "liberty.explainers=[random,approx,ft_match,conceptshap]",
-                     "liberty.explainer.conceptshap.hidden=16", run_dir("liberty")], shared),
-        "prompt_bias": (["+experiment=lama_bias", "model=fact_zoo_smoke", "--smoke", "dataset.n_relations=6",
-                         "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4",
-                         run_dir("prompt_bias")], shared),
-    }
-
-
-def study_runs(root: Path, shared_data: Path, studies: tuple[str, ...] = STUDIES) -> dict[str, Path]:
-    """Run (or reuse) one smoke run per study under ``root``; returns {study: run (or sweep) dir}. Raises on a failed
-    run."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    commands = study_commands(root, shared_data)
-    out = {}
-    for study in studies:
-        args, extra = commands[study]
-        env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", **extra}
-        env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
-        r = _cprobe(["run", *args], cwd=root, env=env)
-        if r.returncode != 0:
-            raise RuntimeError(f"the {study} smoke run failed:\n{r.stderr[-3000:]}")
-        out[study] = root / RUN_DIRS[study]
+def readme_commands(text: str) -> list[tuple[str, str | None]]:
+    """(command line, needs-annotation) for every line starting with `cprobe ` inside ```bash blocks."""
+    out, in_bash = [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_bash = line.strip() == "```bash"
+            continue
+        if in_bash and line.startswith("cprobe "):
+            needs = re.search(r"#\s*needs:\s*(\w+)", line)
+            out.append((line, needs.group(1) if needs else None))
     return out
+
+
+COMMANDS = readme_commands(README.read_text())
+
+
+def _plain_run_of(argv: list[str], experiment: str) -> bool:
+    if argv[:2] != ["cprobe", "run"] or f"+experiment={experiment}" not in argv:
+        return False
+    return not any(a in NOT_PLAIN or a.split("=", 1)[0] in NOT_PLAIN_KEYS for a in argv)
+
+
+def study_lines(commands: list[tuple[str, str | None]] = COMMANDS) -> dict[str, str]:
+    """{study: README line}: the shortest un-annotated single-job run of the study's experiment (the first of
+    equals)."""
+    out = {}
+    for study, experiment in EXPERIMENTS.items():
+        plain = [c for c, needs in commands
+                 if needs is None and _plain_run_of(shlex.split(c, comments=True), experiment)]
+        if not plain:
+            raise LookupError(f"README.md has no plain `cprobe run +experiment={experiment}` line for the {study} "
+                              "study")
+        out[study] = min(plain, key=lambda c: len(shlex.split(c, comments=True)))
+    return out
+
+
+STUDY_LINES = study_lines()
+
+
+@dataclass(frozen=True)
+class ReadmeDirs:
+    """The README's working directory (empty at first) and its cache (``models/`` linked to the suite's)."""
+
+    workdir: Path
+    cache: Path
+
+
+SHARED_KINDS = ("models", "finetuned", "cloze")
+"""The cache kinds the README's cache links to the suite's (shared, not copied: what another test is building is
+waited for, never built twice, and a warm suite finds the study lines' fine-tuned encoders and cloze tables); the
+README's own commands (`cprobe cache clear activations`) touch only the rest."""
+
+
+def readme_dirs(root: Path, shared_cache: Path) -> ReadmeDirs:
+    workdir, cache = root / "cwd", root / "cache"
+    workdir.mkdir(parents=True)
+    cache.mkdir(parents=True)
+    for kind in SHARED_KINDS:
+        (shared_cache / kind).mkdir(parents=True, exist_ok=True)
+        (cache / kind).symlink_to(shared_cache / kind, target_is_directory=True)
+    return ReadmeDirs(workdir, cache)
+
+
+def readme_argv(command: str, needs: str | None) -> list[str]:
+    """The arguments after `cprobe` that the suite runs for a README line: a `# needs: slurm` line's first sweep point
+    composed with the SLURM launcher (``--cfg hydra``, which Hydra accepts only without ``-m``)."""
+    argv = shlex.split(command, comments=True)[1:]
+    if needs == "slurm":
+        argv = [a if "=" not in a else a.split(",")[0] for a in argv if a not in ("-m", "--multirun")]
+        argv += ["--cfg", "hydra"]
+    return argv
+
+
+def run_readme_line(command: str, needs: str | None, dirs: ReadmeDirs) -> cli.Result:
+    """One README line as the README says it runs: in process, or (:data:`LAUNCHED`) as a process; a
+    `# needs: example` line with the example plugin's code on the path (as after ``pip install -e``), removed after,
+    with the modules it imported."""
+    env = {"CPROBE_SMOKE": "1", "CPROBE_CACHE_DIR": str(dirs.cache)}
+    argv = readme_argv(command, needs)
+    if command.split("#")[0].strip() in LAUNCHED:
+        r = cli.launch(*argv, cwd=dirs.workdir, env=env)
+        return cli.Result(r.returncode, r.stdout, r.stderr)
+    if needs != "example":
+        return cli.run(*argv, cwd=dirs.workdir, env=env)
+    path, modules = sys.path[:], set(sys.modules)
+    sys.path.insert(0, str(EXAMPLE_SRC))
+    try:
+        return cli.run(*argv, cwd=dirs.workdir, env=env)
+    finally:
+        sys.path[:] = path
+        for name in set(sys.modules) - modules:
+            if name.split(".")[0] == "cprobe_plugin_example":
+                del sys.modules[name]
+
+
+def run_dir(dirs: ReadmeDirs, study: str) -> Path:
+    """Where the README's line of ``study`` wrote its run (``outputs/runs/<experiment>/latest``, resolved)."""
+    return (dirs.workdir / "outputs" / "runs" / EXPERIMENTS[study] / "latest").resolve()
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    line: str
+    result: cli.Result
+    run_dir: Path | None
+    """None when the line failed."""
+
+
+def run_studies(dirs: ReadmeDirs) -> dict[str, StudyRun]:
+    """Each study's README line, once, in the README's working directory and cache; a failed line is kept (the
+    README test reports it)."""
+    out = {}
+    for study in STUDIES:
+        line = STUDY_LINES[study]
+        r = run_readme_line(line, None, dirs)
+        out[study] = StudyRun(line, r, run_dir(dirs, study) if r.returncode == 0 else None)
+    return out
+
+
+def study_runs(runs: dict[str, StudyRun], root: Path) -> dict[str, Path]:
+    """{study: run dir}: a copy of each study's README run under one root (``root/<study>_run``), for tests that
+    write beside the runs (`cprobe collect`'s leaderboard over all of them) without touching the README's outputs.
+    Raises when a study's README line failed."""
+    failed = {s: r.result.stderr[-2000:] for s, r in runs.items() if r.run_dir is None}
+    if failed:
+        raise RuntimeError(f"README study line(s) failed: {failed}")
+    root.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for study, r in runs.items():
+        dest = root / f"{study}_run"
+        if not dest.exists():
+            shutil.copytree(r.run_dir, dest, symlinks=True)
+        out[study] = dest
+    return out
+
+
+def environment_snapshot() -> dict[str, object]:
+    """What a README command must leave as it found it in the test process: the working directory, ``sys.path``, the
+    environment."""
+    return {"cwd": os.getcwd(), "sys.path": sys.path[:], **{f"${k}": v for k, v in os.environ.items()}}
+
+
+def changed(before: dict[str, object], after: dict[str, object]) -> dict[str, tuple[object, object]]:
+    """{what: (before, after)} for what differs between two :func:`environment_snapshot`\ s."""
+    return {k: (before.get(k), after.get(k)) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +15,8 @@ from cprobe.models.classifier import FinetuneConfig, classify, finetuned_classif
 from cprobe.models.formatters import ClassificationFormatter
 from cprobe.models.load import load_adapter
 from tests import cli
-from tests.cebab_fixtures import tiny_encoder_dir, write_cebab
+from tests.cebab_fixtures import check_pair_effects, tiny_encoder_dir, write_cebab
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +119,9 @@ def test_causalm_retrains_the_encoder_per_concept(encoder, world, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
-def cprobe(*args: str, cwd: Path, data: Path) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_DATA_DIR": str(data)}
-    env.setdefault("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+def cprobe(*args: str, cwd: Path, data: Path) -> cli.Result:
+    """``cprobe *args`` in process (tests.cli.run) with ``data`` as the data dir."""
+    return cli.run(*args, cwd=cwd, env={"CPROBE_DATA_DIR": str(data)})
 
 
 def _tiny(world) -> list[str]:
@@ -166,25 +160,9 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     err = t[(t["kind"] == "icace_error") & (t["aspect"] == "all")]
     assert set(err["explainer"]) == {"random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"}
     assert set(err["distance"]) == {"l2", "cosine", "normdiff"} and len(err) == 4 * 8 * 3
-    # the per-pair file: true ICaCE = N(φ(x_cf)) − N(φ(x_base)); the tables' errors recomputed from it
-    from cprobe.metrics.icace import cosine, l2, normdiff
-
-    job = runs[0]
-    pairs = pd.read_parquet(job / "cebab_pair_effects.parquet")
-    true = np.stack(pairs["icace"])
-    np.testing.assert_allclose(true, np.stack(pairs["cf_probs"]) - np.stack(pairs["base_probs"]), atol=1e-12)
-    mine = pd.read_parquet(job / "metrics.parquet")
-    for name, fn in (("l2", l2), ("cosine", cosine), ("normdiff", normdiff)):
-        for ex in ("approx", "tcav"):
-            row = mine[(mine["kind"] == "icace_error") & (mine["explainer"] == ex) & (mine["distance"] == name)
-                       & (mine["aspect"] == "all")]
-            assert row["value"].iloc[0] == pytest.approx(fn(true, np.stack(pairs[f"estimate_{ex}"])).mean())
-    # the model's CaCE (argmax class) recomputed from the per-pair file
-    shift = pairs["sign"] * (np.stack(pairs["cf_probs"]).argmax(1) - np.stack(pairs["base_probs"]).argmax(1))
-    expected = shift.groupby([pairs["aspect"], pairs["direction"]]).mean()
-    cace = mine[mine["kind"] == "cace"].dropna(subset=["value"]).set_index(["aspect", "direction"])["value"]
-    for key, v in expected.items():
-        assert cace[key] == pytest.approx(v)
+    # the per-pair file: true ICaCE = N(φ(x_cf)) − N(φ(x_base)); the tables' errors and the CaCE recomputed from it
+    # (the same check on the README's real-data run: tests/smoke/test_studies_collect.py)
+    check_pair_effects(runs[0])
     # Table 8 rows for both evaluation splits of every job (learning itself: test_finetuning_learns_...)
     acc = t[(t["kind"] == "classifier") & (t["explainer"] == "explained") & (t["metric"] == "accuracy")]
     assert len(acc) == 4 * 2 and set(acc["split"]) == {"dev", "test"}

@@ -21,19 +21,18 @@ from cprobe.metrics import prompt_bias as M
 from tests import cli
 from tests.unit.test_fact_data import write_lama
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = ["+experiment=lama_bias", "model=fact_zoo_smoke", "+debug=smoke", "dataset.n_relations=6",
          "dataset.facts_per_relation=10", "dataset.n_entities=40", "prompt_bias.subset=4",
          "+prompt_bias.controls.no_preference={prompt_skew: 0.0, alias_skew: 0.0}"]  # smoke runs drop the control
 
 
-def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
-    if data is not None:
-        env["CPROBE_DATA_DIR"] = str(data)
-    env["CPROBE_CACHE_DIR"] = str(cache) if cache else env.get("CPROBE_CACHE_DIR", str(REPO / ".cache" / "cprobe-test"))
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+def cprobe(*args: str, cwd: Path, data: Path | None = None, cache: Path | None = None) -> cli.Result:
+    """``cprobe *args`` in process (tests.cli.run), with ``data`` as the data dir and ``cache`` as the cache, if
+    given."""
+    env = {"CPROBE_DATA_DIR": str(data)} if data is not None else {}
+    if cache is not None:
+        env["CPROBE_CACHE_DIR"] = str(cache)
+    return cli.run(*args, cwd=cwd, env=env)
 
 
 @pytest.mark.parametrize("override, message", [  # in process: the CLI's own code path (tests.cli.run)

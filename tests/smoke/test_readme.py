@@ -1,5 +1,10 @@
 """The README is an executable spec: every `cprobe` command line in its ```bash blocks runs exactly as written,
-in README order, from one empty working directory, at smoke size (CPROBE_SMOKE=1).
+in README order, from one empty working directory, at smoke size (CPROBE_SMOKE=1) — in process, through the Typer
+app the console script calls (``tests.cli.run``), but for ``LAUNCHED`` lines (`cprobe version`, `cprobe list`),
+which run as real processes. The study lines (one plain run per study, ``tests/study_runs.py``) run once per session,
+first, by the fixture ``readme_study_runs``, whose runs the study tests read too (``study_runs``); their tests here
+assert on that fixture's results. After every command the test process has its working directory, ``sys.path`` and
+environment back.
 
 A trailing `# needs: hub` marks a command that needs a model download: it must fail fast with the one-line
 instructions. `# needs: slurm` marks a command that needs a SLURM cluster: its first sweep point must compose
@@ -10,7 +15,6 @@ that uses the example plugin's code (`examples/cprobe-plugin-example`): it runs 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -18,22 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.study_runs import COMMANDS, LAUNCHED, STUDY_LINES, changed, environment_snapshot, run_readme_line
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
 pytestmark = pytest.mark.slow
-
-
-def readme_commands(text: str) -> list[tuple[str, str | None]]:
-    """(command line, needs-annotation) for every line starting with `cprobe ` inside ```bash blocks."""
-    out, in_bash = [], False
-    for line in text.splitlines():
-        if line.startswith("```"):
-            in_bash = line.strip() == "```bash"
-            continue
-        if in_bash and line.startswith("cprobe "):
-            needs = re.search(r"#\s*needs:\s*(\w+)", line)
-            out.append((line, needs.group(1) if needs else None))
-    return out
 
 
 def readme_python_blocks(text: str) -> list[str]:
@@ -52,7 +45,6 @@ def readme_python_blocks(text: str) -> list[str]:
     return out
 
 
-COMMANDS = readme_commands((REPO / "README.md").read_text())
 PYTHON_BLOCKS = readme_python_blocks((REPO / "README.md").read_text())
 
 
@@ -60,41 +52,32 @@ def test_the_readme_has_commands_of_every_kind():
     kinds = {c.split()[1] for c, _ in COMMANDS}
     assert {"run", "list", "data", "collect", "cache", "version"} <= kinds
     assert any(" -m " in c for c, _ in COMMANDS) and {n for _, n in COMMANDS} >= {None, "hub", "slurm"}
+    assert set(LAUNCHED) <= {c for c, _ in COMMANDS}  # the console script itself runs some README lines
 
 
-SHARED_CACHE = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    return tmp_path_factory.mktemp("readme_cwd")
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """A cache of its own (the README clears it) whose models are the suite's trained tiny models."""
-    d = tmp_path_factory.mktemp("readme_cache")
-    # the suite's tiny models, shared (not copied): a model another test is training is waited for, not trained twice
-    (SHARED_CACHE / "models").mkdir(parents=True, exist_ok=True)
-    (d / "models").symlink_to(SHARED_CACHE / "models", target_is_directory=True)
-    return d
+def test_every_study_has_its_readme_line():
+    """The study runs the suite reads are the README's own lines: one plain run per study's experiment."""
+    assert STUDY_LINES == {
+        "probing": "cprobe run --smoke +experiment=sva_tiny",
+        "reliability": "cprobe run +experiment=sva_tiny_reliability intervention=pgd intervention.eps=0.5",
+        "causalgym": "cprobe run +experiment=causalgym 'causalgym.tasks=[agr_sv_num_pp]'",
+        "cebab": "cprobe run +experiment=cebab", "liberty": "cprobe run +experiment=liberty_cv",
+        "prompt_bias": "cprobe run +experiment=lama_bias"}
 
 
 @pytest.mark.parametrize("command,needs", COMMANDS, ids=[c for c, _ in COMMANDS])
-def test_readme_command(command, needs, workdir, cache_dir):
+def test_readme_command(command, needs, readme_dirs, request):
     if not SHARED_DATA.is_dir() and any(k in command for k in ("lgd", "causalgym", "marvin")):
         pytest.skip(f"needs the shared data dir {SHARED_DATA} (set CPROBE_DATA_DIR); CI has it")
-    argv = shlex.split(command, comments=True)
-    exe = Path(sys.executable).with_name("cprobe")
-    env = {**os.environ, "CPROBE_SMOKE": "1", "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-           "CPROBE_CACHE_DIR": str(cache_dir)}
-    if needs == "slurm":
-        argv = [a if "=" not in a else a.split(",")[0] for a in argv if a not in ("-m", "--multirun")]
-        argv += ["--cfg", "hydra"]
-    if needs == "example":  # as after `pip install -e examples/cprobe-plugin-example`, the suite's venv untouched
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "examples" / "cprobe-plugin-example" / "src"),
-                                             env.get("PYTHONPATH", "")])
-    r = subprocess.run([str(exe), *argv[1:]], capture_output=True, text=True, cwd=workdir, env=env, timeout=1500)
+    studies = {line: study for study, line in STUDY_LINES.items()}
+    before = environment_snapshot()
+    if command in studies:  # run once per session, by the fixture the study tests read too
+        run = request.getfixturevalue("readme_study_runs")[studies[command]]
+        r = run.result
+        assert r.returncode != 0 or run.run_dir.is_dir(), run
+    else:
+        r = run_readme_line(command, needs, readme_dirs)
+    assert not changed(before, environment_snapshot()), "a README command left the test process changed"
     if needs == "hub":
         assert r.returncode == 1, r.stderr[-3000:]
         assert "huggingface-cli download" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -104,6 +87,8 @@ def test_readme_command(command, needs, workdir, cache_dir):
     assert "\r" not in r.stderr, "progress bars in a non-terminal log"
     if needs == "slurm":
         assert "SlurmLauncher" in r.stdout
+    if needs == "example":  # its code is gone from the process again, as from a shell without the plugin
+        assert not any(m.split(".")[0] == "cprobe_plugin_example" for m in sys.modules)
 
 
 def test_the_readme_has_a_python_section():
@@ -112,10 +97,11 @@ def test_the_readme_has_a_python_section():
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
-def test_readme_python_block_runs_as_written(block, workdir, cache_dir):
+def test_readme_python_block_runs_as_written(block, readme_dirs):
     """The library path: the block runs exactly as written (full size, not smoke) and prints what it says."""
-    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_CACHE_DIR": str(cache_dir)}
+    env = {**os.environ, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1", "CPROBE_CACHE_DIR": str(readme_dirs.cache)}
     env.pop("CPROBE_SMOKE", None)
+    workdir = readme_dirs.workdir
     script = workdir / "readme_block.py"
     script.write_text(block)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=workdir, env=env,

@@ -1,6 +1,7 @@
 """The HTML reports in a real browser: headless Chromium (over its DevTools protocol, tests/browser.py) opens every
-smoke run's report.html and the page collected over all of them, takes a screenshot, and fails on console errors,
-uncaught exceptions, requests that leave the machine, broken images and empty tables.
+study run's report.html (the README's study runs, ``study_runs``), the page collected over all of them and the pages
+of the README's sva_tiny sweeps and their jobs, takes a screenshot, and fails on console errors, uncaught exceptions, requests that leave the machine,
+broken images and empty tables.
 
 Without Chromium the tests skip (locally); CI sets CPROBE_REQUIRE_CHROMIUM=1 (``.ci/run`` installs Debian's
 ``chromium``), so there a missing browser fails instead."""
@@ -13,10 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.browser import Browser, check_page, chromium
+from tests.study_runs import COMMANDS, run_readme_line
 
 BROWSER = chromium()
 if BROWSER is None and os.environ.get("CPROBE_REQUIRE_CHROMIUM", "") not in ("", "0"):
     raise RuntimeError("CPROBE_REQUIRE_CHROMIUM is set but no Chromium was found (apt-get install -y chromium)")
+SWEEP_LINE = "cprobe run -m +experiment=sva_tiny probe=linear,mlp"
+assert (SWEEP_LINE, None) in COMMANDS, "the README's sweep of sva_tiny changed: update SWEEP_LINE"
 needs_browser = pytest.mark.skipif(BROWSER is None, reason="needs Chromium: apt-get install -y chromium (.ci/run "
                                    "installs it), or CPROBE_CHROMIUM=/path/to/chrome")
 
@@ -43,20 +47,33 @@ def test_the_check_fails_on_what_a_reader_would_see_wrong(tmp_path):
 
 @needs_browser
 @pytest.mark.slow
-def test_every_report_renders_cleanly_in_chromium(study_runs, tmp_path):
+def test_every_report_renders_cleanly_in_chromium(study_runs, readme_dirs, tmp_path):
     from cprobe.outputs import collect
 
     root = next(iter(study_runs.values())).parent
     if not (root / "report.html").is_file():
         collect(root)
     pages = sorted(root.rglob("report.html"))
-    assert len(pages) == 1 + len(study_runs) + 2  # all studies, each run, the CausalGym sweep and its two jobs
+    assert len(pages) == 1 + len(study_runs)  # all studies, each study's README run
+    # sweep pages beside their jobs' (the study runs are single jobs): the README's `-m` sweeps of sva_tiny (run by the
+    # README test before this one in its group; run here if not)
+    sweeps = readme_dirs.workdir / "outputs" / "sweeps" / "sva_tiny"
+    if not sweeps.is_dir():
+        r = run_readme_line(SWEEP_LINE, None, readme_dirs)
+        assert r.returncode == 0, r.stderr[-3000:]
+    sweep_dirs = [d for d in sweeps.iterdir() if d.is_dir() and not d.is_symlink()]
+    jobs = {d: [j for j in d.iterdir() if (j / "status.json").is_file()] for d in sweep_dirs}
+    assert sweep_dirs and max(len(js) for js in jobs.values()) >= 2, jobs
+    sweep_pages = [d / "report.html" for d in sweep_dirs] + [j / "report.html" for js in jobs.values() for j in js]
+    assert all(p.is_file() for p in sweep_pages), sweep_pages  # each sweep's page and each of its jobs'
+    pages += sweep_pages
     shots = tmp_path / "screenshots"
     shots.mkdir()
     with Browser() as browser:
         results = {page: browser.check(page) for page in pages}
     for page, res in results.items():
-        name = str(page.parent.relative_to(root)).replace("/", "__") or "root"
+        base = root if page.is_relative_to(root) else sweeps
+        name = str(page.parent.relative_to(base)).replace("/", "__") or "root"
         (shots / f"{name}.png").write_bytes(res.screenshot)
         assert res.problems() == [], (page, res.problems())
         dirs = [page.parent] + ([root / s for s in study_runs] if page.parent == root else [])

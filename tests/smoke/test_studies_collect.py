@@ -1,4 +1,5 @@
-"""Every study's smoke run: its records (registered metrics, deterministic, the paper tables rebuilt from them), and
+"""Every study's README run (``study_runs``: the README's own study lines, run once per session): its records
+(registered metrics, deterministic, the paper tables rebuilt from them), and
 `cprobe collect` over all of them at once (one leaderboard, each study's tables apart)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 from cprobe import records as R
 from cprobe.outputs import collect, make_records
 from cprobe.tasks import task_module
-from tests.smoke.test_e2e import REPO, cprobe
+from tests import cli
 from tests.study_runs import STUDIES
 
 pytestmark = pytest.mark.slow
@@ -70,33 +71,58 @@ def test_the_paper_tables_are_views_of_the_records(study_runs, tmp_path):
             assert {k: v for k, v in written.items() if k in _outputs(a)} == _outputs(a), study
 
 
-def test_a_causalgym_sweep_writes_its_summary_and_table1(study_runs):
+def test_the_real_data_runs_recompute_from_their_per_pair_files(study_runs):
+    """The README's CEBaB and LIBERTy runs (real CEBaB, the CV Screening SCM; every default explainer): each
+    explainer's errors, the model's CaCE / sensitivity, recomputed from the job's per-pair file (the same checks as
+    the studies' tiny end-to-end sweeps, tests/integration/test_{cebab,liberty}_task.py)."""
+    from tests import cebab_fixtures, liberty_fixtures
+
+    for study, check in (("cebab", cebab_fixtures.check_pair_effects), ("liberty", liberty_fixtures.check_pair_effects)):
+        job = study_runs[study]
+        names = [c.removeprefix("estimate_") for c in pd.read_parquet(job / f"{study}_pair_effects.parquet").columns
+                 if c.startswith("estimate_")]
+        assert len(names) >= 8, (study, names)
+        check(job, tuple(names))
+
+
+def test_a_causalgym_run_writes_its_summary_and_table1(study_runs, tmp_path):
+    """The README's CausalGym line (one job, the default methods) writes the study's tables and its report; `cprobe
+    collect` over it adds the results table. (Aggregating jobs with different methods into one table:
+    tests/integration/test_causalgym_task.py::test_collect_aggregates_a_causalgym_sweep.)"""
     d = study_runs["causalgym"]
-    for name in ("causalgym_overall", "causalgym_summary", "causalgym_table1", "results", "leaderboard"):
+    for name in ("causalgym_overall", "causalgym_summary", "causalgym_table1", "leaderboard"):
         assert (d / f"{name}.csv").is_file(), name
     t1 = pd.read_csv(d / "causalgym_table1.csv")
-    assert set(t1["method"]) == {"das", "mean", "random", "(tasks averaged)"}
+    assert set(t1["method"]) == {"das", "probe", "mean", "random", "(tasks averaged)"}
     assert (d / "report.html").is_file()
+    import shutil
+
+    shutil.copytree(d, tmp_path / "causalgym" / "job")
+    r = cli.run("collect", str(tmp_path / "causalgym"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("causalgym_overall", "causalgym_summary", "causalgym_table1", "results", "leaderboard"):
+        assert (tmp_path / "causalgym" / f"{name}.csv").is_file(), name
+    assert set(pd.read_csv(tmp_path / "causalgym" / "causalgym_table1.csv")["method"]) == set(t1["method"])
 
 
 def test_collect_over_every_study_writes_one_leaderboard(study_runs):
     root = next(iter(study_runs.values())).parent
-    r = cprobe("collect", str(root), cwd=REPO)
+    r = cli.run("collect", str(root), cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "wrote" in r.stdout and "report.html (7 job(s)" in r.stdout
+    assert "wrote" in r.stdout and "report.html (6 job(s)" in r.stdout
     board = pd.read_csv(root / "leaderboard.csv")
     assert set(board["study"]) == set(STUDIES)
     recs = pd.read_parquet(root / "records.parquet")
     assert set(recs["study"]) == set(STUDIES) and R.problems(R.finish(recs)) == []
     methods = {s: set(board.loc[board["study"] == s, "method"].fillna("")) for s in STUDIES}
-    assert methods["probing"] == {"linear", "mlp"} and methods["reliability"] == {"mean_diff"}
-    assert methods["causalgym"] == {"das", "mean", "random"}  # from the sweep's two jobs
-    assert methods["cebab"] == {"random", "approx", "conceptshap", "leace"}
+    assert methods["probing"] == {"linear", "mlp"} and methods["reliability"] == {"pgd"}
+    assert methods["causalgym"] == {"das", "probe", "mean", "random"}
+    assert methods["cebab"] == {"random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"}
     assert methods["liberty"] >= {"random", "approx", "ft_match"}
     assert {"", "original", "random"} <= methods["prompt_bias"]
     # per model and layer: the probes' rows carry their read layer
     probing = board[board["study"] == "probing"]
-    assert sorted(probing["read_layer"].unique()) == [2, 4] and set(probing["metric"]) == {"probe_accuracy"}
+    assert sorted(probing["read_layer"].unique()) == [0, 1, 2, 3, 4] and set(probing["metric"]) == {"probe_accuracy"}
     # one seed: a cell's mean is its record's value; the interval is over items where a study writes them
     rel = board[(board["study"] == "reliability") & (board["metric"] == "reliability")].iloc[0]
     rec = recs[(recs["study"] == "reliability") & (recs["metric"] == "reliability") & (recs["slice"] == "{}")]
