@@ -63,8 +63,6 @@ COLUMNS = ("study", "dataset", "model", "layer", "read_layer", "position", "meth
            "metric", "value", "n", "seed", "config_id", "info", "source", "plugin_api")
 KEY = tuple(c for c in COLUMNS if c not in ("value", "n", "info", "source", "plugin_api"))
 """What identifies a record (and joins per-item values to it)."""
-TEXT = ("study", "dataset", "model", "position", "method", "family", "setting", "slice", "metric", "config_id", "info",
-        "source")
 INTS = ("layer", "read_layer", "n", "seed", "plugin_api")
 FIELDS = ("dataset", "model", "layer", "read_layer", "position", "method", "family")
 RUN_ONLY_KEYS = ("seed", "force", "progress", "paths", "logger")

@@ -4,11 +4,10 @@ are imported only when asked for, to keep start-up light."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
-from typing import Any
 
 from cprobe.registry import Registry
 
@@ -61,5 +60,3 @@ def tasks_with(capability: str) -> list[str]:
     return [t for t in TASK_MODULES.names() if capability in task_uses(t).capabilities]
 
 
-def run_task(name: str) -> Callable[[Any], Any]:
-    return task_module(name).run
