@@ -126,7 +126,10 @@ class RecordSpec:
     n: Any = None
     breakdowns: tuple[str, ...] = ()
     extra: Callable[[pd.DataFrame], pd.DataFrame] | None = None
-    items: Callable[[pd.DataFrame, pd.DataFrame, Path | None], pd.DataFrame | None] | None = None
+    items: Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame | None], pd.DataFrame | None] | None = None
+    items_file: str | None = None
+    """The job file the task also writes its per-item values to (a documented output): read only to convert a job
+    written before records existed; a new job's ``items`` hook gets the values its task returned."""
     outside_metrics: str | None = None
     """Wide tables: the column prefix of outside metrics (``metric_`` -> column ``metric_<name>`` holds metric
     ``<name>`` of the config's ``metrics:``)."""

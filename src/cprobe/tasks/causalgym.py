@@ -631,7 +631,7 @@ def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, values: pd.DataFrame | None) -> pd.DataFrame:
     from cprobe.records import breakdown_items
 
     return breakdown_items(records, list(_OVERALL.values()), "cg_task")
