@@ -186,7 +186,8 @@ register_kind("models", "self-trained tiny models (agreement grammar, fact world
 register_kind("finetuned", "fine-tuned sequence classifiers (CEBaB, LIBERTy) and their training checkpoints",
               _describe_finetuned)
 register_kind("probes", "fitted probes (reliability oracles and interventional probes)")
-register_kind("probe_fits", "probing-task probe fits, keyed by the activations' content, the probe config and the seed")
+register_kind("probe_fits", "probe fits (the probing study, CausalGym oracles, via_* attack probes), keyed by the "
+              "activations' content, the probe config and the seed")
 register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
 register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU")
 

@@ -104,10 +104,6 @@ def check(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def known_keys(cls: type) -> list[str]:
-    return sorted(f.name for f in dataclasses.fields(cls) if f.init)
-
-
 OPTIONAL_KEYS = ("plugins", "metrics")
 """Top-level job keys whose empty default names the same configuration as their absence (configs written before
 they existed): left out of config hashes and ids while empty, so adding them changed no finished job's identity."""

@@ -39,16 +39,17 @@ def spec_of(study: str) -> R.RecordSpec | None:
     return getattr(task_module(study), "RECORDS", None)
 
 
-def make_records(study: str, table: pd.DataFrame, out_dir: Path | None, config: str,
+def make_records(study: str, table: pd.DataFrame, values: pd.DataFrame | None, config: str,
                  seed: int | None, sources: Any = None) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(records, per-item values or None) of one job's metric table (without timing columns); ``sources``: the
-    table's per-row ``method_source`` values (where each row's method came from), when the study wrote them."""
+    """(records, per-item values or None) of one job's metric table (without timing columns); ``values``: the
+    per-item values its task returned (:class:`cprobe.tasks.TaskResult`), None without; ``sources``: the table's
+    per-row ``method_source`` values (where each row's method came from), when the study wrote them."""
     spec = spec_of(study)
     if spec is None:
         return R.finish(pd.DataFrame()), None
     recs = R.to_records(table, spec, study, seed, config,
                         R.method_sources(table, spec, list(sources)) if sources is not None else None)
-    items = spec.items(table, recs, out_dir) if spec.items is not None else None
+    items = spec.items(table, recs, values) if spec.items is not None else None
     recs = R.count_items(recs, items)  # n: the items a value averages (NaN items excluded)
     for p in R.problems(recs):
         log.warning("%s records: %s", study, p)
@@ -81,17 +82,17 @@ def write_leaderboard(board: pd.DataFrame, directory: Path) -> None:
 
 
 def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[str, Any],
-               sources: Any = None) -> pd.DataFrame:
+               sources: Any = None, values: pd.DataFrame | None = None) -> pd.DataFrame:
     """A finished job's records, paper tables (from the records), leaderboard and environment; returns the records.
     ``metrics``: the job's table without timing columns; ``sources``: its rows' ``method_source`` (provenance, kept
-    out of the metric tables). ``report.html`` comes after its status (see :func:`write_report`)."""
+    out of the metric tables); ``values``: the task's per-item values. ``report.html`` comes after its status (see :func:`write_report`)."""
     from cprobe.leaderboard import leaderboard
     from cprobe.report import write_environment
     from cprobe.tasks import task_module
 
     out_dir = Path(out_dir)
     seed = int(cfg.get("seed", 0))
-    recs, items = make_records(study, metrics, out_dir, R.config_id(cfg), seed, sources)
+    recs, items = make_records(study, metrics, values, R.config_id(cfg), seed, sources)
     R.write_records(recs, out_dir, items)
     spec = spec_of(study)
     table = R.from_records(recs, spec) if spec is not None else metrics
@@ -128,7 +129,7 @@ class Collected:
 
 def load_job(job: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """A finished job's records and per-item values: its ``records.parquet``, or — a job written before records
-    existed — its metric table converted now."""
+    existed — its metric table converted now (with the per-item values of its study's documented ``items_file``)."""
     f = job / R.RECORDS_FILE
     if f.is_file():
         items = job / R.ITEMS_FILE
@@ -140,7 +141,10 @@ def load_job(job: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     seed = int(table["seed"].iloc[0]) if "seed" in table and pd.notna(table["seed"].iloc[0]) else None
     cfg = _job_config(job)
     try:
-        return make_records(study, table, job, R.config_id(cfg) if cfg else "", seed)
+        spec = spec_of(study)
+        side = job / spec.items_file if spec is not None and spec.items_file else None
+        values = pd.read_parquet(side) if side is not None and side.is_file() else None
+        return make_records(study, table, values, R.config_id(cfg) if cfg else "", seed)
     except (KeyError, ValueError, TypeError) as e:
         raise CprobeError(f"{job}: cannot read its {study} table as records ({type(e).__name__}: {e}); rerun the "
                           "job") from None

@@ -334,7 +334,10 @@ def _run_job(cfg: DictConfig) -> None:
     proc = this_process()
     write_status(out_dir, state="running", config_hash=h, started=t0, task=job.keys.task, **proc)
     try:
-        table = job.task.run(ctx, job.task_cfg)
+        from cprobe.tasks import task_result
+
+        result = task_result(job.task.run(ctx, job.task_cfg))
+        table = result.table
         table["task"] = job.keys.task
         table["seed"] = job.keys.seed
         if ctx.warnings:
@@ -343,7 +346,7 @@ def _run_job(cfg: DictConfig) -> None:
 
         results.write_job(table, out_dir, ctx.timings)
         outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain,
-                           sources=table["method_source"] if "method_source" in table else None)
+                           sources=table["method_source"] if "method_source" in table else None, values=result.items)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         outputs.write_report(out_dir)

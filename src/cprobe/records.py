@@ -63,8 +63,6 @@ COLUMNS = ("study", "dataset", "model", "layer", "read_layer", "position", "meth
            "metric", "value", "n", "seed", "config_id", "info", "source", "plugin_api")
 KEY = tuple(c for c in COLUMNS if c not in ("value", "n", "info", "source", "plugin_api"))
 """What identifies a record (and joins per-item values to it)."""
-TEXT = ("study", "dataset", "model", "position", "method", "family", "setting", "slice", "metric", "config_id", "info",
-        "source")
 INTS = ("layer", "read_layer", "n", "seed", "plugin_api")
 FIELDS = ("dataset", "model", "layer", "read_layer", "position", "method", "family")
 RUN_ONLY_KEYS = ("seed", "force", "progress", "paths", "logger")
@@ -128,7 +126,10 @@ class RecordSpec:
     n: Any = None
     breakdowns: tuple[str, ...] = ()
     extra: Callable[[pd.DataFrame], pd.DataFrame] | None = None
-    items: Callable[[pd.DataFrame, pd.DataFrame, Path | None], pd.DataFrame | None] | None = None
+    items: Callable[[pd.DataFrame, pd.DataFrame, pd.DataFrame | None], pd.DataFrame | None] | None = None
+    items_file: str | None = None
+    """The job file the task also writes its per-item values to (a documented output): read only to convert a job
+    written before records existed; a new job's ``items`` hook gets the values its task returned."""
     outside_metrics: str | None = None
     """Wide tables: the column prefix of outside metrics (``metric_`` -> column ``metric_<name>`` holds metric
     ``<name>`` of the config's ``metrics:``)."""

@@ -40,7 +40,6 @@ PLUGIN_API_VERSION = 1
 
 NO_PLUGINS_ENV = "CPROBE_NO_PLUGINS"
 BUILTIN = "built-in"
-GROUP_PREFIX = "cprobe."
 
 BLOCKED_TOP_LEVEL = frozenset({"antigravity", "this", "__main__", "__future__", "setuptools", "pip", "_pytest",
                                "pytest", "IPython", "jupyter_client", "ipykernel"})

@@ -74,12 +74,6 @@ def planted(n: int = 240, d: int = 8, seed: int = 0, signal: float = 3.0) -> tup
     return X, z.long()
 
 
-def _probe_accuracy(X_tr: Tensor, z_tr: Tensor, X_te: Tensor, z_te: Tensor, scale_from: Tensor | None = None) -> float:
-    from cprobe.explainers.base import probe_accuracy
-
-    return probe_accuracy(X_tr, z_tr.numpy(), X_te, z_te.numpy(), scale_from=scale_from)
-
-
 def _fresh_reader(X: Tensor, z: Tensor) -> Callable[[Tensor], np.ndarray]:
     """A scikit-learn logistic regression trained on clean states: predicted classes of any states."""
     from sklearn.linear_model import LogisticRegression

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS
+from cprobe.tasks import task_result
 from tests.conftest import REPO
 
 # toy budgets for the slow explainers; every other setting is the study's default
@@ -83,8 +84,11 @@ def runs(tmp_path_factory) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, dict]]
                          cache_root=root / "cache", progress=False)
         (root / "job").mkdir()
         seed_everything(0)
-        table = job.task.run(ctx, job.task_cfg)
+        res = task_result(job.task.run(ctx, job.task_cfg))
+        table = res.table
         pairs = pd.read_parquet(root / "job" / f"{study}_pair_effects.parquet")
+        if res.items is not None:  # the per-item values the records get are the documented file's
+            pd.testing.assert_frame_equal(pd.DataFrame({c: res.items[c] for c in pairs}), pairs, check_dtype=False)
         out[study] = (table, pairs, {"warnings": ctx.warnings, "timings": ctx.timings})
     return out
 

@@ -67,7 +67,7 @@ def run(tmp_path_factory):
 
     rel._MEMO.clear()
     job, ctx, adapter = _job(tmp_path_factory.mktemp("read_layers"), "reliability.read_layers=all")
-    table = rel.run(ctx, job.task_cfg)
+    table = rel.run(ctx, job.task_cfg).table
     return job, ctx, adapter, table
 
 

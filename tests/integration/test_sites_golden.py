@@ -69,9 +69,10 @@ def reliability_table(name: str, root: Path, resume: bool = False) -> pd.DataFra
                      cache_root=cache, progress=False)
     seed_everything(3)
     with threads(THREADS):
-        table = job.task.run(ctx, job.task_cfg)
+        res = job.task.run(ctx, job.task_cfg)
     items = pd.read_parquet(out / "reliability_items.parquet")
-    return _frame(table), items
+    pd.testing.assert_frame_equal(res.items, items)  # the per-item values the records get are the documented file's
+    return _frame(res.table), items
 
 
 def causalgym_table(adapter, template) -> pd.DataFrame:  # noqa: F811

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from cprobe import records as R
-from cprobe.outputs import collect, make_records
+from cprobe.outputs import collect, make_records, spec_of
 from cprobe.tasks import task_module
 from tests import cli
 from tests.study_runs import STUDIES
@@ -37,9 +37,13 @@ def test_every_study_writes_registered_deterministic_records(study_runs):
             dup = recs[recs.duplicated(key, keep=False)]
             assert dup.empty, (study, dup.head(4).to_dict("records"))
             assert not any(k.endswith("_s") or k == "seconds" for s in recs["info"] for k in R.parse(s))
-            # the records rebuilt from the job's metric table (timings apart) are byte-identical to its file
+            # the records rebuilt from the job's metric table (timings apart) and the per-item values of its documented
+            # items file are byte-identical to the records the job made from the values its task returned in memory
             table = pd.read_parquet(job / "metrics.parquet")
-            again, items = make_records(study, table, job, recs["config_id"].iloc[0], int(table["seed"].iloc[0]))
+            side = spec_of(study).items_file
+            values = pd.read_parquet(job / side) if side and (job / side).is_file() else None
+            assert (values is None) == (side is None), (study, side)
+            again, items = make_records(study, table, values, recs["config_id"].iloc[0], int(table["seed"].iloc[0]))
             # provenance is kept out of the metric tables (outputs.finish_job): the rebuilt records take the job's
             again["source"] = recs["source"].to_numpy()
             buf = io.BytesIO()

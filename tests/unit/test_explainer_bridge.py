@@ -75,3 +75,26 @@ def test_a_counterfactual_bridge_sets_the_query_target_value(world):  # noqa: F8
     for name, extra in (("via_mean_direction", {}), ("via_pgd", {"eps": 3.0, "probe": SMALL_PROBE})):
         est = EXPLAINERS.build({"name": name, **extra}, seed=0).fit(model, train).explain(q)
         assert est[:, 1].mean() > 0.1, name
+
+
+def test_a_gradient_attacks_probe_fits_through_the_probe_fit_cache(world, tmp_path, monkeypatch):  # noqa: F811
+    """The attacked probe fits through the content-keyed probe-fit cache (``probe_cache``, as the effects engine
+    passes it): one entry per concept's training rows; a second explainer reads them back (no fit, no new entry)
+    and gives the same estimates as a fit without the cache."""
+    from cprobe.probes import grid
+
+    model, train, X, W = world
+    rows = [i for i in range(600) if train.concepts[i]["food"] == "Negative"][:40]
+    q = queries_for(train, rows, "food", "Negative", "Positive")
+    cfg = {"name": "via_pgd", "eps": 3.0, "probe": SMALL_PROBE}
+    plain = EXPLAINERS.build(cfg, seed=0).fit(model, train).explain(q)
+    cached = EXPLAINERS.build(cfg, seed=0, probe_cache=tmp_path).fit(model, train).explain(q)
+    entries = sorted(tmp_path.glob("*.safetensors"))
+    assert len(entries) == len(model.concepts)
+    fits: list[int] = []
+    real = grid.GridSearchProbe.fit
+    monkeypatch.setattr(grid.GridSearchProbe, "fit", lambda self, *a, **k: fits.append(1) or real(self, *a, **k))
+    again = EXPLAINERS.build(cfg, seed=0, probe_cache=tmp_path).fit(model, train).explain(q)
+    assert fits == [] and sorted(tmp_path.glob("*.safetensors")) == entries
+    np.testing.assert_array_equal(cached, plain)
+    np.testing.assert_array_equal(again, plain)

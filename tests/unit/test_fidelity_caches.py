@@ -106,3 +106,30 @@ def test_the_encoder_fingerprint_sees_a_weight_past_the_sampled_ones():
     with torch.no_grad():
         model.bert.encoder.layer[1].output.dense.weight[20, 30] += 1e-3
     assert fingerprint(adapter) != before
+
+
+def test_causalgyms_oracle_fits_through_the_probe_fit_cache_and_one_changed_row_refits(tmp_path, monkeypatch):
+    """CausalGym's per-site oracle (and interventional probe: the same function) fits through
+    :func:`cprobe.probes.grid.fit_cached`: the same states are read back, not refitted (weights equal to a fresh
+    fit); one changed training row is a new entry, fitted on that row."""
+    from cprobe.probes import grid
+    from cprobe.tasks.causalgym_engine import fit_oracle
+
+    X, y = _data()
+    fits = []
+    real = grid.GridSearchProbe.fit
+
+    def counted(self, *a, **k):
+        fits.append(len(a[0]))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(grid.GridSearchProbe, "fit", counted)
+    p0 = fit_oracle(X, y, CFG, 0, cache_dir=tmp_path)
+    again = fit_oracle(X, y, CFG, 0, cache_dir=tmp_path)
+    assert len(fits) == 1 and torch.equal(again.module.weight, p0.module.weight)
+    X1 = X.clone()
+    X1[7, 2] += 0.5
+    p1 = fit_oracle(X1, y, CFG, 0, cache_dir=tmp_path)
+    assert len(fits) == 2 and len(list(tmp_path.glob("*.safetensors"))) == 2
+    assert torch.equal(p1.predict_proba(X), build_probe({**CFG, "seed": 0}).fit(X1, y).predict_proba(X))
+    assert torch.equal(fit_oracle(X, y, CFG, 0).predict_proba(X), p0.predict_proba(X))  # no cache: the same fit

@@ -5,7 +5,8 @@
 Per concept C, the intervention is fitted on φ(x) of the explainer's training texts against C's coded label (the
 study's value coding, e.g. Negative / Positive / unknown; rows without a label are left out); an intervention that
 attacks a classifier (``needs_probe``: the gradient attacks) attacks a probe for C trained on the same rows (the
-``probe`` setting, a probe config; default a small MLP). The estimate for a query ``(C: c → c′)`` is
+``probe`` setting, a probe config; default a small MLP; fitted through the job's content-keyed probe-fit cache,
+:func:`cprobe.probes.grid.fit_cached`). The estimate for a query ``(C: c → c′)`` is
 
     softmax N(φ′) − softmax N(φ(x)),
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -38,6 +40,7 @@ from cprobe.explainers.base import (EXPLAINERS, ExplainedModel, Explainer, Obser
                                     per_concept, rows_of)
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.probes import PROBES
+from cprobe.probes.grid import fit_cached
 
 DEFAULT_PROBE = {"name": "mlp", "lrs": (1e-3, 1e-2), "epochs": 20, "widths": (64,), "n_layers": (1,)}
 """The probe a gradient attack attacks when the ``probe`` setting is not given (one hidden layer, a small grid)."""
@@ -53,12 +56,13 @@ class InterventionExplainer(Explainer):
     forwards_kwargs_to: ClassVar[tuple[type, ...]] = ()
 
     def __init__(self, probe: Mapping[str, Any] | None = None, seed: int = 0, device: str | None = None,
-                 diagnose: bool = False, **params: Any) -> None:
+                 diagnose: bool = False, probe_cache: Path | None = None, **params: Any) -> None:
         cls = INTERVENTIONS.get(self.intervention)
         if "kind" in params and params["kind"] != cls.kind:
             raise ConfigError(f"explainer {self.name!r}: kind is the intervention's declared {cls.kind!r} (it decides "
                               "removal vs counterfactual, checked before any model loads)")
         self.params, self.seed, self.device, self.diagnose = dict(params), seed, device, diagnose
+        self.probe_cache = probe_cache  # the probe-fit cache the attacked probe fits through (None: fitted here)
         self.probe = dict(probe) if probe is not None else (dict(DEFAULT_PROBE) if cls.needs_probe else None)
         if probe is not None and not cls.needs_probe:
             raise ConfigError(f"explainer {self.name!r}: probe is only for interventions that attack a classifier")
@@ -77,8 +81,11 @@ class InterventionExplainer(Explainer):
         return INTERVENTIONS.build({"name": self.intervention, **self.params}, seed=self.seed, device=self.device)
 
     def _fit_one(self, X: torch.Tensor, z: torch.Tensor) -> Intervention:
-        return fit_intervention(self._build(), X, z,
-                                probe=lambda: PROBES.build(self.probe, seed=self.seed, device=self.device).fit(X, z))
+        def probe() -> Any:
+            return fit_cached(PROBES.build(self.probe, seed=self.seed, device=self.device), X, z,
+                              cache_dir=self.probe_cache)[0]
+
+        return fit_intervention(self._build(), X, z, probe=probe)
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         assert train.reps is not None and train.concepts is not None

@@ -24,9 +24,6 @@ ALIVE = frozenset({"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"
                    "RESIZING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "PREEMPTED"})
 """Scheduler states of a task that may still run (a PREEMPTED task is requeued or cancelled next)."""
 
-ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                   "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
-
 _WARNED: set[str] = set()
 
 
@@ -58,11 +55,6 @@ def run(argv: Sequence[str], timeout: float = TIMEOUT_S) -> subprocess.Completed
     except subprocess.TimeoutExpired:
         raise SchedulerError(f"`{' '.join(argv[:2])}` did not answer in {timeout:.0f} s: is slurmctld up? "
                              "(`sinfo` on this node should answer)") from None
-
-
-def first_line(text: str) -> str:
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    return lines[0] if lines else ""
 
 
 def clean(message: str) -> str:

@@ -224,7 +224,6 @@ SAMPLED: dict[str, Callable[[int, int], tuple[int, int]]] = {
     "random": lambda k_prompts, k_mentions: (1, 1),  # one prompt, one mention per subject
     "backdoor_sampled": lambda k_prompts, k_mentions: (k_prompts, k_mentions)}
 SETTINGS = (*FIXED, *SAMPLED)
-RANDOMISED = set(SAMPLED)  # redrawn for every model in every bootstrap run
 
 
 def check_setting(name: str) -> str:

@@ -365,17 +365,6 @@ def resolve_metric(ref: str) -> Metric:
     return m
 
 
-def ensure_metrics(names: Any) -> None:
-    """Resolve the installed plugins' metrics among ``names`` that this process has not seen (``cprobe collect``
-    reading another process's records); names nothing resolves stay unregistered (and are reported as such)."""
-    for n in sorted({str(x) for x in names} - set(METRICS)):
-        if n in METRIC_REGISTRY:
-            try:
-                resolve_metric(n)
-            except ConfigError:
-                pass
-
-
 def compute(metric: Metric, **inputs: Any) -> np.ndarray:
     """``metric.fn(**inputs)`` as float64 (n,) per-item values, checked: one value per item, finite or NaN, inside the
     declared range — a DataError naming the metric otherwise."""

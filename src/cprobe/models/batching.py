@@ -147,11 +147,6 @@ def plan_batches(lengths: Tensor, batch_size: int, batch_tokens: int | None = No
     return out
 
 
-def batch_tokens_of(batch: Batch) -> int:
-    """Padded tokens of a batch (rows × width): what its activations cost in memory."""
-    return int(batch.input_ids.shape[0] * batch.input_ids.shape[1])
-
-
 # ----------------------------------------------------------------------------------------------- prefetching
 class Prefetcher:
     """Iterate ``source`` with the next ``depth`` items produced on a background thread.

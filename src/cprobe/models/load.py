@@ -28,7 +28,6 @@ from cprobe.models.placement import check_placement, check_placement_for
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_KINDS = ("mlm", "causal", "encoder", "classifier")
 
 
 @dataclass(frozen=True)

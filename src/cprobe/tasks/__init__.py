@@ -1,10 +1,10 @@
 """Tasks = what a job does (config key ``task``). Each module exposes a ``Config`` dataclass (its node), ``USES``
-(what it reads of the rest of the config), ``run(ctx, config) -> DataFrame`` and ``report(table, out_dir)``; modules
+(what it reads of the rest of the config), ``run(ctx, config) -> DataFrame | TaskResult`` and ``report(table, out_dir)``; modules
 are imported only when asked for, to keep start-up light."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import import_module
 from types import ModuleType
@@ -22,6 +22,21 @@ SHARED_GROUPS = ("model", "dataset", "split", "probe", "intervention", "layers",
 
 CAPABILITIES = {"model_sets": "reads a model set (a zoo of models, or models it trains on a fact world's corpus)"}
 """What a task may declare it can do beyond reading one model."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task's ``run`` returns when its records have per-item values: its table and ``items``, the per-item
+    values its records' ``items`` hook (:class:`cprobe.records.RecordSpec`) turns into ``record_items.parquet`` — in
+    memory, never read back from a file. A task without per-item values returns just its table."""
+
+    table: Any
+    items: Any = None
+
+
+def task_result(out: Any) -> TaskResult:
+    """A task's ``run`` output as a :class:`TaskResult` (a bare table has no per-item values)."""
+    return out if isinstance(out, TaskResult) else TaskResult(out)
 
 
 @dataclass(frozen=True)
@@ -61,5 +76,3 @@ def tasks_with(capability: str) -> list[str]:
     return [t for t in TASK_MODULES.names() if capability in task_uses(t).capabilities]
 
 
-def run_task(name: str) -> Callable[[Any], Any]:
-    return task_module(name).run

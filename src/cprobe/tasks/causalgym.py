@@ -36,6 +36,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.io import atomic_write_bytes, parquet_bytes
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
+from cprobe.probes.grid import PROBE_FITS
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
@@ -115,7 +116,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             t0 = time.perf_counter()
             found: dict[str, torch.Tensor] = {}
             rows = run_gym_task(adapter, templates[name], config, layers=cfg.get("layers", "blocks"), seed=ctx.seed,
-                                device=ctx.device, progress=ctx.progress, timings=ctx.timings, directions=found)
+                                device=ctx.device, progress=ctx.progress, timings=ctx.timings, directions=found,
+                                probe_cache=ctx.cache_dir(PROBE_FITS))
             frame = pd.DataFrame(rows)
             frame.insert(0, "model", adapter.name)
             frame["device"] = str(adapter.device)
@@ -629,7 +631,7 @@ def _overall_records(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, values: pd.DataFrame | None) -> pd.DataFrame:
     from cprobe.records import breakdown_items
 
     return breakdown_items(records, list(_OVERALL.values()), "cg_task")

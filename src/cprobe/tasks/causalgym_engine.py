@@ -39,6 +39,7 @@ import warnings
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -304,11 +305,15 @@ def build_direction(name: str, params: Mapping[str, Any], seed: int):
     return DIRECTIONS.build({"name": name, **params}, seed=seed)
 
 
-def fit_oracle(X: Tensor, y: Tensor, oracle_probe: Mapping[str, Any], seed: int, device: str | None = None):
-    """The site's oracle probe for the targeted property (the base class), built with the job's seed and device."""
+def fit_oracle(X: Tensor, y: Tensor, oracle_probe: Mapping[str, Any], seed: int, device: str | None = None,
+               cache_dir: Path | None = None):
+    """The site's oracle probe for the targeted property (the base class), built with the job's seed and device;
+    fitted through the content-keyed, file-locked probe-fit cache in ``cache_dir``
+    (:func:`cprobe.probes.grid.fit_cached`; None: fitted here)."""
     from cprobe.probes import PROBES
+    from cprobe.probes.grid import fit_cached
 
-    return PROBES.build(oracle_probe, seed=seed, device=device).fit(X.float(), y)
+    return fit_cached(PROBES.build(oracle_probe, seed=seed, device=device), X.float(), y, cache_dir=cache_dir)[0]
 
 
 def is_capable(accuracy: float, unknown_labels: Sequence[str]) -> bool:
@@ -354,7 +359,7 @@ class _SitePlan:
 
 def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, z_source: Tensor, config: Config,
                       conditions: list[str], seed: int, site_seed: int, device: str | None, gbi_probe: list[Any],
-                      layer: int, region: int) -> list[_Run]:
+                      layer: int, region: int, probe_cache: Path | None = None) -> list[_Run]:
     """An intervention at one site: fitted on the base train states with the property labels (or, when it attacks a
     classifier — ``needs_probe`` — given the site's interventional probe, trained once per site on the same data,
     its own object: ``causalgym.interventional_probe``, else the oracle's config with seed + 1), then applied to the
@@ -374,7 +379,7 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
     def site_probe() -> Any:
         if not gbi_probe:
             probe_cfg = config.interventional_probe or config.oracle_probe
-            gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device))
+            gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device, probe_cache))
         return gbi_probe[0]
 
     try:
@@ -420,14 +425,15 @@ def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
 def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, layers: Any = "blocks", *,
                  seed: int = 0, device: str | None = None, progress: bool = False,
                  timings: dict[str, float] | None = None, splits: Splits | None = None,
-                 directions: dict[str, Tensor] | None = None) -> list[dict[str, Any]]:
+                 directions: dict[str, Tensor] | None = None, probe_cache: Path | None = None) -> list[dict[str, Any]]:
     """Long-format rows: one per (condition, method, layer, region) with AvgOdds, IIA and costs.
 
     ``config`` is resolved for the model (:meth:`Config.resolve`); ``layers`` and ``seed`` are the job's, ``device``
     the job's device for the oracle probes (None: where the activations are). ``splits`` replaces the sampled
     train/eval pairs (tests use it, e.g. source = base). ``directions``, when given, receives every learned unit
     direction, keyed ``<task>/<condition>/<method>/L<layer>/R<region>`` (the ``random`` draws stacked (k, d); causal
-    methods per condition, the others under ``task``).
+    methods per condition, the others under ``task``). ``probe_cache``: the probe-fit cache directory the oracle and
+    interventional probes fit through (None: fitted here).
     """
     if adapter.kind != "causal":
         raise ConfigError(f"CausalGym needs a causal LM; model {adapter.name!r} is {adapter.kind!r}")
@@ -513,7 +519,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
         X_ev, y_ev = base_ev[site][ok_ev], ev_class[ok_ev]
         if config.reliability and len(torch.unique(y_tr)) == 2:
             t_or = time.perf_counter()
-            plan.oracle = fit_oracle(X_tr, y_tr, config.oracle_probe, seed, device)
+            plan.oracle = fit_oracle(X_tr, y_tr, config.oracle_probe, seed, device, probe_cache)
             plan.oracle_acc = plan.oracle.score(X_ev, y_ev)
             cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
         site_seed = seed * 100_003 + 1000 * layer + region + task_seed
@@ -523,7 +529,8 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
                 if len(torch.unique(y_tr)) < 2:
                     continue  # every intervention is fitted on the two classes
                 plan.runs.extend(_fit_intervention(run, X_tr, y_tr, base_ev[site][ok_ev], ev_src_class[ok_ev], config,
-                                                   conditions, seed, site_seed, device, gbi_probe, layer, region))
+                                                   conditions, seed, site_seed, device, gbi_probe, layer, region,
+                                                   probe_cache))
                 continue
             cls = DIRECTIONS.get(run.name)
             t_fit = time.perf_counter()

@@ -57,7 +57,7 @@ from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.results import summarise
-from cprobe.tasks import Uses
+from cprobe.tasks import TaskResult, Uses
 from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, effect_values,
                                   explainer_sources, finite_table, outside_metrics, run_effects, subsample_pairs,
                                   validate_effects)
@@ -127,7 +127,7 @@ def study(data: CebabData, config: Config) -> EffectStudy:
         concept_rows=range(len(items)))
 
 
-def run(ctx: JobContext, config: Config) -> pd.DataFrame:
+def run(ctx: JobContext, config: Config) -> TaskResult:
     from cprobe.data.registry import load_dataset
     from cprobe.job import config_hash
 
@@ -173,7 +173,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         rows += _explainer_info(common, name, res.explainers[name])
     table = finite_table(rows, ("explainer", "distance", "aspect", "direction", "split", "metric"))
     table["method_source"] = explainer_sources(table["explainer"])
-    return table
+    return TaskResult(table, res.per_pair)
 
 
 def task_pairs(items: Sequence[TextItem], task: str, aspects: Sequence[str]):
@@ -336,15 +336,13 @@ def _family(t: pd.DataFrame) -> list[str]:
     return ["classifier" if k == "classifier" else "explainer" if e else "" for k, e in zip(t["kind"], t["explainer"])]
 
 
-def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
-    """Per evaluation pair, each explainer's ICaCE-Error for every distance (from ``cebab_pair_effects.parquet``):
-    the items of the overall ICaCE-Error records."""
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, pairs: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per evaluation pair, each explainer's ICaCE-Error for every distance (``pairs``: the per-pair frame the run
+    returns, also written as ``cebab_pair_effects.parquet``): the items of the overall ICaCE-Error records."""
     from cprobe.records import item_rows
 
-    path = None if out_dir is None else Path(out_dir) / "cebab_pair_effects.parquet"
-    if path is None or not path.is_file():
+    if pairs is None:
         return None
-    pairs = pd.read_parquet(path)
     true = np.stack(pairs["icace"])
     from cprobe.metrics.registry import METRICS
 
@@ -367,6 +365,6 @@ RECORDS = RecordSpec(
     dataset=const("cebab"), model="model", method="explainer", family=Derived(_family),
     setting=("cebab_task", "train_variant", "eval_split"), slice=("split", "aspect", "direction"),
     slice_defaults={"split": "", "aspect": "all", "direction": "all"}, metric=Derived(_metric), value="value", n="n",
-    breakdowns=("split", "aspect", "direction"), items=_record_items)
+    breakdowns=("split", "aspect", "direction"), items=_record_items, items_file="cebab_pair_effects.parquet")
 """Every row as a record (:mod:`cprobe.records`): the explainer is the method (the classifiers' rows: ``explained``
 / ``concepts``, family ``classifier``); the evaluation pairs are the items of the overall ICaCE-Errors."""

@@ -39,6 +39,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import DISTANCES, distance
 from cprobe.models.classifier import finetune_config
+from cprobe.probes.grid import PROBE_FITS
 from cprobe.progress import track
 
 log = logging.getLogger("cprobe")
@@ -267,7 +268,7 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
             continue
         t0 = time.perf_counter()
         ex = EXPLAINERS.build({"name": name, **dict(config.explainer.get(name) or {})}, seed=seed,
-                              device=ctx.device)
+                              device=ctx.device, probe_cache=ctx.cache_dir(PROBE_FITS))
         try:
             est = ex.fit(model, train).explain(queries)
         except DataError as e:  # e.g. a concept value no training text has: this explainer has no estimate

@@ -446,7 +446,7 @@ def _metric(t: pd.DataFrame) -> list[str]:
             else _KIND.get(k, f"{k}_{m}" if m else k) for k, m in zip(t["kind"], t["metric"])]
 
 
-def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame:
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, values: pd.DataFrame | None) -> pd.DataFrame:
     """The relations are the items of the means over relations (Table 1's columns)."""
     from cprobe.records import breakdown_items
 

@@ -34,7 +34,7 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.job import JobContext
-from cprobe.tasks import Uses
+from cprobe.tasks import TaskResult, Uses
 from cprobe.models.load import fingerprint, resolve_device
 from cprobe.metrics.reliability import (
     counterfactual_targets,
@@ -285,7 +285,7 @@ def _fit_intervention(ctx: JobContext, config: Config, icfg: Mapping[str, Any], 
     return method
 
 
-def run(ctx: JobContext, config: Config) -> pd.DataFrame:
+def run(ctx: JobContext, config: Config) -> TaskResult:
     t_job = time.perf_counter()
     cfg = ctx.cfg
     adapter = ctx.adapter(cfg["model"])
@@ -412,7 +412,7 @@ def _site_name(s: Site, position: str) -> str:
 
 
 def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
-               t_job: float) -> pd.DataFrame:
+               t_job: float) -> TaskResult:
     """The study's one run path: edit at ``sites`` (one or several) and score the states read at every read layer l′
     in the same forward pass, with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's
     output. A plain job (no ``read_layers``, no ``sites``: one site, read where it is edited) scores the edited
@@ -545,8 +545,8 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
                  f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"],
                  scores["selectivity"], scores["reliability"], target, edited_acc[f"oracle_acc_edited_{target}"],
                  scores.get("delta_task_acc"))
-    _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer[reads[0]] if plain else per_layer)
-    return pd.DataFrame(rows_out)
+    per = _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer[reads[0]] if plain else per_layer)
+    return TaskResult(pd.DataFrame(rows_out), per)
 
 
 _KIND_ORDER = {"counterfactual": 0, "nullifying": 1}
@@ -741,8 +741,9 @@ ITEMS_FILE = "reliability_items.parquet"
 
 
 def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
-                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> None:
-    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column)."""
+                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> pd.DataFrame:
+    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column); returns
+    the frame written (the records' per-item values)."""
     from cprobe.io import write_parquet
 
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
@@ -753,18 +754,18 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
     else:
         frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
     write_parquet(frame, path)
+    return frame
 
 
-def _record_items(table: pd.DataFrame, records: pd.DataFrame, out_dir: Path | None) -> pd.DataFrame | None:
-    """The test rows of C and S (``reliability_items.parquet``): the items of the whole-set completeness and
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, per: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The test rows of C and S (``per``: the frame the run returns, also written as ``reliability_items.parquet``):
+    the items of the whole-set completeness and
     selectivity records, and of each non-targeted property's selectivity (slice ``property``; NaN where it does not
     apply, so its record's ``n`` counts the rows it does). With read layers, each l′'s records get that l′'s rows."""
     from cprobe.records import canonical, item_rows
 
-    path = None if out_dir is None else Path(out_dir) / ITEMS_FILE
-    if path is None or not path.is_file():
+    if per is None:
         return None
-    per = pd.read_parquet(path)
     props = sorted(c[len("selectivity_"):] for c in per.columns if c.startswith("selectivity_"))
     outside = {c.removeprefix(OUTSIDE): c for c in per.columns if c.startswith(OUTSIDE)}
     metric, sl = records["metric"], records["slice"]
@@ -813,6 +814,6 @@ RECORDS = RecordSpec(
               r"oracle_acc_edited_(.+)": ("edited_oracle_accuracy", "property"),
               r"oracle_acc_(?!edited_)(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
     n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
-    items=_record_items, outside_metrics=OUTSIDE)
+    items=_record_items, items_file=ITEMS_FILE, outside_metrics=OUTSIDE)
 """Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
 the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""
