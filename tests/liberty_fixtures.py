@@ -52,6 +52,15 @@ def tiny_encoder_dir(path: Path) -> Path:
     return Path(path)
 
 
+def metric_value(metrics, kind: str, explainer: str, **where):
+    """The one value of a LIBERTy metric table row of ``kind`` and ``explainer`` (and the columns in ``where``)."""
+    m = (metrics["kind"] == kind) & (metrics["explainer"] == explainer)
+    for k, v in where.items():
+        m &= metrics[k] == v
+    (v,) = metrics[m]["value"]
+    return v
+
+
 def check_pair_effects(job: Path, explainers: tuple[str, ...] = ("ft_match", "approx", "tcav")) -> None:
     """A finished LIBERTy job's numbers recomputed from its per-pair file: the true ICaCE = cf − base probabilities,
     each named explainer's error distances (and their mean), order-faithfulness and global OF, the model's
@@ -68,11 +77,7 @@ def check_pair_effects(job: Path, explainers: tuple[str, ...] = ("ft_match", "ap
     mine = pd.read_parquet(job / "metrics.parquet")
 
     def value(kind, explainer, **kw):
-        m = (mine["kind"] == kind) & (mine["explainer"] == explainer)
-        for k, v in kw.items():
-            m &= mine[k] == v
-        (v,) = mine[m]["value"]
-        return v
+        return metric_value(mine, kind, explainer, **kw)
 
     for ex in explainers:
         est = np.stack(pairs[f"estimate_{ex}"])

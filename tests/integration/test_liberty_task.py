@@ -16,7 +16,7 @@ from cprobe.models.formatters import ClassificationFormatter
 from cprobe.models.load import load_adapter
 from cprobe.models.sites import MEAN, Site
 from tests import cli
-from tests.liberty_fixtures import check_pair_effects, tiny_encoder_dir, write_scm
+from tests.liberty_fixtures import check_pair_effects, metric_value, tiny_encoder_dir, write_scm
 
 
 
@@ -108,11 +108,7 @@ def test_the_study_runs_end_to_end_and_a_sweep_aggregates(world, tmp_path):
     mine = pd.read_parquet(job / "metrics.parquet")
 
     def value(kind, explainer, **kw):
-        m = (mine["kind"] == kind) & (mine["explainer"] == explainer)
-        for k, v in kw.items():
-            m &= mine[k] == v
-        (v,) = mine[m]["value"]
-        return v
+        return metric_value(mine, kind, explainer, **kw)
 
     check_pair_effects(job)  # the same check on the README's run: tests/smoke/test_studies_collect.py
     # the SCM's true effect: c and a reach y (a through b); the label is a descendant

@@ -4,7 +4,6 @@ attached sweep, the detached one, `cprobe status` of it and — once it has fini
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 
@@ -19,15 +18,9 @@ LATEST = "outputs/sweeps/sva_tiny/latest"
 
 
 def readme_lines() -> list[tuple[str, str | None]]:
-    out, in_bash = [], False
-    for line in (REPO / "README.md").read_text().splitlines():
-        if line.startswith("```"):
-            in_bash = line.strip() == "```bash"
-            continue
-        if in_bash and line.startswith("cprobe "):
-            needs = re.search(r"#\s*needs:\s*(\w+)", line)
-            out.append((line, needs.group(1) if needs else None))
-    return out
+    from tests.study_runs import readme_commands
+
+    return readme_commands((REPO / "README.md").read_text())
 
 
 def _state(point: Path) -> str | None:
