@@ -21,10 +21,11 @@ import subprocess
 import sys
 import traceback
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 EXE = Path(sys.executable).with_name("cprobe")
@@ -59,6 +60,31 @@ def default_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str 
 PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.reliability", "_MEMO"))
 
 
+# What a job adds to process-wide tables (module, attribute): the outside metrics it resolved by name or import path,
+# and every family registry's outside objects resolved by import path (``Registry._resolved``). A new process starts
+# with the built-ins only, so after an in-process run the tables are given back as they were (a plugin's module removed
+# from sys.modules and imported again by a later test is then a new object, resolved anew under its own name).
+PROCESS_TABLES = (("cprobe.metrics.registry", "METRICS"), ("cprobe.metrics.registry", "SOURCES"))
+
+
+def _table_snapshot() -> list[Callable[[], None]]:
+    """One callable per process-wide table that gives it back as it is now."""
+    import importlib
+
+    from cprobe.registry import REGISTRIES
+
+    def table(t: dict) -> Callable[[], None]:
+        before = dict(t)
+        return lambda: (t.clear(), t.update(before))
+
+    def resolved(reg: Any) -> Callable[[], None]:
+        before = dict(reg._resolved)
+        return lambda: setattr(reg, "_resolved", before)
+
+    return ([table(getattr(importlib.import_module(m), a)) for m, a in PROCESS_TABLES]
+            + [resolved(reg) for reg in REGISTRIES.values()])
+
+
 def _clear_process_memos() -> None:
     for module, name in PROCESS_MEMOS:
         if module in sys.modules:
@@ -71,10 +97,11 @@ def _restored_process_state(cwd: Path | None) -> Iterator[None]:
     logger's handlers (Hydra's job logging points them at the run's log file and the captured stdout), torch's
     thread count, the global Hydra instance, the environment (the CLI sets ``HYDRA_FULL_ERROR`` for its process;
     libraries set theirs on first import); and the job's process-wide memos (:data:`PROCESS_MEMOS`), empty before
-    and after, as in a new process."""
+    and after, as in a new process, and its process-wide tables (:data:`PROCESS_TABLES`) as they were before."""
     import logging
 
     _clear_process_memos()
+    tables = _table_snapshot()
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     threads = None
@@ -104,6 +131,8 @@ def _restored_process_state(cwd: Path | None) -> Iterator[None]:
 
         GlobalHydra.instance().clear()
         _clear_process_memos()
+        for give_back in tables:
+            give_back()
 
 
 def run(*args: str, cwd: Path | str | None = None, env: Mapping[str, str | None] | None = None) -> Result:

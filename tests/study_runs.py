@@ -111,25 +111,18 @@ def readme_argv(command: str, needs: str | None) -> list[str]:
 
 
 def run_readme_line(command: str, needs: str | None, dirs: ReadmeDirs) -> cli.Result:
-    """One README line as the README says it runs: in process, or (:data:`LAUNCHED`) as a process; a
-    `# needs: example` line with the example plugin's code on the path (as after ``pip install -e``), removed after,
-    with the modules it imported."""
+    """One README line as the README says it runs: in process, or as a process — the lines of :data:`LAUNCHED`, and
+    a `# needs: example` line, with the example plugin's code on ``PYTHONPATH`` (as after ``pip install -e``): a
+    plugin imported into the test process would stay in its registries and module caches, and a later test that
+    installs the plugin would meet that copy instead of its own."""
     env = {"CPROBE_SMOKE": "1", "CPROBE_CACHE_DIR": str(dirs.cache)}
     argv = readme_argv(command, needs)
-    if command.split("#")[0].strip() in LAUNCHED:
+    if needs == "example":
+        env["PYTHONPATH"] = os.pathsep.join([str(EXAMPLE_SRC), os.environ.get("PYTHONPATH", "")])
+    if command.split("#")[0].strip() in LAUNCHED or needs == "example":
         r = cli.launch(*argv, cwd=dirs.workdir, env=env)
         return cli.Result(r.returncode, r.stdout, r.stderr)
-    if needs != "example":
-        return cli.run(*argv, cwd=dirs.workdir, env=env)
-    path, modules = sys.path[:], set(sys.modules)
-    sys.path.insert(0, str(EXAMPLE_SRC))
-    try:
-        return cli.run(*argv, cwd=dirs.workdir, env=env)
-    finally:
-        sys.path[:] = path
-        for name in set(sys.modules) - modules:
-            if name.split(".")[0] == "cprobe_plugin_example":
-                del sys.modules[name]
+    return cli.run(*argv, cwd=dirs.workdir, env=env)
 
 
 def run_dir(dirs: ReadmeDirs, study: str) -> Path:

@@ -4,6 +4,8 @@ the reliability study's path, and the oracle's downstream read layers."""
 
 from __future__ import annotations
 
+import inspect
+
 import pandas as pd
 import pytest
 import torch
@@ -87,7 +89,8 @@ def test_an_intervention_edits_as_through_the_reliability_studys_path(adapter, t
 
     def spy(run, *a, **k):
         out = real(run, *a, **k)
-        captured.append((a[-2], a[-1], out[0]))  # layer, region, the run with its edited states
+        bound = inspect.signature(real).bind(run, *a, **k).arguments
+        captured.append((bound["layer"], bound["region"], out[0]))  # the site, the run with its edited states
         return out
 
     monkeypatch.setattr(engine, "_fit_intervention", spy)

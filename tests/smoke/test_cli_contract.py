@@ -119,7 +119,7 @@ def test_the_console_script_refuses_bad_input_in_one_line_with_exit_1_and_no_run
 
 def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypatch):
     """tests.cli.run restores what a job changes in its process (cwd, root logger handlers and level, torch threads,
-    Hydra's global instance, the environment it was given) and empties the job's process-wide memos before and
+    Hydra's global instance, the environment it was given, the process-wide metric table) and empties the job's process-wide memos before and
     after, as in a new process: a model loaded under one test's cache root never serves another's."""
     import logging
     import os
@@ -129,6 +129,7 @@ def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypat
 
     import cprobe.job
     import cprobe.tasks.reliability as rel
+    from cprobe.metrics.registry import METRICS
     from tests import cli as helper
 
     monkeypatch.delenv("CPROBE_TEST_MARK", raising=False)
@@ -136,6 +137,7 @@ def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypat
     rel._MEMO["stale"] = object()  # type: ignore[assignment]
     root = logging.getLogger()
     before = (os.getcwd(), root.handlers[:], root.level, torch.get_num_threads(), list(sys.path))
+    metrics = dict(METRICS)
     seen = {}
 
     real = helper._clear_process_memos
@@ -145,13 +147,15 @@ def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypat
         if "first" not in seen:
             seen["first"] = (dict(cprobe.job._ADAPTER), dict(rel._MEMO), os.environ.get("CPROBE_TEST_MARK"))
             cprobe.job._ADAPTER["loaded by the job"] = object()  # as a job that loads its model leaves it
+        else:  # after the job, before the tables are given back
+            METRICS["resolved_by_the_job"] = object()  # as a job that resolves a plugin's metric leaves it
 
     monkeypatch.setattr(helper, "_clear_process_memos", spy)
     r = cli("run", "+experiment=sva_tiny", "--smoke", "layers=[]", f"paths.output_root={tmp_path}", cwd=tmp_path,
             env={"CPROBE_TEST_MARK": "1"})
     assert_refused(r, "layers=[] selects no layer", tmp_path)  # the job composed, set up its logging, refused
     assert seen["first"] == ({}, {}, None)  # emptied before the job (and before its environment was set)
-    assert cprobe.job._ADAPTER == {} and rel._MEMO == {}
+    assert cprobe.job._ADAPTER == {} and rel._MEMO == {} and METRICS == metrics  # the built-ins only, as before
     assert (os.getcwd(), root.handlers, root.level, torch.get_num_threads(), sys.path) == before
     assert not GlobalHydra.instance().is_initialized() and "CPROBE_TEST_MARK" not in os.environ
 
