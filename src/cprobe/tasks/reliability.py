@@ -759,9 +759,9 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
 
 def _record_items(table: pd.DataFrame, records: pd.DataFrame, per: pd.DataFrame | None) -> pd.DataFrame | None:
     """The test rows of C and S (``per``: the frame the run returns, also written as ``reliability_items.parquet``):
-    the items of the whole-set completeness and
-    selectivity records, and of each non-targeted property's selectivity (slice ``property``; NaN where it does not
-    apply, so its record's ``n`` counts the rows it does). With read layers, each l′'s records get that l′'s rows."""
+    the items of the whole-set completeness and selectivity records, and of each non-targeted property's selectivity
+    (slice ``property``; NaN where it does not apply, so its record's ``n`` counts the rows it does). With read
+    layers, each l′'s records get that l′'s rows."""
     from cprobe.records import canonical, item_rows
 
     if per is None:
