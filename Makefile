@@ -40,7 +40,7 @@ bench-peers-install: $(STAMP) ## the peers (TransformerLens, nnsight, pyvene: cp
 	$(BIN)/pip install -q -e ".[peers]" -c $(VENV)/torch-pin.txt
 
 clean: ## remove caches of tests and Python
-	rm -rf .pytest_cache .cache/cprobe-test
+	rm -rf .pytest_cache .cache/cprobe-test .cache/cprobe-test-readme-seed
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 clean-outputs: ## remove outputs/ runs and sweeps (never the activation/model cache)

@@ -188,14 +188,18 @@ def make_random_model(arch: str, seed: int = 0):
     return m.eval(), tok
 
 
+def suite_cache() -> Path:
+    """The suite's shared cache root (``CPROBE_CACHE_DIR``, as `make test` sets it)."""
+    return Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
+
+
 @pytest.fixture(scope="session")
 def readme_dirs(tmp_path_factory):
     """The README's working directory and cache, one per session (``tests/study_runs.py``): its commands and its
     study runs share them."""
     from tests.study_runs import readme_dirs as make
 
-    shared_cache = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
-    return make(tmp_path_factory.mktemp("readme"), shared_cache)
+    return make(tmp_path_factory.mktemp("readme"), suite_cache())
 
 
 @pytest.fixture(scope="session")
@@ -204,9 +208,11 @@ def readme_study_runs(readme_dirs):
     {study: StudyRun} (``tests/study_runs.py``). The README test asserts on them; ``study_runs`` reads them."""
     if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").exists():
         pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
-    from tests.study_runs import run_studies
+    from tests.study_runs import keep_seed, run_studies
 
-    return run_studies(readme_dirs)
+    runs = run_studies(readme_dirs)
+    keep_seed(readme_dirs, suite_cache())
+    return runs
 
 
 @pytest.fixture(scope="session")

@@ -84,10 +84,27 @@ class ReadmeDirs:
     cache: Path
 
 
-SHARED_KINDS = ("models", "finetuned", "cloze")
+SHARED_KINDS = ("models", "finetuned", "cloze", "probes", "probe_fits")
 """The cache kinds the README's cache links to the suite's (shared, not copied: what another test is building is
-waited for, never built twice, and a warm suite finds the study lines' fine-tuned encoders and cloze tables); the
-README's own commands (`cprobe cache clear activations`) touch only the rest."""
+waited for, never built twice, and a warm suite finds the study lines' fine-tuned encoders, cloze tables and probe
+fits); the README's own commands (`cprobe cache clear activations`) touch only the rest."""
+SEEDED_KINDS = ("activations",)
+"""The kinds a README command clears: the README's cache starts each session from a copy of the last session's, taken
+after the study runs (:func:`keep_seed`) — hard links where the file system allows (every cache write replaces a
+file by renaming, never writes into one) — so a warm suite reads the studies' states and the classifiers' outputs
+back like a user's rerun, while `cprobe cache clear activations` still clears the README's own copy."""
+
+
+def seed_dir(shared_cache: Path) -> Path:
+    """Where the README's :data:`SEEDED_KINDS` are kept between sessions: beside the suite's cache, not in it."""
+    return shared_cache.parent / f"{shared_cache.name}-readme-seed"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system
+        shutil.copy2(src, dst)
 
 
 def readme_dirs(root: Path, shared_cache: Path) -> ReadmeDirs:
@@ -97,7 +114,28 @@ def readme_dirs(root: Path, shared_cache: Path) -> ReadmeDirs:
     for kind in SHARED_KINDS:
         (shared_cache / kind).mkdir(parents=True, exist_ok=True)
         (cache / kind).symlink_to(shared_cache / kind, target_is_directory=True)
+    for kind in SEEDED_KINDS:
+        if (seed_dir(shared_cache) / kind).is_dir():
+            shutil.copytree(seed_dir(shared_cache) / kind, cache / kind, copy_function=_link_or_copy,
+                            ignore=shutil.ignore_patterns("*.lock"))
     return ReadmeDirs(workdir, cache)
+
+
+def keep_seed(dirs: ReadmeDirs, shared_cache: Path) -> None:
+    """Keep the README cache's :data:`SEEDED_KINDS` for the next session (:func:`readme_dirs`), replacing the last."""
+    seed = seed_dir(shared_cache)
+    fresh = seed.with_name(f"{seed.name}.{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    for kind in SEEDED_KINDS:
+        if (dirs.cache / kind).is_dir():
+            shutil.copytree(dirs.cache / kind, fresh / kind, copy_function=_link_or_copy,
+                            ignore=shutil.ignore_patterns("*.lock"))
+    old = seed.with_name(f"{seed.name}.old.{os.getpid()}")
+    if seed.exists():
+        seed.rename(old)
+    fresh.rename(seed)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def readme_argv(command: str, needs: str | None) -> list[str]:

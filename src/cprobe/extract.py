@@ -73,7 +73,7 @@ def _fields(adapter: ModelAdapter, items_fingerprint: str, dataset_name: str, fo
 
 def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint: str, dataset_name: str,
                    formatter: Formatter, sites: Sequence[Site], readout: Readout | None, cache: ActivationCache,
-                   progress: bool = True) -> tuple[Activations, bool]:
+                   progress: bool = True, desc: str = "extract") -> tuple[Activations, bool]:
     """The states at ``sites`` (and the readout's scores, name ``scores``) of ``items``, as :class:`Activations`,
     and whether the cache had them all. Only what the cache lacks is computed, in one pass over the model per
     missing shard, written shard by shard as extraction goes (host memory: one shard); an extraction killed
@@ -84,7 +84,7 @@ def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprin
     n = len(items)
     if not cache.enabled or n == 0:
         out = adapter.map(items, formatter, read=list(sites), readout=readout,
-                          desc="extract" if progress else None, dtype=store)
+                          desc=desc if progress else None, dtype=store)
         tensors = {s.key: out.acts[s] for s in sites}
         if out.scores is not None:
             tensors[SCORES] = out.scores
@@ -104,7 +104,7 @@ def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprin
             groups.setdefault(tuple(ks), []).append(j)
         for ks, shards in groups.items():
             _extract_shards(adapter, items, formatter, [by_key[k] for k in ks if k in by_key],
-                            readout if SCORES in ks else None, entry, shards, store, progress)
+                            readout if SCORES in ks else None, entry, shards, store, progress, desc)
         if not hit:
             entry.finish()
     return Activations(n, entry=entry), hit
@@ -112,14 +112,14 @@ def extract_stream(adapter: ModelAdapter, items: Sequence[Any], items_fingerprin
 
 def _extract_shards(adapter: ModelAdapter, items: Sequence[Any], formatter: Formatter, sites: list[Site],
                     readout: Readout | None, entry: Entry, shards: list[int], store: torch.dtype,
-                    progress: bool) -> None:
+                    progress: bool, desc: str = "extract") -> None:
     """One pass of the engine over the rows of ``shards``, each shard written as soon as its rows are done."""
     ranges = entry.ranges()
     windows = [ranges[j] for j in shards]
     bufs: dict[int, dict[str, Tensor]] = {}
     filled: dict[int, int] = {}
     for chunk in adapter.stream(items, formatter, sites, readout=readout, windows=windows, dtype=store,
-                                desc="extract" if progress else None):
+                                desc=desc if progress else None):
         a, b = windows[chunk.window]
         buf = bufs.get(chunk.window)
         if buf is None:
@@ -140,13 +140,13 @@ def _extract_shards(adapter: ModelAdapter, items: Sequence[Any], formatter: Form
 
 def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint: str, dataset_name: str,
                   formatter: Formatter, sites: Sequence[Site], readout: Readout | None, cache: ActivationCache,
-                  progress: bool = True) -> tuple[dict[Site, Tensor], Tensor | None, bool]:
+                  progress: bool = True, desc: str = "extract") -> tuple[dict[Site, Tensor], Tensor | None, bool]:
     """({site: (n, d)} in the cache's storage dtype (float32 by default), readout scores or None, cache hit) for
     ``items``, computing only what the cache lacks (:func:`extract_stream`, then each tensor read whole)."""
     names = [s.key for s in sites] + ([SCORES] if readout is not None else [])
     for attempt in range(2):  # a shard found corrupt while reading is deleted, then recomputed alone
         acts, hit = extract_stream(adapter, items, items_fingerprint, dataset_name, formatter, sites, readout, cache,
-                                   progress)
+                                   progress, desc)
         got = {k: acts.get(k) for k in names if k != SCORES or acts.entry is not None or SCORES in acts.tensors}
         if all(v is not None for v in got.values()):
             return {s: got[s.key] for s in sites}, got.get(SCORES), hit and attempt == 0

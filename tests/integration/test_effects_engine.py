@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -89,7 +90,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[pd.DataFrame, pd.DataFrame, dict]]
         pairs = pd.read_parquet(root / "job" / f"{study}_pair_effects.parquet")
         if res.items is not None:  # the per-item values the records get are the documented file's
             pd.testing.assert_frame_equal(pd.DataFrame({c: res.items[c] for c in pairs}), pairs, check_dtype=False)
-        out[study] = (table, pairs, {"warnings": ctx.warnings, "timings": ctx.timings})
+        out[study] = (table, pairs, {"warnings": ctx.warnings, "timings": ctx.timings, "root": root, "cfg": plain})
     return out
 
 
@@ -145,3 +146,71 @@ def test_the_default_lists_hold_only_runnable_explainers():
 
     for experiment in ("cebab", "liberty_cv", "liberty_violence", "liberty_disease"):
         prepare(_compose(f"+experiment={experiment}"))
+
+
+@pytest.mark.parametrize("study", sorted(WORLDS))
+def test_a_rerun_reads_every_model_output_back_from_the_cache(study, runs, monkeypatch):
+    """The fine-tuned classifier's outputs (f, φ, the ft space), the concept classifier's labels and the pt / st
+    embeddings are activation-cache entries: a rerun with other explainers runs no model and gets the same numbers;
+    one changed text is another key, so that rerun runs the models again."""
+    from cprobe.job import JobContext, seed_everything
+    from cprobe.models.adapter import ModelAdapter
+    from cprobe.pipeline import prepare
+
+    _, pairs, info = runs[study]
+    root, first = info["root"], info["cfg"]
+    passes: list[int] = []
+    real = ModelAdapter.stream
+
+    def counted(self, items, *a, **k):
+        passes.append(len(items))
+        return real(self, items, *a, **k)
+
+    monkeypatch.setattr(ModelAdapter, "stream", counted)
+
+    def rerun(cfg: dict, name: str) -> pd.DataFrame:
+        ctx = JobContext(cfg={**cfg, "paths": {}}, out_dir=root / name, data_root=root, cache_root=root / "cache",
+                         progress=False)
+        (root / name).mkdir()
+        seed_everything(0)
+        job = prepare(cfg)
+        job.task.run(ctx, job.task_cfg)
+        return pd.read_parquet(root / name / f"{study}_pair_effects.parquet")
+
+    cheap = {**first, study: {**first[study], "explainers": ["approx", "st_match", "pt_match", "ft_match",
+                                                             "convecs"]}}
+    again = rerun(cheap, "rerun")
+    assert passes == []
+    for col in ("base_probs", "cf_probs", "icace", "estimate_approx", "estimate_convecs", "estimate_ft_match"):
+        np.testing.assert_array_equal(np.stack(again[col]), np.stack(pairs[col]))
+
+
+def test_the_texts_are_the_key_of_a_cached_reading(runs, tmp_path, monkeypatch):
+    """One changed text is another entry (the model runs again); the same texts are read back."""
+    from cprobe.data.items import TextItem
+    from cprobe.job import JobContext
+    from cprobe.models.adapter import ModelAdapter
+    from cprobe.models.sites import MEAN, Site
+    from cprobe.tasks.effects import read_texts
+
+    cfg = runs["cebab"][2]["cfg"]
+    passes: list[int] = []
+    real = ModelAdapter.stream
+
+    def counted(self, items, *a, **k):
+        passes.append(len(items))
+        return real(self, items, *a, **k)
+
+    monkeypatch.setattr(ModelAdapter, "stream", counted)
+    ctx = JobContext(cfg={**cfg, "paths": {}}, out_dir=tmp_path, data_root=tmp_path, cache_root=tmp_path / "cache",
+                     progress=False)
+    encoder = ctx.adapter({**cfg["model"], "kind": "encoder"})
+    site = Site(encoder.n_layers, MEAN)
+    texts = [TextItem("a", "the food was great"), TextItem("b", "the service was slow")]
+    one = read_texts(ctx, encoder, texts, [site], 64, None, "")[0][site]
+    assert len(passes) == 1
+    other = read_texts(ctx, encoder, [texts[0], TextItem("b", "the food was great great")], [site], 64, None, "")[0][site]
+    assert len(passes) == 2
+    assert torch.equal(one[0], other[0]) and not torch.equal(one[1], other[1])
+    read_texts(ctx, encoder, texts, [site], 64, None, "")
+    assert len(passes) == 2

@@ -200,7 +200,8 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
     file (module doc)."""
     from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
     from cprobe.explainers.base import TrainingRegime
-    from cprobe.models.classifier import classify_reading, finetuned_classifier, phi_of, phi_site
+    from cprobe.models.classifier import finetuned_classifier, phi_of, phi_site
+    from cprobe.models.readouts import ClassHead
     from cprobe.models.sites import MEAN, Site
 
     cfg, seed = ctx.cfg, ctx.seed
@@ -226,8 +227,8 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
         raise ConfigError(f"unknown embedding space {bad[0]!r}; choose from {list(SPACES)}")
     phi, pooled = phi_site(clf), Site(clf.n_layers, MEAN)
     t0 = time.perf_counter()
-    acts, logp = classify_reading(clf, items, [phi, pooled] if "ft" in spaces else [phi], ft.max_length,
-                                  desc="classify" if ctx.progress else None)
+    acts, logp = read_texts(ctx, clf, items, [phi, pooled] if "ft" in spaces else [phi], ft.max_length,
+                            ClassHead(), "classify")
     reps = phi_of(clf, acts[phi])  # φ: what the head reads (TCAV, ConceptSHAP, INLP, LEACE, ...)
     probs = logp.exp().double().numpy()
     ctx.timings["classify_s"] = time.perf_counter() - t0
@@ -296,13 +297,31 @@ def pair_queries(pairs: Sequence[CounterfactualPair], everything: Any, index: Ma
                    [change_code(c, v2) for c, (_, v2) in changes])
 
 
+def read_texts(ctx: JobContext, adapter: Any, items: Sequence[TextItem], sites: Sequence[Any], max_length: int | None,
+               readout: Any, what: str) -> tuple[dict[Any, torch.Tensor], torch.Tensor | None]:
+    """({site: (n, d) float32}, readout scores or None) of a classifier or encoder over ``items``, in one pass per
+    batch — through the activation cache (:func:`cprobe.extract.extract_sites`, float32 whatever ``cache.dtype``: the
+    explainers see the states the model computed), so a rerun of the study (another explainer, another metric) reads
+    the fine-tuned model's outputs back instead of running it again. The key is the model's name and weights, the
+    texts, the formatter (``max_length``) and the readout."""
+    from cprobe.cache import ActivationCache
+    from cprobe.data.items import fingerprint
+    from cprobe.extract import extract_sites
+    from cprobe.models.formatters import ClassificationFormatter
+
+    c = ctx.cache
+    cache = ActivationCache(ctx.cache_root, enabled=c.enabled, shard_mb=c.shard_mb)
+    acts, scores, _ = extract_sites(adapter, list(items), fingerprint(items), "texts",
+                                    ClassificationFormatter(max_length), list(sites), readout, cache, ctx.progress, what)
+    return acts, scores
+
+
 def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], rows: list[int],
                 ft_pooled: torch.Tensor | None, encoder: Any, max_length: int, st_model: str,
                 where: str) -> dict[str, torch.Tensor] | None:
     """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
     LIBERTy (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
     ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
-    from cprobe.models.formatters import ClassificationFormatter
     from cprobe.models.load import named_model_config
     from cprobe.models.sites import MEAN, Site
 
@@ -322,8 +341,7 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
         else:  # a sentence-transformer
             adapter = ctx.adapter({**named_model_config(st_model, f"{where}.st_model"), "kind": "encoder"})
         site = Site(adapter.n_layers, MEAN)
-        acts = adapter.map(sub, ClassificationFormatter(max_length), read=[site],
-                           desc=f"embed ({space})" if ctx.progress else None).acts[site]
+        acts = read_texts(ctx, adapter, sub, [site], max_length, None, f"embed ({space})")[0][site]
         full = torch.zeros(len(items), acts.shape[1])
         full[idx] = acts
         out[space] = full
@@ -337,7 +355,8 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
     """Fine-tune (or load) one multi-task concept classifier on ``study.concept_train`` and label ``rows``: every
     text's predicted (coded) value per concept, the per-concept predicted distributions (ConVecs; a concept's
     impossible values masked) and the predicted value indices (−1 for rows not labelled)."""
-    from cprobe.models.classifier import classify, finetuned_classifier
+    from cprobe.models.classifier import finetuned_classifier
+    from cprobe.models.readouts import ClassHead
 
     concepts, sizes = list(study.concepts), list(study.concept_sizes)
     width = max(sizes)
@@ -346,7 +365,7 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
     clf, _ = finetuned_classifier(encoder, list(study.concept_train), study.concept_targets, len(concepts), width, cm,
                                   ctx.seed, kind_dir(ctx.cache_root, "finetuned"), study.concept_cache, ctx.progress)
     sub = [items[i] for i in rows]
-    _, logp = classify(clf, sub, cm.max_length, desc="concept labels" if ctx.progress else None)
+    _, logp = read_texts(ctx, clf, sub, [], cm.max_length, ClassHead(), "concept labels")
     ctx.timings["concept_model_s"] = time.perf_counter() - t0
     logits = logp.reshape(len(sub), len(concepts), width).clone()
     for j, m in enumerate(sizes):
