@@ -600,14 +600,26 @@ def main() -> None:
         line = "  ".join(f"{k} {floor / v:.2f}x ({v:.3f}s, +{mem[k]:.0f} MiB)" for k, v in med.items())
         print(f"{title}: {line}", flush=True)
 
+    # the clean passes the resumed variants need, once per layer and item set: timed after the warm-up, interleaved
+    base_batch = AgreementFormatter()(base_ex, adapter, torch.arange(len(base_ex)))
+    clean_t: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.repeats):
+        for kv in ((False, True) if r % 2 == 0 else (True, False)):
+            sync(device)
+            t0 = time.perf_counter()
+            adapter.clean_states(base_batch, [layer], kv=kv)
+            sync(device)
+            clean_t[kv].append(time.perf_counter() - t0)
+    clean_med = {kv: statistics.median(v) for kv, v in clean_t.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {args.threads} threads"
     print(f"\n{args.size} GPT-2 shape (random weights), {args.n} sentences / pairs, float32, {where}, "
           f"median of {args.repeats} interleaved rounds, {datetime.date.today()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in versions.items())}")
     print(f"cprobe resumed: its clean passes to layer {layer} ({args.n} bases and the DAS batch), made once before "
-          f"timing, took {clean_s:.3f}s; with the prefix's key/value cache of blocks {layer + 1} … {L} "
-          f"(cprobe resumed+KV) {clean_kv_s:.3f}s")
+          f"timing, took {clean_s:.3f}s cold; with the prefix's key/value cache of blocks {layer + 1} … {L} "
+          f"(cprobe resumed+KV) {clean_kv_s:.3f}s cold; the {args.n} bases' alone, warm (median of {args.repeats}): "
+          f"{clean_med[False]:.3f}s to layer {layer}, {clean_med[True]:.3f}s with the key/value cache")
     if missing:
         print(f"not installed (pip install 'cprobe[peers]'): {'; '.join(missing)}")
     names = [t.name for t in tools]
@@ -633,7 +645,8 @@ def main() -> None:
             print(f"{res['row']}: cprobe resumed+KV / floor = {k:.2f}x; / cprobe resumed = {k / r:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"device": where, "versions": versions, "args": vars(args) | {
-            "json": str(args.json)}, "results": results}, indent=1))
+            "json": str(args.json)}, "results": results, "clean_s": {"resumed": clean_med[False],
+                                                                       "resumed+KV": clean_med[True]}}, indent=1))
 
 
 if __name__ == "__main__":
