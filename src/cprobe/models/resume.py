@@ -193,6 +193,13 @@ def last_only(batch: Batch, edits: Sequence[Site], read: Sequence[Site], scored:
     return last
 
 
+def at_last(batch: Batch, edits: Sequence[Site], read: Sequence[Site] = ()) -> bool:
+    """Whether passes over ``batch``'s rows edited at ``edits`` and read at ``read`` (scored at its prediction
+    position, when it names one) are last-token passes (:func:`last_only`): what a caller asks before keeping the
+    prefix's key/value cache (``clean_states(kv=…)``)."""
+    return last_only(batch, edits, read, batch.pred is not None) is not None
+
+
 def suffix(batch: Batch, last: Tensor, resume: Resume, layer: int, states: Tensor, n_layers: int,
            keyword: str) -> tuple[Batch, dict, Tensor]:
     """The one-token step of a last-position pass resumed at ``layer`` (module doc): the batch of each row's last

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
 from cprobe.models.readouts import CandidateTokens
+from cprobe.models.resume import at_last
 from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
@@ -347,7 +348,9 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
     h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
     enc = fmt.encode(base, adapter)
     readout = Vocabulary()
-    clean = adapter.clean_states(enc.batch(torch.arange(len(base))), [layer])  # every step resumes at the layer
+    everyone = enc.batch(torch.arange(len(base)))
+    # every step resumes at the layer; at a causal LM's last token it runs that token alone over the prefix's cache
+    clean = adapter.clean_states(everyone, [layer], kv=at_last(everyone, [site]))
 
     def forward(edit: Any, idx: Tensor) -> Tensor:
         b = enc.batch(idx.cpu())
@@ -396,7 +399,8 @@ def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites
     clean_at = None
     low = min(s.layer for s in sites)
     if refits >= 2 and adapter.can_resume and low >= 1:
-        clean_at = adapter.clean_states(formatter.encode(items, adapter).batch(torch.arange(len(items))), [low])
+        everyone = formatter.encode(items, adapter).batch(torch.arange(len(items)))
+        clean_at = adapter.clean_states(everyone, [low], kv=at_last(replace(everyone, pred=None), sites))
     for s in sites:
         if mode == "sequential" and fitted:
             X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
