@@ -174,6 +174,9 @@ def test_compute_kv_resume_is_validated_defaults_on_and_keeps_config_hashes():
             cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=sva_tiny", f"compute={group}"]),
                                          resolve=True)
         assert cfg["compute"]["kv_resume"] is True, group
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=sva_tiny", "compute=cpu"]),
+                                     resolve=True)
     before = {**cfg, "compute": {k: v for k, v in cfg["compute"].items() if k not in ("resume", "kv_resume")}}
     assert config_hash(cfg) == config_hash(before)
     off = {**cfg, "compute": {**cfg["compute"], "kv_resume": False}}
