@@ -77,3 +77,4 @@ def test_reliability_das_at_a_causal_target_trains_over_the_prefix_cache(tmp_pat
         assert seen[0][0] == 0 and seen[1][1] == 0 and seen[1][0] == seen[0][1] > 0  # every step: one token
     torch.testing.assert_close(found[1][0], found[0][0], atol=1e-5, rtol=1e-5)
     assert found[1][1] == pytest.approx(found[0][1], abs=1e-5)
+

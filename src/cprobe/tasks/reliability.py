@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -399,8 +399,7 @@ def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites
     clean_at = None
     low = min(s.layer for s in sites)
     if refits >= 2 and adapter.can_resume and low >= 1:
-        everyone = formatter.encode(items, adapter).batch(torch.arange(len(items)))
-        clean_at = adapter.clean_states(everyone, [low], kv=at_last(replace(everyone, pred=None), sites))
+        clean_at = adapter.clean_states(formatter.encode(items, adapter).batch(torch.arange(len(items))), [low])
     for s in sites:
         if mode == "sequential" and fitted:
             X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
