@@ -13,6 +13,10 @@ median is reported). Rows:
 - **one DAS training step**: forward, backward and an Adam step of a trainable direction through the same interchange
   on a batch of 32 pairs (the source states read beforehand, as DAS training does).
 
+Both edited rows edit and score the base's prediction position, a causal LM's last token: ``cprobe resumed`` resumes
+the pass at the edited layer, ``cprobe resumed+KV`` also runs only that token above it, over the prefix's clean
+key/value cache (:mod:`cprobe.models.resume`).
+
 The floor ("bare HF") is what a researcher writes by hand: full forwards with ``output_hidden_states`` and a forward
 hook for the edit. ratio = the floor's time ÷ the tool's (above 1: faster than the floor). Memory: the peak resident
 memory (on a GPU: peak allocated memory) one run adds. Before any timing each row checks every tool's outputs against
@@ -270,6 +274,23 @@ class CProbeResumed(CProbe):
         return out.scores
 
 
+class CProbeResumedKV(CProbeResumed):
+    """``cprobe resumed`` with the prefix's clean key/value cache (``clean_states(kv=True)``): the interchange and
+    the DAS step edit and score the base's last token (the prediction position of a causal LM's prefix), so above
+    the edited layer that token alone runs, attending to the prefix's clean keys and values."""
+
+    name = "cprobe resumed+KV"
+
+    def __init__(self, adapter: ModelAdapter, L: int, base_examples, layer: int, das_rows, das_ids, das_mask) -> None:
+        CProbe.__init__(self, adapter, L)
+        self.clean = adapter.clean_states(self.fmt(base_examples, adapter, torch.arange(len(base_examples))), [layer],
+                                          kv=True)
+        das = [base_examples[int(i)] for i in das_rows.cpu()]
+        states = adapter.clean_states(self.fmt(das, adapter, torch.arange(len(das))), [layer], kv=True)
+        self.das = states.take(torch.arange(len(das)), das_ids, das_mask, adapter.name, das_ids.device)
+        assert self.clean.kv and self.das.kv, "the bench's model family takes no key/value cache"
+
+
 class TransformerLens:
     name = "TransformerLens"
 
@@ -474,7 +495,10 @@ def main() -> None:
     t0 = time.perf_counter()
     resumed = CProbeResumed(adapter, L, base_ex, layer, rows0, ids0, mask0)
     clean_s = time.perf_counter() - t0
-    tools: list = [Bare(model, L), CProbe(adapter, L), resumed]
+    t0 = time.perf_counter()
+    resumed_kv = CProbeResumedKV(adapter, L, base_ex, layer, rows0, ids0, mask0)
+    clean_kv_s = time.perf_counter() - t0
+    tools: list = [Bare(model, L), CProbe(adapter, L), resumed, resumed_kv]
     missing = []
     wanted = [p for p in args.peers.split(",") if p]
     for peer in wanted:  # each peer wraps its own copy of the model (TransformerLens replaces modules in place)
@@ -535,7 +559,7 @@ def main() -> None:
         able = [t for t in tools if hasattr(t, {"every": "every", "one": "one", "interchange": "interchange",
                                                   "das": "das_logits"}[key])
                 and not (key == "das" and getattr(t, "stop", False))  # nothing to stop in a training step
-                and not (key in ("every", "one") and isinstance(t, CProbeResumed))]  # reads: nothing to resume
+                and not (key in ("every", "one") and isinstance(t, CProbeResumed))]  # incl. +KV  # reads: nothing to resume
         # equality before timing (also the warm-up)
         ref = fn(able[0])
         for t in able[1:]:
@@ -576,13 +600,26 @@ def main() -> None:
         line = "  ".join(f"{k} {floor / v:.2f}x ({v:.3f}s, +{mem[k]:.0f} MiB)" for k, v in med.items())
         print(f"{title}: {line}", flush=True)
 
+    # the clean passes the resumed variants need, once per layer and item set: timed after the warm-up, interleaved
+    base_batch = AgreementFormatter()(base_ex, adapter, torch.arange(len(base_ex)))
+    clean_t: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.repeats):
+        for kv in ((False, True) if r % 2 == 0 else (True, False)):
+            sync(device)
+            t0 = time.perf_counter()
+            adapter.clean_states(base_batch, [layer], kv=kv)
+            sync(device)
+            clean_t[kv].append(time.perf_counter() - t0)
+    clean_med = {kv: statistics.median(v) for kv, v in clean_t.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {args.threads} threads"
     print(f"\n{args.size} GPT-2 shape (random weights), {args.n} sentences / pairs, float32, {where}, "
           f"median of {args.repeats} interleaved rounds, {datetime.date.today()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in versions.items())}")
     print(f"cprobe resumed: its clean passes to layer {layer} ({args.n} bases and the DAS batch), made once before "
-          f"timing, took {clean_s:.3f}s")
+          f"timing, took {clean_s:.3f}s cold; with the prefix's key/value cache of blocks {layer + 1} … {L} "
+          f"(cprobe resumed+KV) {clean_kv_s:.3f}s cold; the {args.n} bases' alone, warm (median of {args.repeats}): "
+          f"{clean_med[False]:.3f}s to layer {layer}, {clean_med[True]:.3f}s with the key/value cache")
     if missing:
         print(f"not installed (pip install 'cprobe[peers]'): {'; '.join(missing)}")
     names = [t.name for t in tools]
@@ -596,16 +633,20 @@ def main() -> None:
         + " |")
     for res in results:
         if res["key"] in ("interchange", "das"):
-            peers = {k: v for k, v in res["ratio"].items() if k not in ("bare HF", "cprobe", "cprobe resumed")}
+            peers = {k: v for k, v in res["ratio"].items()
+                     if k not in ("bare HF", "cprobe", "cprobe resumed", "cprobe resumed+KV")}
             best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
             vs = f"; cprobe / the best peer ({best[0]}) = {res['ratio']['cprobe'] / best[1]:.2f}x" if best else ""
             print(f"{res['row']}: cprobe / floor = {res['ratio']['cprobe']:.2f}x{vs}")
             r = res["ratio"]["cprobe resumed"]
             vs = f"; / the best peer ({best[0]}) = {r / best[1]:.2f}x" if best else ""
             print(f"{res['row']}: cprobe resumed / floor = {r:.2f}x; / cprobe = {r / res['ratio']['cprobe']:.2f}x{vs}")
+            k = res["ratio"]["cprobe resumed+KV"]
+            print(f"{res['row']}: cprobe resumed+KV / floor = {k:.2f}x; / cprobe resumed = {k / r:.2f}x")
     if args.json:
         args.json.write_text(json.dumps({"device": where, "versions": versions, "args": vars(args) | {
-            "json": str(args.json)}, "results": results}, indent=1))
+            "json": str(args.json)}, "results": results, "clean_s": {"resumed": clean_med[False],
+                                                                       "resumed+KV": clean_med[True]}}, indent=1))
 
 
 if __name__ == "__main__":

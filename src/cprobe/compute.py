@@ -286,3 +286,13 @@ def resume_flag(compute: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"compute.resume must be true or false, got {value!r}")
     return value
+
+
+def kv_resume_flag(compute: Any) -> bool:
+    """``compute.kv_resume`` (default true): a resumed pass edited and read at a causal LM's last token only runs
+    that token alone above the edited layer, over the prefix's clean key/value cache (:mod:`cprobe.models.resume`);
+    false resumes it as any other pass, for comparison. A one-line ConfigError for anything but a boolean."""
+    value = (compute or {}).get("kv_resume", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"compute.kv_resume must be true or false, got {value!r}")
+    return value

@@ -111,11 +111,12 @@ they existed): left out of config hashes and ids while empty, so adding them cha
 
 def identity(cfg: Any) -> Any:
     """``cfg`` without the :data:`OPTIONAL_KEYS` that are empty (what config hashes and ids are computed over), and
-    without ``compute.resume`` when true (its default: the configuration from before the key existed)."""
+    without ``compute.resume`` and ``compute.kv_resume`` when true (their default: the configuration from before the
+    keys existed)."""
     if not isinstance(cfg, Mapping):
         return cfg
     out = {k: v for k, v in cfg.items() if not (k in OPTIONAL_KEYS and not v)}
     compute = out.get("compute")
-    if isinstance(compute, Mapping) and compute.get("resume") is True:
-        out["compute"] = {k: v for k, v in compute.items() if k != "resume"}
+    if isinstance(compute, Mapping) and any(compute.get(k) is True for k in ("resume", "kv_resume")):
+        out["compute"] = {k: v for k, v in compute.items() if not (k in ("resume", "kv_resume") and v is True)}
     return out

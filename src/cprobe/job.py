@@ -169,9 +169,10 @@ class JobContext:
             t0 = time.perf_counter()
             _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress, self.data_root)
             self.timings["load_model_s"] = time.perf_counter() - t0
-        from cprobe.compute import resume_flag
+        from cprobe.compute import kv_resume_flag, resume_flag
 
         _ADAPTER[key].resume = resume_flag(self.cfg.get("compute"))  # compute.resume=false: full forwards
+        _ADAPTER[key].kv_resume = kv_resume_flag(self.cfg.get("compute"))  # false: last-token passes, every token
         return _ADAPTER[key]
 
     def probe(self, probe_cfg: Mapping[str, Any]):

@@ -138,9 +138,10 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     load_plugin_modules(keys.plugins)  # before anything reads a name (they register theirs)
     if keys.seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
-    from cprobe.compute import resume_flag
+    from cprobe.compute import kv_resume_flag, resume_flag
 
     resume_flag(keys.compute)
+    kv_resume_flag(keys.compute)
     module = task_module(keys.task)
     uses = task_uses(keys.task)
     check_overrides(keys.task, uses, overrides)

@@ -118,4 +118,18 @@ def test_das_trained_on_resumed_passes_gives_the_pinned_table_within_float_toler
 
 
 def test_a_causalgym_task_gives_the_pinned_table(adapter, template):  # noqa: F811
-    _check(causalgym_table(adapter, template), "causalgym")
+    """Exactly, with the last-token passes resumed as any other (``kv_resume`` off: the blocks above the edit run
+    every token, in the same order as before)."""
+    adapter.kv_resume = False
+    try:
+        _check(causalgym_table(adapter, template), "causalgym")
+    finally:
+        adapter.kv_resume = True
+
+
+def test_a_causalgym_task_over_the_prefix_cache_gives_the_pinned_table_within_float_tolerance(adapter, template):  # noqa: F811,E501
+    """DAS passes whose sites are all at the rows' last token run that token alone over the prefix's clean key/value
+    cache (models/resume.py): the same table within 1e-5 (one token's products sum in another order: measured 3e-8
+    absolute, 1.4e-6 relative)."""
+    assert adapter.can_kv_resume
+    _check(causalgym_table(adapter, template), "causalgym", exact=False)

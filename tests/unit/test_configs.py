@@ -162,6 +162,30 @@ def test_compute_resume_is_validated_defaults_on_and_keeps_config_hashes():
         prepare({**cfg, "compute": {**cfg["compute"], "resume": "no"}})
 
 
+def test_compute_kv_resume_is_validated_defaults_on_and_keeps_config_hashes():
+    """``compute.kv_resume`` (every compute group: true) is checked before heavy work; its default leaves a config's
+    hash as it was before the key existed, ``false`` makes another job."""
+    from cprobe.errors import ConfigError
+    from cprobe.job import config_hash
+    from cprobe.pipeline import prepare
+
+    for group in sorted(p.stem for p in (REPO / "conf" / "compute").glob("*.yaml")):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=sva_tiny", f"compute={group}"]),
+                                         resolve=True)
+        assert cfg["compute"]["kv_resume"] is True, group
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=sva_tiny", "compute=cpu"]),
+                                     resolve=True)
+    before = {**cfg, "compute": {k: v for k, v in cfg["compute"].items() if k not in ("resume", "kv_resume")}}
+    assert config_hash(cfg) == config_hash(before)
+    off = {**cfg, "compute": {**cfg["compute"], "kv_resume": False}}
+    prepare(off)
+    assert config_hash(off) != config_hash(cfg)
+    with pytest.raises(ConfigError, match="compute.kv_resume must be true or false, got 1"):
+        prepare({**cfg, "compute": {**cfg["compute"], "kv_resume": 1}})
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "conf" / "hydra" / "launcher").glob("*.yaml")))
 def test_every_launcher_composes(name):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -27,7 +27,8 @@ from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
-from cprobe.models.resume import DEVICE_BUDGET, CleanStates, Resume, skipped
+from cprobe.models.resume import (DEVICE_BUDGET, KV_BUDGET, CleanStates, KVStore, Resume, cache_keyword, last_only,
+                                  skipped, suffix)
 from cprobe.models.sites import MEAN, Batch, Site
 from cprobe.progress import Progress
 
@@ -134,6 +135,13 @@ class ModelAdapter:
         forward, for comparison (and :meth:`clean_states` then computes nothing)."""
         self._resumable = family_of(cfg).resumable
         self._said_full = False
+        self.kv_resume = True
+        """Let a resumed pass edited and read at each row's last token only run that token alone above the edited
+        layer, over the prefix's clean key/value cache (clean states built with ``kv=True``; a causal LM whose family
+        declares :attr:`~cprobe.models.family.Family.kv_resume`; ``compute.kv_resume``). False resumes it as any other
+        pass, for comparison."""
+        self._kv_family = family_of(cfg).kv_resume
+        self._cache_kw = cache_keyword(model) if self._kv_family else ""
 
     # ----------------------------------------------------------------- structure
     @property
@@ -245,6 +253,13 @@ class ModelAdapter:
         stop_early = readout is None and not grad and last_read is not None and all(
             depth[k] <= depth[last_read] for k in order)
         start = self._resume_at(resume, min(depth.values(), default=self.n_layers + 1), batch)
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **batch.extra}
+        if start and resume is not None and resume.kv and self.can_kv_resume:
+            # every edit and read at the last token, the readout too: that token alone runs above the resume layer
+            last = last_only(batch, list(edits), read, readout is not None)
+            if last is not None and all(l in resume.kv for l in range(start[0] + 1, self.n_layers + 1)):
+                batch, inputs, states = suffix(batch, last, resume, start[0], start[1], self.n_layers, self._cache_kw)
+                start = (start[0], states)
 
         def make(key):
             _module, _pre, edit_sites, read_sites = points[key]
@@ -288,8 +303,7 @@ class ModelAdapter:
             with torch.enable_grad() if grad else torch.inference_mode():
                 try:
                     with skipped(self._blocks, *start) if start else contextlib.nullcontext():
-                        res = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                         **batch.extra)
+                        res = self.model(**inputs)
                 except _Stop:
                     pass
                 scores = readout.scores(res.logits, scored) if readout is not None else None
@@ -303,6 +317,13 @@ class ModelAdapter:
         """Whether passes given clean states resume at their edited layer: :attr:`resume` is on and the family's
         blocks can be swapped (:attr:`Family.resumable <cprobe.models.family.Family.resumable>`)."""
         return self.resume and self._resumable
+
+    @property
+    def can_kv_resume(self) -> bool:
+        """Whether a resumed last-token pass runs that token alone over the prefix's clean key/value cache
+        (:attr:`kv_resume` on, a causal LM whose family declares it, passes can resume)."""
+        return (self.kv_resume and self._kv_family and self.kind == "causal" and self._main is None  # one device
+                and self.can_resume)
 
     def _resume_at(self, resume: Resume | None, lowest: int, batch: Batch) -> tuple[int, Tensor] | None:
         """(layer, states) to resume this pass at, or None for the full forward."""
@@ -326,13 +347,17 @@ class ModelAdapter:
                               "its rows (CleanStates.take)")
         return layer, states.to(self.dtype)
 
-    def clean_states(self, batch: Batch, layers: Sequence[int]) -> CleanStates:
+    def clean_states(self, batch: Batch, layers: Sequence[int], kv: bool = False) -> CleanStates:
         """The clean full-sequence states of ``batch``'s rows at ``layers`` (block
         outputs; layer 0 needs none), for edited passes over these items to resume from (:mod:`cprobe.models.resume`).
 
         Computed in pieces of at most ``batch_size`` rows (and the token cap), each stopping after the deepest layer;
         kept in the model's dtype on its device, or in host memory past :data:`~cprobe.models.resume.DEVICE_BUDGET`.
-        Nothing is computed when passes cannot resume (:attr:`can_resume`): the passes then run in full."""
+        Nothing is computed when passes cannot resume (:attr:`can_resume`): the passes then run in full.
+
+        ``kv``: also keep the clean key/value cache of every block above the lowest layer (:attr:`can_kv_resume`,
+        within :data:`~cprobe.models.resume.KV_BUDGET`), for passes edited and read at the last token only; the
+        pieces then run to the last block."""
         sub = batch.to("cpu")
         if not self.can_resume:
             return CleanStates(self.name, sub.input_ids, sub.attention_mask, {})
@@ -346,7 +371,8 @@ class ModelAdapter:
                  for l in layers}
         if not layers:
             return CleanStates(self.name, sub.input_ids, sub.attention_mask, store)
-        deepest = max(layers)
+        kvs = self._kv_store(n, width, min(layers), size) if kv else None
+        deepest = self.n_layers if kvs else max(layers)  # the prefix's cache: every block above the lowest layer
         cap = self.token_cap()
         step = max(1, min(self.batch_size, cap // max(width, 1) if cap else self.batch_size))
         for a in range(0, n, step):
@@ -355,21 +381,43 @@ class ModelAdapter:
 
             def keep(layer: int) -> Callable[[Tensor], Tensor]:
                 def patch(h: Tensor) -> Tensor:
-                    store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
+                    if layer in store:
+                        store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
                     if layer == deepest:
                         raise _Stop
                     return h
                 return patch
-            handles = [self._register(self._blocks[l - 1], False, keep(l)) for l in layers]
+            handles = [self._register(self._blocks[l - 1], False, keep(l)) for l in sorted({*layers, deepest})]
+            extra = dict(piece.extra)
+            if kvs is not None:
+                from transformers import DynamicCache
+
+                extra.update({self._cache_kw: DynamicCache(), "use_cache": True})
             try:
                 with torch.no_grad():  # not inference tensors: a resumed pass may train through them (DAS)
-                    self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **piece.extra)
+                    self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **extra)
             except _Stop:
                 pass
             finally:
                 for hd in handles:
                     hd.remove()
-        return CleanStates(self.name, sub.input_ids, sub.attention_mask, store)
+            if kvs is not None:
+                kvs.add(a, extra[self._cache_kw])
+        return CleanStates(self.name, sub.input_ids, sub.attention_mask, store, kvs.kv if kvs else None)
+
+    def _kv_store(self, n: int, width: int, low: int, states_size: int) -> KVStore | None:
+        """Where the clean key/value cache of blocks low+1 … L goes (:meth:`clean_states` ``kv``), or None: the model
+        cannot use it, no block is above ``low``, or it is past :data:`~cprobe.models.resume.KV_BUDGET`."""
+        if not self.can_kv_resume or low >= self.n_layers:
+            return None
+        size = 2 * (self.n_layers - low) * n * width * self.hidden_size * self.dtype.itemsize  # at most: no GQA
+        if size > KV_BUDGET:
+            log.info("%s: the prefix's key/value cache (%.1f GiB) is past the budget; last-token passes resume "
+                     "without it", self.name, size / 2**30)
+            return None
+        dev = self.device
+        where = dev if dev.type == "cpu" or states_size + size <= DEVICE_BUDGET else torch.device("cpu")
+        return KVStore(n, width, range(low + 1, self.n_layers + 1), where, where.type == "cpu" and dev.type == "cuda")
 
     def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
         """Whether the head can run at the scored positions only: a readout that scores one position per row, a

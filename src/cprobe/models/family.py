@@ -14,7 +14,11 @@ A :class:`Family` says
   state at ``pool``;
 - ``resumable``: whether an edited pass can resume at the edited layer (:mod:`cprobe.models.resume`): each block
   is called with the hidden states and returns them as one tensor (every listed family; a derived one is not
-  assumed to, and runs the full forward).
+  assumed to, and runs the full forward);
+- ``kv_resume``: whether a pass edited and read at the last token only can run that token alone above the edited
+  layer over the prefix's clean key/value cache (:mod:`cprobe.models.resume`): a causal LM whose blocks take a HF
+  ``DynamicCache`` and explicit position ids with full attention at every layer (GPT-2, GPT-NeoX, Llama — tested
+  equal to the full forward; families with sliding-window layers are not declared).
 
 :func:`family_of` answers for a model config: the record when ``model_type`` is known, otherwise a record derived
 from the HF config (decoder or encoder from the auto-class mappings and the declared architectures; blocks and final
@@ -48,10 +52,11 @@ class Family:
     pooler: bool = False
     derived: bool = False  # True when derived from the HF config rather than listed in FAMILIES
     resumable: bool = True  # each block takes the hidden states and returns them as one tensor: a pass can resume
+    kv_resume: bool = False  # a last-token pass can run one token over the prefix's clean key/value cache
 
 
-def _decoder(model_type: str, blocks: str, final_norm: str) -> Family:
-    return Family(model_type, blocks, final_norm, pool="last")
+def _decoder(model_type: str, blocks: str, final_norm: str, kv_resume: bool = False) -> Family:
+    return Family(model_type, blocks, final_norm, pool="last", kv_resume=kv_resume)
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -60,9 +65,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("xlm-roberta", "encoder.layer", position_offset=2),
     Family("camembert", "encoder.layer", position_offset=2),
     Family("distilbert", "transformer.layer"),
-    _decoder("gpt2", "h", "ln_f"),
-    _decoder("gpt_neox", "layers", "final_layer_norm"),
-    _decoder("llama", "layers", "norm"),
+    _decoder("gpt2", "h", "ln_f", kv_resume=True),
+    _decoder("gpt_neox", "layers", "final_layer_norm", kv_resume=True),
+    _decoder("llama", "layers", "norm", kv_resume=True),
     _decoder("mistral", "layers", "norm"),
     _decoder("qwen2", "layers", "norm"),
     _decoder("qwen3", "layers", "norm"),

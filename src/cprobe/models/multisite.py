@@ -51,13 +51,15 @@ class SitesForward:
     """The DAS forward for K sites that share their train rows (:data:`cprobe.directions.das.BatchForward`): every
     step's rows, K times, edited copy k at site k, in one pass. The step batches are built and moved to the device
     before training, so a step reads nothing back from the device. Given the train items' ``clean`` states, every
-    step resumes at the lowest site's layer (:mod:`cprobe.models.resume`): the blocks below it never run."""
+    step resumes at the lowest site's layer (:mod:`cprobe.models.resume`): the blocks below it never run; where every
+    site is at the rows' last token and ``clean`` holds the prefix's key/value cache, that token alone runs above it."""
 
     def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
                  windows: Sequence[tuple[int, int]], clean: CleanStates | None = None) -> None:
         self.adapter, self.K = adapter, len(sites)
         self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
-        self.resume: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # a window's clean states (b, T, d), rows
+        # a window's clean states (b, T, d), the step's rows of them, the prefix's key/value cache (clean kv=True)
+        self.resume: dict[tuple[int, int], tuple[Tensor, Tensor, dict]] = {}
         low = min(s.layer for s in sites)  # every step resumes at the lowest site's layer (clean: the train items')
         for start, stop in windows:
             b = stop - start
@@ -67,9 +69,10 @@ class SitesForward:
             self.batches[start, stop] = (batch.to(adapter.device), at)
             if clean is not None and low in clean.states:
                 own = train.select(rows[start:stop])
-                st = clean.take(rows[start:stop], own.input_ids, own.attention_mask, adapter.name, adapter.device,
-                                [low]).states[low]
-                self.resume[start, stop] = (st, torch.arange(b, device=st.device).repeat(self.K))
+                res = clean.take(rows[start:stop], own.input_ids, own.attention_mask, adapter.name, adapter.device,
+                                 [low])
+                st = res.states[low]
+                self.resume[start, stop] = (st, torch.arange(b, device=st.device).repeat(self.K), dict(res.kv))
         self.low = low
 
     def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
@@ -77,6 +80,7 @@ class SitesForward:
         batch, at = self.batches[rows.start, rows.stop]
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
         st = self.resume.get((rows.start, rows.stop))
-        res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]})
+        res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]},
+                                             {l: (k[st[1]], v[st[1]]) for l, (k, v) in st[2].items()})
         out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True, resume=res).scores
         return out.view(K, b, -1)

@@ -18,21 +18,40 @@ block takes the hidden states and returns them as one tensor); any other family 
 - :class:`Resume`: what :meth:`ModelAdapter.run <cprobe.models.adapter.ModelAdapter.run>` takes (``resume=``): the
   batch's clean states per layer; the pass resumes at the deepest of them at or below its lowest edited or read
   site.
+
+The last position of a causal LM (:func:`last_only`, :func:`suffix`): when every edit and read of a pass is at each
+row's last real token and the readout scores that token, nothing at positions 0 … last − 1 changes (causal attention
+looks back only), so the blocks above the edited layer l need the last token only, attending to the clean keys and
+values of the prefix. Clean states built with ``kv=True`` also hold the clean key/value cache of every block above
+their lowest layer (:class:`CleanStates` ``kv``; a family declares that its attention takes a cache and explicit
+position ids: :attr:`cprobe.models.family.Family.kv_resume`); such a pass then runs one token per row through blocks
+l+1 … L. Right padding puts the rows' last tokens at different positions: the step's cache is the prefix's width
+P = the longest row's last position, row r's key/value slots ≥ its own last position are masked out, and its token
+keeps its own position id (absolute or rotary positions alike), so a padded batch gives the full forward's numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
+from cprobe.models.sites import MEAN, Batch, Site
 
 DEVICE_BUDGET = 2 << 30
 """Bytes of clean states kept on an accelerator; more are kept in (pinned) host memory and copied per batch."""
+
+KV_BUDGET = 8 << 30
+"""Bytes of a prefix's clean key/value cache kept at most (on the accelerator within :data:`DEVICE_BUDGET`, else in
+host memory); past it the cache is not kept and last-position passes resume as any other pass."""
+
+KV = Mapping[int, tuple[Tensor, Tensor]]
+"""Clean keys and values (n, heads, T, head_dim) per block l (1 … L) of a causal LM's attention."""
 
 
 @dataclass
@@ -41,6 +60,8 @@ class Resume:
 
     model: str
     states: Mapping[int, Tensor]
+    kv: KV = field(default_factory=dict)
+    """The rows' clean key/value cache of the blocks above the resume layer (``CleanStates(kv=True)``; empty: none)."""
 
     def layer_for(self, lowest: int) -> int | None:
         """The layer to resume at for a pass whose lowest hooked depth is ``lowest``: the deepest layer held at or
@@ -52,11 +73,14 @@ class Resume:
 class CleanStates:
     """Full-sequence clean states (N, T, d) of N tokenised items at some layers (module doc)."""
 
-    def __init__(self, model: str, input_ids: Tensor, attention_mask: Tensor, states: dict[int, Tensor]) -> None:
+    def __init__(self, model: str, input_ids: Tensor, attention_mask: Tensor, states: dict[int, Tensor],
+                 kv: dict[int, tuple[Tensor, Tensor]] | None = None) -> None:
         self.model = model
         self.input_ids = input_ids.cpu()
         self.attention_mask = attention_mask.cpu()
         self.states = states
+        self.kv = kv or {}
+        """Clean keys and values (N, heads, T, head_dim) of the blocks above the lowest layer (module doc)."""
 
     @property
     def layers(self) -> list[int]:
@@ -82,7 +106,13 @@ class CleanStates:
         for l in keep:
             st = self.states[l]
             out[l] = st[items.to(st.device), :width].to(device, non_blocking=True)
-        return Resume(model, out)
+        kv = {}
+        if keep:
+            for l, (k, v) in self.kv.items():
+                if l > min(keep):
+                    at = items.to(k.device)
+                    kv[l] = (k[at, :, :width].to(device, non_blocking=True), v[at, :, :width].to(device, non_blocking=True))
+        return Resume(model, out, kv)
 
 
 @contextlib.contextmanager
@@ -104,3 +134,99 @@ def skipped(blocks: nn.ModuleList, layer: int, states: Tensor) -> Iterator[None]
                 del b.forward
             else:
                 b.forward = own
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The name of a HF causal LM's key/value cache argument (``cache`` since transformers 5.x, before it
+    ``past_key_values``)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+class KVStore:
+    """The clean key/value cache of N items at blocks ``layers``, filled piece by piece from HF ``DynamicCache`` s
+    (allocated on the first piece, when heads and head size are known)."""
+
+    def __init__(self, n: int, width: int, layers: Sequence[int], where: torch.device, pin: bool) -> None:
+        self.n, self.width, self.layers, self.where, self.pin = n, width, list(layers), where, pin
+        self.kv: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def add(self, a: int, cache) -> None:
+        """Rows ``a`` … of a piece's cache (each layer's keys and values (b, heads, w, head_dim))."""
+        for l in self.layers:
+            layer = cache.layers[l - 1]
+            k, v = layer.keys, layer.values
+            if l not in self.kv:
+                shape = (self.n, k.shape[1], self.width, k.shape[3])
+                self.kv[l] = tuple(torch.zeros(shape, dtype=t.dtype, device=self.where, pin_memory=self.pin)
+                                   for t in (k, v))  # type: ignore[assignment]
+            for store, t in zip(self.kv[l], (k, v)):
+                store[a:a + t.shape[0], :, :t.shape[2]].copy_(t)
+
+
+def last_only(batch: Batch, edits: Sequence[Site], read: Sequence[Site], scored: bool) -> Tensor | None:
+    """Each row's last real position (n,) when every edit and read of a pass is at it (or absent from the row: −1)
+    and, with a readout (``scored``), the prediction position is it in every row; else None (module doc)."""
+    if batch.extra:
+        return None
+    mask = batch.attention_mask
+    if mask.shape[1] < 2:
+        return None
+    length = mask.sum(1)
+    right = torch.arange(mask.shape[1], device=mask.device)[None] < length[:, None]  # real tokens first
+    if not torch.equal(mask.bool(), right):
+        return None
+    last = length - 1
+    names = [s.position for s in (*edits, *read)]
+    if MEAN in names:
+        return None
+    if scored:
+        if batch.pred is None or batch.pred not in batch.positions:
+            return None
+        if not bool((batch.positions[batch.pred].to(last.device) == last).all()):
+            return None
+    for name in dict.fromkeys(names):
+        if name not in batch.positions:
+            return None
+        pos = batch.positions[name].to(last.device)
+        if not bool(((pos == last) | (pos < 0)).all()):
+            return None
+    return last
+
+
+def at_last(batch: Batch, edits: Sequence[Site], read: Sequence[Site] = ()) -> bool:
+    """Whether passes over ``batch``'s rows edited at ``edits`` and read at ``read`` (scored at its prediction
+    position, when it names one) are last-token passes (:func:`last_only`): what a caller asks before keeping the
+    prefix's key/value cache (``clean_states(kv=…)``)."""
+    return last_only(batch, edits, read, batch.pred is not None) is not None
+
+
+def suffix(batch: Batch, last: Tensor, resume: Resume, layer: int, states: Tensor, n_layers: int,
+           keyword: str) -> tuple[Batch, dict, Tensor]:
+    """The one-token step of a last-position pass resumed at ``layer`` (module doc): the batch of each row's last
+    token (every position that held it now 0, others −1), the model's keyword arguments (ids, attention mask over
+    the prefix cache and the token, position ids, the cache) and the pass-through states (n, 1, d) of block
+    ``layer``. Every block above ``layer`` must be in ``resume.kv``."""
+    from transformers import DynamicCache
+
+    dev = batch.input_ids.device
+    n = len(batch)
+    rows = torch.arange(n, device=dev)
+    last = last.to(dev)
+    width = int(last.max())  # P: the prefix cache's width
+    ids = batch.input_ids[rows, last][:, None]
+    mask = torch.cat([(torch.arange(width, device=dev)[None] < last[:, None]).to(batch.attention_mask.dtype),
+                      torch.ones(n, 1, dtype=batch.attention_mask.dtype, device=dev)], 1)
+    positions = {k: torch.where(v.to(dev) == last, torch.zeros_like(last), torch.full_like(last, -1))
+                 for k, v in batch.positions.items()}
+    step = replace(batch, input_ids=ids, attention_mask=torch.ones_like(ids), positions=positions)
+    data = []
+    for l in range(1, n_layers + 1):
+        if l <= layer:  # a skipped block's slot: never read, sized so the cache reports the prefix's width
+            place = torch.zeros(1, 1, 1, 1, dtype=states.dtype, device=states.device).expand(n, 1, width, 1)
+            data.append((place, place))
+        else:
+            k, v = resume.kv[l]
+            data.append((k[:, :, :width], v[:, :, :width]))
+    kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": last[:, None],
+              keyword: DynamicCache(data), "use_cache": True}
+    return step, kwargs, states[torch.arange(n, device=states.device), last.to(states.device)][:, None]

@@ -61,6 +61,7 @@ from cprobe.models.edits import dii
 from cprobe.models.formatters import RegionFormatter
 from cprobe.models.multisite import SitesForward, rowwise_dii, site_batch
 from cprobe.models.readouts import CandidateTokens
+from cprobe.models.resume import at_last
 from cprobe.models.sites import STREAMS, Batch, Site
 
 log = logging.getLogger("cprobe")
@@ -645,7 +646,11 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
     # the train items' clean states at each pass's lowest layer: every step of the pass resumes there
     lows = {min(p.site.layer for p, _, _ in g[s:s + per_pass])
             for g in jobs.values() for s in range(0, len(g), per_pass)}
-    clean = adapter.clean_states(train_batch, sorted(lows))
+    # a pass whose sites are all at its rows' last token runs that token alone above its layer (models/resume.py)
+    kv = adapter.can_kv_resume and any(
+        at_last(train_batch.select(g[s][0].ok_tr), [p.site for p, _, _ in g[s:s + per_pass]])
+        for g in jobs.values() for s in range(0, len(g), per_pass))
+    clean = adapter.clean_states(train_batch, sorted(lows), kv=kv)
     total = sum(len(j) for j in jobs.values())
     bar = tqdm(total=total, desc=f"{name} DAS", disable=not progress or None, leave=False)
     for group in jobs.values():
@@ -705,7 +710,14 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
         row_edit.append(torch.arange(offset, offset + n) if r.edited is not None else torch.full((n,), -1))
         offset += n if r.edited is not None else 0
     row_edit_t = torch.cat(row_edit)
-    order = torch.argsort(-eval_batch.attention_mask.sum(1)[item_of_row], stable=True)  # length-sorted passes
+    length = eval_batch.attention_mask.sum(1)
+    # rows edited at their item's last token (the last region of a causal LM's prefix) get passes of their own, which
+    # run that token alone above the edited layer over the prefix's clean key/value cache (models/resume.py); reads
+    # at every region (read_layers) are not last-token passes
+    table = torch.stack([eval_batch.positions[s.position] for s in site_list])  # (sites, N)
+    last_row = (table[job_site[job_of_row], item_of_row] == length[item_of_row] - 1) & (not read_layers) \
+        & adapter.can_kv_resume
+    order = torch.argsort(-(length[item_of_row] + last_row * (int(length.max()) + 1)), stable=True)  # by length
     src_all = torch.stack([src_ev[s] for s in site_list])  # (sites, N, d)
     scores = torch.zeros(len(item_of_row), ev_ids.shape[1])
     # downstream reads: per row, the oracle's completeness at every layer l' >= its edited layer (NaN elsewhere)
@@ -719,7 +731,8 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     row_region = torch.tensor([p.region for p, _, _, _ in jobs])[job_of_row]
     row_null = torch.tensor([r.edit == "nullifying" for _, r, _, _ in jobs])[job_of_row]
     step = adapter.batch_size
-    clean = adapter.clean_states(eval_batch, [s.layer for s in site_list])  # each pass resumes at its lowest layer
+    clean = adapter.clean_states(eval_batch, [s.layer for s in site_list],  # each pass resumes at its lowest layer
+                                 kv=bool(last_row.any()))
     for start in tqdm(range(0, len(order), step), desc=f"{name} DII", disable=not progress or None, leave=False):
         rows = order[start:start + step]
         jr, items = job_of_row[rows], item_of_row[rows]

@@ -45,6 +45,7 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
 from cprobe.models.readouts import CandidateTokens
+from cprobe.models.resume import at_last
 from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
@@ -347,7 +348,9 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
     h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
     enc = fmt.encode(base, adapter)
     readout = Vocabulary()
-    clean = adapter.clean_states(enc.batch(torch.arange(len(base))), [layer])  # every step resumes at the layer
+    everyone = enc.batch(torch.arange(len(base)))
+    # every step resumes at the layer; at a causal LM's last token it runs that token alone over the prefix's cache
+    clean = adapter.clean_states(everyone, [layer], kv=at_last(everyone, [site]))
 
     def forward(edit: Any, idx: Tensor) -> Tensor:
         b = enc.batch(idx.cpu())
