@@ -19,6 +19,11 @@ import numpy as np
 
 from cprobe.config import parse
 from cprobe.data.base import Dataset, Example
+from cprobe.data.cebab import CebabKeys, load_cebab
+from cprobe.data.fact_world import FactWorldKeys, generate_world
+from cprobe.data.generic import GenericConfig, load_generic
+from cprobe.data.lama import FactData, LamaKeys, load_lama
+from cprobe.data.liberty import LibertyKeys, load_liberty
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
@@ -237,16 +242,8 @@ def _ml(cfg: MarvinLinzenKeys, root: Path, name: str) -> Dataset:
     return load_marvin_linzen(root / cfg.path, tuple(cfg.tasks or TASKS), name)
 
 
-def _generic_config() -> type:
-    from cprobe.data.generic import GenericConfig
-
-    return GenericConfig
-
-
-@register("generic", _generic_config(), lambda cfg: tuple(cfg.properties))
-def _generic(cfg: Any, root: Path, name: str) -> Dataset:
-    from cprobe.data.generic import load_generic
-
+@register("generic", GenericConfig, lambda cfg: tuple(cfg.properties))
+def _generic(cfg: GenericConfig, root: Path, name: str) -> Dataset:
     if not cfg.path:
         raise ConfigError("generic dataset: set dataset.path to your TSV/CSV/JSONL file (see conf/dataset/generic.yaml)")
     path = Path(cfg.path).expanduser()
@@ -275,55 +272,13 @@ def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
                   source=" + ".join(d.source for d in parts), notes=tuple(n for d in parts for n in d.notes))
 
 
-def _cebab_config() -> type:
-    from cprobe.data.cebab import CebabKeys
-
-    return CebabKeys
-
-
-@register("cebab", _cebab_config())
-def _cebab(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.cebab import load_cebab
-
-    return load_cebab(cfg, root, name)
+register("cebab", CebabKeys)(load_cebab)  # type: ignore[arg-type]  # the text studies' data, not a Dataset
+register("liberty", LibertyKeys)(load_liberty)  # type: ignore[arg-type]
+register("lama", LamaKeys)(load_lama)  # type: ignore[arg-type]
 
 
-def _liberty_config() -> type:
-    from cprobe.data.liberty import LibertyKeys
-
-    return LibertyKeys
-
-
-@register("liberty", _liberty_config())
-def _liberty(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.liberty import load_liberty
-
-    return load_liberty(cfg, root, name)
-
-
-def _lama_config() -> type:
-    from cprobe.data.lama import LamaKeys
-
-    return LamaKeys
-
-
-@register("lama", _lama_config())
-def _lama(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.lama import load_lama
-
-    return load_lama(cfg, root, name)
-
-
-def _fact_world_config() -> type:
-    from cprobe.data.fact_world import FactWorldKeys
-
-    return FactWorldKeys
-
-
-@register("fact_world", _fact_world_config())
-def _fact_world(cfg: Any, _root: Path, name: str) -> Any:
-    from cprobe.data.fact_world import generate_world
-
+@register("fact_world", FactWorldKeys)
+def _fact_world(cfg: FactWorldKeys, _root: Path, name: str) -> FactData:
     return generate_world(cfg, name)
 
 
