@@ -134,7 +134,7 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     logging handlers — the job's log file closed —, torch threads, Hydra's global state)."""
     from cprobe import _hydra, callbacks, pipeline
     from cprobe.errors import CprobeError, JobAborted
-    from cprobe.paths import config_dir
+    from cprobe.paths import config_dir, environ
 
     argv = [str(a) for a in overrides]
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
@@ -153,7 +153,7 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
         argv.append("+debug=smoke")
     callbacks.reset()
     before = len(callbacks.DIRS)
-    with _process_kept(), _env(HYDRA_FULL_ERROR="1"):  # errors reach this function, not Hydra's printer
+    with _process_kept(), environ(HYDRA_FULL_ERROR="1"):  # errors reach this function, not Hydra's printer
         try:
             _hydra.run(argv, pipeline.run_job, str(config_dir()))
         except JobAborted as e:
@@ -169,21 +169,6 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     if len(callbacks.DIRS) == before:  # a run and a sweep's end both record theirs
         raise CprobeError("the run did not report its directory")
     return callbacks.DIRS[-1]
-
-
-@contextmanager
-def _env(**values: str) -> Iterator[None]:
-    """The environment with ``values`` set for the block, and as it was afterwards."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -66,3 +68,18 @@ def plain_name(text: str, what: str) -> str:
         raise ConfigError(f"{what}={text!r} must be a plain name (letters, digits, {''.join(sorted(_NAME_OK))}), "
                           "not a path")
     return text
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """The process environment with ``values`` set for the block, and as it was afterwards."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

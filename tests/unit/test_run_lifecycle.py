@@ -141,6 +141,20 @@ def test_safe_name_cuts_long_names_with_a_stable_hash_and_plain_name_refuses_pat
         plain_name("../x", "model")
 
 
+def test_environ_sets_values_for_the_block_and_restores_set_and_unset_ones(monkeypatch):
+    import os
+
+    from cprobe.paths import environ
+
+    monkeypatch.setenv("CPROBE_T_SET", "before")
+    monkeypatch.delenv("CPROBE_T_UNSET", raising=False)
+    with pytest.raises(RuntimeError):
+        with environ(CPROBE_T_SET="1", CPROBE_T_UNSET="2"):
+            assert (os.environ["CPROBE_T_SET"], os.environ["CPROBE_T_UNSET"]) == ("1", "2")
+            raise RuntimeError  # restored on the way out of a failing block too
+    assert os.environ["CPROBE_T_SET"] == "before" and "CPROBE_T_UNSET" not in os.environ
+
+
 def test_an_experiment_name_that_looks_like_a_path_stays_under_the_output_root(tmp_path):
     from omegaconf import open_dict
 
