@@ -18,18 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cprobe.errors import ConfigError
-
-
-def _group_config(group: str, name: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from cprobe.paths import config_dir, plain_name
-
-    path = config_dir() / group / f"{plain_name(name, group)}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-        raise ConfigError(f"unknown {group} {name!r}; choose from {known}")
-    return _resolved(OmegaConf.to_container(OmegaConf.load(path), resolve=False))  # type: ignore[arg-type]
+from cprobe.paths import group_config
 
 
 def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,13 +31,13 @@ def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def model_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``model`` config of a name from ``conf/model/`` (or a mapping), overrides applied, resolved."""
-    cfg = _group_config("model", name) if isinstance(name, str) else _resolved(name)
+    cfg = group_config("model", name) if isinstance(name, str) else _resolved(name)
     return {**cfg, **overrides}
 
 
 def dataset_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``dataset`` config of a name from ``conf/dataset/`` (or a mapping), overrides applied, resolved."""
-    cfg = _group_config("dataset", name) if isinstance(name, str) else _resolved(name)
+    cfg = group_config("dataset", name) if isinstance(name, str) else _resolved(name)
     return {**cfg, **overrides}
 
 

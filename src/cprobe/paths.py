@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -68,6 +69,22 @@ def plain_name(text: str, what: str) -> str:
         raise ConfigError(f"{what}={text!r} must be a plain name (letters, digits, {''.join(sorted(_NAME_OK))}), "
                           "not a path")
     return text
+
+
+def group_config(group: str, name: str, where: str | None = None) -> dict[str, Any]:
+    """``conf/<group>/<name>.yaml`` as a plain mapping, interpolations resolved (as the CLI would without a compute
+    group: ``${oc.select:compute.dtype,float32}`` -> ``float32``); an unknown name is a one-line ConfigError listing
+    the known ones, naming the setting ``where`` when given."""
+    from omegaconf import OmegaConf
+
+    from cprobe.errors import ConfigError
+
+    path = config_dir() / group / f"{plain_name(name, where or group)}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+        what = f"{group} config {name!r} for {where}" if where else f"{group} {name!r}"
+        raise ConfigError(f"unknown {what}; choose from {known}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
 
 
 @contextmanager
