@@ -60,6 +60,11 @@ def safe_name(text: object, limit: int = 120) -> str:
     return name
 
 
+def relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` as text (``.`` for the root itself): how run and sweep dirs name their jobs."""
+    return str(path.relative_to(root)) if path != root else "."
+
+
 def plain_name(text: str, what: str) -> str:
     """``text`` when it is already a safe single name (see :func:`safe_name`), else a ConfigError: for names that
     select an existing file (a model config, a relation's triples), where rewriting would read another one."""

@@ -169,6 +169,13 @@ def test_group_config_reads_a_named_yaml_resolved_and_names_the_setting_when_unk
         group_config("model", "../x", "liberty.st_model")
 
 
+def test_relative_names_a_job_under_its_root_and_the_root_itself_as_dot(tmp_path):
+    from cprobe.paths import relative
+
+    assert relative(tmp_path / "a" / "seed=1", tmp_path) == "a/seed=1"
+    assert relative(tmp_path, tmp_path) == "."
+
+
 def test_an_experiment_name_that_looks_like_a_path_stays_under_the_output_root(tmp_path):
     from omegaconf import open_dict
 
