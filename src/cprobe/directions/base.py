@@ -53,8 +53,7 @@ def capability_problems(cls: type) -> list[str]:
     """Contradictions in a direction class's declared capabilities: flags that are not booleans, a whole-vector swap
     that also learns (``causal``/``supervised``/``per_model_lambda``), ``per_model_lambda`` without a ``lam``
     constructor argument."""
-    flags = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
-    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
+    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in Direction.CAPABILITIES
            if not isinstance(getattr(cls, f, False), bool)]
     if getattr(cls, "whole_vector", False):
         learns = [f for f in ("causal", "supervised", "per_model_lambda") if getattr(cls, f, False)]
