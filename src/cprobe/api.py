@@ -18,18 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cprobe.errors import ConfigError
-
-
-def _group_config(group: str, name: str) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    from cprobe.paths import config_dir, plain_name
-
-    path = config_dir() / group / f"{plain_name(name, group)}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
-        raise ConfigError(f"unknown {group} {name!r}; choose from {known}")
-    return _resolved(OmegaConf.to_container(OmegaConf.load(path), resolve=False))  # type: ignore[arg-type]
+from cprobe.paths import group_config
 
 
 def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,13 +31,13 @@ def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def model_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``model`` config of a name from ``conf/model/`` (or a mapping), overrides applied, resolved."""
-    cfg = _group_config("model", name) if isinstance(name, str) else _resolved(name)
+    cfg = group_config("model", name) if isinstance(name, str) else _resolved(name)
     return {**cfg, **overrides}
 
 
 def dataset_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``dataset`` config of a name from ``conf/dataset/`` (or a mapping), overrides applied, resolved."""
-    cfg = _group_config("dataset", name) if isinstance(name, str) else _resolved(name)
+    cfg = group_config("dataset", name) if isinstance(name, str) else _resolved(name)
     return {**cfg, **overrides}
 
 
@@ -134,7 +123,7 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     logging handlers — the job's log file closed —, torch threads, Hydra's global state)."""
     from cprobe import _hydra, callbacks, pipeline
     from cprobe.errors import CprobeError, JobAborted
-    from cprobe.paths import config_dir
+    from cprobe.paths import config_dir, environ
 
     argv = [str(a) for a in overrides]
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
@@ -153,7 +142,7 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
         argv.append("+debug=smoke")
     callbacks.reset()
     before = len(callbacks.DIRS)
-    with _process_kept(), _env(HYDRA_FULL_ERROR="1"):  # errors reach this function, not Hydra's printer
+    with _process_kept(), environ(HYDRA_FULL_ERROR="1"):  # errors reach this function, not Hydra's printer
         try:
             _hydra.run(argv, pipeline.run_job, str(config_dir()))
         except JobAborted as e:
@@ -169,21 +158,6 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     if len(callbacks.DIRS) == before:  # a run and a sweep's end both record theirs
         raise CprobeError("the run did not report its directory")
     return callbacks.DIRS[-1]
-
-
-@contextmanager
-def _env(**values: str) -> Iterator[None]:
-    """The environment with ``values`` set for the block, and as it was afterwards."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager

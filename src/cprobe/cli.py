@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -81,24 +81,6 @@ def user_errors() -> Iterator[None]:
 SMOKE_ENV = "CPROBE_SMOKE"
 
 
-@contextmanager
-def _detach_env(detach: bool) -> Iterator[None]:
-    """``--detach``: CPROBE_DETACH=1 while the command runs (the SLURM launcher reads it; a run on any other launcher
-    is refused by the sweep callback)."""
-    if not detach:
-        yield
-        return
-    before = os.environ.get("CPROBE_DETACH")
-    os.environ["CPROBE_DETACH"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("CPROBE_DETACH", None)
-        else:
-            os.environ["CPROBE_DETACH"] = before
-
-
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     help=(
@@ -118,7 +100,7 @@ def run(
                                          "status DIR`, aggregate it with `cprobe collect DIR`.")] = False,
 ) -> None:
     from cprobe import _hydra
-    from cprobe.paths import config_dir
+    from cprobe.paths import config_dir, environ
 
     if not ctx.args and not smoke:
         typer.echo(ctx.get_help())
@@ -130,7 +112,9 @@ def run(
         typer.echo(n, err=True)
     if (smoke or os.environ.get(SMOKE_ENV, "") not in ("", "0")) and "+debug=smoke" not in argv:
         argv.append("+debug=smoke")
-    with user_errors(), _detach_env(detach):
+    # --detach: CPROBE_DETACH=1 while the command runs (the SLURM launcher reads it; the sweep callback refuses it
+    # on any other launcher)
+    with user_errors(), environ(CPROBE_DETACH="1") if detach else nullcontext():
         from cprobe import callbacks, pipeline  # noqa: F401  (pipeline registers the config resolvers)
 
         os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer

@@ -21,6 +21,8 @@ Wrapping happens once per class that *defines* one of those methods (``__init_su
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from cprobe.errors import NotFittedError
@@ -79,8 +81,6 @@ def _marking(fn: Any, name: str) -> Any:
         out = fn(self, *args, **kwargs)
         self.fitted_ = True
         return self._after(name, out, args, kwargs)
-
-    wrapper.__cprobe_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -90,8 +90,6 @@ def _checking(fn: Any, name: str) -> Any:
         self.check_fitted()
         self._before(name, args, kwargs)
         return self._after(name, fn(self, *args, **kwargs), args, kwargs)
-
-    wrapper.__cprobe_wrapped__ = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -99,7 +97,6 @@ def adapt(obj: Any, base: type, required: tuple[str, ...], kind: str) -> type | 
     """A class that does not subclass ``base`` but has every ``required`` method (duck typing): a subclass of both,
     so the family's contract (fitted state, not-fitted errors, capability defaults) applies to it; None when ``obj``
     is not such a class. Logged once per class: subclassing ``base`` says the same without the adapter."""
-    import inspect
     import logging
 
     if not inspect.isclass(obj) or issubclass(obj, base):
@@ -129,3 +126,26 @@ def adapt(obj: Any, base: type, required: tuple[str, ...], kind: str) -> type | 
 
 
 _ADAPTED: dict[tuple[type, type], type] = {}
+
+
+def accept_class(obj: Any, ref: str, base: type, required: tuple[str, ...], kind: str,
+                 problems: Callable[[type], list[str]] | None = None, unless: tuple[str, ...] = ()) -> type:
+    """A family registry's ``accept``: ``obj`` as a ``base`` class — a subclass, or a class with every ``required``
+    method and none of ``unless`` (another family's methods), adapted (:func:`adapt`) — not abstract, and with no
+    contradictions in its declared capabilities (``problems``); a one-line ConfigError otherwise, a
+    :class:`~cprobe.registry.WrongFamily` when it is no ``kind`` at all."""
+    from cprobe.errors import ConfigError
+    from cprobe.registry import WrongFamily, wrong_family
+
+    if not (inspect.isclass(obj) and issubclass(obj, base)):
+        other = inspect.isclass(obj) and any(callable(getattr(obj, m, None)) for m in unless)
+        got = None if other else adapt(obj, base, required, kind)
+        if got is None:
+            raise wrong_family(obj, ref, kind, base.__name__)
+        obj = got
+    if inspect.isabstract(obj):
+        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
+    found = problems(obj) if problems else []
+    if found:
+        raise ConfigError(f"{kind} {ref!r} declares contradictory capabilities: {'; '.join(found)}")
+    return obj

@@ -26,6 +26,7 @@ import pandas as pd
 
 from cprobe import records as R
 from cprobe.errors import CprobeError
+from cprobe.paths import relative
 
 log = logging.getLogger("cprobe")
 
@@ -219,7 +220,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         if items is not None and len(items):
             all_items.append(items)
         ids[job] = set(recs["config_id"])
-        extra = {**results.job_overrides(job), "job": results.relative(job, directory)}
+        extra = {**results.job_overrides(job), "job": relative(job, directory)}
         for study, part in recs.groupby("study", sort=False):
             table = study_table(str(study), part)
             tables.setdefault(str(study), []).append(table.assign(**extra))

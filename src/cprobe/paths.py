@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _REPO = Path(__file__).resolve().parents[2]
 
@@ -57,6 +60,11 @@ def safe_name(text: object, limit: int = 120) -> str:
     return name
 
 
+def relative(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` as text (``.`` for the root itself): how run and sweep dirs name their jobs."""
+    return str(path.relative_to(root)) if path != root else "."
+
+
 def plain_name(text: str, what: str) -> str:
     """``text`` when it is already a safe single name (see :func:`safe_name`), else a ConfigError: for names that
     select an existing file (a model config, a relation's triples), where rewriting would read another one."""
@@ -66,3 +74,34 @@ def plain_name(text: str, what: str) -> str:
         raise ConfigError(f"{what}={text!r} must be a plain name (letters, digits, {''.join(sorted(_NAME_OK))}), "
                           "not a path")
     return text
+
+
+def group_config(group: str, name: str, where: str | None = None) -> dict[str, Any]:
+    """``conf/<group>/<name>.yaml`` as a plain mapping, interpolations resolved (as the CLI would without a compute
+    group: ``${oc.select:compute.dtype,float32}`` -> ``float32``); an unknown name is a one-line ConfigError listing
+    the known ones, naming the setting ``where`` when given."""
+    from omegaconf import OmegaConf
+
+    from cprobe.errors import ConfigError
+
+    path = config_dir() / group / f"{plain_name(name, where or group)}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+        what = f"{group} config {name!r} for {where}" if where else f"{group} {name!r}"
+        raise ConfigError(f"unknown {what}; choose from {known}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """The process environment with ``values`` set for the block, and as it was afterwards."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

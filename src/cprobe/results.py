@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from cprobe.io import atomic_write_bytes, parquet_bytes
+from cprobe.paths import relative
 
 log = logging.getLogger(__name__)
 
@@ -161,10 +162,6 @@ def _finished(job: Path) -> bool:
     except (OSError, ValueError):
         return False
     return status.get("state") == "done" and (job / f"{METRICS}.parquet").is_file()
-
-
-def relative(job: Path, directory: Path) -> str:
-    return str(job.relative_to(directory)) if job != directory else "."
 
 
 def write_results(table: pd.DataFrame, directory: Path) -> Path:

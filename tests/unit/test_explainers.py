@@ -308,7 +308,7 @@ def test_leace_erases_linearly_and_keeps_the_head(world):
     model, train, X, W = world
     ex = EXPLAINERS.build({"name": "leace"}).fit(model, train)
     z = np.array([VALUES.index(c["food"]) for c in train.concepts])
-    Xe = ex.erasers_["food"].transform(train.reps).numpy()
+    Xe = ex.interventions_["food"].transform(train.reps).numpy()
     acc = LogisticRegression(max_iter=2000).fit(Xe, z).score(Xe, z)
     assert acc < np.bincount(z).max() / len(z) + 0.05
     assert ex.leftover_["food"][0] > 0.95 and ex.leftover_["food"][1] < np.bincount(z).max() / len(z) + 0.05

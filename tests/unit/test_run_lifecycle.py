@@ -141,6 +141,41 @@ def test_safe_name_cuts_long_names_with_a_stable_hash_and_plain_name_refuses_pat
         plain_name("../x", "model")
 
 
+def test_environ_sets_values_for_the_block_and_restores_set_and_unset_ones(monkeypatch):
+    import os
+
+    from cprobe.paths import environ
+
+    monkeypatch.setenv("CPROBE_T_SET", "before")
+    monkeypatch.delenv("CPROBE_T_UNSET", raising=False)
+    with pytest.raises(RuntimeError):
+        with environ(CPROBE_T_SET="1", CPROBE_T_UNSET="2"):
+            assert (os.environ["CPROBE_T_SET"], os.environ["CPROBE_T_UNSET"]) == ("1", "2")
+            raise RuntimeError  # restored on the way out of a failing block too
+    assert os.environ["CPROBE_T_SET"] == "before" and "CPROBE_T_UNSET" not in os.environ
+
+
+def test_group_config_reads_a_named_yaml_resolved_and_names_the_setting_when_unknown():
+    from cprobe.errors import ConfigError
+    from cprobe.paths import group_config
+
+    cfg = group_config("model", "tiny_bert_sva")
+    assert cfg["name"] == "tiny_bert_sva" and "${" not in repr(cfg)
+    with pytest.raises(ConfigError, match=r"^unknown model 'nope'; choose from \[.*'tiny_bert_sva'"):
+        group_config("model", "nope")
+    with pytest.raises(ConfigError, match=r"^unknown model config 'nope' for liberty.st_model; choose from \["):
+        group_config("model", "nope", "liberty.st_model")
+    with pytest.raises(ConfigError, match=r"liberty.st_model='../x' must be a plain name"):
+        group_config("model", "../x", "liberty.st_model")
+
+
+def test_relative_names_a_job_under_its_root_and_the_root_itself_as_dot(tmp_path):
+    from cprobe.paths import relative
+
+    assert relative(tmp_path / "a" / "seed=1", tmp_path) == "a/seed=1"
+    assert relative(tmp_path, tmp_path) == "."
+
+
 def test_an_experiment_name_that_looks_like_a_path_stays_under_the_output_root(tmp_path):
     from omegaconf import open_dict
 

@@ -60,10 +60,6 @@ class Pair:
     def base_text(self) -> str:
         return "".join(self.base)
 
-    @property
-    def source_text(self) -> str:
-        return "".join(self.source)
-
     def swap(self) -> Pair:
         """The same pair with base and source exchanged (inputs, types and labels)."""
         return Pair(

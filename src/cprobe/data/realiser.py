@@ -88,14 +88,10 @@ class TemplateRealiser:
                 self.phrases[v][val] = _sentences(bank.get(val), f"{where}.phrases.{v}.{val}")
 
     def draw(self, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
-        out = []
-        for _ in range(n):
-            out.append({"opening": int(rng.integers(len(self.openings))),
-                        "closing": int(rng.integers(len(self.closings))),
-                        "persona": int(rng.integers(len(self.personas))),
-                        "order": [int(i) for i in rng.permutation(len(self.expresses))],
-                        "variant": {v: float(rng.uniform()) for v in self.expresses}})
-        return out
+        return [{"opening": int(rng.integers(len(self.openings))), "closing": int(rng.integers(len(self.closings))),
+                 "persona": int(rng.integers(len(self.personas))),
+                 "order": [int(i) for i in rng.permutation(len(self.expresses))],
+                 "variant": {v: float(rng.uniform()) for v in self.expresses}} for _ in range(n)]
 
     def sentences(self, values: Mapping[str, str], noise: Mapping[str, Any]) -> dict[str, str]:
         """The sentence stating each expressed variable's value (variant chosen by the unit's noise)."""

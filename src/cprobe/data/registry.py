@@ -19,6 +19,15 @@ import numpy as np
 
 from cprobe.config import parse
 from cprobe.data.base import Dataset, Example
+from cprobe.data.causalgym_corpus import template_corpus
+from cprobe.data.cebab import CebabKeys, load_cebab
+from cprobe.data.fact_world import FactWorldKeys, generate_world
+from cprobe.data.generic import GenericConfig, load_generic
+from cprobe.data.grammar import PROPERTIES, GrammarConfig, generate
+from cprobe.data.lama import FactData, LamaKeys, load_lama
+from cprobe.data.lgd import load_lgd
+from cprobe.data.liberty import LibertyKeys, load_liberty
+from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
@@ -154,13 +163,7 @@ CORPORA: Registry[Callable[[Mapping[str, Any], Path], list[str]]] = Registry("ti
 sentences that join the model's training corpus, generated when the model is built (:func:`with_corpora`)."""
 
 
-def _causalgym_corpus(spec: Mapping[str, Any], data_root: Path) -> list[str]:
-    from cprobe.data.causalgym_corpus import template_corpus
-
-    return template_corpus(spec, data_root)
-
-
-CORPORA.register("causalgym_corpus", _causalgym_corpus)
+CORPORA.register("causalgym_corpus", template_corpus)
 
 
 def with_corpora(tiny: Mapping[str, Any], data_root: Path) -> dict[str, Any]:
@@ -175,8 +178,6 @@ def with_corpora(tiny: Mapping[str, Any], data_root: Path) -> dict[str, Any]:
 
 def grammar_config(d: Mapping[str, Any] | None):
     """``GrammarConfig`` from a config mapping (YAML lists become the tuples it hashes)."""
-    from cprobe.data.grammar import GrammarConfig
-
     d = dict(d or {})
     if "structures" in d:
         d["structures"] = tuple(tuple(s) for s in d["structures"])
@@ -191,25 +192,14 @@ class SyntheticKeys:
     grammar: dict = field(default_factory=dict)
 
 
-def _grammar_properties(_cfg: Any) -> tuple[str, ...]:
-    from cprobe.data.grammar import PROPERTIES
-
-    return tuple(PROPERTIES)
-
-
 def _synthetic_twins(cfg: SyntheticKeys, _root: Path, name: str, prop: str) -> Dataset:
-    from cprobe.data.grammar import generate
-
     return replace(generate(grammar_config(cfg.grammar), flip=prop), name=name, source="built-in (cprobe.data.grammar)")
 
 
-@register("synthetic", SyntheticKeys, _grammar_properties, duplicates="drop",  # the grammar repeats a few by chance
+@register("synthetic", SyntheticKeys, lambda _cfg: tuple(PROPERTIES), duplicates="drop",  # the grammar repeats a few by chance
           twins=_synthetic_twins, flippable=("z_c",))
 def _synthetic(cfg: SyntheticKeys, _root: Path, name: str) -> Dataset:
-    from cprobe.data.grammar import generate
-
-    ds = generate(grammar_config(cfg.grammar))
-    return replace(ds, name=name, source="built-in (cprobe.data.grammar)")
+    return replace(generate(grammar_config(cfg.grammar)), name=name, source="built-in (cprobe.data.grammar)")
 
 
 @dataclass(frozen=True)
@@ -219,8 +209,6 @@ class FileKeys:
 
 @register("lgd", FileKeys, lambda _cfg: ("z_c", "z_e", "n_attractors"))
 def _lgd(cfg: FileKeys, root: Path, name: str) -> Dataset:
-    from cprobe.data.lgd import load_lgd
-
     return load_lgd(root / (cfg.path or "lgd_agreement/lgd_subset.tsv"), name)
 
 
@@ -232,21 +220,11 @@ class MarvinLinzenKeys:
 
 @register("marvin_linzen", MarvinLinzenKeys, lambda _cfg: ("z_c", "z_e", "n_attractors", "task"))
 def _ml(cfg: MarvinLinzenKeys, root: Path, name: str) -> Dataset:
-    from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
-
     return load_marvin_linzen(root / cfg.path, tuple(cfg.tasks or TASKS), name)
 
 
-def _generic_config() -> type:
-    from cprobe.data.generic import GenericConfig
-
-    return GenericConfig
-
-
-@register("generic", _generic_config(), lambda cfg: tuple(cfg.properties))
-def _generic(cfg: Any, root: Path, name: str) -> Dataset:
-    from cprobe.data.generic import load_generic
-
+@register("generic", GenericConfig, lambda cfg: tuple(cfg.properties))
+def _generic(cfg: GenericConfig, root: Path, name: str) -> Dataset:
     if not cfg.path:
         raise ConfigError("generic dataset: set dataset.path to your TSV/CSV/JSONL file (see conf/dataset/generic.yaml)")
     path = Path(cfg.path).expanduser()
@@ -275,55 +253,13 @@ def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
                   source=" + ".join(d.source for d in parts), notes=tuple(n for d in parts for n in d.notes))
 
 
-def _cebab_config() -> type:
-    from cprobe.data.cebab import CebabKeys
-
-    return CebabKeys
-
-
-@register("cebab", _cebab_config())
-def _cebab(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.cebab import load_cebab
-
-    return load_cebab(cfg, root, name)
+register("cebab", CebabKeys)(load_cebab)  # type: ignore[arg-type]  # the text studies' data, not a Dataset
+register("liberty", LibertyKeys)(load_liberty)  # type: ignore[arg-type]
+register("lama", LamaKeys)(load_lama)  # type: ignore[arg-type]
 
 
-def _liberty_config() -> type:
-    from cprobe.data.liberty import LibertyKeys
-
-    return LibertyKeys
-
-
-@register("liberty", _liberty_config())
-def _liberty(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.liberty import load_liberty
-
-    return load_liberty(cfg, root, name)
-
-
-def _lama_config() -> type:
-    from cprobe.data.lama import LamaKeys
-
-    return LamaKeys
-
-
-@register("lama", _lama_config())
-def _lama(cfg: Any, root: Path, name: str) -> Any:
-    from cprobe.data.lama import load_lama
-
-    return load_lama(cfg, root, name)
-
-
-def _fact_world_config() -> type:
-    from cprobe.data.fact_world import FactWorldKeys
-
-    return FactWorldKeys
-
-
-@register("fact_world", _fact_world_config())
-def _fact_world(cfg: Any, _root: Path, name: str) -> Any:
-    from cprobe.data.fact_world import generate_world
-
+@register("fact_world", FactWorldKeys)
+def _fact_world(cfg: FactWorldKeys, _root: Path, name: str) -> FactData:
     return generate_world(cfg, name)
 
 

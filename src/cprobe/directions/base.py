@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from cprobe.estimator import Estimator, adapt
-from cprobe.registry import Registry, WrongFamily, wrong_family
+from cprobe.estimator import Estimator, accept_class
+from cprobe.registry import Registry
 
 
 class Direction(Estimator, ABC):
@@ -53,8 +53,7 @@ def capability_problems(cls: type) -> list[str]:
     """Contradictions in a direction class's declared capabilities: flags that are not booleans, a whole-vector swap
     that also learns (``causal``/``supervised``/``per_model_lambda``), ``per_model_lambda`` without a ``lam``
     constructor argument."""
-    flags = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
-    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
+    out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in Direction.CAPABILITIES
            if not isinstance(getattr(cls, f, False), bool)]
     if getattr(cls, "whole_vector", False):
         learns = [f for f in ("causal", "supervised", "per_model_lambda") if getattr(cls, f, False)]
@@ -73,20 +72,8 @@ def capability_problems(cls: type) -> list[str]:
 def accept(obj: Any, ref: str) -> type[Direction]:
     """``obj`` as a direction class (a :class:`Direction` subclass, or a class with ``fit``, adapted), its
     capabilities checked; a one-line ConfigError otherwise."""
-    from cprobe.errors import ConfigError
-
-    if not (inspect.isclass(obj) and issubclass(obj, Direction)):
-        got = adapt(obj, Direction, ("fit",), "direction method") if inspect.isclass(obj) and not any(
-            callable(getattr(obj, m, None)) for m in ("transform", "explain", "predict_proba")) else None
-        if got is None:
-            raise wrong_family(obj, ref, "direction method", "Direction")
-        obj = got
-    if inspect.isabstract(obj):
-        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
-    problems = capability_problems(obj)
-    if problems:
-        raise ConfigError(f"direction method {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
-    return obj
+    return accept_class(obj, ref, Direction, ("fit",), "direction method", capability_problems,
+                        unless=("transform", "explain", "predict_proba"))
 
 
 DIRECTIONS: Registry[type[Direction]] = Registry("direction method", group="cprobe.directions", accept=accept)

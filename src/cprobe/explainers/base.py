@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError, DataError
-from cprobe.estimator import Estimator, adapt
-from cprobe.registry import Registry, WrongFamily, wrong_family
+from cprobe.estimator import Estimator, accept_class
+from cprobe.registry import Registry
 
 
 @dataclass
@@ -216,19 +216,7 @@ def capability_problems(cls: type) -> list[str]:
 def accept(obj: Any, ref: str) -> type[Explainer]:
     """``obj`` as an explainer class (an :class:`Explainer` subclass, or a class with ``fit`` and ``explain``,
     adapted), its capabilities checked; a one-line ConfigError otherwise."""
-    import inspect
-
-    if not (inspect.isclass(obj) and issubclass(obj, Explainer)):
-        got = adapt(obj, Explainer, ("fit", "explain"), "explainer")
-        if got is None:
-            raise wrong_family(obj, ref, "explainer", "Explainer")
-        obj = got
-    if inspect.isabstract(obj):
-        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
-    problems = capability_problems(obj)
-    if problems:
-        raise ConfigError(f"explainer {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
-    return obj
+    return accept_class(obj, ref, Explainer, ("fit", "explain"), "explainer", capability_problems)
 
 
 EXPLAINERS: Registry[type[Explainer]] = Registry("explainer", group="cprobe.explainers", accept=accept)

@@ -38,9 +38,8 @@ def unit_rows(v: np.ndarray) -> np.ndarray:
 
 
 class Matching(Explainer):
-    """Top-k cosine matching in one space (subclasses name it)."""
+    """Top-k cosine matching in one space (subclasses name it: the ``embedding_space`` capability)."""
 
-    space: ClassVar[str] = ""
     use_predicted: ClassVar[bool] = False  # select candidates by predicted (not gold) concept labels
 
     def __init__(self, k: int = 3) -> None:
@@ -51,7 +50,7 @@ class Matching(Explainer):
     def vectors(self, obs: Observed, concept: str) -> np.ndarray:
         """The texts' vectors in this explainer's space for a change of ``concept``, L2-normalised."""
         assert obs.embeddings is not None
-        return unit_rows(obs.embeddings[self.space].double().cpu().numpy())
+        return unit_rows(obs.embeddings[self.embedding_space].double().cpu().numpy())
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         labels = train.predicted if self.use_predicted else train.concepts
@@ -96,21 +95,18 @@ class Matching(Explainer):
 @EXPLAINERS.register("st_match")
 class STMatch(Matching):
     name = "st_match"
-    space = "st"
     embedding_space = "st"
 
 
 @EXPLAINERS.register("pt_match")
 class PTMatch(Matching):
     name = "pt_match"
-    space = "pt"
     embedding_space = "pt"
 
 
 @EXPLAINERS.register("ft_match")
 class FTMatch(Matching):
     name = "ft_match"
-    space = "ft"
     embedding_space = "ft"
 
 

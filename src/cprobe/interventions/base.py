@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError, DataError
-from cprobe.estimator import Estimator, adapt
-from cprobe.registry import Registry, WrongFamily, wrong_family
+from cprobe.estimator import Estimator, accept_class
+from cprobe.registry import Registry
 
 Kind = Literal["nullifying", "counterfactual"]
 
@@ -112,16 +112,7 @@ def accept(obj: Any, ref: str) -> type[Intervention]:
             got = adapter(obj, ref)
             if got is not None:
                 return got
-        got = adapt(obj, Intervention, ("fit", "transform"), "intervention")
-        if got is None:
-            raise wrong_family(obj, ref, "intervention", "Intervention")
-        obj = got
-    if inspect.isabstract(obj):
-        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
-    problems = capability_problems(obj)
-    if problems:
-        raise ConfigError(f"intervention {ref!r} declares contradictory capabilities: {'; '.join(problems)}")
-    return obj
+    return accept_class(obj, ref, Intervention, ("fit", "transform"), "intervention", capability_problems)
 
 
 INTERVENTIONS: Registry[type[Intervention]] = Registry("intervention", group="cprobe.interventions", accept=accept)

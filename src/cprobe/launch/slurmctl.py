@@ -128,10 +128,6 @@ class Partition:
     def mem_mb(self) -> int:
         return max((g.mem_mb for g in self.groups), default=0)
 
-    @property
-    def slots_cpus(self) -> int:
-        return sum(g.nodes * g.cpus for g in self.groups)
-
     def describe(self) -> str:
         parts = []
         for g in self.groups:
@@ -261,10 +257,6 @@ def requeue(job_id: str) -> str | None:
     except SchedulerError as e:
         return str(e)
     return None if r.returncode == 0 else (clean(r.stderr) or f"exit {r.returncode}")
-
-
-def cancel(job_id: str) -> None:
-    run(["scancel", job_id], timeout=20)
 
 
 def test_submit(flags: Mapping[str, object]) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any
 
 from cprobe.io import atomic_write_bytes
 from cprobe.job import STATUS, describe_state, read_status
+from cprobe.paths import relative
 
 log = logging.getLogger("cprobe")
 
@@ -173,7 +174,7 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
             if SLURM_DIR in status.relative_to(sweep_dir).parts:
                 continue
             state, detail = _status_state(read_status(status.parent))
-            out.points.append(PointState(_rel(status.parent, sweep_dir), state, detail))
+            out.points.append(PointState(relative(status.parent, sweep_dir), state, detail))
         return out
     lt = latest_task(manifest)
     out.jobs = job_ids(manifest)
@@ -240,10 +241,6 @@ def _point_state(sweep_dir: Path, name: str, task: str, rec: Mapping[str, Any],
     return PointState(name, "not run", f"{ended} before it started", task)
 
 
-def _rel(path: Path, root: Path) -> str:
-    return str(path.relative_to(root)) if path != root else "."
-
-
 def problems(sweep_dir: Path, scheduler: bool | None = None) -> list[str]:
     """What is not done in a sweep, one entry per point (``cprobe collect`` names them; the driver's exit code)."""
     return sweep_state(sweep_dir, scheduler=scheduler).problems()
@@ -264,7 +261,7 @@ def manifest_problems(directory: Path) -> tuple[set[Path], list[str]]:
         for p in sweep_state(sweep_dir).points:
             covered.add((sweep_dir / p.name).resolve())
             if p.state != "done":
-                out.append(PointState(_rel(sweep_dir / p.name, directory), p.state, p.detail, p.task).problem())
+                out.append(PointState(relative(sweep_dir / p.name, directory), p.state, p.detail, p.task).problem())
     return covered, out
 
 

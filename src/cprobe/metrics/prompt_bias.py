@@ -76,12 +76,10 @@ def prompt_spread(p1: pd.DataFrame) -> pd.DataFrame:
 def table1(spread: pd.DataFrame, threshold: float = 10.0) -> pd.DataFrame:
     """Table 1 per model: the means over relations of LAMA (original-prompt) P@1, worst, best and std, the mean diff
     and the share (%) of relations whose diff exceeds ``threshold`` points."""
-    rows = []
-    for model, g in spread.groupby("model", sort=False):
-        rows.append({"model": model, "lama_p1": g["original"].mean(), "worst_p1": g["worst"].mean(),
-                     "best_p1": g["best"].mean(), "std": g["std"].mean(), "diff": g["diff"].mean(),
-                     "diff_gt10_share": 100.0 * float((g["diff"] > threshold).mean()), "relations": len(g)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"model": model, "lama_p1": g["original"].mean(), "worst_p1": g["worst"].mean(),
+                          "best_p1": g["best"].mean(), "std": g["std"].mean(), "diff": g["diff"].mean(),
+                          "diff_gt10_share": 100.0 * float((g["diff"] > threshold).mean()), "relations": len(g)}
+                         for model, g in spread.groupby("model", sort=False)])
 
 
 def ordering(scores: Sequence[float], decimals: int | None = DECIMALS) -> tuple[int, ...]:

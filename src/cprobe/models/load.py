@@ -99,20 +99,6 @@ def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
     return mc
 
 
-def named_model_config(name: str, where: str) -> dict[str, Any]:
-    """A model config of the ``model`` group by name (``conf/model/<name>.yaml``), for settings that name a second
-    model (``where`` is the setting, for the error)."""
-    from omegaconf import OmegaConf
-
-    from cprobe.paths import config_dir, plain_name
-
-    path = config_dir() / "model" / f"{plain_name(name, where)}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (config_dir() / "model").glob("*.yaml"))
-        raise ConfigError(f"unknown model config {name!r} for {where}; choose from {known}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # type: ignore[return-value]
-
-
 def check_device(device: str) -> None:
     """Syntax of a device setting: auto | cpu | cuda | cuda:<i>."""
     if device in ("auto", "cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()):

@@ -23,15 +23,16 @@ _ARCH = {"mlm": "bert", "causal": "neox"}
 def members(model_cfg: Mapping[str, Any], names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """The models a study probes: ``names`` (model config names) when given, else the zoo's members, else the one
     model. Each is checked as a model config; names must be unique."""
-    from cprobe.models.load import named_model_config, parse_model_config
+    from cprobe.models.load import parse_model_config
+    from cprobe.paths import group_config
 
     if names:
-        out = [named_model_config(n, "prompt_bias.models") for n in names]
+        out = [group_config("model", n, "prompt_bias.models") for n in names]
     elif model_cfg.get("source") == "zoo":
         out = []
         for i, m in enumerate(model_cfg.get("members") or []):
             if isinstance(m, str):
-                out.append(named_model_config(m, f"model.members[{i}]"))
+                out.append(group_config("model", m, f"model.members[{i}]"))
             elif isinstance(m, Mapping):
                 out.append({"dtype": model_cfg.get("dtype", "float32"), "device": model_cfg.get("device", "auto"),
                             **dict(m)})

@@ -6,15 +6,14 @@ can differentiate through them; ``module`` returns logits of shape (n, k).
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from typing import Any, Self
 
 import torch
 from torch import Tensor, nn
 
-from cprobe.estimator import Estimator, adapt
-from cprobe.registry import Registry, WrongFamily, wrong_family
+from cprobe.estimator import Estimator, accept_class
+from cprobe.registry import Registry
 
 
 class Probe(Estimator, ABC):
@@ -55,14 +54,7 @@ class Probe(Estimator, ABC):
 def accept(obj: Any, ref: str) -> type[Probe]:
     """``obj`` as a probe class (a :class:`Probe` subclass, or a class with ``fit`` and ``predict_proba``, adapted);
     a one-line ConfigError otherwise."""
-    if not (inspect.isclass(obj) and issubclass(obj, Probe)):
-        got = adapt(obj, Probe, ("fit", "predict_proba"), "probe")
-        if got is None:
-            raise wrong_family(obj, ref, "probe", "Probe")
-        obj = got
-    if inspect.isabstract(obj):
-        raise WrongFamily(f"{ref!r} is abstract (implement {sorted(obj.__abstractmethods__)})")
-    return obj
+    return accept_class(obj, ref, Probe, ("fit", "predict_proba"), "probe")
 
 
 PROBES: Registry[type[Probe]] = Registry("probe", group="cprobe.probes", accept=accept)

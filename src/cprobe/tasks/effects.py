@@ -131,7 +131,7 @@ def validate_effects(job: Any, where: str, concepts: Sequence[str], removal_supp
     """The shared keys of a concept-effect study's node, one-line errors before any model loads: known explainers
     with valid settings that the study can run, distances, every fine-tuning number, the sentence-transformer."""
     from cprobe.explainers.base import EXPLAINERS, check_explainers
-    from cprobe.models.load import named_model_config
+    from cprobe.paths import group_config
 
     cfg: EffectConfig = job.task_cfg
     check_explainers(cfg.explainers, cfg.explainer, where)
@@ -149,7 +149,7 @@ def validate_effects(job: Any, where: str, concepts: Sequence[str], removal_supp
     finetune_config(cfg.finetune, f"{where}.finetune", defaults)
     finetune_config(cfg.concept_model, f"{where}.concept_model", defaults)
     if any(EXPLAINERS.get(n).embedding_space == "st" for n in cfg.explainers):
-        named_model_config(cfg.st_model, f"{where}.st_model")
+        group_config("model", cfg.st_model, f"{where}.st_model")
 
 
 def outside_metrics(cfg: Mapping[str, Any]) -> list[Any]:
@@ -322,7 +322,7 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
     """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
     LIBERTy (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
     ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
-    from cprobe.models.load import named_model_config
+    from cprobe.paths import group_config
     from cprobe.models.sites import MEAN, Site
 
     if not spaces:
@@ -339,7 +339,7 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
         if space == "pt":  # the pre-trained encoder
             adapter = encoder
         else:  # a sentence-transformer
-            adapter = ctx.adapter({**named_model_config(st_model, f"{where}.st_model"), "kind": "encoder"})
+            adapter = ctx.adapter({**group_config("model", st_model, f"{where}.st_model"), "kind": "encoder"})
         site = Site(adapter.n_layers, MEAN)
         acts = read_texts(ctx, adapter, sub, [site], max_length, None, f"embed ({space})")[0][site]
         full = torch.zeros(len(items), acts.shape[1])
