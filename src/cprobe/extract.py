@@ -23,7 +23,8 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.models.formatters import AgreementFormatter, Formatter
 from cprobe.models.load import fingerprint
 from cprobe.models.readouts import CandidateTokens, Readout, task_accuracy
-from cprobe.models.sites import Site
+from cprobe.models.resume import DEVICE_BUDGET, CleanStates
+from cprobe.models.sites import Batch, Site
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,52 @@ def extract_sites(adapter: ModelAdapter, items: Sequence[Any], items_fingerprint
         if all(v is not None for v in got.values()):
             return {s: got[s.key] for s in sites}, got.get(SCORES), hit and attempt == 0
     raise RuntimeError(f"the activation cache under {cache.root} keeps failing its checksums; check the disk")
+
+
+CLEAN_STATES_BUDGET = 2 << 30
+"""Bytes of full-sequence clean states kept as one cache entry at most; past it the edited pass runs in full."""
+
+
+def cached_clean_states(adapter: ModelAdapter, batch: Batch, layer: int, cache: ActivationCache) -> CleanStates | None:
+    """The clean full-sequence states (N, T, d) of ``batch``'s rows at ``layer`` (a block output), for an edited pass
+    over these items to resume from (:mod:`cprobe.models.resume`), as an activation-cache entry: a sweep's jobs that
+    edit the same items at or above ``layer`` (another method, another hyperparameter) compute blocks 1 … ``layer``
+    once between them, the first job paying one stopped pass for it. Keyed by the model's name and weights, its
+    dtype, the layer and the token ids and attention mask (:meth:`CleanStates.take` checks them again per batch).
+
+    None — the pass runs in full — when passes cannot resume (:attr:`ModelAdapter.can_resume`, layer 0), the cache is
+    off (one pass would cost what the full forward does) or the states would pass :data:`CLEAN_STATES_BUDGET`."""
+    import hashlib
+    import json
+
+    from cprobe.cache import cache_key, checked_entry
+    from cprobe.io import atomic_save_tensors, load_tensors
+
+    n, width = batch.input_ids.shape
+    size = n * width * adapter.hidden_size * adapter.dtype.itemsize
+    if not (adapter.can_resume and layer >= 1 and cache.enabled and n):
+        return None
+    if size > CLEAN_STATES_BUDGET:
+        log.info("edited pass runs in full: the clean states of %d items at layer %d would take %.1f GiB", n, layer,
+                 size / 2**30)
+        return None
+    ids, mask = batch.input_ids.cpu(), batch.attention_mask.cpu()
+    tokens = hashlib.sha256(ids.numpy().tobytes() + mask.numpy().tobytes() + str(tuple(ids.shape)).encode())
+    fields = {"model": adapter.name, "weights": fingerprint(adapter), "dtype": str(adapter.dtype), "kind": adapter.kind,
+              "clean_states_layer": layer, "tokens": tokens.hexdigest()[:20]}
+
+    def build(tmp: Any) -> dict[str, bytes]:
+        states = adapter.clean_states(batch, [layer]).states[layer]
+        atomic_save_tensors(tmp / "states.safetensors", {"states": states, "input_ids": ids, "attention_mask": mask})
+        return {"meta.json": json.dumps({**fields, "dataset": f"clean states at layer {layer}", "n": n}).encode()}
+
+    entry, _ = checked_entry(cache.root / f"clean-{cache_key(fields)}", build,
+                             f"the clean states of {adapter.name} at layer {layer} ({n} items)")
+    got = load_tensors(entry / "states.safetensors")
+    if got is None:  # torn after its manifest was checked: the next job rebuilds it
+        return None
+    return CleanStates(adapter.name, got["input_ids"], got["attention_mask"],
+                       {layer: got["states"].to(adapter.device if size <= DEVICE_BUDGET else "cpu")})
 
 
 def fit_streaming(estimator: Any, acts: Activations, name: str, labels: Tensor, rows: Tensor | None = None) -> Any:

@@ -108,10 +108,11 @@ def test_a_reliability_job_gives_the_pinned_table_and_items(name, tmp_path):
     _check(items, f"reliability_{name}_items")
 
 
-@pytest.mark.parametrize("name", ["das_plain", "das_read_all"])
-def test_das_trained_on_resumed_passes_gives_the_pinned_table_within_float_tolerance(name, tmp_path):
-    """DAS's training steps resume at the edited layer (issue 35): the same table within 1e-5 (the resumed blocks sum
-    in another order, so the last bits may differ)."""
+@pytest.mark.parametrize("name", sorted(RELIABILITY))
+def test_resumed_passes_give_the_pinned_table_within_float_tolerance(name, tmp_path):
+    """With ``compute.resume`` (issue 35): the edited pass over the scored items resumes at its lowest edited or read
+    layer from clean states in the activation cache, DAS's training steps and the sequential refits at the edited
+    layer: the same table within 1e-5 (the resumed blocks sum in another order, so the last bits may differ)."""
     table, items = reliability_table(name, tmp_path, resume=True)
     _check(table, f"reliability_{name}", exact=False)
     _check(items, f"reliability_{name}_items", exact=False)

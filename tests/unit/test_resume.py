@@ -231,3 +231,42 @@ def test_reliability_das_trains_through_resumed_passes(tmp_path, layer):
         found.append((das.a, das.losses))
     torch.testing.assert_close(found[1][0], found[0][0], atol=1e-5, rtol=1e-5)
     assert found[1][1] == pytest.approx(found[0][1], abs=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2"])
+def test_clean_states_from_the_activation_cache_resume_a_later_job_without_the_blocks_below(arch, tmp_path,
+                                                                                          monkeypatch):
+    """The reliability study's edited pass resumes from clean states kept in the activation cache
+    (``extract.cached_clean_states``): built once — one stopped pass —, read back by the next job, which then runs no
+    block at or below the layer; scores equal the full forward's; other tokens or another model are another entry."""
+    from cprobe.cache import ActivationCache
+    from cprobe.extract import cached_clean_states
+
+    adapter, ex, fmt, batch, cands = _setup(arch)
+    cache = ActivationCache(tmp_path)
+    shift = torch.randn(adapter.hidden_size, generator=torch.Generator().manual_seed(3))
+    spec = {Site(2): Apply(lambda h: h + shift)}
+    full = adapter.map(ex, fmt, [Site(3)], spec, cands)
+    built = []
+    real = ModelAdapter.clean_states
+    monkeypatch.setattr(ModelAdapter, "clean_states", lambda self, *a, **k: built.append(1) or real(self, *a, **k))
+    first = cached_clean_states(adapter, batch, 2, cache)
+    assert built == [1] and sorted(first.states) == [2]
+    calls = _Calls(adapter)
+    try:
+        again = cached_clean_states(adapter, batch, 2, cache)
+        assert built == [1] and torch.equal(again.states[2], first.states[2])
+        got = adapter.map(ex, fmt, [Site(3)], spec, cands, resume=again)
+        assert calls.ran() == [False, False, True]  # blocks 1 and 2 did not compute
+    finally:
+        calls.remove()
+    torch.testing.assert_close(got.scores, full.scores, **TOL)
+    torch.testing.assert_close(got.acts[Site(3)], full.acts[Site(3)], **TOL)
+    other = fmt(ex[:-1], adapter, torch.arange(len(ex) - 1))
+    cached_clean_states(adapter, other, 2, cache)  # other tokens: another entry, built
+    assert built == [1, 1]
+    adapter.name = f"{arch}-other"
+    cached_clean_states(adapter, batch, 2, cache)  # another model: another entry
+    assert built == [1, 1, 1]
+    assert cached_clean_states(adapter, batch, 0, cache) is None  # layer 0: nothing to skip
+    assert cached_clean_states(adapter, batch, 2, ActivationCache(tmp_path, enabled=False)) is None

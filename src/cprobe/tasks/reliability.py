@@ -31,7 +31,7 @@ from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
-from cprobe.extract import check_layers_spec, extract, resolve_layers, task_accuracy
+from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.job import JobContext
 from cprobe.tasks import TaskResult, Uses
@@ -500,8 +500,12 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
     acc_before = acc_after = out = None
     if not plain or readout is not None:  # a plain job reads nothing back: it scores X_new, the states written
-        out = adapter.map([data.examples[i] for i in items], fmt, read=[] if plain else [Site(l, position) for l in reads],
-                          edits=edits, readout=readout,
+        scored = [data.examples[i] for i in items]
+        low = min(edited) if plain else min(*edited, *reads)  # the pass resumes at its lowest edited or read layer
+        clean = cached_clean_states(adapter, fmt.encode(scored, adapter).batch(torch.arange(len(scored))), low,
+                                    ctx.cache)
+        out = adapter.map(scored, fmt, read=[] if plain else [Site(l, position) for l in reads],
+                          edits=edits, readout=readout, resume=clean,
                           desc=("write-back" if plain else "edited pass") if ctx.progress else None)
     if readout is not None:
         acc_before, acc_after = task_accuracy(ex.scores[items]), task_accuracy(out.scores)
