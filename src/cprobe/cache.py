@@ -156,6 +156,8 @@ def _json(entry: Path, name: str) -> dict[str, Any]:
 
 def _describe_acts(entry: Path) -> str:
     meta = _json(entry, "meta.json")
+    if "clean_states_layer" in meta:  # extract.cached_clean_states: one layer's full-sequence states
+        return f"{meta.get('model')} clean states at layer {meta['clean_states_layer']} n={meta.get('n')}"
     tensors = sorted(p.name for p in entry.iterdir() if p.is_dir())
     return (f"{meta.get('model')} × {meta.get('dataset')} n={meta.get('n')} "
             f"{meta.get('formatter', '')} tensors={len(tensors)} shards of {meta.get('shard_rows')} rows")

@@ -268,5 +268,11 @@ def test_clean_states_from_the_activation_cache_resume_a_later_job_without_the_b
     adapter.name = f"{arch}-other"
     cached_clean_states(adapter, batch, 2, cache)  # another model: another entry
     assert built == [1, 1, 1]
+    from cprobe.cache import cache_entries
+
+    listed = [d for k, _, _, d in cache_entries(tmp_path) if "clean states" in d]
+    assert sorted(listed) == sorted([f"{arch} clean states at layer 2 n={len(ex)}",
+                                     f"{arch} clean states at layer 2 n={len(ex) - 1}",
+                                     f"{arch}-other clean states at layer 2 n={len(ex)}"])
     assert cached_clean_states(adapter, batch, 0, cache) is None  # layer 0: nothing to skip
     assert cached_clean_states(adapter, batch, 2, ActivationCache(tmp_path, enabled=False)) is None
