@@ -477,7 +477,7 @@ def item_rows(records: pd.DataFrame, values: Mapping[str, Sequence[float]], item
     return finish_items(pd.concat(frames, ignore_index=True)) if frames else _no_items()
 
 
-def _key(values: Sequence[Any]) -> tuple:
+def record_key(values: Sequence[Any]) -> tuple:
     """A record key as plain hashable values (NA/NaN as None, numpy scalars unwrapped): equal keys join."""
     return tuple(None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
                  else int(v) if isinstance(v, np.integer) else v for v in values)
@@ -492,9 +492,9 @@ def count_items(records: pd.DataFrame, items: pd.DataFrame | None) -> pd.DataFra
     used: dict[tuple, int] = {}
     ok = items["value"].notna().to_numpy()
     for key, good in zip(items[list(KEY)].itertuples(index=False, name=None), ok):
-        k = _key(key)
+        k = record_key(key)
         used[k] = used.get(k, 0) + int(good)
-    n = [used.get(_key(key)) for key in records[list(KEY)].itertuples(index=False, name=None)]
+    n = [used.get(record_key(key)) for key in records[list(KEY)].itertuples(index=False, name=None)]
     if all(v is None for v in n):
         return records
     out = records.copy()
