@@ -138,9 +138,7 @@ def list_(group: Annotated[str | None, typer.Argument(help="Config group, e.g. m
             return
         for g in [group] if group else groups():
             typer.secho(f"{g}:", bold=True)
-            for name, desc in describe_group(g):
-                typer.echo(f"  {name:<28} {desc}")
-            for name, desc in _outside_options(g):
+            for name, desc in [*describe_group(g), *_outside_options(g)]:
                 typer.echo(f"  {name:<28} {desc}")
 
 
@@ -290,10 +288,7 @@ def check(
         for target, kw in todo:
             results += run_checks(target, kw, family=family if isinstance(target, str) else None,
                                   expected_failures=expected, strict=strict)
-        if as_json:
-            typer.echo(json.dumps([r.as_dict() for r in results], indent=1))
-        else:
-            typer.echo(format_table(results))
+        typer.echo(json.dumps([r.as_dict() for r in results], indent=1) if as_json else format_table(results))
         if any(r.status == "failed" for r in results):
             raise typer.Exit(1)
 
@@ -348,8 +343,7 @@ def _plugin_rows(modules: list[str]) -> list[tuple[str, str, str, str, str]]:
 
     _registry("intervention")  # imports every family, so each has registered its registry
     rows = []
-    for group in list(REGISTRIES):
-        reg = REGISTRIES[group]
+    for group, reg in list(REGISTRIES.items()):
         for name, eps in sorted(entry_points_of(group).items()):
             pkgs = [" ".join(dist_of(ep)) for ep in eps]
             if name in reg.builtin_names():
@@ -404,7 +398,7 @@ def version() -> None:
 @cache_app.command("info", help="List every cache entry (activations, models, finetuned, probes, probe_fits, cloze, "
                                 "engine) and its size.")
 def cache_info() -> None:
-    from cprobe.cache import CACHE_KINDS, cache_entries
+    from cprobe.cache import CACHE_KINDS, cache_entries, unregistered
     from cprobe.paths import cache_dir
 
     with user_errors():
@@ -417,8 +411,6 @@ def cache_info() -> None:
         for kind, what in CACHE_KINDS.items():
             typer.echo(f"{kind}: {sizes[kind] / 2**20:.1f} MiB ({what})")
         typer.echo(f"total: {sum(sizes.values()) / 2**20:.1f} MiB")
-        from cprobe.cache import unregistered
-
         for stray in unregistered(root):
             typer.echo(f"warning: {root / stray} is not a cprobe cache kind (not listed, never cleared)", err=True)
 

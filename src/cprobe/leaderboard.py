@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from cprobe.metrics.registry import HIGHER, LOWER, METRICS
-from cprobe.records import KEY, parse
+from cprobe.records import KEY, parse, record_key
 
 CELL = tuple(k for k in KEY if k not in ("seed", "metric"))
 N_BOOT = 2000
@@ -49,10 +49,7 @@ def headline(records: pd.DataFrame, breakdowns: Mapping[str, Sequence[str]]) -> 
     r = records[records["metric"].isin(sorted(heads))]
     if r.empty:
         return r
-    keep = []
-    for study, s in zip(r["study"], r["slice"]):
-        keys = set(parse(s))
-        keep.append(not keys & set(breakdowns.get(str(study), ())))
+    keep = [not set(parse(s)) & set(breakdowns.get(str(study), ())) for study, s in zip(r["study"], r["slice"])]
     return r[np.asarray(keep, dtype=bool)]
 
 
@@ -74,31 +71,26 @@ def interval(values: np.ndarray, items: Sequence[np.ndarray] | None, n_boot: int
         if any(len(x) < 2 for x in items):  # one item per seed: nothing to resample within a seed
             items = None
     s = len(values)
-    if s == 0:
+    if s == 0 or (items is None and s == 1):
         return np.nan, np.nan, "none"
     if items is None:
-        if s == 1:
-            return np.nan, np.nan, "none"
         return (*t_interval(values, level), "seeds")
-    else:
-        drawn = rng.integers(0, s, (n_boot, s)) if s > 1 else np.zeros((n_boot, 1), dtype=int)
-        means = np.empty(drawn.shape)
-        for j, x in enumerate(items):  # each drawn copy of seed j gets its own resample of j's items
-            where = np.nonzero(drawn == j)
-            count = len(where[0])
-            if count == 0:
-                continue
-            chunk = max(1, 2_000_000 // max(1, len(x)))
-            out = np.empty(count)
-            for a in range(0, count, chunk):
-                b = min(count, a + chunk)
-                out[a:b] = x[rng.integers(0, len(x), (b - a, len(x)))].mean(axis=1)
-            means[where] = out
-        stats = means.mean(axis=1)
-        kind = "seeds+items" if s > 1 else "items"
+    drawn = rng.integers(0, s, (n_boot, s)) if s > 1 else np.zeros((n_boot, 1), dtype=int)
+    means = np.empty(drawn.shape)
+    for j, x in enumerate(items):  # each drawn copy of seed j gets its own resample of j's items
+        where = np.nonzero(drawn == j)
+        count = len(where[0])
+        if count == 0:
+            continue
+        chunk = max(1, 2_000_000 // max(1, len(x)))
+        out = np.empty(count)
+        for a in range(0, count, chunk):
+            b = min(count, a + chunk)
+            out[a:b] = x[rng.integers(0, len(x), (b - a, len(x)))].mean(axis=1)
+        means[where] = out
     tail = (1 - level) / 2
-    lo, hi = np.quantile(stats, [tail, 1 - tail])
-    return float(lo), float(hi), kind
+    lo, hi = np.quantile(means.mean(axis=1), [tail, 1 - tail])
+    return float(lo), float(hi), "seeds+items" if s > 1 else "items"
 
 
 def t_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -133,15 +125,15 @@ def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
     item_groups: dict[tuple, np.ndarray] = {}
     if items is not None and len(items):
         for key, g in items.groupby(list(KEY), sort=False, dropna=False):
-            item_groups[tuple(_norm(k) for k in key)] = g["value"].to_numpy(dtype="float64")
+            item_groups[record_key(key)] = g["value"].to_numpy(dtype="float64")
     rows = []
     cell_keys = [*CELL, "metric"]
     for key, g in r.groupby(cell_keys, sort=False, dropna=False):
         g = g.sort_values("seed", kind="stable")
         values = g["value"].to_numpy(dtype="float64")
-        per_seed = [item_groups.get(tuple(_norm(x) for x in rec)) for rec in g[list(KEY)].itertuples(index=False)]
+        per_seed = [item_groups.get(record_key(rec)) for rec in g[list(KEY)].itertuples(index=False)]
         its = per_seed if per_seed and all(x is not None for x in per_seed) else None
-        lo, hi, kind = interval(values, its, n_boot, level, _rng(seed, tuple(_norm(k) for k in key)))
+        lo, hi, kind = interval(values, its, n_boot, level, _rng(seed, record_key(key)))
         rec = dict(zip(cell_keys, key))
         info = METRICS[str(rec["metric"])]
         finite = values[~np.isnan(values)]
@@ -159,14 +151,6 @@ def leaderboard(records: pd.DataFrame, items: pd.DataFrame | None = None,
     out = out.sort_values(["study", "dataset", "model", "_m", "layer", "read_layer", "slice", "_b", "method"],
                           kind="stable", na_position="first")
     return out.drop(columns=["_m", "_b"]).reset_index(drop=True)
-
-
-def _norm(v):
-    if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
-        return None
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    return v
 
 
 def number(x: float, like: float | None = None) -> str:

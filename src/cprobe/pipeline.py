@@ -31,12 +31,6 @@ from cprobe.paths import LATEST, cache_dir, data_dir, safe_name
 
 log = logging.getLogger("cprobe")
 
-def _cwd() -> str:
-    import os
-
-    return os.getcwd()
-
-
 NOT_IN_DIR_NAMES = ("logger", "hparams_search")
 """Override keys (and their sub-keys) that change where results are sent, never what they are: left out of run and
 job directory names (Hydra's ``exclude_keys`` matches whole keys only)."""
@@ -66,7 +60,8 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
 
 
 # Resolvers the configs use (registered wherever run_job is unpickled, i.e. in launcher workers too).
-OmegaConf.register_new_resolver("cprobe_cwd", _cwd, replace=True)  # paths.root_dir: the launch directory, without HydraConfig
+# paths.root_dir: the launch directory, without HydraConfig
+OmegaConf.register_new_resolver("cprobe_cwd", os.getcwd, replace=True)
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
 OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
 OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{d}" if s and (d := dir_suffix(s)) else "",
@@ -127,7 +122,7 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     from cprobe.tasks import TASK_MODULES, task_module, task_uses
 
     task_names = TASK_MODULES.names()
-    known = {f for f in JobKeys.__dataclass_fields__} | set(task_names)
+    known = set(JobKeys.__dataclass_fields__) | set(task_names)
     unknown = sorted(set(cfg) - known)
     if unknown:
         raise ConfigError(f"unknown config key(s) {unknown}; known keys: {sorted(known)} "

@@ -258,25 +258,15 @@ def _ints(s: pd.Series) -> pd.Series:
 
 def finish(frame: pd.DataFrame, study: str = "", seed: int | None = None, config: str = "") -> pd.DataFrame:
     """Records with every schema column, in order and typed (missing text columns ``""``, missing integers NA)."""
-    n = len(frame)
+    fill = {"study": study, "seed": seed, "config_id": config, "setting": "{}", "slice": "{}"}
+    if study:  # new records get plugin_api; records read from older files keep NA
+        from cprobe.registry import PLUGIN_API_VERSION
+
+        fill["plugin_api"] = PLUGIN_API_VERSION
     out = {}
     for c in COLUMNS:
-        if c in frame.columns:
-            col = frame[c].reset_index(drop=True)
-        elif c == "study":
-            col = pd.Series([study] * n)
-        elif c == "seed":
-            col = pd.Series([seed] * n, dtype=object)
-        elif c == "config_id":
-            col = pd.Series([config] * n)
-        elif c in ("setting", "slice"):
-            col = pd.Series(["{}"] * n)
-        elif c == "plugin_api" and study:  # new records; records read from older files keep NA
-            from cprobe.registry import PLUGIN_API_VERSION
-
-            col = pd.Series([PLUGIN_API_VERSION] * n, dtype=object)
-        else:
-            col = pd.Series([None] * n, dtype=object)
+        col = (frame[c].reset_index(drop=True) if c in frame.columns
+               else pd.Series([fill.get(c)] * len(frame), dtype=object))
         if c in INTS:
             out[c] = _ints(col)
         elif c == "value":
@@ -328,10 +318,9 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
                 extended = {s: canonical({**slice_dicts[s], pat[1]: pat[2]}) for s in set(slices)}
                 sl = [extended[s] for s in slices]
             ncol = _n_column(spec, metric)
-            part = base.assign(slice=sl, metric=metric,
-                               value=pd.to_numeric(t[col], errors="coerce").astype("float64"),
-                               n=t[ncol] if ncol in t.columns else None, _row=np.arange(len(t)), _order=order)
-            parts.append(part)
+            parts.append(base.assign(slice=sl, metric=metric,
+                                     value=pd.to_numeric(t[col], errors="coerce").astype("float64"),
+                                     n=t[ncol] if ncol in t.columns else None, _row=np.arange(len(t)), _order=order))
         recs = pd.concat(parts, ignore_index=True) if parts else base.iloc[:0]
         if parts:
             recs = recs.sort_values(["_row", "_order"], kind="stable").drop(columns=["_row", "_order"])
@@ -447,9 +436,7 @@ def _column_of(regex: str, key_value: str) -> str:
 
 def _field_back(col: pd.Series, name: str) -> pd.Series:
     if name in INTS:
-        if col.isna().any():
-            return col.astype("float64")
-        return col.astype("int64")
+        return col.astype("float64" if col.isna().any() else "int64")
     return col.astype(str)
 
 
@@ -490,7 +477,7 @@ def item_rows(records: pd.DataFrame, values: Mapping[str, Sequence[float]], item
     return finish_items(pd.concat(frames, ignore_index=True)) if frames else _no_items()
 
 
-def _key(values: Sequence[Any]) -> tuple:
+def record_key(values: Sequence[Any]) -> tuple:
     """A record key as plain hashable values (NA/NaN as None, numpy scalars unwrapped): equal keys join."""
     return tuple(None if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
                  else int(v) if isinstance(v, np.integer) else v for v in values)
@@ -505,9 +492,9 @@ def count_items(records: pd.DataFrame, items: pd.DataFrame | None) -> pd.DataFra
     used: dict[tuple, int] = {}
     ok = items["value"].notna().to_numpy()
     for key, good in zip(items[list(KEY)].itertuples(index=False, name=None), ok):
-        k = _key(key)
+        k = record_key(key)
         used[k] = used.get(k, 0) + int(good)
-    n = [used.get(_key(key)) for key in records[list(KEY)].itertuples(index=False, name=None)]
+    n = [used.get(record_key(key)) for key in records[list(KEY)].itertuples(index=False, name=None)]
     if all(v is None for v in n):
         return records
     out = records.copy()
@@ -543,10 +530,9 @@ def problems(records: pd.DataFrame) -> list[str]:
     """What is wrong with a records frame: schema, unregistered metrics, values outside a metric's range."""
     from cprobe.metrics.registry import METRICS
 
-    out = []
     if tuple(records.columns) != COLUMNS:
-        out.append(f"columns {list(records.columns)} are not the schema {list(COLUMNS)}")
-        return out
+        return [f"columns {list(records.columns)} are not the schema {list(COLUMNS)}"]
+    out = []
     unknown = sorted(set(records["metric"]) - set(METRICS))
     if unknown:
         out.append(f"unregistered metric(s) {unknown} (add them to cprobe/metrics/registry.py)")

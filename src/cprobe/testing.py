@@ -534,10 +534,12 @@ def check_deterministic(s: Subject) -> None:
         b = _transform(_fit_intervention(s.build(), f.X[f.fit_rows].clone(), f.z[f.fit_rows].clone()), f.X.clone(),
                        f.z.clone())
     elif s.family == "metric":
+        from cprobe.metrics.registry import compute
+
         if s.obj.fn is None:
             raise SkipCheck("a study's own metric: its study computes it (its tests hold the values)")
         inputs = _metric_inputs(s.obj)
-        a, b = (torch.as_tensor(_compute(s.obj, inputs)) for _ in range(2))
+        a, b = (torch.as_tensor(compute(s.obj, **inputs)) for _ in range(2))
     else:
         a, b = _fit_once(s).result, _fit_once(s, fresh=True).result
         if a is None and b is None:
@@ -800,32 +802,27 @@ def _metric_inputs(m: Any) -> dict[str, Any]:
     return {"true": true, "estimate": est}
 
 
-def _compute(m: Any, inputs: Mapping[str, Any]) -> np.ndarray:
-    from cprobe.metrics.registry import compute
-
-    return compute(m, **inputs)
-
-
 @_check("semantics")
 def check_metric_values(s: Subject) -> None:
     """On planted inputs the metric returns one value per item, inside its declared range, without editing its
     inputs; a nullifying edit (no z_target) is scored too."""
+    from cprobe.metrics.registry import compute
+
     m = s.obj
     if m.fn is None:
         raise SkipCheck("a study's own metric: its study computes it (its tests hold the values)")
     inputs = _metric_inputs(m)
     before = {k: (v.clone() if isinstance(v, Tensor) else np.array(v, copy=True)) for k, v in inputs.items()
               if v is not None}
-    v = _compute(m, inputs)
+    v = compute(m, **inputs)
     for k, v0 in before.items():
         now = inputs[k]
-        same = torch.equal(now, v0) if isinstance(now, Tensor) else np.array_equal(now, v0)
-        if not same:
+        if not (torch.equal(now, v0) if isinstance(now, Tensor) else np.array_equal(now, v0)):
             _fail(f"the input {k!r} was modified in place")
     if np.isnan(v).all():
         _fail("every value is NaN")
     if m.inputs == "edit":
-        _compute(m, {**inputs, "z_target": None})
+        compute(m, **{**inputs, "z_target": None})
 
 
 # ---- datasets -------------------------------------------------------------------------------------
@@ -878,11 +875,8 @@ def iter_checks(targets: Any, params: Mapping[str, Any] | None = None,
                 family: str | None = None) -> Iterator[tuple[Subject, Check]]:
     """Every (subject, check) for ``targets`` (one target, or a list of them: names, import paths, classes,
     metrics, or ``(target, params)`` pairs)."""
-    items = targets if isinstance(targets, list) else [targets]
-    for t in items:
-        for s in subjects(t, params, family):
-            for c in checks_for(s):
-                yield s, c
+    for t in targets if isinstance(targets, list) else [targets]:
+        yield from ((s, c) for s in subjects(t, params, family) for c in checks_for(s))
 
 
 def package_targets(package: str) -> list[tuple[Any, dict[str, Any]]]:
@@ -1005,8 +999,7 @@ def format_table(results: Sequence[CheckResult]) -> str:
     widths = [max(len(head[i]), *(len(x[i]) for x in rows)) if rows else len(head[i]) for i in range(4)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head[:4], widths)) + "  " + head[4]]
     lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 6)
-    for x in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(x[:4], widths)) + "  " + x[4])
+    lines += ["  ".join(v.ljust(w) for v, w in zip(x[:4], widths)) + "  " + x[4] for x in rows]
     counts = {st: sum(r.status == st for r in results) for st in CHECK_STATUSES}
     lines.append(", ".join(f"{n} {st}" for st, n in counts.items() if n) or "no checks")
     return "\n".join(lines)

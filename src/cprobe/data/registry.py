@@ -321,18 +321,12 @@ def load_dataset(cfg: Mapping[str, Any], root: Path) -> Dataset:
     common, dtype, specific = split_config(cfg)
     ds = dtype.loader(specific, Path(root), common.name)
     ds = replace(ds, source=relative_source(ds.source, Path(root)))
+    # max_examples >= 1 where set (split_config checked it)
     if not isinstance(ds, Dataset):  # another item family (e.g. CEBaB's TextItem splits): checked by its loader
-        if common.max_examples is not None:
-            if common.max_examples < 1:
-                raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
-            ds = ds.subsample(common.max_examples, common.seed)
-        return ds
+        return ds if common.max_examples is None else ds.subsample(common.max_examples, common.seed)
     ds = check_items(ds, common.duplicates or dtype.duplicates)
-    if common.max_examples is not None:
-        if common.max_examples < 1:
-            raise ConfigError(f"dataset.max_examples must be >= 1 (or null for all), got {common.max_examples}")
-        if len(ds) > common.max_examples:
-            ds = ds.subset(sorted(stratified_sample(ds, common.max_examples, common.stratify, common.seed)))
+    if common.max_examples is not None and len(ds) > common.max_examples:
+        ds = ds.subset(sorted(stratified_sample(ds, common.max_examples, common.stratify, common.seed)))
     return ds
 
 

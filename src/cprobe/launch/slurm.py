@@ -60,16 +60,14 @@ DEFAULTS: dict[str, Any] = {
 
 
 def detach_requested(params: Mapping[str, Any] | None = None) -> bool:
-    env = os.environ.get(DETACH_ENV, "") not in ("", "0")
-    return env or bool((params or {}).get("detach"))
+    return os.environ.get(DETACH_ENV, "") not in ("", "0") or bool((params or {}).get("detach"))
 
 
 def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    out = dict(DEFAULTS)
-    for k, v in params.items():
-        out[k] = OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+    out = {**DEFAULTS, **{k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                          for k, v in params.items()}}
     unknown = sorted(set(out) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown hydra.launcher key(s) {unknown} for the SLURM launcher; known: {sorted(DEFAULTS)}")
@@ -149,11 +147,7 @@ class Driver:
         except BaseException:
             self._release(sweep_dir)
             raise
-        returns = []
-        for p in points:
-            r = JobReturn(overrides=p.overrides, status=JobStatus.COMPLETED)
-            r._return_value = None
-            returns.append(r)
+        returns = [JobReturn(overrides=p.overrides, status=JobStatus.COMPLETED) for p in points]
         if not todo:
             return returns
         if detach_requested(self.params):
@@ -217,9 +211,7 @@ class Driver:
                 cfg.hydra.job.num = p.num
                 cfg.hydra.job.id = f"cprobe_{p.num}"
             HydraConfig.instance().set_config(cfg)
-            name = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
-            if name != p.name:  # the fast naming disagrees with Hydra's: Hydra's wins
-                p.name = name
+            p.name = str(OmegaConf.select(cfg, "hydra.sweep.subdir"))  # where the fast naming disagrees, Hydra's wins
             out_dir = sweep_dir / p.name
             with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
                 cfg.hydra.runtime.output_dir = str(out_dir.absolute())
@@ -345,9 +337,6 @@ def _follow(sweep_dir: Path, jobs: Sequence[str], tasks: Mapping[str, Sequence[s
             if task in ended_tasks or (ts is not None and ts.alive):
                 continue
             left = [p for p in mine if p.name in task_names and p.state != "done"]
-            if ts is not None and ts.state == "COMPLETED" and not left:
-                ended_tasks.add(task)
-                continue
             ended_tasks.add(task)
             if left:
                 what = ts.describe() if ts is not None else "vanished (the scheduler no longer knows it)"
@@ -370,13 +359,10 @@ def _alive_unknown(task_states: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _progress(points: Sequence[S.PointState]) -> str:
-    st = S.SweepState(Path("."), list(points))
-    c = st.counts()
-    done, n = c.get("done", 0), len(points)
-    parts = [f"{done}/{n} done", f"{c.get('running', 0)} running", f"{c.get('queued', 0)} queued"]
+    c = S.SweepState(Path("."), list(points)).counts()
     bad = sum(c.get(s, 0) for s in ("failed", "dead", "interrupted", "not run"))
-    parts.append(f"{bad} failed/stopped")
-    return ", ".join(parts)
+    return (f"{c.get('done', 0)}/{len(points)} done, {c.get('running', 0)} running, {c.get('queued', 0)} queued, "
+            f"{bad} failed/stopped")
 
 
 def _elapsed(s: float) -> str:
@@ -436,17 +422,16 @@ def process_start() -> float | None:
         return None
 
 
+@dataclass
 class PackRunner:
     """Runs one array task's points in this process (pickled by the driver, called by submitit on the node)."""
 
-    def __init__(self, hydra_context: Any, config: Any, task_function: Any, singleton_state: Any, sweep_dir: str,
-                 max_requeues: int) -> None:
-        self.hydra_context = hydra_context
-        self.config = config
-        self.task_function = task_function
-        self.singleton_state = singleton_state
-        self.sweep_dir = sweep_dir
-        self.max_requeues = max_requeues
+    hydra_context: Any
+    config: Any
+    task_function: Any
+    singleton_state: Any
+    sweep_dir: str
+    max_requeues: int
 
     def __call__(self, pack: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         t_call = time.time()
@@ -542,8 +527,7 @@ class PackRunner:
                 sys.stdout.flush()
                 os._exit(0)  # the scheduler kills this process anyway; nothing more to do here
             why = f"{why}; the requeue failed: {err}"
-        record["state"] = "interrupted"
-        record["reason"] = why
+        record.update(state="interrupted", reason=why)
         S.write_record(sweep_dir, task, record)
         log.warning("task %s: %s; not requeued", task, why)
         sys.stdout.flush()
@@ -577,7 +561,7 @@ def _should_requeue(task: str, signame: str, restarts: int, max_requeues: int) -
         else:
             return False, f"SIGTERM with the job {state.lower()} (cancelled with scancel)"
     else:
-        return False, f"{signame}"
+        return False, signame
     if restarts >= max_requeues:
         return False, f"{why}, but it was requeued {restarts} time(s) already (hydra.launcher.max_requeues=" \
                       f"{max_requeues})"
@@ -587,8 +571,7 @@ def _should_requeue(task: str, signame: str, restarts: int, max_requeues: int) -
 def _task_logging() -> None:
     """The task's own lines in its log before Hydra configures logging for the first point; submitit's logger
     keeps its own handler (not twice through the root's)."""
-    root = logging.getLogger()
-    if not root.handlers:
+    if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(levelname)s] %(message)s",
                             datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout)
     logging.getLogger("submitit").propagate = False

@@ -365,6 +365,12 @@ def resolve_metric(ref: str) -> Metric:
     return m
 
 
+def outside_metrics(cfg: Mapping[str, Any], inputs: str) -> list[Metric]:
+    """The config's ``metrics:`` that read ``inputs`` (a key of :data:`INPUTS`; the list is validated by the
+    pipeline)."""
+    return [m for m in (resolve_metric(str(r)) for r in cfg.get("metrics") or []) if m.inputs == inputs]
+
+
 def compute(metric: Metric, **inputs: Any) -> np.ndarray:
     """``metric.fn(**inputs)`` as float64 (n,) per-item values, checked: one value per item, finite or NaN, inside the
     declared range — a DataError naming the metric otherwise."""

@@ -74,7 +74,6 @@ class ModelConfig:
         if self.source == "package" and not self.package:
             raise ValueError("a source: package model needs `package:` (the Python package name)")
 
-
     @property
     def reads_as_set(self) -> str | None:
         """What this model config is when it is not one loadable model (read only by a task with the ``model_sets``
@@ -171,7 +170,7 @@ def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | No
     """The model's number of blocks from its config file, without loading weights (None when unknowable
     before a download). Raises the same fail-fast error as loading when the model cannot be had."""
     mc = parse_model_config(cfg)
-    if mc.source in ("zoo", "fact_world"):
+    if mc.reads_as_set:  # no one model: its task loads the members
         return None
     if mc.source == "tiny":
         from cprobe.models.tiny import TinyTrainConfig
@@ -257,8 +256,7 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
             "classifier": AutoModelForSequenceClassification}[mc.kind]
     kw = dict(revision=mc.revision, trust_remote_code=mc.trust_remote_code)
-    local = Path(path).is_dir()
-    if local:
+    if Path(path).is_dir():
         _check_local_dir(mc, Path(path))
     placed: dict[str, Any] = {}
     if mc.device_map is not None:  # the final map from an empty copy of the model: checked before weights load
@@ -274,10 +272,9 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
             placed["offload_folder"] = str(Path(mc.offload_dir).expanduser())
 
     def _load(local_only: bool):
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw)
-        model = auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
-                                     use_safetensors=None if mc.allow_bin else True, **placed, **kw)
-        return tok, model
+        return (AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw),
+                auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
+                                     use_safetensors=None if mc.allow_bin else True, **placed, **kw))
 
     tok, model = _pretrained(mc, path, _load)
     if not getattr(tok, "is_fast", False):

@@ -79,10 +79,8 @@ def table_html(df: pd.DataFrame, caption: str = "", note: str = "", max_rows: in
     head = "".join(f"<th>{esc(c)}</th>" for c in shown.columns)
     body = []
     for row in shown.itertuples(index=False, name=None):
-        cells = []
-        for v in row:
-            text, num = _cell(v)
-            cells.append(f'<td class="num">{esc(text)}</td>' if num else f"<td>{esc(text)}</td>")
+        cells = (f'<td class="num">{esc(text)}</td>' if num else f"<td>{esc(text)}</td>"
+                 for text, num in map(_cell, row))
         body.append("<tr>" + "".join(cells) + "</tr>")
     cut = f" Showing {max_rows} of {len(df)} rows." if len(df) > max_rows else ""
     notes = f'<p class="note">{esc(note)}{esc(cut)}</p>' if note or cut else ""
@@ -229,7 +227,7 @@ def _environment(d: Path, jobs: Sequence[Path]) -> str:
     packages = env.get("packages") or {}
     items = [(k, v) for k, v in env.items() if k not in ("packages", "env")]
     items += [(k, v) for k, v in (env.get("env") or {}).items()]
-    distinct = {json.dumps({k: v for k, v in e.items()}, sort_keys=True) for e in envs}
+    distinct = {json.dumps(e, sort_keys=True) for e in envs}
     note = "" if len(distinct) <= 1 else (f'<p class="note">{len(distinct)} distinct environments among the jobs; '
                                           "the first is shown (each job's page shows its own).</p>")
     return note + _dl(items) + "<h3>Packages</h3>" + _dl(packages.items())
@@ -315,12 +313,10 @@ def render(directory: Path) -> str:
         states = pd.Series([s.get("state", "unknown") for s in statuses]).value_counts().to_dict()
         sub = (f"{len(jobs)} job(s) of {', '.join(studies) or '?'} · "
                + ", ".join(f"{n} {k}" for k, n in states.items()))
-    sections: list[tuple[str, str, str]] = []
     overview = _dl([("directory", str(d)), ("studies", ", ".join(studies)),
                     ("state", (status or {}).get("state")), ("rows", (status or {}).get("rows")),
                     ("error", (status or {}).get("error"))]) + _records_overview(d) + _methods_overview(d)
-    sections.append(("overview", "Overview", overview))
-    sections.append(("leaderboard", "Leaderboard", _leaderboard(d)))
+    sections = [("overview", "Overview", overview), ("leaderboard", "Leaderboard", _leaderboard(d))]
     search = None if job else _read_json(d / "search.json")
     if search:
         sections.append(("search", "Search", _search(search)))
@@ -336,14 +332,11 @@ def render(directory: Path) -> str:
         figs = [_figure(p, d) for p in sorted(sub_dir.glob("*.png"))]
         if figs:
             figures.append(heading + "".join(figs))
-    if job and (d / "metrics.parquet").is_file():
-        m = _read_table(d / "metrics.parquet")
-        if m is not None and len(m):
-            tables.append("<h3>metrics</h3>" + table_html(m, note="metrics.csv: the study's own table"))
-    elif (d / "results.parquet").is_file():
-        m = _read_table(d / "results.parquet")
-        if m is not None and len(m):
-            tables.append("<h3>results</h3>" + table_html(m, note="results.csv: every job's table"))
+    own, what = (("metrics", "the study's own table") if job and (d / "metrics.parquet").is_file()
+                 else ("results", "every job's table"))
+    m = _read_table(d / f"{own}.parquet")  # None where there is none
+    if m is not None and len(m):
+        tables.append(f"<h3>{own}</h3>" + table_html(m, note=f"{own}.csv: {what}"))
     sections.append(("tables", "Tables", "".join(tables) or '<p class="note">No tables.</p>'))
     sections.append(("figures", "Figures", "".join(figures) or '<p class="note">No figures.</p>'))
     if jobs:

@@ -52,6 +52,7 @@ from cprobe.data.items import TextItem
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.metrics.icace import acace, icace_error
+from cprobe.metrics.registry import outside_metrics
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
@@ -59,8 +60,7 @@ from cprobe.records import Derived, RecordSpec, const
 from cprobe.results import summarise
 from cprobe.tasks import TaskResult, Uses
 from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, diagnostics, effect_values,
-                                  explainer_sources, finite_table, outside_metrics, run_effects, subsample_pairs,
-                                  validate_effects)
+                                  explainer_sources, finite_table, run_effects, subsample_pairs, validate_effects)
 
 log = logging.getLogger("cprobe")
 
@@ -164,7 +164,7 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
     pf = pair_frame(spec.pairs)
     rows += _data_effect_rows(common, pf, config.task, config.aspects)
     rows += _cace_rows(common, pf, res.probs[res.base_idx].argmax(1), res.probs[res.cf_idx].argmax(1), config.aspects)
-    extra = outside_metrics(cfg)
+    extra = outside_metrics(cfg, "effect")
     for name, est in res.estimates.items():
         for dist in config.distances:
             rows += _error_rows(common, name, dist, pf, icace_error(res.true, est, dist))

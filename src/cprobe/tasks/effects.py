@@ -152,13 +152,6 @@ def validate_effects(job: Any, where: str, concepts: Sequence[str], removal_supp
         group_config("model", cfg.st_model, f"{where}.st_model")
 
 
-def outside_metrics(cfg: Mapping[str, Any]) -> list[Any]:
-    """The config's ``metrics:`` that read effects (``inputs: effect``; validated by the pipeline)."""
-    from cprobe.metrics.registry import resolve_metric
-
-    return [m for m in (resolve_metric(str(r)) for r in cfg.get("metrics") or []) if m.inputs == "effect"]
-
-
 def effect_values(metric: Any, true: np.ndarray, estimate: np.ndarray) -> np.ndarray:
     """An outside effect metric per pair (checked: one finite value per pair, in its range)."""
     from cprobe.metrics.registry import compute

@@ -44,13 +44,14 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
 from cprobe.metrics import liberty as M
+from cprobe.metrics.registry import outside_metrics
 import cprobe.plots as plots
 from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.records import Derived, RecordSpec
 from cprobe.results import summarise
 from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, diagnostics, effect_values, \
-    explainer_sources, finite_table, outside_metrics, run_effects, subsample_pairs, validate_effects
+    explainer_sources, finite_table, run_effects, subsample_pairs, validate_effects
 
 log = logging.getLogger("cprobe")
 
@@ -225,7 +226,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         ctx.timings["true_effects_s"] = time.perf_counter() - t0
         rows += [{**common, "kind": "sensitivity", "explainer": "scm", "concept": c, "value": effects[c],
                   "n": config.mc_samples} for c in concepts]
-    extra = outside_metrics(cfg)
+    extra = outside_metrics(cfg, "effect")
     for name, est in res.estimates.items():
         rows += _score_rows(common, name, true, est, example, change, concept_of, config.distances,
                             {c: gold[c] for c in concepts if c in gold})

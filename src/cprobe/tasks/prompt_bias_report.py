@@ -15,10 +15,11 @@ from cprobe.results import summarise
 DEFAULT_SETTINGS = ["original", "random", "backdoor", "backdoor_sampled"]
 MAIN = "main"  # the variant name of the study's own zoo (controls are named by prompt_bias.controls)
 
-def _cell(m: float, s: float, n: int) -> str:
-    if np.isnan(m):
-        return "nan"
-    return f"{m:.2f}" if n <= 1 else f"{m:.2f} ({s:.2f})"
+
+def _cells(s: pd.DataFrame) -> list[str]:
+    """Each summary row's cell: ``mean (std)`` over seeds, the mean alone for one seed, ``nan`` when undefined."""
+    return ["nan" if np.isnan(m) else f"{m:.2f}" if n <= 1 else f"{m:.2f} ({sd:.2f})"
+            for m, sd, n in zip(s["mean"], s["std"], s["seeds"])]
 
 
 TABLE1 = {"lama_p1": "LAMA P@1", "worst_p1": "Worst P@1", "best_p1": "Best P@1", "std": "Std",
@@ -46,7 +47,7 @@ def table1(table: pd.DataFrame) -> pd.DataFrame:
     if s.empty:
         return s
     s = s[s["metric"].isin(list(TABLE1))]
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
+    s = s.assign(cell=_cells(s))
     idx = _index(s)
     wide = s.pivot_table(index=idx, columns="metric", values="cell", aggfunc="first", sort=False)
     wide = wide[[k for k in TABLE1 if k in wide.columns]].rename(columns=TABLE1)
@@ -58,7 +59,7 @@ def table3(table: pd.DataFrame) -> pd.DataFrame:
     s = summarise(table, "disparity", ["dataset", "model", "gamma"])
     if s.empty:
         return s
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])],
+    s = s.assign(cell=_cells(s),
                  row=["None" if g < 0 else f"{100 * g:g}%" for g in s["gamma"]])
     order = [*[f"{100 * g:g}%" for g in sorted(x for x in s["gamma"].unique() if x >= 0)], "None"]
     wide = s.pivot_table(index="row", columns="model", values="cell", aggfunc="first", sort=False).reindex(order)
@@ -89,7 +90,7 @@ def table4(table: pd.DataFrame) -> pd.DataFrame:
         return s
     ties = summarise(table, "rank_ties", ["dataset", "variant", "model", "setting"])
     s = pd.concat([s, ties[ties["model"] == "any"]], ignore_index=True)
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
+    s = s.assign(cell=_cells(s))
     pairs = pair_table(table)
     if not pairs.empty:
         first = pairs.groupby([k for k in ("config_id", "dataset", "variant", "setting") if k in pairs.columns],
@@ -120,7 +121,7 @@ def ties_table(table: pd.DataFrame) -> pd.DataFrame:
     s = summarise(_with_variant(table), "rank_ties", ["dataset", "variant", "model", "setting"])
     if s.empty:
         return s
-    s = s.assign(cell=[_cell(a, b, n) for a, b, n in zip(s["mean"], s["std"], s["seeds"])])
+    s = s.assign(cell=_cells(s))
     idx = _index(s)
     return s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
 

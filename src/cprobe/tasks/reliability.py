@@ -28,13 +28,14 @@ import torch
 from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
+from cprobe.metrics.registry import compute, outside_metrics
 from cprobe.data.registry import load_dataset
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
 from cprobe.job import JobContext
-from cprobe.tasks import TaskResult, Uses
+from cprobe.tasks import SHARED_GROUPS, TaskResult, Uses
 from cprobe.models.load import fingerprint, resolve_device
 from cprobe.metrics.reliability import (
     counterfactual_targets,
@@ -55,7 +56,7 @@ from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "dataset", "split", "probe", "intervention", "layers", "position"))
+USES = Uses(groups=SHARED_GROUPS)
 
 _MEMO: dict[str, Probe] = {}
 _PROBE_CACHE_VERSION = 4  # 3: checksummed files; 4: keyed by the training data's content (probes/grid.fit_key)
@@ -302,19 +303,10 @@ OUTSIDE = "metric_"
 """Table columns ``metric_<name>`` hold the outside metrics of the config's ``metrics:`` (``edit`` inputs)."""
 
 
-def outside_metrics(cfg: Mapping[str, Any]) -> list[Any]:
-    """The config's ``metrics:`` that read an edit (validated by the pipeline)."""
-    from cprobe.metrics.registry import resolve_metric
-
-    return [m for m in (resolve_metric(str(r)) for r in cfg.get("metrics") or []) if m.inputs == "edit"]
-
-
 def edit_metrics(metrics: Sequence[Any], before: Tensor, after: Tensor, z: Tensor, z_goal: Tensor | None,
                  per_item: dict[str, Tensor]) -> dict[str, float]:
     """Each outside metric on the scored test rows (states before / after the edit, the targeted property, the goal
     class): its mean as ``metric_<name>``, its per-item values into ``per_item`` (the leaderboard's bootstrap)."""
-    from cprobe.metrics.registry import compute
-
     out = {}
     for m in metrics:
         v = compute(m, before=before.float(), after=after.float(), z=z.long(),
@@ -523,7 +515,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
         scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
                                     {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
                                     per_layer[l])
-        scores.update(edit_metrics(outside_metrics(cfg), X_orig, X_edit, z_te[rows], z_goal, per_layer[l]))
+        scores.update(edit_metrics(outside_metrics(cfg, "edit"), X_orig, X_edit, z_te[rows], z_goal, per_layer[l]))
         edited_acc = {}
         for p in (target, *others):
             ok = labels[p][items] >= 0
