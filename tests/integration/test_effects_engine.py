@@ -148,25 +148,32 @@ def test_the_default_lists_hold_only_runnable_explainers():
         prepare(_compose(f"+experiment={experiment}"))
 
 
-@pytest.mark.parametrize("study", sorted(WORLDS))
-def test_a_rerun_reads_every_model_output_back_from_the_cache(study, runs, monkeypatch):
-    """The fine-tuned classifier's outputs (f, φ, the ft space), the concept classifier's labels and the pt / st
-    embeddings are activation-cache entries: a rerun with other explainers runs no model and gets the same numbers;
-    one changed text is another key, so that rerun runs the models again."""
-    from cprobe.job import JobContext, seed_everything
+@pytest.fixture
+def passes(monkeypatch) -> list[int]:
+    """The rows of every model pass (``ModelAdapter.stream``) made while the test runs."""
     from cprobe.models.adapter import ModelAdapter
+
+    made: list[int] = []
+    real = ModelAdapter.stream
+
+    def counted(self, items, *a, **k):
+        made.append(len(items))
+        return real(self, items, *a, **k)
+
+    monkeypatch.setattr(ModelAdapter, "stream", counted)
+    return made
+
+
+@pytest.mark.parametrize("study", sorted(WORLDS))
+def test_a_rerun_reads_every_model_output_back_from_the_cache(study, runs, passes):
+    """The fine-tuned classifier's outputs (f, φ, the ft space), the concept classifier's labels and the pt / st
+    embeddings are activation-cache entries: a rerun with other explainers runs no model and gets the same
+    numbers."""
+    from cprobe.job import JobContext, seed_everything
     from cprobe.pipeline import prepare
 
     _, pairs, info = runs[study]
     root, first = info["root"], info["cfg"]
-    passes: list[int] = []
-    real = ModelAdapter.stream
-
-    def counted(self, items, *a, **k):
-        passes.append(len(items))
-        return real(self, items, *a, **k)
-
-    monkeypatch.setattr(ModelAdapter, "stream", counted)
 
     def rerun(cfg: dict, name: str) -> pd.DataFrame:
         ctx = JobContext(cfg={**cfg, "paths": {}}, out_dir=root / name, data_root=root, cache_root=root / "cache",
@@ -185,23 +192,14 @@ def test_a_rerun_reads_every_model_output_back_from_the_cache(study, runs, monke
         np.testing.assert_array_equal(np.stack(again[col]), np.stack(pairs[col]))
 
 
-def test_the_texts_are_the_key_of_a_cached_reading(runs, tmp_path, monkeypatch):
+def test_the_texts_are_the_key_of_a_cached_reading(runs, tmp_path, passes):
     """One changed text is another entry (the model runs again); the same texts are read back."""
     from cprobe.data.items import TextItem
     from cprobe.job import JobContext
-    from cprobe.models.adapter import ModelAdapter
     from cprobe.models.sites import MEAN, Site
     from cprobe.tasks.effects import read_texts
 
     cfg = runs["cebab"][2]["cfg"]
-    passes: list[int] = []
-    real = ModelAdapter.stream
-
-    def counted(self, items, *a, **k):
-        passes.append(len(items))
-        return real(self, items, *a, **k)
-
-    monkeypatch.setattr(ModelAdapter, "stream", counted)
     ctx = JobContext(cfg={**cfg, "paths": {}}, out_dir=tmp_path, data_root=tmp_path, cache_root=tmp_path / "cache",
                      progress=False)
     encoder = ctx.adapter({**cfg["model"], "kind": "encoder"})
