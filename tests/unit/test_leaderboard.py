@@ -45,6 +45,14 @@ def test_seeds_and_items_resample_both_levels():
     assert 0.0 <= lo < 0.5 < hi <= 1.0
 
 
+def test_a_seed_drawn_once_still_gets_its_items_resampled():
+    """One bootstrap draw of one seed: seed 0 is drawn exactly once (count 1), and its constant items [0.25, 0.25]
+    give the draw mean 0.25, so the interval is (0.25, 0.25). Kills a skip of seeds drawn once (the draw's mean
+    would stay uninitialised)."""
+    lo, hi, kind = interval(np.array([0.25]), [np.array([0.25, 0.25])], n_boot=1, rng=rng())
+    assert (lo, hi, kind) == (0.25, 0.25, "items")
+
+
 def test_one_item_per_seed_is_not_an_item_bootstrap():
     lo, hi, kind = interval(np.array([0.4]), [np.array([0.4])], rng=rng())
     assert kind == "none" and np.isnan(lo)
