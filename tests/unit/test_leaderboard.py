@@ -119,3 +119,18 @@ def test_wide_tables_and_markdown_state_the_interval():
     assert "## s · d" in md and "t over seeds (no per-item values)" in md
     assert cell_text(0.000123, 0.0001, 0.0002) == "0.000123 [0.0001, 0.0002]"
     assert cell_text(45.25, 40.0, 50.0) == "45.250 [40.000, 50.000]" and cell_text(np.nan, 0, 1) == "n/a"
+
+
+def test_a_plugin_methods_source_is_shown_and_built_in_ones_are_not():
+    """The cell's source is its first non-blank record source; the wide table has a source column only when some
+    method comes from outside cprobe (not "built-in")."""
+    rows = [{"method": "a", "metric": "reliability", "value": 0.5, "seed": s, "source": "built-in"} for s in (0, 1)]
+    plugin = [{"method": "b", "metric": "reliability", "value": 0.5, "seed": 0, "source": ""},
+              {"method": "b", "metric": "reliability", "value": 0.5, "seed": 1, "source": "pkg.mod:B"}]
+    board = leaderboard(records(rows + plugin))
+    assert dict(zip(board["method"], board["source"])) == {"a": "built-in", "b": "pkg.mod:B"}
+    (_, t), = wide(board).items()
+    assert list(t.columns) == ["model", "method", "source", "seeds", "reliability ↑"]
+    assert t["source"].tolist() == ["built-in", "pkg.mod:B"]
+    (_, t), = wide(leaderboard(records(rows))).items()
+    assert list(t.columns) == ["model", "method", "seeds", "reliability ↑"]
