@@ -119,6 +119,7 @@ def test_wide_tables_and_markdown_state_the_interval():
     assert "## s · d" in md and "t over seeds (no per-item values)" in md
     assert cell_text(0.000123, 0.0001, 0.0002) == "0.000123 [0.0001, 0.0002]"
     assert cell_text(45.25, 40.0, 50.0) == "45.250 [40.000, 50.000]" and cell_text(np.nan, 0, 1) == "n/a"
+    assert cell_text(0.0, 0.0, 0.0) == "0 [0, 0]"  # an exact zero (a zero reference) prints as 0, no decimals
 
 
 def test_a_plugin_methods_source_is_shown_and_built_in_ones_are_not():
