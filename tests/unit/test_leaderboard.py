@@ -45,6 +45,14 @@ def test_seeds_and_items_resample_both_levels():
     assert 0.0 <= lo < 0.5 < hi <= 1.0
 
 
+def test_a_seed_drawn_once_still_gets_its_items_resampled():
+    """One bootstrap draw of one seed: seed 0 is drawn exactly once (count 1), and its constant items [0.25, 0.25]
+    give the draw mean 0.25, so the interval is (0.25, 0.25). Kills a skip of seeds drawn once (the draw's mean
+    would stay uninitialised)."""
+    lo, hi, kind = interval(np.array([0.25]), [np.array([0.25, 0.25])], n_boot=1, rng=rng())
+    assert (lo, hi, kind) == (0.25, 0.25, "items")
+
+
 def test_one_item_per_seed_is_not_an_item_bootstrap():
     lo, hi, kind = interval(np.array([0.4]), [np.array([0.4])], rng=rng())
     assert kind == "none" and np.isnan(lo)
@@ -111,3 +119,19 @@ def test_wide_tables_and_markdown_state_the_interval():
     assert "## s · d" in md and "t over seeds (no per-item values)" in md
     assert cell_text(0.000123, 0.0001, 0.0002) == "0.000123 [0.0001, 0.0002]"
     assert cell_text(45.25, 40.0, 50.0) == "45.250 [40.000, 50.000]" and cell_text(np.nan, 0, 1) == "n/a"
+    assert cell_text(0.0, 0.0, 0.0) == "0 [0, 0]"  # an exact zero (a zero reference) prints as 0, no decimals
+
+
+def test_a_plugin_methods_source_is_shown_and_built_in_ones_are_not():
+    """The cell's source is its first non-blank record source; the wide table has a source column only when some
+    method comes from outside cprobe (not "built-in")."""
+    rows = [{"method": "a", "metric": "reliability", "value": 0.5, "seed": s, "source": "built-in"} for s in (0, 1)]
+    plugin = [{"method": "b", "metric": "reliability", "value": 0.5, "seed": 0, "source": ""},
+              {"method": "b", "metric": "reliability", "value": 0.5, "seed": 1, "source": "pkg.mod:B"}]
+    board = leaderboard(records(rows + plugin))
+    assert dict(zip(board["method"], board["source"])) == {"a": "built-in", "b": "pkg.mod:B"}
+    (_, t), = wide(board).items()
+    assert list(t.columns) == ["model", "method", "source", "seeds", "reliability ↑"]
+    assert t["source"].tolist() == ["built-in", "pkg.mod:B"]
+    (_, t), = wide(leaderboard(records(rows))).items()
+    assert list(t.columns) == ["model", "method", "seeds", "reliability ↑"]
