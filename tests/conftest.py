@@ -160,7 +160,8 @@ def make_word_tokenizer(kind: str):
 
 
 def make_random_model(arch: str, seed: int = 0):
-    """A tiny random-init HF model (no download) and its tokenizer: arch in bert | roberta | gpt_neox | gpt2 | llama."""
+    """A tiny random-init HF model (no download) and its tokenizer: arch in bert | roberta | gpt_neox | gpt2 | llama |
+    mistral | qwen2."""
     import torch
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
                               GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM)
@@ -182,6 +183,12 @@ def make_random_model(arch: str, seed: int = 0):
                                              intermediate_size=64, max_position_embeddings=64))
     elif arch == "gpt2":
         m = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=3, n_head=2, n_positions=64))
+    elif arch in ("mistral", "qwen2"):  # rotary, grouped-query attention (2 query heads per key/value head)
+        from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+        config, model = (MistralConfig, MistralForCausalLM) if arch == "mistral" else (Qwen2Config, Qwen2ForCausalLM)
+        m = model(config(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
     else:
         m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))

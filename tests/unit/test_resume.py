@@ -1,5 +1,5 @@
 """Resuming an edited pass at its edited layer (issue 35 items 2–3): per family (masked and causal, absolute and rotary
-positions), edits at the first, a middle and the last layer of padded batches of uneven lengths, the resumed pass
+positions, grouped-query attention), edits at the first, a middle and the last layer of padded batches of uneven lengths, the resumed pass
 gives the full forward's scores and read states (≤ 1e-5, fp32) and DAS's gradients, while the blocks below the edit
 do not run; an unknown family runs the full forward with one log line; states of another model or other tokens are
 refused."""
@@ -20,7 +20,7 @@ from cprobe.models.sites import Site
 from tests.conftest import make_random_model
 from tests.unit.test_engine import _examples
 
-ARCHS = ["bert", "roberta", "gpt2", "gpt_neox", "llama"]
+ARCHS = ["bert", "roberta", "gpt2", "gpt_neox", "llama", "mistral", "qwen2"]
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
