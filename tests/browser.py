@@ -208,8 +208,8 @@ class Browser:
             size = metrics.get("cssContentSize") or metrics.get("contentSize") or {}
             clip = {"x": 0, "y": 0, "width": min(float(size.get("width", width)), 4000.0),
                     "height": min(float(size.get("height", 900)), float(max_height)), "scale": 1}
-            shot = pipe.send("Page.captureScreenshot", {"format": "png", "clip": clip, "captureBeyondViewport": True},
-                             session=session)
+            shot = pipe.send("Page.captureScreenshot", {"format": "png", "clip": clip, "captureBeyondViewport": True,
+                                                         "optimizeForSpeed": True}, session=session)
             out.screenshot = base64.b64decode(shot.get("data", ""))
         finally:
             pipe.send("Target.closeTarget", {"targetId": target})

@@ -5,9 +5,6 @@ checkpoints, and the zoo's cached training (continued training included)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -242,37 +239,43 @@ def test_fact_models_are_cached_and_continue_training(tmp_path):
     assert fact_model_dir(other, world, tmp_path, progress=False) != first  # the corpus is in the key
 
 
-_TRAIN_BOTH = """
-import hashlib, json, sys
-from pathlib import Path
-from cprobe.data.fact_world import FactWorldKeys, generate_world
-from cprobe.models.tiny import training_report
-from cprobe.models.zoo import fact_model_dir
-world = generate_world(FactWorldKeys(n_relations=2, n_entities=10, facts_per_relation=5))
-out = {}
-for kind in ("mlm", "causal"):
-    m = {"name": "b", "source": "fact_world", "kind": kind, "fact_world": {
-        "corpus": {"sentences": 300, "gamma": 0.5},
-        "train": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_positions": 24, "steps": 25}}}
-    p = fact_model_dir(m, world, Path(sys.argv[1]), progress=False)
-    out[kind] = {"sha": hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest(),
-                 "numerics": training_report(p)["numerics"]}
-print(json.dumps(out))
-"""
+def _train_both(root: Path) -> dict:
+    """Both fact-model kinds trained into ``root``: {kind: the weights' sha256 and the numerics they trained with}."""
+    import hashlib
+
+    from cprobe.models.tiny import training_report
+    from cprobe.models.zoo import fact_model_dir
+
+    world = generate_world(FactWorldKeys(n_relations=2, n_entities=10, facts_per_relation=5))
+    out = {}
+    for kind in ("mlm", "causal"):
+        m = {"name": "b", "source": "fact_world", "kind": kind, "fact_world": {
+            "corpus": {"sentences": 300, "gamma": 0.5},
+            "train": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 32, "max_positions": 24, "steps": 25}}}
+        p = fact_model_dir(m, world, root, progress=False)
+        out[kind] = {"sha": hashlib.sha256((p / "model.safetensors").read_bytes()).hexdigest(),
+                     "numerics": training_report(p)["numerics"]}
+    return out
 
 
-def test_fact_models_train_bitwise_the_same_under_other_cpu_paths_and_threads(tmp_path):
-    # a process started as on another machine (ATen's generic kernels, MKL's SSE path, 3 threads) trains the same
-    # BERT and GPT-NeoX weights: training runs in a process of its own with the CPU paths and the thread count pinned
+def test_fact_models_train_bitwise_the_same_under_other_cpu_paths_and_threads(tmp_path, monkeypatch):
+    # started from an environment as on another machine (ATen's generic kernels, MKL's SSE path, 3 threads), the
+    # portable process trains the same BERT and GPT-NeoX weights: it pins the CPU paths and the thread count whatever
+    # environment it starts from (a new portable process per environment; what starts it computes nothing)
+    from cprobe.models import portable
+
     other = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "MKL_CBWR": "COMPATIBLE",
              "OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3"}
     runs = []
     for i, extra in enumerate(({}, other)):
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
-        r = subprocess.run([sys.executable, "-c", _TRAIN_BOTH, str(tmp_path / str(i))], capture_output=True,
-                           text=True, env=env, timeout=600, check=False)
-        assert r.returncode == 0, r.stderr[-2000:]
-        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        with monkeypatch.context() as m:
+            for k, v in extra.items():
+                m.setenv(k, v)
+            m.setattr(portable, "_WORKER", portable._Worker())
+            try:
+                runs.append(_train_both(tmp_path / str(i)))
+            finally:
+                portable._WORKER.close()
     for kind in ("mlm", "causal"):
         assert runs[0][kind]["sha"] == runs[1][kind]["sha"], kind
         assert runs[1][kind]["numerics"]["threads"] == 1

@@ -89,6 +89,12 @@ def test_readme_command(command, needs, readme_dirs, request):
         assert "SlurmLauncher" in r.stdout
     if needs == "example":  # its code is gone from the process again, as from a shell without the plugin
         assert not any(m.split(".")[0] == "cprobe_plugin_example" for m in sys.modules)
+    if "hydra/launcher=local_parallel" in command:  # joblib's worker processes ran the jobs; this one aggregated
+        import pandas as pd
+
+        sweep = (readme_dirs.workdir / "outputs" / "sweeps" / "sva_tiny" / "latest").resolve()
+        assert sorted(p.parent.name for p in sweep.glob("*/status.json")) == ["probe=linear", "probe=mlp"]
+        assert set(pd.read_csv(sweep / "results.csv")["probe"]) == {"linear", "mlp"}
 
 
 def test_the_readme_has_a_python_section():

@@ -389,6 +389,27 @@ def test_leftover_is_scored_on_rows_the_eraser_never_saw():
     assert cross_val_score(LogisticRegression(), erased, z, cv=3).mean() < majority - 0.03
 
 
+def test_erasers_of_one_concept_share_the_probe_of_the_original_states(monkeypatch):
+    """Two erasers of one concept on the same states (INLP and LEACE in one CEBaB job): the fresh probe of the original
+    states is fitted once, and both report its accuracy; other states or labels are another probe."""
+    from cprobe.explainers import base
+    from cprobe.interventions.leace import LEACE
+
+    rng = np.random.default_rng(1)
+    z = rng.integers(0, 2, 400)
+    X = torch.tensor(rng.standard_normal((400, 6)) + np.eye(6)[z] * 2, dtype=torch.float32)
+    fits = []
+    monkeypatch.setattr(base, "probe_accuracy", lambda *a, **k: fits.append(k.get("scale_from")) or len(fits) / 10)
+    monkeypatch.setattr(base, "_READ_BEFORE", {})
+    first = base.leftover(X, z, lambda A, y: LEACE().fit(A, y).transform)
+    second = base.leftover(X, z, lambda A, y: (lambda B: B * 0))
+    assert first[0] == second[0] == 0.1 and len(fits) == 3  # before once, after twice
+    assert fits[0] is None and all(f is not None for f in fits[1:])  # before on its own scale, after on the raw one
+    base.leftover(X + 1, z, lambda A, y: (lambda B: B * 0))
+    base.leftover(X, 1 - z, lambda A, y: (lambda B: B * 0))
+    assert len(fits) == 7
+
+
 def test_s_learner_of_a_model_that_predicts_one_class_sees_no_effect(world):
     model, train, _, _ = world
     flat = Observed(texts=train.texts, probs=np.tile([0.3, 0.7], (len(train), 1)), concepts=train.concepts,
