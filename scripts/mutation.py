@@ -49,6 +49,9 @@ TESTS: dict[str, list[str]] = {
     "src/cprobe/tasks/causalgym_engine.py": [
         "tests/integration/test_fidelity_causalgym.py", "tests/integration/test_peer_check.py",
         "tests/integration/test_causalgym_interventions.py"],
+    "src/cprobe/models/multisite.py": [
+        "tests/unit/test_sites_engine.py", "tests/unit/test_resume_kv.py", "tests/integration/test_fidelity_causalgym.py",
+        "tests/integration/test_causalgym_interventions.py", "tests/integration/test_sites_golden.py"],
     "src/cprobe/tasks/reliability.py": [
         "tests/integration/test_fidelity_read_layers.py", "tests/unit/test_fidelity_caches.py",
         "tests/unit/test_fidelity_mutants.py", "tests/unit/test_fidelity_kind.py", "tests/unit/test_read_layers.py"],

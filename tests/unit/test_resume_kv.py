@@ -199,3 +199,32 @@ def test_last_only_finds_each_rows_last_token_or_refuses():
     assert last_only(Batch(b.input_ids, mask, pos, b.rows, pred="first"), [Site(1)], [], True) is None
     left = Batch(b.input_ids, torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 1]]), pos, b.rows, pred="target")
     assert last_only(left, [Site(1)], [], True) is None  # not right-padded
+
+
+@pytest.mark.parametrize("arch,kv", [("gpt2", True), ("gpt2", False), ("bert", False)])
+def test_das_steps_over_many_sites_resume_at_the_lowest_site(arch, kv):
+    """CausalGym's DAS forward over K sites (SitesForward: each step's rows K times, copy k edited at site k): given
+    the train items' clean states, a step runs only the blocks above the lowest site (one token each over the
+    prefix's key/value cache, where every site is at the last token) and scores what the full forward scores."""
+    from cprobe.models.multisite import SitesForward
+    from tests.unit.test_resume import _Calls
+
+    adapter, ex, _fmt, batch, _cands = _setup(arch)
+    L, n = adapter.n_layers, len(ex)
+    sites = [Site(2), Site(1)]  # the lowest second: a step resumes at the lowest site's layer, not the first's
+    rows, window = torch.arange(n), [(0, n)]
+    g = torch.Generator().manual_seed(2)
+    h_source = torch.randn(2, n, adapter.hidden_size, generator=g)
+    a = torch.nn.functional.normalize(torch.randn(2, adapter.hidden_size, generator=g), dim=-1)
+    full = SitesForward(adapter, batch, rows, sites, window)(slice(0, n), h_source, a)
+    clean = adapter.clean_states(batch, [1], kv=kv)
+    calls, seen = _Calls(adapter), _Tokens(adapter)
+    try:
+        out = SitesForward(adapter, batch, rows, sites, window, clean)(slice(0, n), h_source, a)
+        assert calls.ran() == [i >= 1 for i in range(L)]  # block 1 did not compute
+        if kv:
+            assert seen.take()[1:] == [1] * (L - 1)
+    finally:
+        calls.remove()
+        seen.remove()
+    torch.testing.assert_close(out, full, **TOL)
