@@ -180,10 +180,12 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
                  on_timeout=lambda: _task_log(d))
         second = _status(d / names[1])
         assert second["state"] == "interrupted" and second["signal"] == "SIGUSR2", (second, _task_log(d))
-        # SLURM holds a requeued job for 2 minutes (BeginTime); time passing is not what this test is about
+        # SLURM holds a requeued job for 2 minutes (BeginTime); time passing is not what this test is about. Not
+        # `now`: slurmd refuses a job started within the second its last run's credential was revoked ("Job
+        # credential revoked": the requeue, under a second ago) and the task then never runs again
         wait_for(lambda: "PENDING" in slurm("squeue", "-h", "-j", task, "-o", "%T", env=slurm_env).stdout, 60,
                  "the requeued task to be pending")
-        r = slurm("scontrol", "update", f"JobId={task}", "StartTime=now", env=slurm_env)
+        r = slurm("scontrol", "update", f"JobId={task}", "StartTime=now+2", env=slurm_env)
         assert r.returncode == 0, r.stderr
         driver.send_signal(signal.SIGTERM)
         out, _ = driver.communicate(timeout=60)
