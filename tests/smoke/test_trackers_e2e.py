@@ -46,13 +46,16 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on 127.0.0.1, started in the background first (it takes 10-60 s to come up); yields
-    (uri, process) — the test waits for it only as long as its budget allows."""
+    (uri, process) — the test waits for it only as long as its budget allows. Without MLflow 3's job execution:
+    its Huey consumer processes (GenAI jobs, unused here) import MLflow again and again, ~2 CPU-minutes of the
+    suite's time on 2 cores."""
     d = tmp_path_factory.mktemp("mlflow_server")
     port = _free_port()
     p = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port",
                           str(port), "--backend-store-uri", f"sqlite:///{d}/server.db", "--artifacts-destination",
                           str(d / "artifacts"), "--workers", "1"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=d)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd=d,
+                         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     yield f"http://127.0.0.1:{port}", p
     if p.poll() is None:
         os.killpg(p.pid, signal.SIGKILL)
