@@ -88,12 +88,57 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentPar
     return parser.parse_intermixed_args(list(argv)), parser
 
 
+_PARSED: dict[str, Any] = {}
+"""Config files' text -> what YAML parsed it into (:func:`parse_configs_once`)."""
+
+
+def _load_parsed(file_: Any) -> Any:
+    """``OmegaConf.load`` of a config file, its YAML parsed once per process and per text (a fresh config each call:
+    Hydra edits what it loads)."""
+    import copy
+    import io
+
+    import yaml
+    from omegaconf import OmegaConf
+    from omegaconf._utils import get_yaml_loader
+
+    text = file_.read()
+    text = text.decode("utf-8") if isinstance(text, bytes) else text
+    if text not in _PARSED:
+        stream = io.StringIO(text)
+        stream.name = getattr(file_, "name", "<file>")  # YAML errors name the file, as before
+        obj = yaml.load(stream, Loader=get_yaml_loader())
+        if obj is not None and not isinstance(obj, list | dict | str):
+            raise OSError(f"Invalid loaded object type: {type(obj).__name__}")
+        if len(_PARSED) >= 4096:
+            _PARSED.clear()
+        _PARSED[text] = obj
+    obj = _PARSED[text]
+    return OmegaConf.create() if obj is None else OmegaConf.create(copy.deepcopy(obj))
+
+
+def parse_configs_once() -> None:
+    """Hydra reads and parses every YAML file of the defaults tree again at each composition — twice per run (the
+    mode, then the run) and twice more per sweep job (the sweeper's check, the launcher) — and parsing is the
+    largest part of composing. Its two file sources (``file://``, ``pkg://``) get an ``OmegaConf`` whose ``load``
+    parses a given text once per process; the configs composed are the same (tested)."""
+    from hydra._internal.core_plugins import file_config_source, importlib_resources_config_source
+    from omegaconf import OmegaConf
+
+    class _OmegaConf(OmegaConf):  # type: ignore[misc]
+        load = staticmethod(_load_parsed)
+
+    for module in (file_config_source, importlib_resources_config_source):
+        module.OmegaConf = _OmegaConf  # type: ignore[attr-defined]
+
+
 def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
     """Run Hydra over ``argv`` exactly as ``@hydra.main`` would."""
     from hydra import version
     from hydra._internal.utils import _run_hydra
 
     version.setbase("1.3")
+    parse_configs_once()
     args, parser = parse(argv)
     _run_hydra(
         args=args,

@@ -1,0 +1,71 @@
+"""`cprobe._hydra.parse_configs_once`: Hydra's config sources parse a config file's YAML once per process; what they
+compose is what they composed before, an edited file is read again, and a YAML error still names its file."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins import file_config_source, importlib_resources_config_source
+from omegaconf import OmegaConf
+
+from cprobe import _hydra
+from tests.conftest import REPO
+
+EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
+
+
+def _composed(conf, *overrides: str) -> str:
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return OmegaConf.to_yaml(compose("config", overrides=list(overrides), return_hydra_config=True))
+
+
+@pytest.fixture()
+def plain(monkeypatch):
+    """Hydra's own sources as shipped (no memo), then the memo installed on a clean slate."""
+    for module in (file_config_source, importlib_resources_config_source):
+        monkeypatch.setattr(module, "OmegaConf", OmegaConf)
+    monkeypatch.setattr(_hydra, "_PARSED", {})
+
+    def install():
+        _hydra.parse_configs_once()
+    return install
+
+
+def test_what_is_composed_is_what_hydra_composes_and_yaml_runs_once_per_file(plain, monkeypatch):
+    overrides = [[f"+experiment={e}"] for e in EXPERIMENTS] + [
+        ["+experiment=sva_tiny_reliability", "+sweep=reliability_inlp"], ["hydra/launcher=local_parallel"]]
+    before = [_composed(REPO / "conf", *o) for o in overrides]
+    plain()
+    parses = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: parses.append(stream.name) or real(stream, Loader))
+    assert [_composed(REPO / "conf", *o) for o in overrides] == before
+    assert parses and len(parses) == len(set(parses))  # every file parsed once
+    assert any(n.endswith("conf/config.yaml") for n in parses) and any("hydra/conf" in n for n in parses)  # file, pkg
+    n = len(parses)
+    assert [_composed(REPO / "conf", *o) for o in overrides] == before and len(parses) == n  # nothing parsed again
+
+
+def test_an_edited_config_file_is_read_again(plain, tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    plain()
+    first = _composed(conf, "+experiment=sva_tiny")
+    assert "seed: 0" in first
+    cfg = conf / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("\nseed: 0", "\nseed: 7"))
+    again = _composed(conf, "+experiment=sva_tiny")
+    assert "seed: 7" in again and again.replace("seed: 7", "seed: 0") == first
+
+
+def test_a_yaml_error_still_names_its_file(plain, tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    (conf / "experiment" / "broken.yaml").write_text("a: [1, 2\n")
+    plain()
+    with pytest.raises(Exception) as e:
+        _composed(conf, "+experiment=broken")
+    assert "broken.yaml" in str(e.value) + str(e.value.__cause__) + str(e.value.__context__)
