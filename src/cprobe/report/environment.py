@@ -17,36 +17,32 @@ PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "hydra-core", 
             "pandas", "pyarrow", "matplotlib")
 
 
-def cprobe_version() -> str:
-    """The installed cprobe's version (package metadata: this module sits below the package top)."""
+def _version(package: str) -> str | None:
+    """An installed package's version from its metadata (None: not installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("cprobe")
+        return version(package)
     except PackageNotFoundError:
-        return "unknown"
+        return None
+
+
+def cprobe_version() -> str:
+    """The installed cprobe's version (package metadata: this module sits below the package top)."""
+    return _version("cprobe") or "unknown"
 
 
 def environment(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Versions of cprobe and its core dependencies, Python, the platform, CPU threads and the accelerator (read
     from torch only when the job already imported it)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for pkg in PACKAGES:
-        try:
-            versions[pkg] = version(pkg)
-        except PackageNotFoundError:
-            versions[pkg] = None
     env: dict[str, Any] = {
         "cprobe": cprobe_version(), "python": sys.version.split()[0], "platform": platform.platform(),
-        "machine": platform.machine(), "cpu_count": os.cpu_count(), "packages": versions,
+        "machine": platform.machine(), "cpu_count": os.cpu_count(), "packages": {p: _version(p) for p in PACKAGES},
     }
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch_threads"] = torch.get_num_threads()
-        cuda = bool(torch.cuda.is_available())
-        env["cuda"] = cuda
+        env["cuda"] = cuda = bool(torch.cuda.is_available())
         if cuda:
             env["gpu"] = torch.cuda.get_device_name(0)
             env["cuda_version"] = torch.version.cuda

@@ -124,9 +124,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
             log.info("causalgym %s done in %.1fs", name, time.perf_counter() - t0)
             return frame, found
 
-        got = parts.get(name, compute)
-        frames.append(got[0])
-        directions.update(got[1])
+        frame, found = parts.get(name, compute)
+        frames.append(frame)
+        directions.update(found)
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if len(table):
         sources = method_sources(config)
@@ -271,13 +271,10 @@ def overall_table(table: pd.DataFrame) -> pd.DataFrame:
             rec[f"overall_{col}"] = _overall(tgrid.to_numpy())
             if col == "erased_fraction":
                 continue
-            rec[f"{prefix}selectivity"] = float("nan")
-            rec[f"control_overall_{col}"] = float("nan")
-            if not control.empty:
-                cgrid = control.pivot_table(index="layer", columns="region_idx", values=col, aggfunc="mean",
-                                            dropna=False).reindex_like(tgrid)
-                rec[f"control_overall_{col}"] = _overall(cgrid.to_numpy())
-                rec[f"{prefix}selectivity"] = _overall(tgrid.to_numpy(), cgrid.to_numpy())
+            cgrid = None if control.empty else control.pivot_table(
+                index="layer", columns="region_idx", values=col, aggfunc="mean", dropna=False).reindex_like(tgrid)
+            rec[f"{prefix}selectivity"] = np.nan if cgrid is None else _overall(tgrid.to_numpy(), cgrid.to_numpy())
+            rec[f"control_overall_{col}"] = np.nan if cgrid is None else _overall(cgrid.to_numpy())
         rec.update(_reliability(task))
         rec["max_iia"] = float(task["iia"].max())
         rec["task_accuracy"] = float(task["task_accuracy"].iloc[0])

@@ -375,12 +375,11 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
     degenerate = False
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
     inter = build_intervention(run.name, run.params, seed=seed, device=device)
-    kind = inter.kind
 
     def site_probe() -> Any:
         if not gbi_probe:
-            probe_cfg = config.interventional_probe or config.oracle_probe
-            gbi_probe.append(fit_oracle(X_tr, y_tr, probe_cfg, seed + 1, device, probe_cache))
+            gbi_probe.append(fit_oracle(X_tr, y_tr, config.interventional_probe or config.oracle_probe, seed + 1,
+                                        device, probe_cache))
         return gbi_probe[0]
 
     try:
@@ -399,7 +398,7 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
         log.debug("%s at layer %d region %d: %s; no edit there", run.label, layer, region, err)
         edited, degenerate = X_ev.float().clone(), True
     fit_s = time.perf_counter() - t0
-    out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=kind,
+    out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=inter.kind,
                 edited=edited)]
     if cls.exposes_direction and config.intervention_directions:
         if a is None and degenerate:
@@ -588,10 +587,10 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
             cost[label] = cost.get(label, 0.0) + r.fit_s + r.eval_s
             if directions is not None:
                 for c in (conditions if r.causal else conditions[:1]):
-                    got = [x for x in r.dirs[c] if x is not None]
+                    got = [x.detach().float().cpu() for x in r.dirs[c] if x is not None]
                     if got:
-                        key = f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"
-                        directions[key] = torch.stack([x.detach().float().cpu() for x in got]).squeeze(0)
+                        directions[f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"] = \
+                            torch.stack(got).squeeze(0)
             for c in conditions:
                 res = r.scored[c]
 
@@ -617,15 +616,12 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
                     "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
                 }
                 if config.read_layers:  # the oracle at l' >= layer reading the pass edited here (NaN below layer)
-                    for lr in read_layers_of:
-                        row[f"completeness_l{lr}"] = float(np.mean([x["read"].get(lr, np.nan) for x in res])) \
-                            if res else float("nan")
+                    row.update({f"completeness_l{lr}": float(np.mean([x["read"].get(lr, np.nan) for x in res]))
+                                if res else float("nan") for lr in read_layers_of})
                 rows.append(row)
     if timings is not None:
-        timings[f"{template.name}/read_s"] = read_s
-        for m, s in cost.items():
-            timings[f"{template.name}/{m}_s"] = s
-        timings[f"{template.name}/total_s"] = time.perf_counter() - t_start
+        timings.update({f"{template.name}/read_s": read_s, **{f"{template.name}/{m}_s": s for m, s in cost.items()},
+                        f"{template.name}/total_s": time.perf_counter() - t_start})
     return rows
 
 
@@ -704,12 +700,8 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     # an intervention's rows take its edited states instead of the source's (row_edit: index into edit_store, or -1)
     edited = [r.edited for _, r, _, _ in jobs if r.edited is not None]
     edit_store = torch.cat(edited) if edited else torch.zeros(0, d)
-    row_edit, offset = [], 0
-    for p, r, _, _ in jobs:
-        n = len(p.ok_ev)
-        row_edit.append(torch.arange(offset, offset + n) if r.edited is not None else torch.full((n,), -1))
-        offset += n if r.edited is not None else 0
-    row_edit_t = torch.cat(row_edit)
+    has_edit = torch.cat([torch.full((len(p.ok_ev),), r.edited is not None) for p, r, _, _ in jobs])
+    row_edit_t = torch.where(has_edit, has_edit.cumsum(0) - 1, -1)
     length = eval_batch.attention_mask.sum(1)
     # rows edited at their item's last token (the last region of a causal LM's prefix) get passes of their own, which
     # run that token alone above the edited layer over the prefix's clean key/value cache (models/resume.py); reads
@@ -766,11 +758,11 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
             comp = float(completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev],
                                       r.edit == "nullifying").mean())
         by_layer = {lr: float(read[:, k].mean()) for k, lr in enumerate(layers) if lr >= plan.layer} if readers else {}
+        null = r.edit == "nullifying"
         for k, c in enumerate(conditions):
             if c in conds:
                 cb, cs = clean_by[c][0][plan.ok_ev], clean_by[c][1][plan.ok_ev]
                 ob, os_ = out[:, 2 * k], out[:, 2 * k + 1]
-                null = r.edit == "nullifying"
                 r.scored[c].append({
                     "odds": log_odds_ratio(cb, cs, ob, os_), "iia": iia(ob, os_), "completeness": comp,
                     "erasure": float(erasure(cb, cs, ob, os_).mean()) if null else float("nan"),

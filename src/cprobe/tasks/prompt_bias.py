@@ -244,14 +244,11 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     probed: dict[str, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     for variant, vms in variants.items():  # fact-world members: trained on their corpora first (cached)
-        probed[variant] = []
         for m in vms:
-            if m.get("source") == "fact_world":
-                if full is None:
-                    raise ConfigError(f"model {m['name']!r} is trained on a fact world; it needs dataset=fact_world")
-                probed[variant].append(resolved(m, fact_model_dir(m, full, ctx.cache_root, ctx.progress)))
-            else:
-                probed[variant].append(dict(m))
+            if m.get("source") == "fact_world" and full is None:
+                raise ConfigError(f"model {m['name']!r} is trained on a fact world; it needs dataset=fact_world")
+        probed[variant] = [resolved(m, fact_model_dir(m, full, ctx.cache_root, ctx.progress))
+                           if m.get("source") == "fact_world" else dict(m) for m in vms]
     ctx.timings["zoo_s"] = time.perf_counter() - t0
     tokenizers = {f"{v}/{m['name']}" if v != MAIN else m["name"]: load_tokenizer(m, ctx.cache_root, ctx.progress,
                                                                                  ctx.data_root)
@@ -292,9 +289,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     for col, fill in (("relation", ""), ("metric", ""), ("setting", ""), ("prompt", -1), ("gamma", np.nan),
                       ("variant", MAIN)):
-        if col not in table:
-            table[col] = fill
-        table[col] = table[col].fillna(fill)
+        table[col] = table[col].fillna(fill) if col in table else fill
     table["prompt"] = table["prompt"].astype(int)
     table["dataset"] = data.name
     return table
@@ -428,8 +423,6 @@ def _disparity(ctx: JobContext, full: Any, data: Any, spec: Mapping[str, Mapping
         value, n = p1(by_name[name])
         rows.append({"kind": "disparity", "model": name, "gamma": -1.0, "value": value, "n": n})
     return rows
-
-
 
 
 # ----------------------------------------------------------------------------------------------- records

@@ -74,9 +74,7 @@ def choose_predictions(frame: pd.DataFrame, config: Any) -> pd.DataFrame:
     skip = np.zeros(top.shape, dtype=bool)
     if config.skip_stop_words:
         words, exact = stop_words(config.stop_words)
-        vocab = np.unique(top)
-        hit = {w for w in vocab if (w if exact else w.lower()) in words}
-        skip |= np.isin(top, list(hit))
+        skip |= np.isin(top, [w for w in np.unique(top) if (w if exact else w.lower()) in words])
     if config.skip_non_words:
         skip |= np.array(frame["non_word"].tolist(), dtype=bool)
     keep = ~skip
@@ -94,8 +92,8 @@ def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[An
     from cprobe.cache import cache_key, checked_entry, model_identity
 
     def compute() -> pd.DataFrame:
-        desc = f"cloze {m['name']}" if ctx.progress else None
-        return cloze_predictions(ctx.adapter(m), items, config.top_k, desc=desc)
+        return cloze_predictions(ctx.adapter(m), items, config.top_k,
+                                 desc=f"cloze {m['name']}" if ctx.progress else None)
 
     cloze_dir = ctx.cache_dir("cloze")
     if cloze_dir is None:
@@ -110,6 +108,4 @@ def cached_predictions(ctx: JobContext, m: Mapping[str, Any], items: Sequence[An
                 "meta.json": json.dumps({"model": m.get("name"), "rows": len(built[0])}).encode()}
 
     entry, hit = checked_entry(cloze_dir / key, build, f"the cloze predictions of {m.get('name')}")
-    if built:
-        return built[0], False
-    return pd.read_parquet(entry / "predictions.parquet"), hit
+    return (built[0], False) if built else (pd.read_parquet(entry / "predictions.parquet"), hit)

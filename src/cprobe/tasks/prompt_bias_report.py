@@ -48,8 +48,7 @@ def table1(table: pd.DataFrame) -> pd.DataFrame:
         return s
     s = s[s["metric"].isin(list(TABLE1))]
     s = s.assign(cell=_cells(s))
-    idx = _index(s)
-    wide = s.pivot_table(index=idx, columns="metric", values="cell", aggfunc="first", sort=False)
+    wide = s.pivot_table(index=_index(s), columns="metric", values="cell", aggfunc="first", sort=False)
     wide = wide[[k for k in TABLE1 if k in wide.columns]].rename(columns=TABLE1)
     return wide.reset_index()
 
@@ -59,8 +58,7 @@ def table3(table: pd.DataFrame) -> pd.DataFrame:
     s = summarise(table, "disparity", ["dataset", "model", "gamma"])
     if s.empty:
         return s
-    s = s.assign(cell=_cells(s),
-                 row=["None" if g < 0 else f"{100 * g:g}%" for g in s["gamma"]])
+    s = s.assign(cell=_cells(s), row=["None" if g < 0 else f"{100 * g:g}%" for g in s["gamma"]])
     order = [*[f"{100 * g:g}%" for g in sorted(x for x in s["gamma"].unique() if x >= 0)], "None"]
     wide = s.pivot_table(index="row", columns="model", values="cell", aggfunc="first", sort=False).reindex(order)
     return wide.rename_axis("γ (evidence share)").reset_index()
@@ -122,8 +120,7 @@ def ties_table(table: pd.DataFrame) -> pd.DataFrame:
     if s.empty:
         return s
     s = s.assign(cell=_cells(s))
-    idx = _index(s)
-    return s.pivot_table(index=idx, columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
+    return s.pivot_table(index=_index(s), columns="setting", values="cell", aggfunc="first", sort=False).reset_index()
 
 
 def report(table: pd.DataFrame, out_dir: Any) -> None:
@@ -176,7 +173,8 @@ def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
     p = p.groupby(["model", "relation", "prompt"], sort=False)["value"].mean().reset_index()
     models = list(dict.fromkeys(p["model"]))
     relations = list(dict.fromkeys(p["relation"]))
-    fig, axes = _grid(len(models), ncols=2 if len(relations) > 16 else 4,
+    ncols = 2 if len(relations) > 16 else 4
+    fig, axes = _grid(len(models), ncols=ncols,
                       width=max(3.2, min(0.22 * len(relations) + 1.2, 9.0)), height=2.8)
     for i, (ax, model) in enumerate(zip(axes, models)):
         g = p[p["model"] == model]
@@ -188,7 +186,7 @@ def _plot_prompts(tab: pd.DataFrame, out_dir: Any) -> None:
         ax.set_xticks(np.arange(1, len(relations) + 1), relations, rotation=90, fontsize=6)
         ax.set_ylim(-2, 102)
         ax.set_title(str(model), fontsize=9)
-        if i % (2 if len(relations) > 16 else 4) == 0:
+        if i % ncols == 0:
             ax.set_ylabel("P@1 over prompts", fontsize=8)
     axes[0].legend(fontsize=7, loc="upper right")
     _caption(fig, "Prompt preference: P@1 of each relation over its prompts (× the original prompt)", rows,
