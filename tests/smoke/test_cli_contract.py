@@ -253,6 +253,18 @@ def _status(d: Path) -> dict:
         return {}
 
 
+def _own_cache(tmp_path: Path) -> dict[str, str]:
+    """A cache of the job's own, the suite's tiny models linked in: the job extracts and fits its probes again (a
+    warm suite's probe fits would end it within the second the signal tests wait) without training a model."""
+    from tests.conftest import suite_cache
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (suite_cache() / "models").mkdir(parents=True, exist_ok=True)
+    (cache / "models").symlink_to(suite_cache() / "models", target_is_directory=True)
+    return {"CPROBE_CACHE_DIR": str(cache)}
+
+
 @pytest.mark.slow
 def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
     import signal
@@ -260,7 +272,7 @@ def test_ctrl_c_exits_130_and_marks_the_job_interrupted(tmp_path):
     run_dir = tmp_path / "run"
     # 10 MLP epochs: ~30 s of probe training after the job is marked running, so the signal always lands mid-job
     p = start("run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10", f"hydra.run.dir={run_dir}",
-              cwd=tmp_path,
+              cwd=tmp_path, env=_own_cache(tmp_path),
               # Ctrl-C in a terminal: the default disposition, even when this test runs in a background
               # job whose shell set SIGINT to ignored (which the child would inherit)
               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -285,8 +297,10 @@ def test_sigkill_leaves_a_dead_job_that_collect_names_and_sigterm_is_handled_lik
     run_dir = tmp_path / "run"
     argv = ["run", "+experiment=sva_tiny", "--smoke", "probe=mlp", "probe.mlp.epochs=10", f"hydra.run.dir={run_dir}"]
 
+    env = _own_cache(tmp_path)
+
     def start_and_wait_running() -> subprocess.Popen:
-        p = start(*argv, cwd=tmp_path)
+        p = start(*argv, cwd=tmp_path, env=env)
         deadline = time.time() + 240
         while (_status(run_dir).get("state"), _status(run_dir).get("pid")) != ("running", p.pid) \
                 and time.time() < deadline and p.poll() is None:

@@ -171,7 +171,7 @@ def test_fits_on_worker_processes_are_bitwise_the_fits_made_here(monkeypatch, tm
     """fit_cached_many spreads many fits over worker processes (the demo's 20 probes: two cores instead of one);
     each fit runs as it would here, so the probes are the same to the bit, in the tasks' order, and the cache
     serves them the second time."""
-    import concurrent.futures
+    import multiprocessing
 
     from cprobe.probes import grid
 
@@ -185,12 +185,9 @@ def test_fits_on_worker_processes_are_bitwise_the_fits_made_here(monkeypatch, tm
     assert grid.fit_steps(tasks()[0][0], 240) == 1 * 2 * 4  # grid points x epochs x batches
     pools = []
 
-    class Counting(concurrent.futures.ProcessPoolExecutor):
-        def __init__(self, *a, **k):
-            pools.append(a[0])
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Counting)
+    spawn = multiprocessing.get_context("spawn")
+    real = spawn.Pool
+    monkeypatch.setattr(spawn, "Pool", lambda n, *a, **k: pools.append(n) or real(n, *a, **k))
     assert [s for _, s, _ in grid.fit_cached_many(tasks(), processes=2)] == ["fit"] * 4 and pools == []  # too few
     monkeypatch.setattr(grid, "PARALLEL_MIN_STEPS", 0)
     there = list(grid.fit_cached_many(tasks(), tmp_path, processes=2))
@@ -200,3 +197,24 @@ def test_fits_on_worker_processes_are_bitwise_the_fits_made_here(monkeypatch, tm
         for (k, v), w in zip(a.module.state_dict().items(), b.module.state_dict().values(), strict=True):
             assert torch.equal(v, w), k
     assert [s for _, s, _ in grid.fit_cached_many(tasks(), tmp_path, processes=2)] == ["cache"] * 4
+
+
+def test_fits_on_worker_processes_stop_when_their_consumer_does(monkeypatch, tmp_path):
+    """Ctrl-C (or SIGTERM, or an error) while worker processes fit probes: leaving fit_cached_many terminates the
+    workers at once — the queued fits are not trained first (the executor it replaced waited for all of them: a
+    minute after Ctrl-C in the demo)."""
+    from cprobe.probes import grid
+
+    monkeypatch.setattr(grid, "PARALLEL_MIN_STEPS", 0)
+    X, y = gaussian_classes(n=2000, d=16, k=2, seed=0)
+    tasks = [(MLPProbe(n_layers=(1,), widths=(64,), lrs=(1e-2,), epochs=40, seed=s), X, y, None, None)
+             for s in range(8)]
+    fits = grid.fit_cached_many(tasks, tmp_path, processes=2)
+    assert next(fits)[1] == "fit"
+    fits.close()  # what a KeyboardInterrupt at the consumer's yield does
+    done = len(list(tmp_path.glob("*.safetensors")))
+    assert done < len(tasks)
+    import time
+
+    time.sleep(2)
+    assert len(list(tmp_path.glob("*.safetensors"))) == done  # nothing fits on after the close

@@ -350,12 +350,12 @@ def fit_cached_many(tasks: list[FitTask], cache_dir: Path | None = None,
             yield probe, source, time.perf_counter() - t0
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from functools import partial
 
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_fit_in_worker, task, cache_dir) for task in tasks]
-        for f in futures:
-            yield f.result()
+    # a Pool, not a ProcessPoolExecutor: left early (Ctrl-C, SIGTERM, an error, a consumer that stops), it terminates
+    # its workers at once, where the executor's exit waits for every queued fit (a minute of training after Ctrl-C)
+    with multiprocessing.get_context("spawn").Pool(n) as pool:
+        yield from pool.imap(partial(_fit_in_worker, cache_dir=cache_dir), tasks)
 
 
 def product_grid(**axes: tuple[Any, ...]) -> list[dict[str, Any]]:
