@@ -31,6 +31,7 @@ import inspect
 import io
 import math
 import pickle
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -871,12 +872,47 @@ def checks_for(subject: Subject) -> list[Check]:
     return list(CHECKS[subject.family])
 
 
+_MISSING = re.compile(r"missing \d+ required (?:positional |keyword-only )?arguments?: ((?:'\w+'(?:, | and |, and )?)+)")
+
+
+def missing_settings(s: Subject) -> list[str]:
+    """The constructor settings ``s`` needs and was not given (read from building it once), or ``[]``."""
+    if s.family in ("metric", "dataset type"):
+        return []
+    try:
+        s.build()
+    except Exception as e:  # noqa: BLE001  (any other failure is the checks' to report)
+        m = _MISSING.search(str(e))
+        if m is None:
+            return []
+        try:  # Python names one kind of missing argument at a time: the signature gives them all
+            sig = inspect.signature(s.obj)
+        except (TypeError, ValueError):
+            sig = None
+        named = [] if sig is None else [
+            n for n, p in sig.parameters.items() if p.default is p.empty and n not in s.params and n != "seed"
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        return list(dict.fromkeys(named + re.findall(r"'(\w+)'", m.group(1))))
+    return []
+
+
+def _needs_settings(names: list[str]) -> Check:
+    def check_settings(s: Subject) -> None:
+        ref = s.ref if s.registry is not None else f"{s.obj.__module__}:{s.obj.__qualname__}"
+        _fail(f"its constructor needs {' and '.join(names)}; give them: cprobe check {ref} "
+              + " ".join(f"{n}=VALUE" for n in names) + f" (Python: ({ref!r}, {{" + ", ".join(f"{n!r}: VALUE" for n in names) + "}))")
+    return Check("check_settings", check_settings, "contract", "The required constructor settings are given.")
+
+
 def iter_checks(targets: Any, params: Mapping[str, Any] | None = None,
                 family: str | None = None) -> Iterator[tuple[Subject, Check]]:
     """Every (subject, check) for ``targets`` (one target, or a list of them: names, import paths, classes,
-    metrics, or ``(target, params)`` pairs)."""
+    metrics, or ``(target, params)`` pairs). A subject built without a setting its constructor requires gets one
+    failing ``check_settings`` naming the settings, in place of its checks (each would fail for that reason)."""
     for t in targets if isinstance(targets, list) else [targets]:
-        yield from ((s, c) for s in subjects(t, params, family) for c in checks_for(s))
+        for s in subjects(t, params, family):
+            missing = missing_settings(s)
+            yield from [(s, _needs_settings(missing))] if missing else ((s, c) for c in checks_for(s))
 
 
 def package_targets(package: str) -> list[tuple[Any, dict[str, Any]]]:

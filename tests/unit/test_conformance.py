@@ -154,6 +154,26 @@ def test_the_cli_prints_a_table_and_fails_on_a_broken_class():
     assert r.exit_code == 1 and "check_counterfactual_sets_target" in r.output.split("failed")[0].splitlines()[-1]
 
 
+class NeedsK(InPlaceEraser):
+    def __init__(self, k: int, *, scale: float) -> None:
+        self.k, self.scale = k, scale
+
+
+def test_a_method_missing_required_settings_fails_once_naming_them():
+    for target, names in [("rlace", ["rank"]), ("via_pgd", ["eps"]), (NeedsK, ["k", "scale"])]:
+        results = run_checks(target)
+        assert [(r.check, r.status) for r in results] == [("check_settings", "failed")], target
+        reason = results[0].reason
+        ref = target if isinstance(target, str) else "tests.unit.test_conformance:NeedsK"
+        assert f"needs {' and '.join(names)}; give them: cprobe check {ref} " in reason, reason
+        assert all(f"{n}=VALUE" in reason for n in names)
+    both = run_checks("inlp")  # an intervention (needs rank) and an explainer (does not): only the first is stopped
+    assert [r.check for r in both if r.family == "intervention"] == ["check_settings"]
+    assert {r.status for r in both if r.family == "explainer"} <= {"passed", "skipped"}
+    assert {r.status for r in run_checks("rlace", {"rank": 1, "max_steps": 50})} <= {"passed", "skipped", "failed"}
+    assert "check_settings" not in {r.check for r in run_checks("rlace", {"rank": 1, "max_steps": 50})}
+
+
 def test_pytest_ids_name_the_method_and_the_check():
     mark = parametrize_with_checks([("leace", {})])
     ids = [p.id for p in mark.args[1]]
