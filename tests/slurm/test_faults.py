@@ -201,8 +201,10 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
     r = cli.run("status", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0 and "3 point(s): 3 done" in r.stdout, r.stdout + r.stderr
     assert _status(d / names[0])["started"] == first["started"]  # the finished point was not redone
-    rec = _record(d, task)
-    assert rec["restarts"] == 1 and rec["state"] == "done" and len(rec["runs"]) == 2
+    # the task writes its record after its last point's status.json: wait for it (seen once: still "running")
+    rec = wait_for(lambda: (r := _record(d, task)).get("state") == "done" and r, 30, "the task's final record",
+                   on_timeout=lambda: _task_log(d))
+    assert rec["restarts"] == 1 and len(rec["runs"]) == 2
     assert rec["runs"][0]["signal"] == "SIGUSR2"
     r = cli.run("collect", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0, r.stderr
