@@ -274,7 +274,7 @@ def agreement_items(adapter: ModelAdapter, ds: Dataset) -> tuple[Dataset, Tensor
     keep, cands = [], []
     n_tok = n_long = 0
     texts = [" ".join(AgreementFormatter.words(e, adapter)[0]) for e in ds.examples]
-    lengths = [len(ids) for ids in adapter.tok(texts, add_special_tokens=True)["input_ids"]]
+    lengths = adapter.token_lengths(texts)
     for i, e in enumerate(ds.examples):
         if lengths[i] > adapter.max_length:
             n_long += 1

@@ -65,6 +65,39 @@ def test_sentences_longer_than_the_model_are_dropped_not_crashed():
     assert len(kept) == 6 and dropped == {"longer than the model's 64 positions": 1}
 
 
+def test_the_adapter_remembers_token_lengths_and_candidate_ids_per_tokenizer():
+    model, tok = make_random_model("bert")
+    ad = ModelAdapter(model, tok, "mlm", "m")
+    texts = ["the author is here", "the authors near the guards are here", "zzz"]
+    want = [len(ids) for ids in tok(texts, add_special_tokens=True)["input_ids"]]
+    calls = []
+    real = ad.tok
+
+    class Counting:
+        def __call__(self, *a, **kw):
+            calls.append("call")
+            return real(*a, **kw)
+
+        def encode(self, *a, **kw):
+            calls.append("encode")
+            return real.encode(*a, **kw)
+
+    ad.tok = counting = Counting()
+    assert ad.token_lengths(texts) == want and ad.token_lengths(list(texts)) == want and calls == ["call"]
+    ad.token_lengths(texts).append(0)  # the caller's list, not the remembered one
+    assert ad.token_lengths(texts) == want
+    assert ad.candidate_id("is") == real.encode(" is", add_special_tokens=False)[0]
+    assert ad.candidate_id("w1 zzz") is None  # two tokens
+    assert ad.candidate_id("is") == ad.candidate_id("is") and calls.count("encode") == 2
+    for i in range(5):  # only the last few lists are kept: the first is tokenised again
+        ad.token_lengths([f"text {i}"])
+    ad.token_lengths(texts)
+    assert calls.count("call") == 7
+    ad.tok = real  # another tokenizer: asked afresh
+    assert ad.token_lengths(texts) == want and ad.candidate_id("is") is not None and calls.count("encode") == 2
+    assert counting is not ad.tok
+
+
 def test_extract_uses_cache_second_time_and_scores_are_log_probs(tmp_path):
     model, tok = make_random_model("gpt_neox")
     ad = ModelAdapter(model, tok, "causal", "m")

@@ -95,6 +95,10 @@ def _get(obj: nn.Module, path: str) -> nn.Module:
     return obj
 
 
+_LENGTH_LISTS = 4
+"""Lists of texts whose token lengths a :class:`ModelAdapter` keeps (:meth:`ModelAdapter.token_lengths`)."""
+
+
 class ModelAdapter:
     """Wraps an HF model + fast tokenizer. Build with :func:`cprobe.models.load.load_adapter`."""
 
@@ -142,6 +146,7 @@ class ModelAdapter:
         pass, for comparison."""
         self._kv_family = family_of(cfg).kv_resume
         self._cache_kw = cache_keyword(model) if self._kv_family else ""
+        self._memo: dict[Any, Any] = {}  # tokenizer answers a sweep's jobs ask again (token_lengths, candidate_id)
 
     # ----------------------------------------------------------------- structure
     @property
@@ -201,8 +206,23 @@ class ModelAdapter:
     # ----------------------------------------------------------------- tokenization
     def candidate_id(self, word: str) -> int | None:
         """Token id of ``word`` as the next/masked word, or None when it is not a single token."""
-        ids = self.tok.encode(" " + word, add_special_tokens=False)
-        return ids[0] if len(ids) == 1 else None
+        key = ("candidate", id(self.tok), word)
+        if key not in self._memo:
+            ids = self.tok.encode(" " + word, add_special_tokens=False)
+            self._memo[key] = ids[0] if len(ids) == 1 else None
+        return self._memo[key]
+
+    def token_lengths(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens each text takes, special tokens included; the answer for the last few lists of texts is
+        kept (the jobs of a sweep in one process check the same items against the same tokenizer)."""
+        key = ("lengths", id(self.tok), tuple(texts))
+        if key not in self._memo:
+            lists = [k for k in self._memo if k[0] == "lengths"]
+            for old in lists[:-(_LENGTH_LISTS - 1)] if len(lists) >= _LENGTH_LISTS else []:
+                del self._memo[old]
+            self._memo[key] = [len(ids) for ids in self.tok(list(texts), add_special_tokens=True)["input_ids"]] \
+                if texts else []
+        return list(self._memo[key])
 
     # ----------------------------------------------------------------- the one entry point
     def hook_point(self, site: Site) -> tuple[nn.Module, bool]:
