@@ -121,9 +121,14 @@ def parse_configs_once() -> None:
     """Hydra reads and parses every YAML file of the defaults tree again at each composition — twice per run (the
     mode, then the run) and twice more per sweep job (the sweeper's check, the launcher) — and parsing is the
     largest part of composing. Its two file sources (``file://``, ``pkg://``) get an ``OmegaConf`` whose ``load``
-    parses a given text once per process; the configs composed are the same (tested)."""
+    parses a given text once per process; the configs composed are the same (tested). Hydra's plugin scan runs
+    first: it executes its plugin modules again (``exec_module`` on each, even one already imported), which would
+    rebind their ``OmegaConf`` and undo this."""
     from hydra._internal.core_plugins import file_config_source, importlib_resources_config_source
+    from hydra.core.plugins import Plugins
     from omegaconf import OmegaConf
+
+    Plugins.instance()  # the scan, once per process
 
     class _OmegaConf(OmegaConf):  # type: ignore[misc]
         load = staticmethod(_load_parsed)

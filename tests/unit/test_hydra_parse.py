@@ -49,6 +49,25 @@ def test_what_is_composed_is_what_hydra_composes_and_yaml_runs_once_per_file(pla
     assert [_composed(REPO / "conf", *o) for o in overrides] == before and len(parses) == n  # nothing parsed again
 
 
+def test_the_memo_outlives_hydras_plugin_scan(plain, monkeypatch):
+    """`cprobe run` installs the memo before Hydra's first composition, whose plugin scan executes the config-source
+    modules again: the memo must still be in place after it (it was not: every file was parsed at every composition)."""
+    from hydra.core.plugins import Plugins
+    from hydra.core.singleton import Singleton
+
+    monkeypatch.delitem(Singleton._instances, Plugins, raising=False)  # as in a fresh process: no scan yet
+    plain()
+    parses = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda stream, Loader: parses.append(stream.name) or real(stream, Loader))
+    _composed(REPO / "conf", "+experiment=sva_tiny")
+    n = len(parses)
+    assert n and len(parses) == len(set(parses))
+    _composed(REPO / "conf", "+experiment=sva_tiny")
+    assert len(parses) == n
+    assert file_config_source.OmegaConf.load is importlib_resources_config_source.OmegaConf.load is _hydra._load_parsed
+
+
 def test_an_edited_config_file_is_read_again(plain, tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(REPO / "conf", conf)
