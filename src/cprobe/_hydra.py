@@ -137,6 +137,41 @@ def parse_configs_once() -> None:
         module.OmegaConf = _OmegaConf  # type: ignore[attr-defined]
 
 
+_COMPOSED: dict[tuple[int, int, tuple[str, ...]], tuple[Any, Any, Any]] = {}
+"""(config loader, master config, a job's overrides) -> the job's config composed for the sweeper's check, kept for
+the launcher (:func:`compose_jobs_once`)."""
+_COMPOSED_MAX = 4096
+
+
+def compose_jobs_once() -> None:
+    """A sweep composes every job's config twice: the sweeper first checks that each job of a batch composes
+    (``Sweeper.validate_batch_is_legal``: "this repeats work the launcher will do"), then the launcher composes it
+    again to run it (~90 ms each). The config composed for the check is kept (a copy) and handed to the launcher's
+    call with the same loader, master config and overrides, once; any other call composes as before."""
+    import copy
+
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    original = ConfigLoaderImpl.load_sweep_config
+    if getattr(original, "_cprobe_once", False):
+        return
+
+    def load_sweep_config(self: Any, master_config: Any, sweep_overrides: list[str]) -> Any:
+        key = (id(self), id(master_config), tuple(sweep_overrides))
+        kept = _COMPOSED.pop(key, None)
+        if kept is not None and kept[0] is self and kept[1] is master_config:  # the same objects, not a reused id
+            return kept[2]
+        cfg = original(self, master_config, sweep_overrides)
+        while len(_COMPOSED) >= _COMPOSED_MAX:
+            _COMPOSED.pop(next(iter(_COMPOSED)))
+        _COMPOSED[key] = (self, master_config, copy.deepcopy(cfg))
+        return cfg
+
+    load_sweep_config._cprobe_once = True  # type: ignore[attr-defined]
+    load_sweep_config.__wrapped__ = original  # type: ignore[attr-defined]
+    ConfigLoaderImpl.load_sweep_config = load_sweep_config  # type: ignore[method-assign]
+
+
 def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
     """Run Hydra over ``argv`` exactly as ``@hydra.main`` would."""
     from hydra import version
@@ -144,14 +179,18 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
 
     version.setbase("1.3")
     parse_configs_once()
+    compose_jobs_once()
     args, parser = parse(argv)
-    _run_hydra(
-        args=args,
-        args_parser=parser,
-        task_function=task_function,
-        config_path=config_dir,
-        config_name="config",
-    )
+    try:
+        _run_hydra(
+            args=args,
+            args_parser=parser,
+            task_function=task_function,
+            config_path=config_dir,
+            config_name="config",
+        )
+    finally:
+        _COMPOSED.clear()  # what a failed or unusual sweep left
 
 
 def explain_error(e: BaseException) -> str | None:

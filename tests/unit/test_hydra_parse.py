@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from cprobe import _hydra
 from tests.conftest import REPO
 
+COMPOSE_JOBS_ONCE = _hydra.compose_jobs_once
 EXPERIMENTS = sorted(p.stem for p in (REPO / "conf" / "experiment").glob("*.yaml"))
 
 
@@ -88,3 +89,35 @@ def test_a_yaml_error_still_names_its_file(plain, tmp_path):
     with pytest.raises(Exception) as e:
         _composed(conf, "+experiment=broken")
     assert "broken.yaml" in str(e.value) + str(e.value.__cause__) + str(e.value.__context__)
+
+
+def _sweep(conf, tmp_path, monkeypatch, once: bool) -> tuple[list[str], int]:
+    """(each job's config as YAML, how many compositions) of a 4-job in-process multirun over ``conf``."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    genuine = getattr(ConfigLoaderImpl.load_sweep_config, "__wrapped__", ConfigLoaderImpl.load_sweep_config)
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", genuine)  # Hydra's, whatever ran before
+    monkeypatch.setattr(_hydra, "compose_jobs_once", COMPOSE_JOBS_ONCE if once else lambda: None)
+    calls = []
+    real = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    seen = []
+    monkeypatch.chdir(tmp_path)
+    _hydra.run(["-m", "opt=x,y", "a=1,2", f"hydra.sweep.dir={tmp_path / ('once' if once else 'plain')}"],
+               lambda cfg: seen.append(OmegaConf.to_yaml(cfg, resolve=True)), str(conf))
+    return seen, len(calls)
+
+
+def test_a_sweep_composes_each_job_once_and_runs_the_same_configs(tmp_path, monkeypatch):
+    """The sweeper's check and the launcher compose the same job config: the check's copy goes to the launcher."""
+    conf = tmp_path / "conf"
+    (conf / "opt").mkdir(parents=True)
+    (conf / "config.yaml").write_text("defaults:\n  - opt: x\n  - _self_\na: 0\nb: ${a}\n")
+    (conf / "opt" / "x.yaml").write_text("name: x\nscale: 1.5\n")
+    (conf / "opt" / "y.yaml").write_text("name: y\nscale: 2.5\nlist: [1, 2]\n")
+    plain, n_plain = _sweep(conf, tmp_path, monkeypatch, once=False)
+    once, n_once = _sweep(conf, tmp_path, monkeypatch, once=True)
+    assert len(plain) == 4 and once == plain and "scale: 2.5" in once[-1] and "b: 2" in once[-1]
+    assert n_plain == 2 + 2 * 4 and n_once == 2 + 4  # the run config (its mode, then itself), each job twice / once
+    assert _hydra._COMPOSED == {}
