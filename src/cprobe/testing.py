@@ -892,15 +892,19 @@ def missing_settings(s: Subject) -> list[str]:
         named = [] if sig is None else [
             n for n, p in sig.parameters.items() if p.default is p.empty and n not in s.params and n != "seed"
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        return list(dict.fromkeys(named + re.findall(r"'(\w+)'", m.group(1))))
+        found = re.findall(r"'(\w+)'", m.group(1))
+        # the signature is the subject's own only when it holds what was missing (a via_ explainer builds another)
+        return list(dict.fromkeys((named if set(found) <= set(named) else []) + found))
     return []
 
 
 def _needs_settings(names: list[str]) -> Check:
     def check_settings(s: Subject) -> None:
         ref = s.ref if s.registry is not None else f"{s.obj.__module__}:{s.obj.__qualname__}"
-        _fail(f"its constructor needs {' and '.join(names)}; give them: cprobe check {ref} "
-              + " ".join(f"{n}=VALUE" for n in names) + f" (Python: ({ref!r}, {{" + ", ".join(f"{n!r}: VALUE" for n in names) + "}))")
+        cli = " ".join(f"{n}=VALUE" for n in names)
+        py = ", ".join(f"{n!r}: VALUE" for n in names)
+        _fail(f"its constructor needs {' and '.join(names)}; give them: cprobe check {ref} {cli} (Python: ({ref!r}, "
+              f"{{{py}}}))")
     return Check("check_settings", check_settings, "contract", "The required constructor settings are given.")
 
 

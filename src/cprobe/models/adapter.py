@@ -147,6 +147,7 @@ class ModelAdapter:
         self._kv_family = family_of(cfg).kv_resume
         self._cache_kw = cache_keyword(model) if self._kv_family else ""
         self._memo: dict[Any, Any] = {}  # tokenizer answers a sweep's jobs ask again (token_lengths, candidate_id)
+        self._memo_tok = self.tok  # whose answers they are: another tokenizer set on the adapter starts afresh
 
     # ----------------------------------------------------------------- structure
     @property
@@ -206,17 +207,23 @@ class ModelAdapter:
     # ----------------------------------------------------------------- tokenization
     def candidate_id(self, word: str) -> int | None:
         """Token id of ``word`` as the next/masked word, or None when it is not a single token."""
-        key = ("candidate", id(self.tok), word)
-        if key not in self._memo:
+        key = ("candidate", word)
+        if key not in self._tokenizer_memo():
             ids = self.tok.encode(" " + word, add_special_tokens=False)
             self._memo[key] = ids[0] if len(ids) == 1 else None
         return self._memo[key]
 
+    def _tokenizer_memo(self) -> dict[Any, Any]:
+        if self._memo_tok is not self.tok:
+            self._memo.clear()
+            self._memo_tok = self.tok
+        return self._memo
+
     def token_lengths(self, texts: Sequence[str]) -> list[int]:
         """How many tokens each text takes, special tokens included; the answer for the last few lists of texts is
         kept (the jobs of a sweep in one process check the same items against the same tokenizer)."""
-        key = ("lengths", id(self.tok), tuple(texts))
-        if key not in self._memo:
+        key = ("lengths", tuple(texts))
+        if key not in self._tokenizer_memo():
             lists = [k for k in self._memo if k[0] == "lengths"]
             for old in lists[:-(_LENGTH_LISTS - 1)] if len(lists) >= _LENGTH_LISTS else []:
                 del self._memo[old]
