@@ -98,9 +98,7 @@ class SequenceClassifier(nn.Module):
     def phi(self, state: Tensor) -> Tensor:
         """φ from the state read at :func:`phi_site` (n, d): the pooler's output where the classifier reads it, else
         the state itself."""
-        if self.pool != "pooler":
-            return state
-        return self.base_model.pooler(state[:, None, :])
+        return self.base_model.pooler(state[:, None, :]) if self.pool == "pooler" else state
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, **_: Tensor) -> SimpleNamespace:
         return SimpleNamespace(logits=self.head(self.features(input_ids, attention_mask)))
@@ -316,10 +314,8 @@ def phi_of(adapter: ModelAdapter, state: Tensor) -> Tensor:
     if model.pool != "pooler":
         return state
     p = next(model.parameters())
-    out = []
     with torch.inference_mode():
-        for chunk in state.split(4096):
-            out.append(model.phi(chunk.to(p.device, p.dtype)).float().cpu())
+        out = [model.phi(chunk.to(p.device, p.dtype)).float().cpu() for chunk in state.split(4096)]
     return torch.cat(out) if out else state
 
 
