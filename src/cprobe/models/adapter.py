@@ -236,8 +236,7 @@ class ModelAdapter:
         kept (the jobs of a sweep in one process check the same items against the same tokenizer)."""
         key = ("lengths", tuple(texts))
         if key not in self._tokenizer_memo():
-            lists = [k for k in self._memo if k[0] == "lengths"]
-            for old in lists[:-(_LENGTH_LISTS - 1)] if len(lists) >= _LENGTH_LISTS else []:
+            for old in [k for k in self._memo if k[0] == "lengths"][:1 - _LENGTH_LISTS]:  # keep the newest ones
                 del self._memo[old]
             self._memo[key] = [len(ids) for ids in self.tok(list(texts), add_special_tokens=True)["input_ids"]] \
                 if texts else []
