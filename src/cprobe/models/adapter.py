@@ -103,12 +103,6 @@ def model_positions(config) -> int | None:
     return int(n) if n else None
 
 
-def _get(obj: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 _LENGTH_LISTS = 4
 """Lists of texts whose token lengths a :class:`ModelAdapter` keeps (:meth:`ModelAdapter.token_lengths`)."""
 
@@ -178,7 +172,7 @@ class ModelAdapter:
         path = layers_path or family_of(self.model.config).blocks
         if path is not None:
             try:
-                blocks = _get(self._base, path)
+                blocks = self._base.get_submodule(path)
             except AttributeError:
                 raise ConfigError(f"model {self.name!r} has no module {path!r}; set model.layers_path") from None
         else:
