@@ -94,13 +94,7 @@ def _detect_cpu_bf16() -> bool:
     return any(f in flags for f in BF16_FLAGS + ARM_BF16_FLAGS) if flags else _probe_bf16()
 
 
-_WARNED: set[str] = set()
-
-
-def _once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        log.warning(msg)
+_WARNED: set[str] = set()  # the fp32 fallback is said once per process
 
 
 def use_bf16(device: Any) -> bool:
@@ -108,8 +102,11 @@ def use_bf16(device: Any) -> bool:
     (otherwise one log line, and the caller uses fp32)."""
     if str(getattr(device, "type", device)).split(":")[0] != "cpu" or cpu_bf16():
         return True
-    _once(f"this CPU ({cpu_model()}) has no native bf16 (no {'/'.join(BF16_FLAGS)}): bf16 would run ~60x slower "
-          "than fp32 here, so fp32 is used instead (set CPROBE_CPU_BF16=1 to force bf16)")
+    msg = (f"this CPU ({cpu_model()}) has no native bf16 (no {'/'.join(BF16_FLAGS)}): bf16 would run ~60x slower "
+           "than fp32 here, so fp32 is used instead (set CPROBE_CPU_BF16=1 to force bf16)")
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg)
     return False
 
 
