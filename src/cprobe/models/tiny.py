@@ -33,19 +33,9 @@ import torch
 from cprobe.cache import checked_entry, entry_problem, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoTokenizer,
-    BertConfig,
-    BertForMaskedLM,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
+                          BertForMaskedLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel, PreTrainedTokenizerBase,
+                          PreTrainedTokenizerFast)
 
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
