@@ -150,10 +150,8 @@ def ensure_corpus_model(kind: Kind, words: Sequence[str], corpus: Callable[[], t
 
             hf_logging.disable_progress_bar()
         sentences, slots = corpus()
-        if init_from is None:
-            tokenizer = build_tokenizer(kind, sorted(set(words)), train.max_positions)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(init_from)
+        tokenizer = (build_tokenizer(kind, sorted(set(words)), train.max_positions) if init_from is None
+                     else AutoTokenizer.from_pretrained(init_from))
         unknown = sorted(_words(sentences) - set(tokenizer.get_vocab()))
         if unknown:
             raise DataError(f"corpus words outside the model's vocabulary: {unknown[:5]}")
@@ -416,10 +414,8 @@ def _preferences(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, exa
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
-            if masked:
-                texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) for e in chunk]
-            else:
-                texts = [" ".join(e.prefix) for e in chunk]
+            texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) if masked
+                     else " ".join(e.prefix) for e in chunk]
             enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
             logits = model(**enc).logits
             if masked:
