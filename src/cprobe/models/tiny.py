@@ -256,6 +256,8 @@ def build_tokenizer(kind: Kind, words: Sequence[str], max_length: int) -> PreTra
 
 def _build(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra: list[str], key: str, out: Path,
            progress: bool) -> None:
+    from cprobe.compute import threads
+
     data = generate(grammar)
     seen = {e.words for e in data.examples}
     heldout_cfg = replace(grammar, seed=grammar.seed + _HELDOUT_SEED_OFFSET, n_sentences=train.eval_sentences)
@@ -286,14 +288,10 @@ def _build(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra: li
     # TRAIN_THREADS (1): tiny matrices, and a fixed reduction order. (Trained in this process, so the CPU's own
     # instruction set applies: agreement models keep the weights their studies' documented numbers come from;
     # train_portable would pin them like the fact-world models.)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TRAIN_THREADS)
-    try:
+    with threads(TRAIN_THREADS):
         start = time.perf_counter()
         _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress)
         seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
 
     model.eval()
     prefs = _preferences(model, tokenizer, heldout)
