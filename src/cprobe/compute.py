@@ -33,31 +33,29 @@ ARM_BF16_FLAGS = ("bf16",)  # aarch64 "Features"
 
 
 # ----------------------------------------------------------------------------------------------- CPU bf16
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The CPU's feature flags (x86 ``flags`` / ARM ``Features`` of /proc/cpuinfo); empty where unknown."""
+def _cpuinfo_value(cpuinfo: str | None, keys: tuple[str, ...]) -> str | None:
+    """The value of the first line of ``cpuinfo`` (default: /proc/cpuinfo) whose key is one of ``keys``; None where
+    unknown."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return set()
+            return None
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
+        if key.strip() in keys:
+            return value
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 ``flags`` / ARM ``Features`` of /proc/cpuinfo); empty where unknown."""
+    return set((_cpuinfo_value(cpuinfo, ("flags", "Features")) or "").split())
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return "unknown CPU"
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("model name", "Model", "CPU part"):
-            return value.strip()
-    return "unknown CPU"
+    value = _cpuinfo_value(cpuinfo, ("model name", "Model", "CPU part"))
+    return "unknown CPU" if value is None else value.strip()
 
 
 def _probe_bf16(seconds: float = 1.0) -> bool:
@@ -93,38 +91,28 @@ def cpu_bf16() -> bool:
 @lru_cache(maxsize=1)
 def _detect_cpu_bf16() -> bool:
     flags = cpu_flags()
-    if flags:
-        return any(f in flags for f in BF16_FLAGS + ARM_BF16_FLAGS)
-    return _probe_bf16()
+    return any(f in flags for f in BF16_FLAGS + ARM_BF16_FLAGS) if flags else _probe_bf16()
 
 
-_WARNED: set[str] = set()
-
-
-def _once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        log.warning(msg)
+_WARNED: set[str] = set()  # the fp32 fallback is said once per process
 
 
 def use_bf16(device: Any) -> bool:
     """Whether bf16 compute is worth it on ``device``: always on accelerators, on CPUs only with native bf16
     (otherwise one log line, and the caller uses fp32)."""
-    dev = str(getattr(device, "type", device)).split(":")[0]
-    if dev != "cpu":
+    if str(getattr(device, "type", device)).split(":")[0] != "cpu" or cpu_bf16():
         return True
-    if cpu_bf16():
-        return True
-    _once(f"this CPU ({cpu_model()}) has no native bf16 (no {'/'.join(BF16_FLAGS)}): bf16 would run ~60x slower "
-          "than fp32 here, so fp32 is used instead (set CPROBE_CPU_BF16=1 to force bf16)")
+    msg = (f"this CPU ({cpu_model()}) has no native bf16 (no {'/'.join(BF16_FLAGS)}): bf16 would run ~60x slower "
+           "than fp32 here, so fp32 is used instead (set CPROBE_CPU_BF16=1 to force bf16)")
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg)
     return False
 
 
 def resolve_dtype(dtype: str, device: Any) -> str:
     """The dtype name a model is loaded in: ``bfloat16``/``bf16`` on a CPU without native bf16 becomes ``float32``."""
-    if dtype in ("bfloat16", "bf16") and not use_bf16(device):
-        return "float32"
-    return dtype
+    return "float32" if dtype in ("bfloat16", "bf16") and not use_bf16(device) else dtype
 
 
 # ----------------------------------------------------------------------------------------------- threads
@@ -132,9 +120,7 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs allowed by the cgroup quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cfs_period_us``), None if none."""
     try:
         quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-        return None
+        return int(quota) / int(period) if quota != "max" else None
     except (OSError, ValueError):
         pass
     try:
@@ -193,8 +179,7 @@ def choose_threads(flops_per_op: float | None = None, workers: int = 1, cpus: in
         busy = (_load() if load is None else load) >= cpus
         if flops_per_op < (BUSY_OP_FLOPS if busy else SMALL_OP_FLOPS):
             return 1
-    if flops_per_op is not None:  # about 1e7 flops per thread keeps each thread busy between barriers
-        n = min(n, max(1, int(flops_per_op // (SMALL_OP_FLOPS / 2))))
+        n = min(n, max(1, int(flops_per_op // (SMALL_OP_FLOPS / 2))))  # ~1e7 flops per thread between barriers
     return n
 
 
@@ -282,17 +267,18 @@ def resume_flag(compute: Any) -> bool:
     """``compute.resume`` (default true): edited passes resume at their edited layer from clean states
     (:mod:`cprobe.models.resume`); false runs every edited pass as a full forward, for comparison. A one-line
     ConfigError for anything but a boolean."""
-    value = (compute or {}).get("resume", True)
-    if not isinstance(value, bool):
-        raise ConfigError(f"compute.resume must be true or false, got {value!r}")
-    return value
+    return _flag(compute, "resume")
 
 
 def kv_resume_flag(compute: Any) -> bool:
     """``compute.kv_resume`` (default true): a resumed pass edited and read at a causal LM's last token only runs
     that token alone above the edited layer, over the prefix's clean key/value cache (:mod:`cprobe.models.resume`);
     false resumes it as any other pass, for comparison. A one-line ConfigError for anything but a boolean."""
-    value = (compute or {}).get("kv_resume", True)
+    return _flag(compute, "kv_resume")
+
+
+def _flag(compute: Any, key: str) -> bool:
+    value = (compute or {}).get(key, True)
     if not isinstance(value, bool):
-        raise ConfigError(f"compute.kv_resume must be true or false, got {value!r}")
+        raise ConfigError(f"compute.{key} must be true or false, got {value!r}")
     return value

@@ -242,12 +242,9 @@ class Extraction:
 
 def resolve_layers(spec: str | int | Sequence[int], n_layers: int) -> list[int]:
     """'all' -> 0..L, 'last' -> [L], 'blocks' -> 1..L (block outputs), ints (negative counts from the end: -1 = L)."""
-    if spec == "all":
-        return list(range(n_layers + 1))
-    if spec == "last":
-        return [n_layers]
-    if spec == "blocks":
-        return list(range(1, n_layers + 1))
+    named = {"all": range(n_layers + 1), "last": [n_layers], "blocks": range(1, n_layers + 1)}
+    if isinstance(spec, str) and spec in named:
+        return list(named[spec])
     items = [spec] if isinstance(spec, int) and not isinstance(spec, bool) else spec
     if isinstance(items, str) or not isinstance(items, Sequence) or any(isinstance(x, bool) for x in items):
         raise ConfigError(f"layers={spec!r}: use 'all', 'blocks', 'last', an int or a list of ints")
@@ -279,16 +276,12 @@ def agreement_items(adapter: ModelAdapter, ds: Dataset) -> tuple[Dataset, Tensor
         if lengths[i] > adapter.max_length:
             n_long += 1
             continue
-        if adapter.kind == "encoder":
-            keep.append(i)
-            cands.append((0, 0))
-            continue
-        c, w = adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)
-        if c is None or w is None or c == w:
+        pair = (0, 0) if adapter.kind == "encoder" else (adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong))
+        if adapter.kind != "encoder" and (None in pair or pair[0] == pair[1]):
             n_tok += 1
             continue
         keep.append(i)
-        cands.append((c, w))
+        cands.append(pair)
     dropped = {k: v for k, v in (("verb forms not single tokens", n_tok),
                                  (f"longer than the model's {adapter.max_length} positions", n_long)) if v}
     for reason, k in dropped.items():

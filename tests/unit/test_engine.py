@@ -132,6 +132,25 @@ def test_cloze_subject_position_is_the_mentions_last_token():
     assert int(b.positions["object"][0]) == 6
 
 
+def test_word_and_region_spans_by_hand():
+    from cprobe.models.formatters import _spans
+
+    assert _spans(["the", "dogs", "run"], 1) == [(0, 3), (4, 8), (9, 12)]  # words joined by one space
+    assert _spans(("ab", "", "c"), 0) == [(0, 2), (2, 2), (2, 3)]  # regions tile the text; an empty one is empty
+    assert _spans([], 1) == []
+
+
+def test_token_lengths_keep_the_newest_lists_only():
+    from cprobe.models.adapter import _LENGTH_LISTS
+
+    ad = _adapter("bert")
+    lists = [[WORDS[i]] * (i + 1) for i in range(_LENGTH_LISTS + 2)]
+    for texts in lists:
+        assert ad.token_lengths(texts) == [3] * len(texts)  # [CLS] word [SEP]
+    kept = [list(k[1]) for k in ad._memo if k[0] == "lengths"]
+    assert kept == lists[-_LENGTH_LISTS:]
+
+
 # ----------------------------------------------------------------------------------------------- planning
 def test_the_planner_respects_rows_and_token_budget_and_covers_every_row_once():
     g = torch.Generator().manual_seed(0)

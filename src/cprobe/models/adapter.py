@@ -69,16 +69,30 @@ def _gather_rows(pred: Tensor) -> Callable[..., Any]:
     """A forward pre-hook for the output head: its input (n, T, d) becomes (n, 1, d), each row's token at ``pred``
     (the head then computes n rows of logits, not n × T)."""
 
+    def take(h: Tensor) -> Tensor:
+        return h[torch.arange(h.shape[0], device=h.device), pred.to(h.device)][:, None]
+
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
-            h = args[0]
-            rows = torch.arange(h.shape[0], device=h.device)
-            return (h[rows, pred.to(h.device)][:, None], *args[1:]), kwargs
+            return (take(args[0]), *args[1:]), kwargs
         key = next(iter(kwargs))
-        h = kwargs[key]
-        rows = torch.arange(h.shape[0], device=h.device)
-        return args, {**kwargs, key: h[rows, pred.to(h.device)][:, None]}
+        return args, {**kwargs, key: take(kwargs[key])}
     return hook
+
+
+def _put(scores: Tensor | None, n: int, rows: Tensor, part: Tensor) -> Tensor:
+    """``scores`` (n, ...) — allocated on the first part, in its dtype — with ``part`` written at ``rows``."""
+    if scores is None:
+        scores = torch.zeros((n, *part.shape[1:]), dtype=part.dtype)
+    scores[rows] = part
+    return scores
+
+
+def _pinned(t: Tensor) -> Tensor:
+    """A non-blocking copy of ``t`` into pinned host memory (ready once a CUDA event recorded after it is)."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
 
 
 def model_positions(config) -> int | None:
@@ -87,12 +101,6 @@ def model_positions(config) -> int | None:
     if n and config.model_type in FAMILIES:
         n -= FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
     return int(n) if n else None
-
-
-def _get(obj: nn.Module, path: str) -> nn.Module:
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 _LENGTH_LISTS = 4
@@ -164,16 +172,15 @@ class ModelAdapter:
         path = layers_path or family_of(self.model.config).blocks
         if path is not None:
             try:
-                blocks = _get(self._base, path)
+                blocks = self._base.get_submodule(path)
             except AttributeError:
                 raise ConfigError(f"model {self.name!r} has no module {path!r}; set model.layers_path") from None
         else:
             lists = [m for m in self._base.modules() if isinstance(m, nn.ModuleList) and len(m) == self.n_layers]
             if not lists:
-                raise ConfigError(
-                    f"cannot find the transformer blocks of model type {self.model.config.model_type!r}; "
-                    f"supported: {sorted(FAMILIES)}; or set model.layers_path (e.g. 'encoder.layer')"
-                )
+                raise ConfigError(f"cannot find the transformer blocks of model type "
+                                  f"{self.model.config.model_type!r}; supported: {sorted(FAMILIES)}; or set "
+                                  "model.layers_path (e.g. 'encoder.layer')")
             blocks = lists[0]
         if len(blocks) != self.n_layers:
             raise ConfigError(f"{self.name}: found {len(blocks)} blocks but config says {self.n_layers}")
@@ -199,9 +206,8 @@ class ModelAdapter:
     def check_layers(self, layers: Sequence[int]) -> list[int]:
         bad = [l for l in layers if not 0 <= l <= self.n_layers]
         if bad:
-            raise ConfigError(
-                f"layer(s) {bad} out of range for {self.name}: valid layers are 0 (embeddings) … {self.n_layers}"
-            )
+            raise ConfigError(f"layer(s) {bad} out of range for {self.name}: valid layers are 0 (embeddings) … "
+                              f"{self.n_layers}")
         return sorted(set(layers))
 
     # ----------------------------------------------------------------- tokenization
@@ -224,8 +230,7 @@ class ModelAdapter:
         kept (the jobs of a sweep in one process check the same items against the same tokenizer)."""
         key = ("lengths", tuple(texts))
         if key not in self._tokenizer_memo():
-            lists = [k for k in self._memo if k[0] == "lengths"]
-            for old in lists[:-(_LENGTH_LISTS - 1)] if len(lists) >= _LENGTH_LISTS else []:
+            for old in [k for k in self._memo if k[0] == "lengths"][:1 - _LENGTH_LISTS]:  # keep the newest ones
                 del self._memo[old]
             self._memo[key] = [len(ids) for ids in self.tok(list(texts), add_special_tokens=True)["input_ids"]] \
                 if texts else []
@@ -274,7 +279,7 @@ class ModelAdapter:
         dev = self.device
         batch = batch.to(dev)
         acts: dict[Site, Tensor] = {}
-        order = [k for k in points]
+        order = list(points)
         depth = {k: self._depth(points[k][0], points[k][1]) for k in order}
         last_read = max((k for k in order if points[k][3]), key=depth.__getitem__, default=None)
         stop_early = readout is None and not grad and last_read is not None and all(
@@ -386,9 +391,9 @@ class ModelAdapter:
         within :data:`~cprobe.models.resume.KV_BUDGET`), for passes edited and read at the last token only; the
         pieces then run to the last block."""
         sub = batch.to("cpu")
-        if not self.can_resume:
+        layers = [l for l in self.check_layers(layers) if l >= 1] if self.can_resume else []
+        if not layers:
             return CleanStates(self.name, sub.input_ids, sub.attention_mask, {})
-        layers = [l for l in self.check_layers(layers) if l >= 1]
         n, width = sub.input_ids.shape
         size = len(layers) * n * width * self.hidden_size * self.dtype.itemsize
         dev = self.device
@@ -396,8 +401,6 @@ class ModelAdapter:
         pin = where.type == "cpu" and dev.type == "cuda"
         store = {l: torch.zeros(n, width, self.hidden_size, dtype=self.dtype, device=where, pin_memory=pin)
                  for l in layers}
-        if not layers:
-            return CleanStates(self.name, sub.input_ids, sub.attention_mask, store)
         kvs = self._kv_store(n, width, min(layers), size) if kv else None
         deepest = self.n_layers if kvs else max(layers)  # the prefix's cache: every block above the lowest layer
         cap = self.token_cap()
@@ -456,10 +459,7 @@ class ModelAdapter:
     def _depth(self, module: nn.Module, pre: bool) -> int:
         if pre:
             return 0
-        for i, b in enumerate(self._blocks):
-            if b is module:
-                return i + 1
-        return self.n_layers + 1  # the final norm
+        return next((i + 1 for i, b in enumerate(self._blocks) if b is module), self.n_layers + 1)  # else: final norm
 
     @staticmethod
     def _register(module: nn.Module, pre: bool, patch: Callable[[Tensor], Tensor]):
@@ -467,9 +467,7 @@ class ModelAdapter:
             def pre_hook(_m, args, kwargs):
                 if args:
                     return (patch(args[0]), *args[1:]), kwargs
-                kwargs = dict(kwargs)
-                kwargs["hidden_states"] = patch(kwargs["hidden_states"])
-                return args, kwargs
+                return args, {**kwargs, "hidden_states": patch(kwargs["hidden_states"])}
             return module.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
         def hook(_m, _inp, output):
@@ -504,9 +502,7 @@ class ModelAdapter:
             for s, v in chunk.acts.items():
                 acts[s][chunk.rows] = v
             if chunk.scores is not None:
-                if scores is None:
-                    scores = torch.zeros((n, *chunk.scores.shape[1:]), dtype=chunk.scores.dtype)
-                scores[chunk.rows] = chunk.scores
+                scores = _put(scores, n, chunk.rows, chunk.scores)
         return RunOutput(acts, scores)
 
     def stream(self, items: Sequence[Any], formatter: Formatter, read: Sequence[Site] = (),
@@ -549,7 +545,8 @@ class ModelAdapter:
                     for done in self._run_piece(piece, w, read, edits, readout, dtype, cuda, pending, resume):
                         bar.update(len(done.rows))
                         yield done
-            for done in self._drain(pending, read):
+            while pending:
+                done = self._finish(pending.pop(0), read)
                 bar.update(len(done.rows))
                 yield done
         finally:
@@ -594,15 +591,8 @@ class ModelAdapter:
                 out = self.run(p.to(self.device, non_blocking=True), read,
                                {s: e.bind(p.rows) for s, e in edits.items()}, readout, resume=res)
                 if cuda:  # one device->host copy of every read site, overlapping the next batch's forward
-                    host = None
-                    if read:
-                        stacked = torch.stack([out.acts[s].to(dtype) for s in read], 1)
-                        host = torch.empty(stacked.shape, dtype=dtype, pin_memory=True)
-                        host.copy_(stacked, non_blocking=True)
-                    sc = None
-                    if out.scores is not None:
-                        sc = torch.empty(out.scores.shape, dtype=out.scores.dtype, pin_memory=True)
-                        sc.copy_(out.scores, non_blocking=True)
+                    host = _pinned(torch.stack([out.acts[s].to(dtype) for s in read], 1)) if read else None
+                    sc = _pinned(out.scores) if out.scores is not None else None
                     event = torch.cuda.Event()
                     event.record()
                     del out
@@ -628,11 +618,6 @@ class ModelAdapter:
         event, w, rows, host, sc = p
         event.synchronize()
         return Chunk(w, rows, {s: host[:, j] for j, s in enumerate(read)} if host is not None else {}, sc)
-
-    @classmethod
-    def _drain(cls, pending: list, read: list[Site]) -> Iterator[Chunk]:
-        while pending:
-            yield cls._finish(pending.pop(0), read)
 
     def _backoff(self, p: Batch, work: list[Batch]) -> None:
         if self.device.type == "cuda":
@@ -668,8 +653,5 @@ class ModelAdapter:
             logits = self._head(v)[:, None, :]  # (n, 1, V): one "token" at position 0
             batch = Batch(torch.zeros(len(rows), 1, dtype=torch.long), torch.ones(len(rows), 1, dtype=torch.long),
                           {"head": torch.zeros(len(rows), dtype=torch.long)}, rows, pred="head")
-            out = readout.scores(logits, batch).cpu()
-            if scores is None:
-                scores = torch.zeros((n, *out.shape[1:]), dtype=out.dtype)
-            scores[rows] = out
+            scores = _put(scores, n, rows, readout.scores(logits, batch).cpu())
         return RunOutput({}, scores)

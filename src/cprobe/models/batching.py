@@ -219,9 +219,7 @@ class _Raised:
 # ----------------------------------------------------------------------------------------------- OOM back-off
 def is_oom(e: BaseException) -> bool:
     """A device out-of-memory error (CUDA's, or any accelerator's that torch reports the same way)."""
-    if isinstance(e, torch.OutOfMemoryError):
-        return True
-    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
 
 
 def device_label(device: torch.device) -> str:
@@ -244,18 +242,19 @@ class BatchLimits:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
 
+    def _stored(self) -> dict:
+        """The limits persisted at ``path`` ({} without a file, or when it is unreadable)."""
+        try:
+            return json.loads(self.path.read_text()) if self.path is not None and self.path.is_file() else {}
+        except (OSError, ValueError):
+            return {}
+
     def get(self, key: str) -> int | None:
-        if key in _LIMITS:
-            return _LIMITS[key]
-        if self.path is not None and self.path.is_file():
-            try:
-                v = json.loads(self.path.read_text()).get(key)
-            except (OSError, ValueError):
-                v = None
+        if key not in _LIMITS:
+            v = self._stored().get(key)
             if isinstance(v, int) and v > 0:
                 _LIMITS[key] = v
-                return v
-        return None
+        return _LIMITS.get(key)
 
     def set(self, key: str, tokens: int) -> None:
         tokens = max(1, int(tokens))
@@ -269,10 +268,7 @@ class BatchLimits:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(str(self.path) + ".lock"):
-                try:
-                    known = json.loads(self.path.read_text()) if self.path.is_file() else {}
-                except (OSError, ValueError):
-                    known = {}
+                known = self._stored()
                 known[key] = min(_LIMITS[key], int(known.get(key, _LIMITS[key])))
                 atomic_write_bytes(self.path, json.dumps(known, indent=1, sort_keys=True).encode())
         except OSError as e:  # a read-only cache: the limit still holds for this process

@@ -98,9 +98,7 @@ class SequenceClassifier(nn.Module):
     def phi(self, state: Tensor) -> Tensor:
         """φ from the state read at :func:`phi_site` (n, d): the pooler's output where the classifier reads it, else
         the state itself."""
-        if self.pool != "pooler":
-            return state
-        return self.base_model.pooler(state[:, None, :])
+        return self.base_model.pooler(state[:, None, :]) if self.pool == "pooler" else state
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, **_: Tensor) -> SimpleNamespace:
         return SimpleNamespace(logits=self.head(self.features(input_ids, attention_mask)))
@@ -305,9 +303,12 @@ def _resume(model: nn.Module, opt: torch.optim.Optimizer, sched, path: Path) -> 
 def classify(adapter: ModelAdapter, items: Sequence[TextItem], max_length: int | None = None,
              desc: str | None = None) -> tuple[Tensor, Tensor]:
     """(φ (n, d), class log-probabilities (n, n_out)) of a :func:`wrap`-ped classifier in one pass per batch."""
+    from cprobe.models.readouts import ClassHead
+
     site = phi_site(adapter)
-    acts, logp = classify_reading(adapter, items, [site], max_length, desc)
-    return phi_of(adapter, acts[site]), logp
+    out = adapter.map(list(items), ClassificationFormatter(max_length), read=[site], readout=ClassHead(), desc=desc)
+    assert out.scores is not None
+    return phi_of(adapter, out.acts[site]), out.scores
 
 
 def phi_of(adapter: ModelAdapter, state: Tensor) -> Tensor:
@@ -316,20 +317,6 @@ def phi_of(adapter: ModelAdapter, state: Tensor) -> Tensor:
     if model.pool != "pooler":
         return state
     p = next(model.parameters())
-    out = []
     with torch.inference_mode():
-        for chunk in state.split(4096):
-            out.append(model.phi(chunk.to(p.device, p.dtype)).float().cpu())
+        out = [model.phi(chunk.to(p.device, p.dtype)).float().cpu() for chunk in state.split(4096)]
     return torch.cat(out) if out else state
-
-
-def classify_reading(adapter: ModelAdapter, items: Sequence[TextItem], sites: Sequence[Site],
-                     max_length: int | None = None, desc: str | None = None) -> tuple[dict[Site, Tensor], Tensor]:
-    """The classifier's class log-probabilities and, in the same pass, the states at ``sites`` (e.g. φ and the
-    mean-pooled last layer)."""
-    from cprobe.models.readouts import ClassHead
-
-    out = adapter.map(list(items), ClassificationFormatter(max_length), read=list(sites), readout=ClassHead(),
-                      desc=desc)
-    assert out.scores is not None
-    return out.acts, out.scores

@@ -112,8 +112,5 @@ def _side(config: Any, model_type: str) -> Literal["encoder", "decoder"] | None:
                                                             MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     except ImportError:  # pragma: no cover - very old transformers
         return None
-    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        return "encoder"
-    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return "decoder"
-    return None
+    return ("encoder" if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            else "decoder" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else None)

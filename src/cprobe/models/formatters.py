@@ -18,6 +18,7 @@ region holding its last character; special and padding tokens (empty offsets) be
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -64,9 +65,7 @@ class Formatter(ABC):
     def encode(self, items: Sequence[Any], adapter: ModelLike) -> Encoded:
         """Tokenise ``items`` for ``adapter``'s model: ragged ids and every named position (:class:`Encoded`)."""
         parts = [self._encode(items[i: i + self.chunk], adapter) for i in range(0, len(items), self.chunk)]
-        if not parts:
-            return self._encode([], adapter)
-        return Encoded.cat(parts)
+        return Encoded.cat(parts) if parts else self._encode([], adapter)
 
     @abstractmethod
     def _encode(self, items: Sequence[Any], adapter: ModelLike) -> Encoded:
@@ -81,6 +80,12 @@ def _last_tokens(offsets: Tensor, mask: Tensor, spans: Sequence[Sequence[tuple[i
     """(n, W) index of the last token of each span (spans sorted, disjoint, per row), −1 when none; vectorised."""
     starts, ends, _ = span_tensors(spans)
     return last_tokens(offsets, mask, starts, ends)
+
+
+def _spans(pieces: Sequence[str], sep: int) -> list[tuple[int, int]]:
+    """Character span ``[start, end)`` of each piece in the pieces joined by ``sep`` characters."""
+    starts = itertools.accumulate((len(p) + sep for p in pieces[:-1]), initial=0)
+    return [(a, a + len(p)) for a, p in zip(starts, pieces)]
 
 
 def _tokenize(adapter: ModelLike, texts: list[str], max_length: int | None = None) -> dict[str, Tensor]:
@@ -143,16 +148,10 @@ class AgreementFormatter(Formatter):
         return words, ex.target
 
     def _encode(self, items: Sequence[Example], adapter: ModelLike) -> Encoded:
-        texts, spans, targets = [], [], []
-        for ex in items:
-            words, target = self.words(ex, adapter)
-            sp, at = [], 0
-            for w in words:
-                sp.append((at, at + len(w)))
-                at += len(w) + 1
-            texts.append(" ".join(words))
-            spans.append(sp)
-            targets.append(target)
+        fed = [self.words(ex, adapter) for ex in items]
+        texts = [" ".join(words) for words, _ in fed]
+        spans = [_spans(words, 1) for words, _ in fed]
+        targets = [target for _, target in fed]
         enc = _tokenize(adapter, texts)
         n = len(items)
         last = _last_tokens(enc["offset_mapping"], enc["attention_mask"], spans)  # (n, W)
@@ -218,13 +217,7 @@ class RegionFormatter(Formatter):
             if not it.regions:
                 raise DataError(f"item {it.id} has no regions; the region formatter needs region-aligned items")
         n = len(items)
-        spans = []
-        for it in items:  # contiguous regions: [start, start + len)
-            sp, at = [], 0
-            for region in it.regions:
-                sp.append((at, at + len(region)))
-                at += len(region)
-            spans.append(sp)
+        spans = [_spans(it.regions, 0) for it in items]  # contiguous regions: [start, start + len)
         texts = ["".join(it.regions) for it in items]
         enc = _unpadded(tok, texts, _pad_id(adapter))  # no truncation, no special tokens: the regions alone
         ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -248,9 +241,6 @@ class ClozeFormatter(Formatter):
 
     name = "cloze"
     pred_position = "object"
-
-    def spec(self) -> dict[str, Any]:
-        return {"formatter": self.name}
 
     def length(self, item: TextItem) -> int:
         return len(item.text)

@@ -202,10 +202,7 @@ def plan_device_map(model_class: Any, config: Any, mc: Any, device: str, dtype: 
 
 def _device_in(plan: Mapping[str, Any], name: str) -> Any:
     """The device the map gives a weight: its longest matching module prefix ('' matches everything)."""
-    best = None
-    for k in plan:
-        if (k == "" or name == k or name.startswith(k + ".")) and (best is None or len(k) > len(best)):
-            best = k
+    best = max((k for k in plan if k == "" or name == k or name.startswith(k + ".")), key=len, default=None)
     return plan[best] if best is not None else None
 
 
@@ -244,6 +241,10 @@ def _torch_device(d: Any) -> torch.device:
     return torch.device(f"cuda:{d}" if isinstance(d, int) else d)
 
 
+def _label(d: Any) -> str:
+    return "disk" if d == "disk" else str(_torch_device(d))
+
+
 def main_device(model: nn.Module) -> torch.device | None:
     """Where a dispatched model takes its inputs and returns its outputs: the first GPU of its map, else the CPU
     (accelerate's rule; ``cpu`` and ``disk`` modules run there too). None for a model on one device."""
@@ -257,15 +258,13 @@ def main_device(model: nn.Module) -> torch.device | None:
 def placement_label(model: nn.Module) -> str | None:
     """``cuda:0+cuda:1+cpu+disk``: the devices a dispatched model spans (None for one device)."""
     dm = device_map_of(model)
-    if dm is None:
-        return None
-    return "+".join(str(_torch_device(d)) if d != "disk" else "disk" for d in dict.fromkeys(dm.values()))
+    return None if dm is None else "+".join(_label(d) for d in dict.fromkeys(dm.values()))
 
 
 def describe(model: nn.Module) -> str:
     """One log line: how many modules each device holds."""
     dm = device_map_of(model) or {}
-    counts = Counter(str(_torch_device(d)) if d != "disk" else "disk" for d in dm.values())
+    counts = Counter(_label(d) for d in dm.values())
     return ", ".join(f"{n} module(s) on {d}" for d, n in counts.items())
 
 

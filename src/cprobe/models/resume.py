@@ -66,8 +66,7 @@ class Resume:
     def layer_for(self, lowest: int) -> int | None:
         """The layer to resume at for a pass whose lowest hooked depth is ``lowest``: the deepest layer held at or
         below it (None: none, the full forward runs)."""
-        held = [l for l in self.states if 1 <= l <= lowest]
-        return max(held) if held else None
+        return max((l for l in self.states if 1 <= l <= lowest), default=None)
 
 
 class CleanStates:
@@ -166,10 +165,8 @@ class KVStore:
 def last_only(batch: Batch, edits: Sequence[Site], read: Sequence[Site], scored: bool) -> Tensor | None:
     """Each row's last real position (n,) when every edit and read of a pass is at it (or absent from the row: −1)
     and, with a readout (``scored``), the prediction position is it in every row; else None (module doc)."""
-    if batch.extra:
-        return None
     mask = batch.attention_mask
-    if mask.shape[1] < 2:
+    if batch.extra or mask.shape[1] < 2:
         return None
     length = mask.sum(1)
     right = torch.arange(mask.shape[1], device=mask.device)[None] < length[:, None]  # real tokens first
@@ -179,11 +176,9 @@ def last_only(batch: Batch, edits: Sequence[Site], read: Sequence[Site], scored:
     names = [s.position for s in (*edits, *read)]
     if MEAN in names:
         return None
-    if scored:
-        if batch.pred is None or batch.pred not in batch.positions:
-            return None
-        if not bool((batch.positions[batch.pred].to(last.device) == last).all()):
-            return None
+    if scored and (batch.pred not in batch.positions  # None (no prediction position) is never a key
+                   or not bool((batch.positions[batch.pred].to(last.device) == last).all())):
+        return None
     for name in dict.fromkeys(names):
         if name not in batch.positions:
             return None

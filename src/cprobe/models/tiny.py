@@ -33,19 +33,9 @@ import torch
 from cprobe.cache import checked_entry, entry_problem, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoModelForMaskedLM,
-    AutoTokenizer,
-    BertConfig,
-    BertForMaskedLM,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    PreTrainedTokenizerFast,
-)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
+                          BertForMaskedLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel, PreTrainedTokenizerBase,
+                          PreTrainedTokenizerFast)
 
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
@@ -105,34 +95,26 @@ def model_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_
     g = asdict(grammar)
     if not g["attractor_agreement"]:
         del g["attractor_agreement"]  # models trained before the option existed keep their key
-    spec = {
-        "kind": kind,
-        "grammar": g,
-        "train": asdict(train),
-        "extra": list(extra_sentences),
-        "version": VERSION,
-    }
+    spec = {"kind": kind, "grammar": g, "train": asdict(train), "extra": list(extra_sentences), "version": VERSION}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ensure_tiny_model(
-    kind: Kind,
-    grammar: GrammarConfig,
-    train: TinyTrainConfig,
-    cache_dir: Path,
-    extra_sentences: Sequence[str] = (),
-    progress: bool = True,
-) -> Path:
+def ensure_tiny_model(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, cache_dir: Path,
+                      extra_sentences: Sequence[str] = (), progress: bool = True) -> Path:
     """Directory of the tiny ``kind`` model for these configs, training and caching it on first use.
 
     Safe under concurrency (a file lock makes one job train while others wait) and under crashes
     (training writes a temp dir that is renamed into place; an incomplete dir is rebuilt).
     """
-    if kind not in ("bert", "neox"):
-        raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
+    _check_kind(kind)
     key = model_key(kind, grammar, train, extra_sentences)
     return cached_build(Path(cache_dir), f"tiny-{kind}-{key}", key,
                         lambda tmp: _build(kind, grammar, train, list(extra_sentences), key, tmp, progress))
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("bert", "neox"):
+        raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
 
 
 def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], None]) -> Path:
@@ -143,16 +125,9 @@ def cached_build(cache_dir: Path, name: str, key: str, build: Callable[[Path], N
                          valid=lambda path: _key_problem(path, key))[0]
 
 
-def ensure_corpus_model(
-    kind: Kind,
-    words: Sequence[str],
-    corpus: Callable[[], tuple[list[str], list[int]]],
-    spec: dict,
-    train: TinyTrainConfig,
-    cache_dir: Path,
-    init_from: Path | None = None,
-    progress: bool = True,
-) -> Path:
+def ensure_corpus_model(kind: Kind, words: Sequence[str], corpus: Callable[[], tuple[list[str], list[int]]],
+                        spec: dict, train: TinyTrainConfig, cache_dir: Path, init_from: Path | None = None,
+                        progress: bool = True) -> Path:
     """Directory of a tiny ``kind`` LM trained on a sentence corpus (cached under a key of ``spec`` — everything that
     determines the corpus —, ``train``, the starting model and the numerics mode), training it on first use in a
     portable process (:func:`train_portable`: the same weights on every x86-64 CPU with AVX2).
@@ -162,8 +137,7 @@ def ensure_corpus_model(
     fact corpora, the object, so tiny MLMs learn facts in minutes. ``init_from`` continues training a cached model
     (same tokenizer) instead of starting from scratch.
     """
-    if kind not in ("bert", "neox"):
-        raise ConfigError(f"unknown tiny model kind {kind!r}; choose 'bert' or 'neox'")
+    _check_kind(kind)
     train = replace(train, agreement_weight=0.0)
     init_key = training_report(init_from)["key"] if init_from is not None else None
     key = hashlib.sha256(json.dumps({"kind": kind, "spec": spec, "train": asdict(train), "init": init_key,
@@ -176,10 +150,8 @@ def ensure_corpus_model(
 
             hf_logging.disable_progress_bar()
         sentences, slots = corpus()
-        if init_from is None:
-            tokenizer = build_tokenizer(kind, sorted(set(words)), train.max_positions)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(init_from)
+        tokenizer = (build_tokenizer(kind, sorted(set(words)), train.max_positions) if init_from is None
+                     else AutoTokenizer.from_pretrained(init_from))
         unknown = sorted(_words(sentences) - set(tokenizer.get_vocab()))
         if unknown:
             raise DataError(f"corpus words outside the model's vocabulary: {unknown[:5]}")
@@ -264,48 +236,28 @@ def build_tokenizer(kind: Kind, words: Sequence[str], max_length: int) -> PreTra
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     if kind == "bert":
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]",
-            pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-        )
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            unk_token="[UNK]",
-            pad_token="[PAD]",
-            cls_token="[CLS]",
-            sep_token="[SEP]",
-            mask_token="[MASK]",
-            model_max_length=max_length,
-            model_input_names=["input_ids", "token_type_ids", "attention_mask"],
-        )
+            tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+            mask_token="[MASK]", model_max_length=max_length,
+            model_input_names=["input_ids", "token_type_ids", "attention_mask"])
     # BOS is prepended so the first word is predicted from context, as in GPT-style LMs.
     eos = "<|endoftext|>"
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{eos} $A", pair=f"{eos} $A {eos} $B", special_tokens=[(eos, vocab[eos])]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=eos,
-        eos_token=eos,
-        unk_token=unk,
-        pad_token="<|padding|>",
-        model_max_length=max_length,
-        model_input_names=["input_ids", "attention_mask"],
-    )
+    tok.post_processor = processors.TemplateProcessing(single=f"{eos} $A", pair=f"{eos} $A {eos} $B",
+                                                       special_tokens=[(eos, vocab[eos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eos, eos_token=eos, unk_token=unk,
+                                   pad_token="<|padding|>", model_max_length=max_length,
+                                   model_input_names=["input_ids", "attention_mask"])
 
 
 # --- training ---------------------------------------------------------------------------------
 
 
-def _build(
-    kind: Kind,
-    grammar: GrammarConfig,
-    train: TinyTrainConfig,
-    extra: list[str],
-    key: str,
-    out: Path,
-    progress: bool,
-) -> None:
+def _build(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra: list[str], key: str, out: Path,
+           progress: bool) -> None:
+    from cprobe.compute import threads
+
     data = generate(grammar)
     seen = {e.words for e in data.examples}
     heldout_cfg = replace(grammar, seed=grammar.seed + _HELDOUT_SEED_OFFSET, n_sentences=train.eval_sentences)
@@ -323,102 +275,57 @@ def _build(
         ids = [[*seq, tokenizer.eos_token_id] for seq in ids]
     too_long = max(len(seq) for seq in ids)
     if too_long > train.max_positions:
-        raise ConfigError(
-            f"a training sentence has {too_long} tokens > tiny.max_positions={train.max_positions}; raise it"
-        )
+        raise ConfigError(f"a training sentence has {too_long} tokens > tiny.max_positions={train.max_positions}; "
+                          "raise it")
     # The verb slot's token position: words are single tokens and [CLS]/BOS comes first.
     verb_pos = [e.target + 1 for e in data.examples] + [-1] * len(extra)
     pad = [-1] * len(extra)
-    forms = (
-        tokenizer.convert_tokens_to_ids([e.correct for e in data.examples]) + pad,
-        tokenizer.convert_tokens_to_ids([e.wrong for e in data.examples]) + pad,
-    )
+    forms = (tokenizer.convert_tokens_to_ids([e.correct for e in data.examples]) + pad,
+             tokenizer.convert_tokens_to_ids([e.wrong for e in data.examples]) + pad)
 
     torch.manual_seed(train.seed)
     model = _init_model(kind, tokenizer, train)
     # TRAIN_THREADS (1): tiny matrices, and a fixed reduction order. (Trained in this process, so the CPU's own
     # instruction set applies: agreement models keep the weights their studies' documented numbers come from;
     # train_portable would pin them like the fact-world models.)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(TRAIN_THREADS)
-    try:
+    with threads(TRAIN_THREADS):
         start = time.perf_counter()
         _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress)
         seconds = time.perf_counter() - start
-    finally:
-        torch.set_num_threads(threads)
 
     model.eval()
     prefs = _preferences(model, tokenizer, heldout)
     attractor = torch.tensor([e.props["z_e"] != NONE for e in heldout])
     mismatch = torch.tensor([e.props["z_e"] not in (NONE, e.props["z_c"]) for e in heldout])
-    report = {
-        "kind": kind,
-        "key": key,
-        "version": VERSION,
-        "train_seconds": round(seconds, 2),
-        "heldout_examples": len(heldout),
-        "heldout_accuracy": float(prefs.float().mean()),
-        "heldout_attractor_accuracy": float(prefs[attractor].float().mean()),
-        "heldout_mismatch_accuracy": float(prefs[mismatch].float().mean()),
-        "n_train_sentences": len(sentences),
-        "vocab_size": len(tokenizer),
-        "grammar": asdict(grammar),
-        "train": asdict(train),
-    }
-    log.info(
-        "tiny %s trained in %.1fs: held-out agreement %.3f (attractors %.3f, mismatched attractors %.3f)",
-        kind,
-        seconds,
-        report["heldout_accuracy"],
-        report["heldout_attractor_accuracy"],
-        report["heldout_mismatch_accuracy"],
-    )
+    report = {"kind": kind, "key": key, "version": VERSION, "train_seconds": round(seconds, 2),
+              "heldout_examples": len(heldout), "heldout_accuracy": float(prefs.float().mean()),
+              "heldout_attractor_accuracy": float(prefs[attractor].float().mean()),
+              "heldout_mismatch_accuracy": float(prefs[mismatch].float().mean()),
+              "n_train_sentences": len(sentences), "vocab_size": len(tokenizer), "grammar": asdict(grammar),
+              "train": asdict(train)}
+    log.info("tiny %s trained in %.1fs: held-out agreement %.3f (attractors %.3f, mismatched attractors %.3f)", kind,
+             seconds, report["heldout_accuracy"], report["heldout_attractor_accuracy"],
+             report["heldout_mismatch_accuracy"])
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     (out / "training.json").write_text(json.dumps(report, indent=2))
 
 
 def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrainConfig) -> PreTrainedModel:
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=train.hidden,
-        num_hidden_layers=train.layers,
-        num_attention_heads=train.heads,
-        intermediate_size=train.intermediate,
-        max_position_embeddings=train.max_positions,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    common = dict(vocab_size=len(tokenizer), hidden_size=train.hidden, num_hidden_layers=train.layers,
+                  num_attention_heads=train.heads, intermediate_size=train.intermediate,
+                  max_position_embeddings=train.max_positions, pad_token_id=tokenizer.pad_token_id)
     if kind == "bert":
-        config = BertConfig(
-            **common,
-            hidden_dropout_prob=train.dropout,
-            attention_probs_dropout_prob=train.dropout,
-            # Tied input/output embeddings keep tiny BERT on a long plateau where it ignores the
-            # subject's number (52% agreement after 1500 steps); untied it learns in ~100 steps.
-            tie_word_embeddings=False,
-        )
-        return BertForMaskedLM(config)
-    config = GPTNeoXConfig(
-        **common,
-        hidden_dropout=train.dropout,
-        attention_dropout=train.dropout,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return GPTNeoXForCausalLM(config)
+        # Tied input/output embeddings keep tiny BERT on a long plateau where it ignores the
+        # subject's number (52% agreement after 1500 steps); untied it learns in ~100 steps.
+        return BertForMaskedLM(BertConfig(**common, hidden_dropout_prob=train.dropout,
+                                          attention_probs_dropout_prob=train.dropout, tie_word_embeddings=False))
+    return GPTNeoXForCausalLM(GPTNeoXConfig(**common, hidden_dropout=train.dropout, attention_dropout=train.dropout,
+                                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
 
 
-def _train(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerFast,
-    kind: Kind,
-    ids: list[list[int]],
-    verb_pos: list[int],
-    forms: tuple[list[int], list[int]],
-    train: TinyTrainConfig,
-    progress: bool,
-) -> None:
+def _train(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, kind: Kind, ids: list[list[int]],
+           verb_pos: list[int], forms: tuple[list[int], list[int]], train: TinyTrainConfig, progress: bool) -> None:
     """AdamW with warm-up + cosine decay; BERT adds a pairwise agreement loss at masked verbs.
 
     The MLM loss alone leaves tiny BERT at chance on agreement for some seeds (a long plateau);
@@ -471,14 +378,8 @@ def _train(
             opt.zero_grad(set_to_none=True)
 
 
-def _mask(
-    input_ids: Tensor,
-    attention: Tensor,
-    verb_pos: Tensor,
-    tokenizer: PreTrainedTokenizerFast,
-    train: TinyTrainConfig,
-    gen: torch.Generator,
-) -> tuple[Tensor, Tensor, Tensor]:
+def _mask(input_ids: Tensor, attention: Tensor, verb_pos: Tensor, tokenizer: PreTrainedTokenizerFast,
+          train: TinyTrainConfig, gen: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
     """Per sentence: only the verb slot masked (``verb_mask_prob``), else standard 80/10/10 masking.
 
     Keeping the two apart matters: random masks on top of the verb mask hide the subject often
@@ -502,9 +403,8 @@ def _mask(
 # --- evaluation -------------------------------------------------------------------------------
 
 
-def _preferences(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example], batch_size: int = 256
-) -> Tensor:
+def _preferences(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example],
+                 batch_size: int = 256) -> Tensor:
     """Bool per example: logit(correct) > logit(wrong) at the verb slot (mask or next token)."""
     masked = model.config.model_type == "bert"
     out = []
@@ -512,10 +412,8 @@ def _preferences(
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
-            if masked:
-                texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) for e in chunk]
-            else:
-                texts = [" ".join(e.prefix) for e in chunk]
+            texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) if masked
+                     else " ".join(e.prefix) for e in chunk]
             enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
             logits = model(**enc).logits
             if masked:
