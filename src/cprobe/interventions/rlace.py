@@ -112,6 +112,13 @@ class LowRankFantope:
         return U[:, -rank:]
 
 
+def _logit_grad(logits: Tensor, yb: Tensor, binary: bool) -> Tensor:
+    """∂(mean log-loss)/∂logits of the batch: one sigmoid logit for a binary Z (``yb`` float), softmax otherwise."""
+    if binary:
+        return (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(yb)
+    return (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(yb)
+
+
 @INTERVENTIONS.register("rlace")
 class RLACE(Intervention):
     """Nullifying: ``transform(X) = X P`` with ``P`` (d, d) an orthogonal projection of rank d − r.
@@ -223,11 +230,7 @@ class RLACE(Intervention):
     @staticmethod
     def _gradient(W: Tensor, b: Tensor, xb: Tensor, erased: Tensor, yb: Tensor, binary: bool) -> tuple[Tensor, Tensor]:
         """∂(−loss)/∂P = A Bᵀ for the batch: the P-player ascends the predictor's loss on X(I − P)."""
-        logits = erased @ W.T + b
-        if binary:
-            delta = (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(xb)
-        else:
-            delta = (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(xb)
+        delta = _logit_grad(erased @ W.T + b, yb, binary)
         # the loss depends on P through −X P Wᵀ: ∂loss/∂P = −Xᵀ Δ W, so ∂(−loss)/∂P = (XᵀΔ) W
         return xb.T @ delta, W.T
 
@@ -235,11 +238,7 @@ class RLACE(Intervention):
                         binary: bool) -> None:
         """One SGD step (weight decay on W and b, as torch's SGD) of the predictor on X(I − P), in place."""
         erased = state.erase(xb)
-        logits = erased @ W.T + b
-        if binary:
-            delta = (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(xb)
-        else:
-            delta = (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(xb)
+        delta = _logit_grad(erased @ W.T + b, yb, binary)
         W -= self.lr * (delta.T @ erased + self.weight_decay * W)
         b -= self.lr * (delta.sum(0) + self.weight_decay * b)
 
