@@ -296,9 +296,8 @@ def leftover_split(z: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray
         r = rng.permutation(np.flatnonzero(z == c))
         a = len(r) // 2
         b = a + (len(r) - a) // 2
-        parts[0].extend(r[:a])
-        parts[1].extend(r[a:b])
-        parts[2].extend(r[b:])
+        for part, take in zip(parts, (r[:a], r[a:b], r[b:])):
+            part.extend(take)
     return tuple(np.sort(np.asarray(p, dtype=np.int64)) for p in parts)  # type: ignore[return-value]
 
 
