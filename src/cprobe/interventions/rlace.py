@@ -20,18 +20,17 @@ batch 128, lr 0.005, weight decay 1e-4, ε = 0.0015, 75k steps; Canby et al. use
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from typing import Self
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, projection_direction
 from cprobe.interventions.inlp import prepare_rank_fit
-from cprobe.stats import fit_logistic, log_loss_and_accuracy
 from cprobe.progress import track
+from cprobe.stats import fit_logistic, log_loss_and_accuracy
 
 
 def fantope_shift(lam: Tensor, rank: int, extra: Tensor | None = None, n_extra: int = 0) -> Tensor:
