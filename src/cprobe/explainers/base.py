@@ -200,8 +200,7 @@ EMBEDDING_SPACES = ("ft", "pt", "st")
 def capability_problems(cls: type) -> list[str]:
     """Contradictions in an explainer class's declared capabilities: flags that are not booleans, an unknown
     embedding space, ``min_concepts`` below 1."""
-    flags = ("needs_representation", "needs_predicted_concepts", "needs_training", "removal_only",
-             "needs_concept_probs")
+    flags = [f for f in Explainer.CAPABILITIES if f not in ("embedding_space", "min_concepts")]
     out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
            if not isinstance(getattr(cls, f, False), bool)]
     space = getattr(cls, "embedding_space", None)
