@@ -68,13 +68,8 @@ class DAS(Direction):
         """The (start, stop) train rows of each step of one epoch (data order; every epoch repeats them)."""
         return [(s, min(s + self.batch_size, n)) for s in range(0, n, self.batch_size)]
 
-    def fit(
-        self,
-        forward: Forward,
-        h_source: Tensor,
-        target: Tensor,
-        callback: Callable[[int, Tensor], None] | None = None,
-    ) -> Self:
+    def fit(self, forward: Forward, h_source: Tensor, target: Tensor,
+            callback: Callable[[int, Tensor], None] | None = None) -> Self:
         """Train on the train set's source site vectors ``h_source`` (n, d) toward ``target`` (n,).
 
         ``target`` holds the source-label token ids y_s. ``callback(step, a)`` runs after each
@@ -115,8 +110,7 @@ class DAS(Direction):
         warm = self.warmup * total
         optimizer = torch.optim.Adam(params, lr=self.lr)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / (total - warm))
-        )
+            optimizer, lambda s: s / warm if s < warm else max(0.0, (total - s) / (total - warm)))
         windows = self.windows(n)
         losses = torch.zeros(total, K, device=device)
         for step in range(total):

@@ -30,9 +30,7 @@ class Approx(Explainer):
             raise ConfigError(f"approx: k must be >= 1, got {k}")
         if max_mismatches is not None and max_mismatches < 0:
             raise ConfigError(f"approx: max_mismatches must be >= 0 (or null for no limit), got {max_mismatches}")
-        self.k = k
-        self.seed = seed
-        self.max_mismatches = max_mismatches
+        self.k, self.seed, self.max_mismatches = k, seed, max_mismatches
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         assert train.predicted is not None
@@ -53,9 +51,7 @@ class Approx(Explainer):
         self.fallbacks_ = {"nearest": 0, "none": 0}
         for i in range(len(queries)):
             a, c2 = queries.aspect[i], queries.c_prime[i]
-            target = dict(queries.base.predicted[i])
-            target[a] = c2
-            key = tuple(target.get(c, "") for c in self.concepts_)
+            key = tuple(c2 if c == a else queries.base.predicted[i].get(c, "") for c in self.concepts_)  # C := c′
             g = groups[i]
             cand = [j for j in self.index_.get(key, []) if g is None or self.groups_[j] != g]
             if not cand:

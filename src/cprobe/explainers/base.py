@@ -200,8 +200,7 @@ EMBEDDING_SPACES = ("ft", "pt", "st")
 def capability_problems(cls: type) -> list[str]:
     """Contradictions in an explainer class's declared capabilities: flags that are not booleans, an unknown
     embedding space, ``min_concepts`` below 1."""
-    flags = ("needs_representation", "needs_predicted_concepts", "needs_training", "removal_only",
-             "needs_concept_probs")
+    flags = [f for f in Explainer.CAPABILITIES if f not in ("embedding_space", "min_concepts")]
     out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in flags
            if not isinstance(getattr(cls, f, False), bool)]
     space = getattr(cls, "embedding_space", None)
@@ -296,9 +295,8 @@ def leftover_split(z: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray
         r = rng.permutation(np.flatnonzero(z == c))
         a = len(r) // 2
         b = a + (len(r) - a) // 2
-        parts[0].extend(r[:a])
-        parts[1].extend(r[a:b])
-        parts[2].extend(r[b:])
+        for part, take in zip(parts, (r[:a], r[a:b], r[b:])):
+            part.extend(take)
     return tuple(np.sort(np.asarray(p, dtype=np.int64)) for p in parts)  # type: ignore[return-value]
 
 

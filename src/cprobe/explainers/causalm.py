@@ -122,11 +122,10 @@ class CausaLM(Explainer):
         if control not in ("reference", "mi"):
             raise ConfigError(f"causalm: control must be 'reference' (the reference's released pairs) or 'mi' (mutual "
                               f"information), got {control!r}")
-        self.control = control
-        self.epochs, self.lr, self.batch_size = epochs, lr, batch_size
+        self.control, self.epochs, self.lr, self.batch_size = control, epochs, lr, batch_size
         self.adversarial_weight, self.preserve_weight = adversarial_weight, preserve_weight
-        self.head_epochs, self.head_lr, self.head_batch_size, self.seed = head_epochs, head_lr, head_batch_size, seed
-        self.diagnose = diagnose
+        self.head_epochs, self.head_lr, self.head_batch_size = head_epochs, head_lr, head_batch_size
+        self.seed, self.diagnose = seed, diagnose
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
         if model.regime is None or train.concepts is None or train.reps is None:
@@ -151,13 +150,13 @@ class CausaLM(Explainer):
 
     def _counterfactual_encoder(self, model: ExplainedModel, train: Observed, treated: np.ndarray,
                                 control: np.ndarray | None, k: int) -> nn.Module:
+        from cprobe.data.items import TextItem
         from cprobe.models.formatters import ClassificationFormatter
+        from cprobe.models.placement import require_resident
         from cprobe.progress import track
 
         regime = model.regime
         adapter = regime.adapter
-        from cprobe.models.placement import require_resident
-
         require_resident(adapter.model, "CausaLM's counterfactual fine-tuning")
         clf = copy.deepcopy(adapter.model)  # SequenceClassifier: features() is φ
         dev = adapter.device
@@ -173,8 +172,6 @@ class CausaLM(Explainer):
         t_z, c_z = torch.from_numpy(treated), torch.from_numpy(control) if control is not None else None
         gen = torch.Generator().manual_seed(self.seed)
         n = len(train)
-        from cprobe.data.items import TextItem
-
         items = [TextItem(str(i), t) for i, t in enumerate(train.texts)]
         clf.train()
         with torch.enable_grad():

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from cprobe.errors import DataError
 from cprobe.explainers.base import EXPLAINERS, ExplainedModel, Explainer, Observed, Queries
 from cprobe.explainers.tcav import fit_cav
 
@@ -71,8 +72,6 @@ class ConceptSHAP(Explainer):
         self.seed, self.device = seed, device
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
-        from cprobe.errors import DataError
-
         if train.concepts is None:
             raise DataError("ConceptSHAP needs the training split's concept labels")
         assert train.reps is not None

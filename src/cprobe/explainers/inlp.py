@@ -68,8 +68,6 @@ class INLPExplainer(Explainer):
         self.diagnose = diagnose
 
     def fit(self, model: ExplainedModel, train: Observed) -> Self:
-        from cprobe.interventions.inlp import INLP
-
         assert train.reps is not None and train.concepts is not None
         self.model_ = model
         y = np.asarray(train.labels if train.labels is not None else train.probs.argmax(1))
@@ -77,10 +75,7 @@ class INLPExplainer(Explainer):
         for concept in model.concepts:
             z = concept_targets(train.concepts, concept, model.values)
             rows = torch.from_numpy(np.flatnonzero(z >= 0))
-            zz = torch.from_numpy(z)[rows]
-            rank = self.directions(int(zz.unique().numel()), train.reps.shape[1])
-            inlp = INLP(rank=rank, device=self.device).fit(train.reps[rows].float(), zz)
-            self.P_[concept] = inlp.P.cpu()
+            self.P_[concept] = self._projection(train.reps[rows].float(), torch.from_numpy(z)[rows])
             X = train.reps.float() @ self.P_[concept]
             if self.diagnose:
                 self.leftover_[concept] = leftover(train.reps, z, self._eraser, self.seed)
@@ -94,10 +89,14 @@ class INLPExplainer(Explainer):
         one-vs-rest classifier has k rows: 30 for a 3-way concept in 10 rounds), one per round for k = 2."""
         return min(self.iterations * (k if k > 2 else 1), d)
 
-    def _eraser(self, X: torch.Tensor, z: torch.Tensor):
+    def _projection(self, X: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """INLP's projection P (d, d), on the CPU, removing :meth:`directions` directions of the labels ``z``."""
         from cprobe.interventions.inlp import INLP
 
-        P = INLP(rank=self.directions(int(z.unique().numel()), X.shape[1]), device=self.device).fit(X, z).P.cpu()
+        return INLP(rank=self.directions(int(z.unique().numel()), X.shape[1]), device=self.device).fit(X, z).P.cpu()
+
+    def _eraser(self, X: torch.Tensor, z: torch.Tensor):
+        P = self._projection(X, z)
         return lambda Y: Y.float() @ P
 
     def explain(self, queries: Queries) -> np.ndarray:

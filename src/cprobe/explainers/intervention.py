@@ -157,12 +157,6 @@ def _unpickle(intervention: str) -> InterventionExplainer:
     return cls.__new__(cls)
 
 
-def _register(name: str) -> type[InterventionExplainer] | None:
-    if INTERVENTIONS.get(name).needs_model:
-        return None
-    return EXPLAINERS.register(f"{PREFIX}{name}")(bridge(name))
-
-
 def _outside_intervention(name: str) -> tuple[type[InterventionExplainer], Any] | None:
     """``via_<intervention>`` for any intervention the registry resolves (an installed plugin, a registered one, an
     import path, a direction method as ``<name>_direction``); the built-ins are registered below."""
@@ -178,6 +172,7 @@ def _outside_intervention(name: str) -> tuple[type[InterventionExplainer], Any] 
     return bridge(inner, cls), src
 
 
-BRIDGED = {name: cls for name in INTERVENTIONS.names() if (cls := _register(name)) is not None}
+BRIDGED = {name: EXPLAINERS.register(f"{PREFIX}{name}")(bridge(name)) for name in INTERVENTIONS.names()
+           if not INTERVENTIONS.get(name).needs_model}
 """Intervention name → its explainer class."""
 EXPLAINERS.resolvers.append(_outside_intervention)

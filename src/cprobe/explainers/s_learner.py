@@ -29,9 +29,7 @@ class SLearner(Explainer):
         if missing not in ("zero", "null"):
             raise ConfigError(f"s_learner: missing must be 'zero' (the reference's all-zero block) or 'null' (the "
                               f"null value), got {missing!r}")
-        self.C = C
-        self.max_iter = max_iter
-        self.missing = missing
+        self.C, self.max_iter, self.missing = C, max_iter, missing
 
     def _features(self, labels: Sequence[Mapping[str, str]]) -> np.ndarray:
         """One block of len(values) per concept: one-hot of the label; a missing label all zeros (or the null

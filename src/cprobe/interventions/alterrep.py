@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
-from cprobe.interventions.base import INTERVENTIONS, Intervention
+from cprobe.interventions.base import INTERVENTIONS, Intervention, check_targets
 from cprobe.interventions.inlp import INLP
 
 
@@ -53,11 +53,8 @@ class AlterRep(Intervention):
         return self.inlp.edit_direction()
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
-        if z_target is None:
-            raise ConfigError("AlterRep is counterfactual: pass z_target (the value to set Z to)")
         inlp = self.inlp
-        if int(z_target.min()) < 0 or int(z_target.max()) >= inlp.n_classes:
-            raise ConfigError(f"z_target must be class ids in [0, {inlp.n_classes})")
+        z_target = check_targets("AlterRep", z_target, inlp.n_classes)
         dev = X.device
         U = inlp.directions.to(dev)
         Xf = X.float()

@@ -42,14 +42,8 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS
-from cprobe.interventions.gbi import (
-    GradientIntervention,
-    input_grad,
-    keep_best,
-    project_linf,
-    target_margin,
-    targeted_ce,
-)
+from cprobe.interventions.gbi import (GradientIntervention, input_grad, keep_best, project_linf, target_margin,
+                                     targeted_ce)
 
 COMPONENTS = ("apgd-ce", "apgd-t", "fab-t", "square")
 Objective = Callable[[Tensor, Tensor], Tensor]
@@ -90,18 +84,8 @@ class AutoAttack(GradientIntervention):
     ``n_restarts`` apply to APGD and FAB, ``n_queries`` to Square; shrink them for CI.
     """
 
-    def __init__(
-        self,
-        eps: float,
-        *,
-        attacks: Sequence[str] = COMPONENTS,
-        n_iter: int = 100,
-        n_restarts: int = 1,
-        n_queries: int = 5000,
-        rho: float = 0.75,
-        p_init: float = 0.8,
-        **kw: Any,
-    ) -> None:
+    def __init__(self, eps: float, *, attacks: Sequence[str] = COMPONENTS, n_iter: int = 100, n_restarts: int = 1,
+                 n_queries: int = 5000, rho: float = 0.75, p_init: float = 0.8, **kw: Any) -> None:
         super().__init__(eps, **kw)
         attacks = tuple(attacks)
         unknown = [a for a in attacks if a not in COMPONENTS]
@@ -112,12 +96,8 @@ class AutoAttack(GradientIntervention):
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
         if not 0 < rho < 1 or not 0 < p_init <= 1:
             raise ConfigError(f"need 0 < rho < 1 and 0 < p_init <= 1, got rho={rho}, p_init={p_init}")
-        self.attacks = attacks
-        self.n_iter = n_iter
-        self.n_restarts = n_restarts
-        self.n_queries = n_queries
-        self.rho = rho
-        self.p_init = p_init
+        self.attacks, self.n_iter, self.n_restarts, self.n_queries = attacks, n_iter, n_restarts, n_queries
+        self.rho, self.p_init = rho, p_init
 
     def _attack(self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator) -> Tensor:
         run: dict[str, Callable[[nn.Module, Tensor, Tensor, torch.Generator], Tensor]] = {
@@ -140,9 +120,7 @@ class AutoAttack(GradientIntervention):
             todo[rows[ok]] = False
         return out
 
-    def _apgd(
-        self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator, objective: Objective
-    ) -> Tensor:
+    def _apgd(self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator, objective: Objective) -> Tensor:
         """Auto-PGD maximising ``objective``; restarts only on rows not yet at the target."""
         best_x, best_ok = h.clone(), torch.zeros(len(h), dtype=torch.bool, device=h.device)
         best_loss = torch.full((len(h),), torch.inf, device=h.device)
@@ -155,9 +133,8 @@ class AutoAttack(GradientIntervention):
             best_x[rows], best_ok[rows], best_loss[rows] = bx, bo, bl
         return best_x
 
-    def _apgd_run(
-        self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator, objective: Objective
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _apgd_run(self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator, objective: Objective
+                  ) -> tuple[Tensor, Tensor, Tensor]:
         eps, n_iter = self.eps, self.n_iter
         noise = 2 * torch.rand(h.shape, generator=gen, device=h.device, dtype=h.dtype) - 1
         x = project_linf(h + eps * noise / (noise.abs().amax(1, keepdim=True) + 1e-12), h, eps)
@@ -216,9 +193,8 @@ class AutoAttack(GradientIntervention):
             best_x[rows], best_norm[rows], last[rows] = bx, bn, x
         return torch.where(torch.isfinite(best_norm)[:, None], best_x, last)
 
-    def _fab_run(
-        self, module: nn.Module, h: Tensor, x: Tensor, target: Tensor, best_x: Tensor, best_norm: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _fab_run(self, module: nn.Module, h: Tensor, x: Tensor, target: Tensor, best_x: Tensor, best_norm: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor]:
         alpha_max, eta, beta = 0.1, 1.05, 0.9
         for _ in range(self.n_iter):
             # g = z_c - z_t > 0 until x is classified as the target; w = grad g.

@@ -166,6 +166,15 @@ def check_goal(method: Any, z_target: Tensor | None) -> None:
         raise ConfigError(f"{type(method).__name__}: a nullifying intervention takes no targets (z_target)")
 
 
+def check_targets(name: str, z_target: Tensor | None, n_classes: int) -> Tensor:
+    """``z_target`` as a counterfactual ``transform`` of ``name`` needs it: given, and class ids in [0, n_classes)."""
+    if z_target is None:
+        raise ConfigError(f"{name} is counterfactual: pass z_target (the value to set Z to)")
+    if int(z_target.min()) < 0 or int(z_target.max()) >= n_classes:
+        raise ConfigError(f"z_target must be class ids in [0, {n_classes})")
+    return z_target
+
+
 def apply(method: Any, X: Tensor, goal: Tensor | None = None) -> Tensor:
     """The fitted ``method`` applied to ``X`` (n, d) by its kind: ``transform(X, goal)`` toward the target classes
     ``goal`` (n,) for a counterfactual one, ``transform(X)`` for a nullifying one (:func:`check_goal`)."""

@@ -51,7 +51,7 @@ from torch import Tensor
 
 from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions.base import ADAPTERS, INTERVENTIONS, Intervention, Kind, n_classes_of
+from cprobe.interventions.base import ADAPTERS, INTERVENTIONS, Intervention, Kind, check_targets, n_classes_of
 
 ALONG = ("direction", "covariance")
 """How a row moves to its new coordinate: along ``a`` (the Euclidean-smallest move) or along ``Σa`` (module doc)."""
@@ -95,20 +95,15 @@ class DirectionIntervention(Intervention):
             raise ConfigError(f"intervention {self.direction_name!r} direction: along must be one of {list(ALONG)}, "
                               f"got {along!r}")
         self.kind = kind  # type: ignore[misc]
-        self.along = along
-        self.seed, self.device, self.params = seed, device, dict(params)
+        self.along, self.seed, self.device, self.params = along, seed, device, dict(params)
         self._method()  # unknown or bad direction settings fail here, at validation
-
-    @classmethod
-    def direction_class(cls) -> type[Direction]:
-        return DIRECTIONS.get(cls.direction_name)
 
     def _method(self) -> Direction:
         return DIRECTIONS.build({"name": self.direction_name, **self.params}, seed=self.seed)
 
     def fit(self, X: Tensor, z: Tensor, through: Through | None = None) -> Self:
         k = n_classes_of(z)
-        cls = self.direction_class()
+        cls = DIRECTIONS.get(self.direction_name)
         dev = torch.device(self.device) if self.device else X.device
         Xd, zd = X.to(dev).float(), z.to(dev).long()
         methods: list[Direction] = []
@@ -160,10 +155,7 @@ class DirectionIntervention(Intervention):
             Q = self._basis.to(X.device, dt)
             W = Q if self.along == "direction" else self._oblique.to(X.device, dt)
             return (Xf - (Xf @ Q) @ W.T).to(X.dtype)
-        if z_target is None:
-            raise ConfigError(f"{self.direction_name} (counterfactual): pass z_target (the value to set Z to)")
-        if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
-            raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
+        z_target = check_targets(self.direction_name, z_target, self.n_classes)
         D = self._directions(X, z_target, dt)
         goal = self.targets_.to(X.device, dt)[z_target.to(X.device).long()]
         move = D if self.along == "direction" else \
@@ -221,10 +213,6 @@ def _unpickle(direction: str) -> DirectionIntervention:
     return cls.__new__(cls)
 
 
-def _register(name: str, direction: str) -> type[DirectionIntervention]:
-    return INTERVENTIONS.register(name)(bridge(direction))
-
-
 def _direction_as_intervention(obj: Any, ref: str) -> type[DirectionIntervention] | None:
     """A direction method's class named where an intervention is expected (an import path): its bridge. The
     whole-vector swap learns no direction and is not one."""
@@ -250,6 +238,6 @@ def _plugin_direction(name: str) -> tuple[type[DirectionIntervention], Any] | No
 
 
 for _name, _direction in BRIDGED.items():
-    _register(_name, _direction)
+    INTERVENTIONS.register(_name)(bridge(_direction))
 ADAPTERS.append(_direction_as_intervention)
 INTERVENTIONS.resolvers.append(_plugin_direction)

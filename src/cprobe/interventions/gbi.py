@@ -54,9 +54,8 @@ def target_margin(logits: Tensor, target: Tensor) -> Tensor:
     return z_t - others.amax(1)
 
 
-def input_grad(
-    module: nn.Module, x: Tensor, objective: Callable[[Tensor, Tensor], Tensor], target: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def input_grad(module: nn.Module, x: Tensor, objective: Callable[[Tensor, Tensor], Tensor],
+               target: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Return (per-row objective, its gradient w.r.t. ``x``, logits) in one forward/backward.
 
     Rows are independent, so the gradient of the summed objective is the per-row gradient.
@@ -69,16 +68,11 @@ def input_grad(
     return obj.detach(), grad.detach(), logits.detach()
 
 
-def keep_best(
-    best_x: Tensor, best_ok: Tensor, best_loss: Tensor, x: Tensor, ok: Tensor, loss: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+def keep_best(best_x: Tensor, best_ok: Tensor, best_loss: Tensor, x: Tensor, ok: Tensor,
+              loss: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per row, keep the better iterate: reaching the target first, then lower loss."""
     better = (ok & ~best_ok) | ((ok == best_ok) & (loss < best_loss))
-    return (
-        torch.where(better[:, None], x, best_x),
-        best_ok | ok,
-        torch.where(better, loss, best_loss),
-    )
+    return torch.where(better[:, None], x, best_x), best_ok | ok, torch.where(better, loss, best_loss)
 
 
 class GradientIntervention(Intervention):
@@ -92,15 +86,10 @@ class GradientIntervention(Intervention):
 
     kind: ClassVar[Kind] = "counterfactual"
     needs_probe: ClassVar[bool] = True
+    _fit_hint = "fit, use_probe or from_module"
 
-    def __init__(
-        self,
-        eps: float,
-        *,
-        probe: Mapping[str, Any] | None = None,
-        batch_size: int = 4096,
-        seed: int = 0,
-    ) -> None:
+    def __init__(self, eps: float, *, probe: Mapping[str, Any] | None = None, batch_size: int = 4096,
+                 seed: int = 0) -> None:
         if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
             raise ConfigError(f"eps must be a finite number > 0, got {eps!r}; set a positive L_inf radius")
         if not (isinstance(batch_size, int) and batch_size >= 1):
@@ -139,9 +128,6 @@ class GradientIntervention(Intervention):
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
         """Move each row of ``X`` towards class ``z_target`` within the eps-ball, in batches."""
-        if self.module_ is None or self.n_classes_ is None:
-            name = type(self).__name__
-            raise RuntimeError(f"{name} is not fitted; call fit, use_probe or from_module first")
         if z_target is None:
             raise ConfigError(f"{type(self).__name__} is counterfactual; pass z_target (a class id per row)")
         if X.ndim != 2 or not X.is_floating_point():
@@ -153,7 +139,7 @@ class GradientIntervention(Intervention):
             raise ConfigError(f"z_target values must lie in [0, {self.n_classes_})")
 
         X = X.detach()
-        module = self._module_on(X.device)
+        module = self.module_ = self.module_.to(X.device)  # the private probe copy, moved (once) to the data's device
         dtype = next(module.parameters(), torch.empty(0)).dtype
         gen = torch.Generator(device=X.device).manual_seed(self.seed)
         out = torch.empty_like(X)
@@ -163,12 +149,6 @@ class GradientIntervention(Intervention):
             adv = self._attack(module, h, t, gen)
             out[i : i + self.batch_size] = project_linf(adv.to(X.dtype), X[i : i + len(h)], self.eps)
         return out
-
-    def _module_on(self, device: torch.device) -> nn.Module:
-        """The private probe copy, moved (once) to the device of the data."""
-        assert self.module_ is not None
-        self.module_ = self.module_.to(device)
-        return self.module_
 
     @abstractmethod
     def _attack(self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator) -> Tensor:

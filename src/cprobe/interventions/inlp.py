@@ -82,11 +82,7 @@ class INLP(Intervention):
             raise ConfigError(f"l2 must be a number >= 0 (or null to use C), got {l2!r}")
         if max_iter < 1:
             raise ConfigError(f"max_iter must be >= 1, got {max_iter}")
-        self.rank = rank
-        self.C = C
-        self.l2 = l2
-        self.max_iter = max_iter
-        self.device = device
+        self.rank, self.C, self.l2, self.max_iter, self.device = rank, C, l2, max_iter, device
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
         Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)

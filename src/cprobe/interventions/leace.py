@@ -39,10 +39,8 @@ class LEACE(Intervention):
                  constrain_cov_trace: bool = True) -> None:
         if svd_tol <= 0:
             raise ConfigError(f"svd_tol must be > 0 for numerical stability, got {svd_tol}")
-        self.affine = affine
-        self.svd_tol = svd_tol
-        self.shrinkage = shrinkage
-        self.constrain_cov_trace = constrain_cov_trace
+        self.affine, self.svd_tol = affine, svd_tol
+        self.shrinkage, self.constrain_cov_trace = shrinkage, constrain_cov_trace
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
         n_classes_of(z)  # at least two classes among the labels

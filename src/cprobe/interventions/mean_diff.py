@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError, NotFittedError
-from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch, n_classes_of
+from cprobe.interventions.base import INTERVENTIONS, Intervention, check_batch, check_targets, n_classes_of
 from cprobe.stats import ClassMeans
 
 
@@ -102,10 +102,7 @@ class MeanDiff(Intervention):
         return torch.cdist(coords, centres).argmin(-1)
 
     def transform(self, X: Tensor, z_target: Tensor | None = None) -> Tensor:
-        if z_target is None:
-            raise ConfigError("MeanDiff is counterfactual: pass z_target (the value to set Z to)")
-        if int(z_target.min()) < 0 or int(z_target.max()) >= self.n_classes:
-            raise ConfigError(f"z_target must be class ids in [0, {self.n_classes})")
+        z_target = check_targets("MeanDiff", z_target, self.n_classes)
         means = self.means.to(X.device)
         shift = means[z_target.to(X.device)] - means[self.nearest_class(X)]
         return (X.float() + self.alpha * shift).to(X.dtype)

@@ -17,29 +17,15 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS
-from cprobe.interventions.gbi import (
-    GradientIntervention,
-    input_grad,
-    keep_best,
-    project_linf,
-    targeted_ce,
-)
+from cprobe.interventions.gbi import GradientIntervention, input_grad, keep_best, project_linf, targeted_ce
 
 
 @INTERVENTIONS.register("pgd")
 class PGD(GradientIntervention):
     """Targeted L_inf projected gradient descent; the last (default) or the best iterate."""
 
-    def __init__(
-        self,
-        eps: float,
-        *,
-        steps: int = 40,
-        step_size: float | None = None,
-        random_start: bool = True,
-        select: str = "last",
-        **kw: Any,
-    ) -> None:
+    def __init__(self, eps: float, *, steps: int = 40, step_size: float | None = None, random_start: bool = True,
+                 select: str = "last", **kw: Any) -> None:
         super().__init__(eps, **kw)
         if select not in ("last", "best"):
             raise ConfigError(f"unknown select {select!r}; choose from ['best', 'last']")
@@ -62,9 +48,7 @@ class PGD(GradientIntervention):
         for step in range(self.steps + 1 if self.select == "best" else self.steps):
             loss, grad, logits = input_grad(module, x, targeted_ce, target)
             if self.select == "best":
-                best_x, best_ok, best_loss = keep_best(
-                    best_x, best_ok, best_loss, x, logits.argmax(1) == target, loss
-                )
+                best_x, best_ok, best_loss = keep_best(best_x, best_ok, best_loss, x, logits.argmax(1) == target, loss)
             if step < self.steps:
                 x = project_linf(x - self.step_size * grad.sign(), h, self.eps)
         return best_x if self.select == "best" else x

@@ -20,18 +20,17 @@ batch 128, lr 0.005, weight decay 1e-4, ε = 0.0015, 75k steps; Canby et al. use
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from typing import Self
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, projection_direction
 from cprobe.interventions.inlp import prepare_rank_fit
-from cprobe.stats import fit_logistic, log_loss_and_accuracy
 from cprobe.progress import track
+from cprobe.stats import fit_logistic, log_loss_and_accuracy
 
 
 def fantope_shift(lam: Tensor, rank: int, extra: Tensor | None = None, n_extra: int = 0) -> Tensor:
@@ -110,6 +109,13 @@ class LowRankFantope:
             return self.V[:, self.m.argsort(descending=True)[:rank]]
         _, U = torch.linalg.eigh(self.dense())  # degenerate top eigenspace: any basis of it is as good
         return U[:, -rank:]
+
+
+def _logit_grad(logits: Tensor, yb: Tensor, binary: bool) -> Tensor:
+    """∂(mean log-loss)/∂logits of the batch: one sigmoid logit for a binary Z (``yb`` float), softmax otherwise."""
+    if binary:
+        return (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(yb)
+    return (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(yb)
 
 
 @INTERVENTIONS.register("rlace")
@@ -223,11 +229,7 @@ class RLACE(Intervention):
     @staticmethod
     def _gradient(W: Tensor, b: Tensor, xb: Tensor, erased: Tensor, yb: Tensor, binary: bool) -> tuple[Tensor, Tensor]:
         """∂(−loss)/∂P = A Bᵀ for the batch: the P-player ascends the predictor's loss on X(I − P)."""
-        logits = erased @ W.T + b
-        if binary:
-            delta = (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(xb)
-        else:
-            delta = (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(xb)
+        delta = _logit_grad(erased @ W.T + b, yb, binary)
         # the loss depends on P through −X P Wᵀ: ∂loss/∂P = −Xᵀ Δ W, so ∂(−loss)/∂P = (XᵀΔ) W
         return xb.T @ delta, W.T
 
@@ -235,11 +237,7 @@ class RLACE(Intervention):
                         binary: bool) -> None:
         """One SGD step (weight decay on W and b, as torch's SGD) of the predictor on X(I − P), in place."""
         erased = state.erase(xb)
-        logits = erased @ W.T + b
-        if binary:
-            delta = (torch.sigmoid(logits[:, 0]) - yb)[:, None] / len(xb)
-        else:
-            delta = (torch.softmax(logits, 1) - nn.functional.one_hot(yb, logits.shape[1])) / len(xb)
+        delta = _logit_grad(erased @ W.T + b, yb, binary)
         W -= self.lr * (delta.T @ erased + self.weight_decay * W)
         b -= self.lr * (delta.sum(0) + self.weight_decay * b)
 

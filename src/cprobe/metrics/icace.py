@@ -48,8 +48,7 @@ def normdiff(a: ArrayLike, b: ArrayLike) -> np.ndarray:
     return np.abs(np.linalg.norm(a, axis=1) - np.linalg.norm(b, axis=1))
 
 
-DISTANCES: dict[str, Callable[[ArrayLike, ArrayLike], np.ndarray]] = {"l2": l2, "cosine": cosine,
-                                                                     "normdiff": normdiff}
+DISTANCES: dict[str, Callable[[ArrayLike, ArrayLike], np.ndarray]] = {"l2": l2, "cosine": cosine, "normdiff": normdiff}
 
 
 def distance(name: str) -> Callable[[ArrayLike, ArrayLike], np.ndarray]:

@@ -50,22 +50,11 @@ class GridSearchProbe(Probe):
     (each grid point with its validation accuracy).
     """
 
-    def __init__(
-        self,
-        epochs: int,
-        batch_size: int,
-        weight_decay: float,
-        val_fraction: float,
-        seed: int,
-        device: str | None,
-    ) -> None:
+    def __init__(self, epochs: int, batch_size: int, weight_decay: float, val_fraction: float, seed: int,
+                 device: str | None) -> None:
         check_training_args(epochs, batch_size, weight_decay, val_fraction)
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.weight_decay = weight_decay
-        self.val_fraction = val_fraction
-        self.seed = seed
-        self.device = device
+        self.epochs, self.batch_size, self.weight_decay = epochs, batch_size, weight_decay
+        self.val_fraction, self.seed, self.device = val_fraction, seed, device
 
     @abstractmethod
     def _grid(self) -> list[dict[str, Any]]:
@@ -75,29 +64,51 @@ class GridSearchProbe(Probe):
     def _build(self, d: int, k: int, params: Mapping[str, Any]) -> nn.Module:
         """A fresh module for d-dimensional inputs and k classes at one grid point."""
 
+    def _n_val(self, n: int) -> int:
+        """How many of ``n`` rows are held out for validation (``val_fraction``, at least one, never all)."""
+        n_val = max(1, round(self.val_fraction * n))
+        if n_val >= n:
+            raise DataError(f"{n} rows are too few to hold out a validation split")
+        return n_val
+
     def _split(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        n_val = max(1, round(self.val_fraction * len(X)))
-        if n_val >= len(X):
-            raise DataError(f"{len(X)} rows are too few to hold out a validation split")
+        n_val = self._n_val(len(X))
         perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
         return X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
 
+    def _pass(self, module: nn.Module, opt: torch.optim.Optimizer, X: Tensor, y: Tensor, gen: torch.Generator) -> None:
+        """One pass of mini-batch Adam on cross-entropy over (X, y), in an order drawn from ``gen``."""
+        for idx in torch.randperm(len(X), generator=gen).to(X.device).split(self.batch_size):
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(module(X[idx]), y[idx]).backward()
+            opt.step()
+
     def _train(self, module: nn.Module, X: Tensor, y: Tensor, lr: float, gen: torch.Generator) -> None:
         opt = torch.optim.Adam(module.parameters(), lr=lr, weight_decay=self.weight_decay)
-        loss_fn = nn.CrossEntropyLoss()
         module.train()
         for _ in range(self.epochs):
-            for idx in torch.randperm(len(X), generator=gen).to(X.device).split(self.batch_size):
-                opt.zero_grad(set_to_none=True)
-                loss_fn(module(X[idx]), y[idx]).backward()
-                opt.step()
+            self._pass(module, opt, X, y, gen)
         module.eval()
+
+    def _select(self, scored: Iterable[tuple[dict[str, Any], float, float, nn.Module]]) -> Self:
+        """Keep the best of the ``(params, val accuracy, val loss, module)`` grid points; ``grid_results`` lists them.
+
+        Best validation accuracy; ties (common: many points reach 100%) go to the lower validation loss, i.e. the
+        better-trained, more confident probe, not to whichever came first."""
+        self.grid_results: list[tuple[dict[str, Any], float]] = []
+        best: tuple[float, float, dict[str, Any], nn.Module] | None = None
+        for params, acc, loss, module in scored:
+            self.grid_results.append((params, acc))
+            if best is None or (acc, -loss) > (best[0], -best[1]):
+                best = (acc, loss, params, module)
+        assert best is not None  # the grid is checked non-empty at construction
+        self.val_accuracy, _, self.best_params, self.module = best
+        return self
 
     def fit(self, X: Tensor, y: Tensor, X_val: Tensor | None = None, y_val: Tensor | None = None) -> Self:
         if (X_val is None) != (y_val is None):
             raise DataError("pass both X_val and y_val, or neither")
-        if X.ndim != 2 or y.shape != (len(X),):
-            raise DataError(f"X must be (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
+        _check_rows(X, y)
         device = torch.device(self.device) if self.device else X.device
         X, y = X.to(device=device, dtype=torch.float32), y.to(device=device, dtype=torch.long)
         if X_val is None:
@@ -108,28 +119,21 @@ class GridSearchProbe(Probe):
         k = int(max(y.max(), y_val.max())) + 1
         d = X.shape[1]
         self.n_classes, self.d = k, d
-
-        best: tuple[float, dict[str, Any], nn.Module] | None = None
-        self.grid_results: list[tuple[dict[str, Any], float]] = []
         n_threads = choose_threads(self._op_flops(d, k)) if device.type == "cpu" else None
-        for params in self._grid():
-            gen = torch.Generator().manual_seed(self.seed)
-            module = self._init(d, k, params).to(device)
-            with torch.enable_grad(), threads(n_threads or torch.get_num_threads()):
-                self._train(module, X, y, params["lr"], gen)
-            with torch.inference_mode():
-                logits = module(X_val)
-                acc = (logits.argmax(-1) == y_val).double().mean().item()
-                loss = nn.functional.cross_entropy(logits, y_val).item()
-            self.grid_results.append((params, acc))
-            # Best validation accuracy; ties (common: many points reach 100%) go to the lower validation
-            # loss, i.e. the better-trained, more confident probe, not to whichever came first.
-            if best is None or (acc, -loss) > (best[0], -best[1]):
-                best = (acc, loss, params, module)
-        assert best is not None  # the grid is checked non-empty at construction
-        self.val_accuracy, _, self.best_params, self.module = best
-        return self
 
+        def scored() -> Iterator[tuple[dict[str, Any], float, float, nn.Module]]:
+            for params in self._grid():
+                gen = torch.Generator().manual_seed(self.seed)
+                module = self._init(d, k, params).to(device)
+                with torch.enable_grad(), threads(n_threads or torch.get_num_threads()):
+                    self._train(module, X, y, params["lr"], gen)
+                with torch.inference_mode():
+                    logits = module(X_val)
+                    acc = (logits.argmax(-1) == y_val).double().mean().item()
+                    loss = nn.functional.cross_entropy(logits, y_val).item()
+                yield params, acc, loss, module
+
+        return self._select(scored())
 
     def _init(self, d: int, k: int, params: Mapping[str, Any]) -> nn.Module:
         """A grid point's fresh module, initialised from the seed alone."""
@@ -151,14 +155,11 @@ class GridSearchProbe(Probe):
         """
         n, d, k = 0, None, 0
         for X, y in shards:  # a first pass: sizes and classes
-            if X.ndim != 2 or y.shape != (len(X),):
-                raise DataError(f"X must be (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
+            _check_rows(X, y)
             n, d, k = n + len(X), X.shape[1], max(k, int(y.max()) + 1 if len(y) else 0)
         if d is None or n == 0:
             raise DataError("the stream holds no rows")
-        n_val = max(1, round(self.val_fraction * n))
-        if n_val >= n:
-            raise DataError(f"{n} rows are too few to hold out a validation split")
+        n_val = self._n_val(n)
         device = torch.device(self.device) if self.device else torch.device("cpu")
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed))
         rank = torch.empty(n, dtype=torch.long)
@@ -170,7 +171,6 @@ class GridSearchProbe(Probe):
         opts = [torch.optim.Adam(m.parameters(), lr=p["lr"], weight_decay=self.weight_decay)
                 for m, p in zip(modules, grid)]
         gens = [torch.Generator().manual_seed(self.seed) for _ in grid]
-        loss_fn = nn.CrossEntropyLoss()
 
         def parts(val: bool):
             a = 0
@@ -189,10 +189,7 @@ class GridSearchProbe(Probe):
             for _ in range(self.epochs):
                 for X, y in parts(val=False):
                     for m, opt, gen in zip(modules, opts, gens):
-                        for idx in torch.randperm(len(X), generator=gen).to(device).split(self.batch_size):
-                            opt.zero_grad(set_to_none=True)
-                            loss_fn(m(X[idx]), y[idx]).backward()
-                            opt.step()
+                        self._pass(m, opt, X, y, gen)
             for m in modules:
                 m.eval()
         correct, loss_sum = [0] * len(grid), [0.0] * len(grid)
@@ -202,16 +199,12 @@ class GridSearchProbe(Probe):
                     logits = m(X)
                     correct[g] += int((logits.argmax(-1) == y).sum())
                     loss_sum[g] += float(nn.functional.cross_entropy(logits, y, reduction="sum"))
-        self.grid_results = []
-        best = None
-        for g, params in enumerate(grid):
-            acc, loss = correct[g] / n_val, loss_sum[g] / n_val
-            self.grid_results.append((params, acc))
-            if best is None or (acc, -loss) > (best[0], -best[1]):
-                best = (acc, loss, params, modules[g])
-        assert best is not None
-        self.val_accuracy, _, self.best_params, self.module = best
-        return self
+        return self._select((p, correct[g] / n_val, loss_sum[g] / n_val, modules[g]) for g, p in enumerate(grid))
+
+
+def _check_rows(X: Tensor, y: Tensor) -> None:
+    if X.ndim != 2 or y.shape != (len(X),):
+        raise DataError(f"X must be (n, d) and y (n,), got {tuple(X.shape)} and {tuple(y.shape)}")
 
 
 def save_probe(probe: GridSearchProbe, path: Path, extra: Mapping[str, str] | None = None) -> None:
@@ -325,6 +318,7 @@ def fit_steps(probe: Probe, n: int) -> int:
 
 
 def _fit_in_worker(task: FitTask, cache_dir: Path | None) -> tuple[Probe, str, float]:
+    """One :func:`fit_cached`, timed: (the fitted probe, "fit" or "cache", seconds)."""
     import time
 
     t0 = time.perf_counter()
@@ -338,16 +332,12 @@ def fit_cached_many(tasks: list[FitTask], cache_dir: Path | None = None,
     on up to ``processes`` worker processes when the fits are many and CPU-bound enough to pay for them
     (:data:`PARALLEL_MIN_STEPS`). Every fit runs exactly as it would here (its seed, its thread count), so the probes
     are bitwise the same either way."""
-    import time
-
     steps = sum(fit_steps(t[0], len(t[1])) for t in tasks)
     on_cpu = all(t[1].device.type == "cpu" and getattr(t[0], "device", None) in (None, "cpu") for t in tasks)
     n = min(processes, len(tasks))
     if n < 2 or steps < PARALLEL_MIN_STEPS or not on_cpu:
         for task in tasks:
-            t0 = time.perf_counter()
-            probe, source = fit_cached(*task, cache_dir=cache_dir)
-            yield probe, source, time.perf_counter() - t0
+            yield _fit_in_worker(task, cache_dir)
         return
     import multiprocessing
     from functools import partial

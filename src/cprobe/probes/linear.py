@@ -15,16 +15,9 @@ from cprobe.probes.grid import GridSearchProbe, check_grid_axis
 class LinearProbe(GridSearchProbe):
     """Multinomial logistic regression; grid over ``lrs`` (Canby et al. D.3's linear oracles)."""
 
-    def __init__(
-        self,
-        lrs: Sequence[float] = (1e-4, 1e-3, 1e-2, 1e-1),
-        epochs: int = 8,
-        batch_size: int = 64,
-        weight_decay: float = 0.0,
-        val_fraction: float = 0.2,
-        seed: int = 0,
-        device: str | None = None,
-    ) -> None:
+    def __init__(self, lrs: Sequence[float] = (1e-4, 1e-3, 1e-2, 1e-1), epochs: int = 8, batch_size: int = 64,
+                 weight_decay: float = 0.0, val_fraction: float = 0.2,
+                 seed: int = 0, device: str | None = None) -> None:
         super().__init__(epochs, batch_size, weight_decay, val_fraction, seed, device)
         self.lrs = check_grid_axis("lrs", lrs)
 

@@ -30,18 +30,10 @@ def make_mlp(d: int, k: int, n_layers: int, width: int) -> nn.Sequential:
 class MLPProbe(GridSearchProbe):
     """Grid over ``n_layers`` × ``widths`` × ``lrs`` (every axis a tuple, so configs can shrink it)."""
 
-    def __init__(
-        self,
-        n_layers: Sequence[int] = (1, 2, 3),
-        widths: Sequence[int] = (64, 256, 512, 1024),
-        lrs: Sequence[float] = (1e-4, 1e-3, 1e-2),
-        epochs: int = 8,
-        batch_size: int = 64,
-        weight_decay: float = 0.0,
-        val_fraction: float = 0.2,
-        seed: int = 0,
-        device: str | None = None,
-    ) -> None:
+    def __init__(self, n_layers: Sequence[int] = (1, 2, 3), widths: Sequence[int] = (64, 256, 512, 1024),
+                 lrs: Sequence[float] = (1e-4, 1e-3, 1e-2), epochs: int = 8, batch_size: int = 64,
+                 weight_decay: float = 0.0, val_fraction: float = 0.2,
+                 seed: int = 0, device: str | None = None) -> None:
         super().__init__(epochs, batch_size, weight_decay, val_fraction, seed, device)
         self.n_layers = check_grid_axis("n_layers", n_layers)
         self.widths = check_grid_axis("widths", widths)
