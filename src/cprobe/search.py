@@ -26,6 +26,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -130,8 +131,7 @@ def distribution(key: str, override: Any) -> Any:
 
     v = override.value()
     if isinstance(v, ChoiceSweep):
-        choices = [tuple(c) if isinstance(c, list) else c for c in v.list]
-        return D.CategoricalDistribution(choices)
+        return D.CategoricalDistribution([tuple(c) if isinstance(c, list) else c for c in v.list])
     if isinstance(v, RangeSweep):
         values = list(v.range())
         if not values:
@@ -275,18 +275,15 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
         raise ConfigError(f"{what}: name a search space with hydra.sweeper.params={{key: range(a,b)}} or a sweep "
                           "override" + (f", or pick an intervention with a range: {searchable}" if searchable else ""))
     for key in space:
-        why_not = _missing_key(base, key)
-        if why_not:
+        if why_not := _missing_key(base, key):
             raise ConfigError(why_not)
     import optuna.distributions as D
 
     from cprobe.paths import cache_dir, data_dir
     from cprobe.pipeline import prepare as prepare_job
 
-    sample = []
-    for k, d in space.items():
-        lo = d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low
-        sample.append(f"{k}={value_text(lo)}")
+    sample = [f"{k}={value_text(d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low)}"
+              for k, d in space.items()]
     cfg = _compose(sweeper, fixed + sample)
     plain = _plain_job(cfg)
     p = plain.get("paths") or {}
@@ -325,13 +322,9 @@ def _trial_params(job: Path, space: Mapping[str, Any], parser: Any) -> dict[str,
     if set(got) != set(space):
         return None
     try:
-        for k, v in got.items():
-            d = space[k]
-            if not d._contains(d.to_internal_repr(v)):
-                return None
+        return got if all(space[k]._contains(space[k].to_internal_repr(v)) for k, v in got.items()) else None
     except (ValueError, TypeError):
         return None
-    return got
 
 
 def run(sweeper: Any, arguments: Sequence[str]) -> list[Any]:
@@ -437,10 +430,8 @@ def _space_size(space: Mapping[str, Any]) -> int | None:
 
 
 def _same(study: Any, trial: Any) -> Any:
-    for t in study.trials:
-        if t.number != trial.number and t.state.name == "COMPLETE" and dict(t.params) == dict(trial.params):
-            return t
-    return None
+    return next((t for t in study.trials if t.number != trial.number and t.state.name == "COMPLETE"
+                 and dict(t.params) == dict(trial.params)), None)
 
 
 def _state(job: Path) -> str:
@@ -474,9 +465,7 @@ def _resume(s: Search, study: Any, parser: Any) -> int:
     """Add the sweep dir's finished trials to the study (and queue its unfinished ones to run first)."""
     import optuna
 
-    if not s.sweep_dir.is_dir():
-        return 0
-    n = 0
+    n = 0  # (a sweep dir not made yet globs to nothing)
     for status in sorted(s.sweep_dir.glob("*/status.json")):
         job = status.parent
         params = _trial_params(job, s.space, parser)
@@ -498,12 +487,10 @@ def write_summary(s: Search, study: Any) -> dict[str, Any]:
     """``search.json`` and ``search.md`` at the sweep root: the space, every trial, the winner and why."""
     from cprobe.io import atomic_write_bytes
 
-    trials = []
-    for t in study.trials:
-        trials.append({"number": t.number, "params": {k: _plain(v) for k, v in t.params.items()},
-                       "value": t.value if t.state.name == "COMPLETE" else None, "state": t.state.name,
-                       "job": t.user_attrs.get("job"), "duplicate_of": t.user_attrs.get("duplicate_of"),
-                       "resumed": bool(t.user_attrs.get("resumed"))})
+    trials = [{"number": t.number, "params": {k: list(v) if isinstance(v, tuple) else v for k, v in t.params.items()},
+               "value": t.value if t.state.name == "COMPLETE" else None, "state": t.state.name,
+               "job": t.user_attrs.get("job"), "duplicate_of": t.user_attrs.get("duplicate_of"),
+               "resumed": bool(t.user_attrs.get("resumed"))} for t in study.trials]
     done = [t for t in trials if t["state"] == "COMPLETE"]
     sign = 1 if s.direction == "maximize" else -1
     ranked = sorted(done, key=lambda t: (-sign * t["value"], t["number"]))
@@ -532,10 +519,6 @@ def write_summary(s: Search, study: Any) -> dict[str, Any]:
     return summary
 
 
-def _plain(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
-
-
 def _markdown(s: Mapping[str, Any]) -> str:
     repeats = sum(1 for t in s["trials"] if t["duplicate_of"] is not None)
     lines = [f"# Search: {s['direction']} {s['metric']}", "", f"**Winner.** {s['why']}.", "",
@@ -558,15 +541,11 @@ def _discard(config: Any) -> None:
 
     sweep_dir = Path(config.hydra.sweep.dir)
     trackers.sweep_discarded(config)
-    try:
+    with suppress(OSError):
         if sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
             sweep_dir.rmdir()
             link = sweep_dir.parent / LATEST
             if link.is_symlink() and not link.exists():
                 link.unlink()
-            try:
+            with suppress(OSError):
                 sweep_dir.parent.rmdir()
-            except OSError:
-                pass
-    except OSError:
-        pass
