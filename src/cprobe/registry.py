@@ -26,7 +26,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Generic, TypeVar
@@ -359,11 +359,10 @@ class Registry(Generic[T]):
         return obj, src
 
     def _derived(self, name: str) -> tuple[T, Provenance]:
-        for resolver in self.resolvers:
-            got = resolver(name)
-            if got is not None:
-                return got
-        raise ConfigError(self.unknown(name))
+        got = next((g for r in self.resolvers if (g := r(name)) is not None), None)
+        if got is None:
+            raise ConfigError(self.unknown(name))
+        return got
 
     def unknown(self, name: str) -> str:
         """The one-line unknown-name error: did-you-mean candidates, then every name."""
@@ -391,12 +390,9 @@ class Registry(Generic[T]):
         cls, src = self.resolve(name)
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k != "name"}
         valid = accepted_params(cls)
-        unknown = sorted(set(kwargs) - valid)
-        if unknown:
+        if unknown := sorted(set(kwargs) - valid):
             raise ConfigError(f"unknown key(s) {unknown} for {self.kind} {name!r}; valid: {sorted(valid)}")
-        for key, value in context.items():
-            if key in valid and key not in kwargs:
-                kwargs[key] = value
+        kwargs.update({k: v for k, v in context.items() if k in valid and k not in kwargs})
         try:
             return cls(**kwargs)
         except CprobeError:
@@ -416,20 +412,13 @@ class Registry(Generic[T]):
 
     def plugin_names(self) -> list[str]:
         """Names installed plugins declare (not loaded; a name shadowing a built-in is left out)."""
-        if not self.group:
-            return []
-        return sorted(n for n in entry_points_of(self.group) if n not in self._items)
+        return sorted(n for n in entry_points_of(self.group) if n not in self._items) if self.group else []
 
     def all_names(self) -> list[str]:
         return sorted(set(self._items) | set(self.plugin_names()))
 
     def builtin_names(self) -> list[str]:
         return sorted(n for n in self._items if self._sources[n].builtin)
-
-    def sources(self) -> Iterator[tuple[str, Provenance]]:
-        """(name, provenance) of every registered name."""
-        for n in sorted(self._items):
-            yield n, self._sources[n]
 
     def __contains__(self, name: object) -> bool:
         """A registered or installed name (not loaded), or an import path that resolves to this family (imported:
@@ -452,26 +441,7 @@ class WrongFamily(ConfigError):
 
 
 def _who(src: Provenance) -> str:
-    if src.package:
-        return f"{src.package} {src.version} ({src.target})"
-    return src.target or src.kind
-
-
-def family_of(obj: Any) -> str | None:
-    """The family (registry kind) whose ``accept`` takes ``obj`` unchanged or adapted, None when none does."""
-    _PROBING.append(True)
-    try:
-        for reg in REGISTRIES.values():
-            if reg.accept is None:
-                continue
-            try:
-                reg.accept(obj, target_of(obj))
-            except CprobeError:
-                continue
-            return reg.kind
-        return None
-    finally:
-        _PROBING.clear()
+    return f"{src.package} {src.version} ({src.target})" if src.package else src.target or src.kind
 
 
 _PROBING: list[bool] = []
