@@ -53,7 +53,8 @@ from torch import Tensor
 
 from cprobe.errors import ConfigError
 from cprobe.io import (MANIFEST, _ST_DTYPES, atomic_save_tensors, atomic_write_bytes, file_digest, make_temp_dir,
-                       read_header, read_into, read_metadata, verify_manifest, write_manifest)
+                       read_header, read_into, read_json, read_metadata, verify_manifest, write_json,
+                       write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +69,7 @@ _NO_LOCKS: set[str] = set()
 
 
 def _lock_owner(lock_path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(str(lock_path) + ".owner").read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(Path(str(lock_path) + ".owner")) or {}
 
 
 @contextmanager
@@ -386,12 +384,9 @@ class Entry:
         self._load()
 
     def _load(self) -> None:
-        try:
-            meta = json.loads((self.dir / "meta.json").read_text())
-            if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
-                self.shard_rows = meta["shard_rows"]
-        except (OSError, ValueError):
-            pass
+        meta = read_json(self.dir / "meta.json") or {}
+        if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
+            self.shard_rows = meta["shard_rows"]
 
     @contextmanager
     def lock(self) -> Iterator[Entry]:
@@ -410,8 +405,7 @@ class Entry:
             self.finish()
 
     def finish(self) -> None:
-        atomic_write_bytes(self.dir / "meta.json", json.dumps(
-            {**self.fields, "n": self.n, "shard_rows": self.shard_rows}, indent=1, default=str).encode())
+        write_json(self.dir / "meta.json", {**self.fields, "n": self.n, "shard_rows": self.shard_rows})
 
     def ranges(self) -> list[tuple[int, int]]:
         if self.shard_rows is None:

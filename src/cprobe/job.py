@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cprobe.cache import ActivationCache
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +44,11 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
 
 
 def read_status(out_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((out_dir / STATUS).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(out_dir / STATUS)
 
 
 def write_status(out_dir: Path, **fields: Any) -> None:
-    atomic_write_bytes(out_dir / STATUS, json.dumps(fields, indent=1, default=str).encode())
+    write_json(out_dir / STATUS, fields)
 
 
 def _start_ticks(pid: int) -> str | None:

@@ -22,7 +22,6 @@ The search space: ``hydra.sweeper.params`` ({key: Hydra sweep syntax}: ``range(0
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -485,7 +484,7 @@ def _resume(s: Search, study: Any, parser: Any) -> int:
 
 def write_summary(s: Search, study: Any) -> dict[str, Any]:
     """``search.json`` and ``search.md`` at the sweep root: the space, every trial, the winner and why."""
-    from cprobe.io import atomic_write_bytes
+    from cprobe.io import atomic_write_bytes, write_json
 
     trials = [{"number": t.number, "params": {k: list(v) if isinstance(v, tuple) else v for k, v in t.params.items()},
                "value": t.value if t.state.name == "COMPLETE" else None, "state": t.state.name,
@@ -513,7 +512,7 @@ def write_summary(s: Search, study: Any) -> dict[str, Any]:
                "n_trials": o.n_trials, "space": {k: _dist_text(d) for k, d in s.space.items()},
                "fixed": s.fixed, "trials": trials, "best": best, "why": why,
                "failed": [t["number"] for t in trials if t["state"] == "FAIL"]}
-    atomic_write_bytes(s.sweep_dir / SEARCH_JSON, json.dumps(summary, indent=1, default=str).encode())
+    write_json(s.sweep_dir / SEARCH_JSON, summary)
     atomic_write_bytes(s.sweep_dir / SEARCH_MD, _markdown(summary).encode())
     log.info("search: %s", why)
     return summary

@@ -21,7 +21,6 @@ local files are never affected. Trackers' packages are imported only when their 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cprobe.errors import ConfigError
-from cprobe.io import atomic_write_bytes
+from cprobe.io import read_json, write_json
 from cprobe.registry import Registry
 
 log = logging.getLogger("cprobe")
@@ -160,15 +159,11 @@ def reset() -> None:
 
 # ----------------------------------------------------------------------------------------------- state files
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
+    return read_json(path) or {}
 
 
 def _write(path: Path, data: Mapping[str, Any]) -> None:
-    atomic_write_bytes(Path(path), json.dumps(data, indent=1, sort_keys=True, default=str).encode())
+    write_json(path, data, sort_keys=True)
 
 
 def _active(config: Any) -> list[Any]:
