@@ -35,8 +35,7 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
         key = a.split("=", 1)[0]
         if "=" in a and key.split(".")[0] in custom and "." in key and not key.startswith(("+", "~")):
             a = "++" + a
-        a = quote_list_items(a)
-        out.append(a)
+        out.append(quote_list_items(a))
     if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
         out.append("--resolve")
     return out, notes
@@ -49,14 +48,12 @@ def quote_list_items(arg: str) -> str:
     """``key=[a,<eos>]`` -> ``key=[a,'<eos>']``: a bracketed list's items that Hydra's override grammar cannot read
     unquoted (``<``, ``>``, ...) quoted; anything else (and every already-valid override) unchanged."""
     key, eq, value = arg.partition("=")
-    if not eq or not (value.startswith("[") and value.endswith("]")) or any(q in value for q in "'\"{}()"):
-        return arg
-    if parses(arg):
+    if not eq or not (value.startswith("[") and value.endswith("]")) or any(q in value for q in "'\"{}()") \
+            or parses(arg):
         return arg
     items = value[1:-1].split(",")
-    if all(not i.strip() or _BARE.match(i.strip()) for i in items):
-        return arg
-    return f"{key}=[" + ",".join(i if not i.strip() or _BARE.match(i.strip()) else f"'{i.strip()}'" for i in items) + "]"
+    quoted = [i if not i.strip() or _BARE.match(i.strip()) else f"'{i.strip()}'" for i in items]
+    return arg if quoted == items else f"{key}=[" + ",".join(quoted) + "]"
 
 
 def parses(override: str) -> bool:
@@ -182,13 +179,8 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
     compose_jobs_once()
     args, parser = parse(argv)
     try:
-        _run_hydra(
-            args=args,
-            args_parser=parser,
-            task_function=task_function,
-            config_path=config_dir,
-            config_name="config",
-        )
+        _run_hydra(args=args, args_parser=parser, task_function=task_function, config_path=config_dir,
+                   config_name="config")
     finally:
         _COMPOSED.clear()  # what a failed or unusual sweep left
 
@@ -196,14 +188,11 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
 def explain_error(e: BaseException) -> str | None:
     """One actionable line for a Hydra composition error (None when ``e`` is not one): an unknown option names
     the valid ones, without Hydra's listing and config search path; an unknown key says how to add one."""
-    import re
-
     mod = type(e).__module__
     if not mod.startswith(("hydra", "omegaconf")):
         return None
     text = str(e)
-    missing = re.search(r"Could not find '([^']*)'", text)
-    if missing:
+    if missing := re.search(r"Could not find '([^']*)'", text):
         path = missing.group(1)
         group, _, option = path.rpartition("/")
         options = getattr(e, "options", None)
@@ -215,8 +204,7 @@ def explain_error(e: BaseException) -> str | None:
             return f"unknown {group} {option!r}; choose from {list(options)} ({plus}{group}=NAME; `cprobe list " \
                    f"{group}` describes them)"
         return f"no config named {path!r}; choose from {list(options)}"
-    override = re.match(r"Could not override '([^']*)'", text)
-    if override:
+    if override := re.match(r"Could not override '([^']*)'", text):
         key = override.group(1)
         return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
                 "`cprobe run +experiment=NAME --cfg job` lists the keys")
