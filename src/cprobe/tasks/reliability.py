@@ -120,8 +120,7 @@ def validate(job: Any) -> None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
     check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
-    missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
-    if missing:
+    if any(s not in fractions for s in ("oracle", "intervention", "test")):
         raise ConfigError(f"the reliability task needs oracle/intervention/test splits; split.fractions has "
                           f"{list(fractions)}")
 
