@@ -73,9 +73,7 @@ def process_gone(status: Mapping[str, Any]) -> bool:
     machine rebooted). False when it may still run: alive here, or on another host (which cannot be checked)."""
     import socket
 
-    if status.get("state") != "running" or "pid" not in status:
-        return False
-    if status.get("host") != socket.gethostname():
+    if status.get("state") != "running" or "pid" not in status or status.get("host") != socket.gethostname():
         return False
     pid = int(status["pid"])
     try:
@@ -93,8 +91,7 @@ def describe_state(status: Mapping[str, Any]) -> str:
     ``running`` job whose process is gone."""
     state = str(status.get("state", "unknown"))
     if process_gone(status):
-        return (f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; "
-                "rerun it)")
+        return f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; rerun it)"
     if state == "running" and "pid" in status:
         return f"running (pid {status['pid']} on {status.get('host', '?')})"
     return state + (f" ({status['error']})" if status.get("error") else "")

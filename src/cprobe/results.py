@@ -105,12 +105,8 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
     f = job_dir / ".hydra" / "overrides.yaml"
     if not f.is_file():
         return {}
-    out = {}
-    for o in yaml.safe_load(f.read_text()) or []:
-        if "=" in o:
-            k, v = o.split("=", 1)
-            out[f"override.{k.lstrip('+~')}"] = v
-    return out
+    parts = [o.partition("=") for o in yaml.safe_load(f.read_text()) or []]
+    return {f"override.{k.lstrip('+~')}": v for k, eq, v in parts if eq}
 
 
 SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
