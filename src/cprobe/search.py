@@ -258,15 +258,14 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
                           f"{task} records {theirs}")
     icfg = base.get("intervention")
     hparam = icfg.get("hparam") if icfg is not None else None
-    if icfg is not None and opts.hparam_ranges and "intervention" not in space:
-        key = f"intervention.{hparam}" if hparam else None
-        if key is not None and key not in space:
-            if icfg.get("name") not in opts.hparam_ranges:
-                raise ConfigError(f"no range for intervention {icfg.get('name')!r}'s hyperparameter {hparam!r} in "
-                                  f"hydra.sweeper.hparam_ranges (it has {sorted(opts.hparam_ranges)}); set "
-                                  f"hydra.sweeper.params={{{key}: ...}} or sweep {key}=... on the command line")
-            (o,) = parser.parse_overrides([f"{key}={opts.hparam_ranges[icfg.get('name')]}"])
-            space[key] = distribution(key, o)
+    key = f"intervention.{hparam}" if hparam else None
+    if key is not None and opts.hparam_ranges and "intervention" not in space and key not in space:
+        if icfg.get("name") not in opts.hparam_ranges:
+            raise ConfigError(f"no range for intervention {icfg.get('name')!r}'s hyperparameter {hparam!r} in "
+                              f"hydra.sweeper.hparam_ranges (it has {sorted(opts.hparam_ranges)}); set "
+                              f"hydra.sweeper.params={{{key}: ...}} or sweep {key}=... on the command line")
+        (o,) = parser.parse_overrides([f"{key}={opts.hparam_ranges[icfg.get('name')]}"])
+        space[key] = distribution(key, o)
     if not space:
         what = (f"intervention {icfg.get('name')!r} has no hyperparameter (hparam: null)" if icfg is not None
                 and not hparam else "nothing to search")
