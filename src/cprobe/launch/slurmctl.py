@@ -71,10 +71,8 @@ def parse_minutes(text: str) -> int | None:
     text = text.strip()
     if text.lower() in ("infinite", "unlimited", "n/a", "none", ""):
         return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
+    d, sep, rest = text.partition("-")
+    days, text = (int(d), rest) if sep else (0, text)
     parts = [int(p) for p in text.split(":")]
     if len(parts) == 3:
         h, m, s = parts
