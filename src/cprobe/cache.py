@@ -307,11 +307,8 @@ _DIR_DIGESTS: dict[tuple, dict[str, str]] = {}
 
 def _dir_digest(path: Path) -> dict[str, str]:
     """{file name: content digest} of a checkpoint's weights, configs and tokenizer files."""
-    if (path / MANIFEST).is_file():
-        try:
-            return dict(json.loads((path / MANIFEST).read_text()))
-        except (OSError, ValueError):
-            pass
+    if (manifest := read_json(path / MANIFEST)) is not None:
+        return manifest
     files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json", ".txt", ".model"))
     stamp = (str(path.resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
     if stamp not in _DIR_DIGESTS:  # the stamp only memoises within the process; the identity is the contents

@@ -144,8 +144,8 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
         if dup:
             raise ConfigError(f"reliability.sites lists {dup} more than once")
         if len(rc.sites) > 1 and method.needs_model:
-                raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability."
-                                  "sites edits several at once: give one site (or use reliability.read_layers alone)")
+            raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability.sites "
+                              "edits several at once: give one site (or use reliability.read_layers alone)")
     if rc.mode == "sequential" and method.kind != "nullifying":  # with one site both modes are the same edit
         raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
                           f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
