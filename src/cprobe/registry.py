@@ -235,9 +235,7 @@ def entry_points_of(group: str) -> dict[str, list[Any]]:
 
 def dist_of(ep: Any) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "?", "?"
-    return str(dist.metadata["Name"] or dist.name), str(dist.version)
+    return ("?", "?") if dist is None else (str(dist.metadata["Name"] or dist.name), str(dist.version))
 
 
 def refresh_plugins() -> None:

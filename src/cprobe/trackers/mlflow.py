@@ -88,9 +88,9 @@ class MLflowTracker(Tracker):
             self._client = MlflowClient(tracking_uri=self.options.tracking_uri)
         return self._client
 
-    def experiment_id(self, name: str | None = None) -> str:
+    def experiment_id(self) -> str:
         c = self.client()
-        name = name or self.options.experiment
+        name = self.options.experiment
         exp = c.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
