@@ -68,10 +68,6 @@ LOCK_LOG_S = 60.0  # a waiter says again that it is still waiting this often
 _NO_LOCKS: set[str] = set()
 
 
-def _lock_owner(lock_path: Path) -> dict[str, Any]:
-    return read_json(Path(str(lock_path) + ".owner")) or {}
-
-
 @contextmanager
 def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
     """Hold the file lock under which one job builds ``what`` (a cache entry) while other jobs — other processes,
@@ -92,7 +88,7 @@ def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
             lock.acquire(timeout=0)
         except Timeout:
             t0 = time.time()
-            who = _lock_owner(lock_path)
+            who = read_json(owner_file) or {}
             by = (f"pid {who.get('pid')} on {who.get('host')}, building since "
                   f"{time.strftime('%H:%M:%S', time.localtime(who['since']))}" if "since" in who else "another job")
             log.info("waiting for %s: %s is building it (lock %s)", what, by, lock_path)
@@ -262,8 +258,7 @@ def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | Non
     entry = Path(entry)
     if not rebuild and entry_problem(entry, valid) is None:
         return entry, True
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(str(entry) + ".lock", what):
+    with build_lock(str(entry) + ".lock", what):  # (it makes the entry's parent directory)
         problem = "rebuilt on request" if rebuild else entry_problem(entry, valid)  # again: built while we waited?
         if problem is None:
             return entry, True
