@@ -321,9 +321,7 @@ def write_manifest(directory: Path, names: list[str]) -> None:
 def verify_manifest(directory: Path) -> str | None:
     """None when every file in ``directory``'s manifest matches its checksum, else what is wrong."""
     directory = Path(directory)
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
+    if (manifest := read_json(directory / MANIFEST)) is None:
         return "no readable checksums.json"
     for name, digest in manifest.items():
         f = directory / name
