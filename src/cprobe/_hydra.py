@@ -9,6 +9,8 @@ on both sides of ``-m`` (Hydra 1.3's ``parse_args`` rejects that). Pinned to ``h
 from __future__ import annotations
 
 import argparse
+import copy
+import io
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,9 +94,6 @@ _PARSED: dict[str, Any] = {}
 def _load_parsed(file_: Any) -> Any:
     """``OmegaConf.load`` of a config file, its YAML parsed once per process and per text (a fresh config each call:
     Hydra edits what it loads)."""
-    import copy
-    import io
-
     import yaml
     from omegaconf import OmegaConf
     from omegaconf._utils import get_yaml_loader
@@ -145,8 +144,6 @@ def compose_jobs_once() -> None:
     (``Sweeper.validate_batch_is_legal``: "this repeats work the launcher will do"), then the launcher composes it
     again to run it (~90 ms each). The config composed for the check is kept (a copy) and handed to the launcher's
     call with the same loader, master config and overrides, once; any other call composes as before."""
-    import copy
-
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     original = ConfigLoaderImpl.load_sweep_config

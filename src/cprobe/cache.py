@@ -42,6 +42,8 @@ import json
 import logging
 import os
 import shutil
+import socket
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -74,9 +76,6 @@ def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
     other nodes of a cluster on a shared filesystem — wait. A waiter logs what it waits for and who builds it (pid,
     host, since when), again every :data:`LOCK_LOG_S` seconds, and how long it waited; the caller then checks the
     entry again and reads it. Where the filesystem refuses locks, one warning and no lock (see the module doc)."""
-    import socket
-    import time
-
     from filelock import FileLock, Timeout
 
     lock_path = Path(lock_path)

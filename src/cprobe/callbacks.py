@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,8 +129,6 @@ def claim_sweep_dir(config: Any) -> Claim:
 def release_sweep_dir(claim: Claim) -> None:
     """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: remove the directory when this process
     created it and it holds no job, and point ``latest`` back where it was."""
-    import shutil
-
     d = claim.directory
     if claim.created and d.is_dir() and not any(d.rglob("status.json")):
         shutil.rmtree(d, ignore_errors=True)

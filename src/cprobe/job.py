@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,16 +64,12 @@ def _start_ticks(pid: int) -> str | None:
 
 def this_process() -> dict[str, Any]:
     """What ``status.json`` records about the process running a job, to tell later whether it still runs."""
-    import socket
-
     return {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": _start_ticks(os.getpid())}
 
 
 def process_gone(status: Mapping[str, Any]) -> bool:
     """True when ``status`` says ``running`` but its process is gone (killed with SIGKILL, out of memory, the
     machine rebooted). False when it may still run: alive here, or on another host (which cannot be checked)."""
-    import socket
-
     if status.get("state") != "running" or "pid" not in status or status.get("host") != socket.gethostname():
         return False
     pid = int(status["pid"])
