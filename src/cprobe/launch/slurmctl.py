@@ -85,14 +85,9 @@ def parse_minutes(text: str) -> int | None:
 
 def parse_gpus(gres: str) -> int:
     """GPUs per node in an ``sinfo %G`` field: ``(null)`` → 0, ``gpu:4`` → 4, ``gpu:a100:4(S:0-1)`` → 4."""
-    total = 0
-    for item in gres.split(","):
-        item = re.sub(r"\(.*?\)", "", item.strip())
-        if not item.startswith("gpu"):
-            continue
-        tail = item.split(":")[-1]
-        total += int(tail) if tail.isdigit() else 1
-    return total
+    items = [re.sub(r"\(.*?\)", "", item.strip()) for item in gres.split(",")]
+    tails = [item.split(":")[-1] for item in items if item.startswith("gpu")]
+    return sum(int(tail) if tail.isdigit() else 1 for tail in tails)
 
 
 @dataclass(frozen=True)

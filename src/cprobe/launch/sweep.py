@@ -68,12 +68,8 @@ def write_record(sweep_dir: Path, task: str, record: Mapping[str, Any]) -> None:
 
 def latest_task(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """{point name: (array task id, job id)} of the newest submission that included each point."""
-    out: dict[str, tuple[str, str]] = {}
-    for sub in manifest.get("submissions", []):
-        for task, names in sub.get("tasks", {}).items():
-            for name in names:
-                out[name] = (task, str(sub.get("job_id")))
-    return out
+    return {name: (task, str(sub.get("job_id"))) for sub in manifest.get("submissions", [])
+            for task, names in sub.get("tasks", {}).items() for name in names}
 
 
 def job_ids(manifest: Mapping[str, Any], names: Iterable[str] | None = None) -> list[str]:
