@@ -69,9 +69,7 @@ class Provenance:
         """What records and tables show: ``built-in``, ``<package> <version>``, or the import path."""
         if self.builtin:
             return BUILTIN
-        if self.package:
-            return f"{self.package} {self.version}".strip()
-        return self.target
+        return f"{self.package} {self.version}".strip() if self.package else self.target
 
     def __str__(self) -> str:
         return self.text
@@ -114,10 +112,7 @@ def provenance_of(obj: Any, kind: str | None = None) -> Provenance:
     module = target.split(":")[0]
     if kind is None:
         kind = BUILTIN if module == "cprobe" or module.startswith("cprobe.") else "plugins module"
-    if kind == BUILTIN:
-        return Provenance(BUILTIN, target)
-    package, version = distribution_of(module)
-    return Provenance(kind, target, package, version)
+    return Provenance(BUILTIN, target) if kind == BUILTIN else Provenance(kind, target, *distribution_of(module))
 
 
 # ----------------------------------------------------------------------------------------------- import paths
