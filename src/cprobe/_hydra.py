@@ -9,6 +9,8 @@ on both sides of ``-m`` (Hydra 1.3's ``parse_args`` rejects that). Pinned to ``h
 from __future__ import annotations
 
 import argparse
+import copy
+import io
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,8 +37,7 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
         key = a.split("=", 1)[0]
         if "=" in a and key.split(".")[0] in custom and "." in key and not key.startswith(("+", "~")):
             a = "++" + a
-        a = quote_list_items(a)
-        out.append(a)
+        out.append(quote_list_items(a))
     if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
         out.append("--resolve")
     return out, notes
@@ -49,14 +50,12 @@ def quote_list_items(arg: str) -> str:
     """``key=[a,<eos>]`` -> ``key=[a,'<eos>']``: a bracketed list's items that Hydra's override grammar cannot read
     unquoted (``<``, ``>``, ...) quoted; anything else (and every already-valid override) unchanged."""
     key, eq, value = arg.partition("=")
-    if not eq or not (value.startswith("[") and value.endswith("]")) or any(q in value for q in "'\"{}()"):
-        return arg
-    if parses(arg):
+    if not eq or not (value.startswith("[") and value.endswith("]")) or any(q in value for q in "'\"{}()") \
+            or parses(arg):
         return arg
     items = value[1:-1].split(",")
-    if all(not i.strip() or _BARE.match(i.strip()) for i in items):
-        return arg
-    return f"{key}=[" + ",".join(i if not i.strip() or _BARE.match(i.strip()) else f"'{i.strip()}'" for i in items) + "]"
+    quoted = [i if not i.strip() or _BARE.match(i.strip()) else f"'{i.strip()}'" for i in items]
+    return arg if quoted == items else f"{key}=[" + ",".join(quoted) + "]"
 
 
 def parses(override: str) -> bool:
@@ -95,9 +94,6 @@ _PARSED: dict[str, Any] = {}
 def _load_parsed(file_: Any) -> Any:
     """``OmegaConf.load`` of a config file, its YAML parsed once per process and per text (a fresh config each call:
     Hydra edits what it loads)."""
-    import copy
-    import io
-
     import yaml
     from omegaconf import OmegaConf
     from omegaconf._utils import get_yaml_loader
@@ -148,8 +144,6 @@ def compose_jobs_once() -> None:
     (``Sweeper.validate_batch_is_legal``: "this repeats work the launcher will do"), then the launcher composes it
     again to run it (~90 ms each). The config composed for the check is kept (a copy) and handed to the launcher's
     call with the same loader, master config and overrides, once; any other call composes as before."""
-    import copy
-
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
     original = ConfigLoaderImpl.load_sweep_config
@@ -182,13 +176,8 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
     compose_jobs_once()
     args, parser = parse(argv)
     try:
-        _run_hydra(
-            args=args,
-            args_parser=parser,
-            task_function=task_function,
-            config_path=config_dir,
-            config_name="config",
-        )
+        _run_hydra(args=args, args_parser=parser, task_function=task_function, config_path=config_dir,
+                   config_name="config")
     finally:
         _COMPOSED.clear()  # what a failed or unusual sweep left
 
@@ -196,14 +185,11 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
 def explain_error(e: BaseException) -> str | None:
     """One actionable line for a Hydra composition error (None when ``e`` is not one): an unknown option names
     the valid ones, without Hydra's listing and config search path; an unknown key says how to add one."""
-    import re
-
     mod = type(e).__module__
     if not mod.startswith(("hydra", "omegaconf")):
         return None
     text = str(e)
-    missing = re.search(r"Could not find '([^']*)'", text)
-    if missing:
+    if missing := re.search(r"Could not find '([^']*)'", text):
         path = missing.group(1)
         group, _, option = path.rpartition("/")
         options = getattr(e, "options", None)
@@ -215,8 +201,7 @@ def explain_error(e: BaseException) -> str | None:
             return f"unknown {group} {option!r}; choose from {list(options)} ({plus}{group}=NAME; `cprobe list " \
                    f"{group}` describes them)"
         return f"no config named {path!r}; choose from {list(options)}"
-    override = re.match(r"Could not override '([^']*)'", text)
-    if override:
+    if override := re.match(r"Could not override '([^']*)'", text):
         key = override.group(1)
         return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
                 "`cprobe run +experiment=NAME --cfg job` lists the keys")

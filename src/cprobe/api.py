@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cprobe.errors import ConfigError
-from cprobe.paths import group_config
+from cprobe.errors import ConfigError, CprobeError, JobAborted
+from cprobe.paths import cache_dir, config_dir, data_dir, environ, group_config
 
 
 def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,14 +31,12 @@ def _resolved(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def model_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``model`` config of a name from ``conf/model/`` (or a mapping), overrides applied, resolved."""
-    cfg = group_config("model", name) if isinstance(name, str) else _resolved(name)
-    return {**cfg, **overrides}
+    return {**(group_config("model", name) if isinstance(name, str) else _resolved(name)), **overrides}
 
 
 def dataset_config(name: str | Mapping[str, Any], **overrides: Any) -> dict[str, Any]:
     """The ``dataset`` config of a name from ``conf/dataset/`` (or a mapping), overrides applied, resolved."""
-    cfg = group_config("dataset", name) if isinstance(name, str) else _resolved(name)
-    return {**cfg, **overrides}
+    return {**(group_config("dataset", name) if isinstance(name, str) else _resolved(name)), **overrides}
 
 
 def load_model(name: str | Mapping[str, Any], progress: bool = False, **overrides: Any):
@@ -46,7 +44,6 @@ def load_model(name: str | Mapping[str, Any], progress: bool = False, **override
     ``"pythia_70m"``, ...) or mapping; ``device="cuda"``, ``path="/local/dir"``, ``batch_size=64`` ... override
     its keys. The project's tiny models are trained (and cached) the first time they are asked for."""
     from cprobe.models.load import load_adapter
-    from cprobe.paths import cache_dir, data_dir
 
     return load_adapter(model_config(name, **overrides), cache_dir(), progress, data_dir())
 
@@ -60,7 +57,6 @@ def load_dataset(name: str | Mapping[str, Any], data_root: str | Path | None = N
     into those values; −1 where the property does not apply), ``data.examples[i].props`` one item's values, and
     ``data.notes`` what loading changed (e.g. duplicates dropped)."""
     from cprobe.data.registry import load_dataset as _load
-    from cprobe.paths import data_dir
 
     data = _load(dataset_config(name, **overrides), Path(data_root) if data_root is not None else data_dir())
     for note in getattr(data, "notes", ()):
@@ -77,9 +73,7 @@ def read_sites(model: Any, data: Any, layers: str | int | Sequence[int] = "all",
     verb forms single tokens of the model's vocabulary), ``.scores`` (n, 2) log-probs of (correct, wrong),
     ``.task_accuracy``. With ``cache`` the states are read from / written to the activation cache."""
     from cprobe.cache import ActivationCache
-    from cprobe.extract import extract as _extract
-    from cprobe.extract import resolve_layers
-    from cprobe.paths import cache_dir
+    from cprobe.extract import extract as _extract, resolve_layers
 
     return _extract(model, data, resolve_layers(layers, model.n_layers), position,
                     ActivationCache(cache_dir(), enabled=cache), progress)
@@ -97,9 +91,8 @@ def intervene(model: Any, extraction: Any, layer: int, states: Any, position: st
     items = extraction.dataset.examples
     if len(states) != len(items):
         raise ConfigError(f"states has {len(states)} rows, the extraction {len(items)} items")
-    out = model.map(items, AgreementFormatter((position,)), edits={Site(layer, position): Replace(states)},
-                    readout=CandidateTokens(extraction.candidates))
-    return out.scores
+    return model.map(items, AgreementFormatter((position,)), edits={Site(layer, position): Replace(states)},
+                     readout=CandidateTokens(extraction.candidates)).scores
 
 
 def task_accuracy(scores: Any) -> float | None:
@@ -122,8 +115,6 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     raises :class:`~cprobe.errors.CprobeError` naming it. The process is left as it was found (working directory,
     logging handlers — the job's log file closed —, torch threads, Hydra's global state)."""
     from cprobe import _hydra, callbacks, pipeline
-    from cprobe.errors import CprobeError, JobAborted
-    from cprobe.paths import config_dir, environ
 
     argv = [str(a) for a in overrides]
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]

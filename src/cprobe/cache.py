@@ -42,8 +42,10 @@ import json
 import logging
 import os
 import shutil
+import socket
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +54,9 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
-from cprobe.io import atomic_save_tensors, atomic_write_bytes, read_header, read_into, verify_manifest
+from cprobe.io import (MANIFEST, _ST_DTYPES, atomic_save_tensors, atomic_write_bytes, file_digest, make_temp_dir,
+                       read_header, read_into, read_json, read_metadata, verify_manifest, write_json,
+                       write_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +70,12 @@ LOCK_LOG_S = 60.0  # a waiter says again that it is still waiting this often
 _NO_LOCKS: set[str] = set()
 
 
-def _lock_owner(lock_path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(str(lock_path) + ".owner").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 @contextmanager
 def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
     """Hold the file lock under which one job builds ``what`` (a cache entry) while other jobs — other processes,
     other nodes of a cluster on a shared filesystem — wait. A waiter logs what it waits for and who builds it (pid,
     host, since when), again every :data:`LOCK_LOG_S` seconds, and how long it waited; the caller then checks the
     entry again and reads it. Where the filesystem refuses locks, one warning and no lock (see the module doc)."""
-    import socket
-    import time
-
     from filelock import FileLock, Timeout
 
     lock_path = Path(lock_path)
@@ -93,7 +87,7 @@ def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
             lock.acquire(timeout=0)
         except Timeout:
             t0 = time.time()
-            who = _lock_owner(lock_path)
+            who = read_json(owner_file) or {}
             by = (f"pid {who.get('pid')} on {who.get('host')}, building since "
                   f"{time.strftime('%H:%M:%S', time.localtime(who['since']))}" if "since" in who else "another job")
             log.info("waiting for %s: %s is building it (lock %s)", what, by, lock_path)
@@ -113,11 +107,9 @@ def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
         yield
         return
     try:
-        try:
+        with suppress(OSError):
             atomic_write_bytes(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                                        "since": time.time(), "what": what}).encode())
-        except OSError:
-            pass
         yield
     finally:
         owner_file.unlink(missing_ok=True)
@@ -138,8 +130,7 @@ KINDS: dict[str, CacheKind] = {}
 
 
 def register_kind(name: str, description: str, describe: Callable[[Path], str] | None = None) -> CacheKind:
-    kind = CacheKind(name, description, describe)
-    KINDS[name] = kind
+    KINDS[name] = kind = CacheKind(name, description, describe)
     return kind
 
 
@@ -169,12 +160,9 @@ def _describe_models(entry: Path) -> str:
 
 
 def _describe_finetuned(entry: Path) -> str:
-    from cprobe.io import read_metadata
-
     if entry.suffix != ".safetensors":
         return ""
-    meta = read_metadata(entry)
-    return ("training checkpoint " if ".partial" in entry.name else "") + meta.get("config", "")[:80]
+    return ("training checkpoint " if ".partial" in entry.name else "") + read_metadata(entry).get("config", "")[:80]
 
 
 def _describe_cloze(entry: Path) -> str:
@@ -220,8 +208,6 @@ def entry_problem(entry: Path, valid: Callable[[Path], str | None] | None = None
 def _publish(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], checked: Sequence[str] | None) -> None:
     """Fill a temporary directory beside ``entry`` with ``build`` (it writes files there and/or returns {name:
     bytes}), write its manifest (of ``checked``, default every file), then rename it into place."""
-    from cprobe.io import make_temp_dir, write_manifest
-
     entry = Path(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(entry.parent, prefix=f".{entry.name}.tmp-")  # 0777 - umask, not mkdtemp's 0700
@@ -271,8 +257,7 @@ def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | Non
     entry = Path(entry)
     if not rebuild and entry_problem(entry, valid) is None:
         return entry, True
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(str(entry) + ".lock", what):
+    with build_lock(str(entry) + ".lock", what):  # (it makes the entry's parent directory)
         problem = "rebuilt on request" if rebuild else entry_problem(entry, valid)  # again: built while we waited?
         if problem is None:
             return entry, True
@@ -316,13 +301,8 @@ _DIR_DIGESTS: dict[tuple, dict[str, str]] = {}
 
 def _dir_digest(path: Path) -> dict[str, str]:
     """{file name: content digest} of a checkpoint's weights, configs and tokenizer files."""
-    from cprobe.io import MANIFEST, file_digest
-
-    if (path / MANIFEST).is_file():
-        try:
-            return dict(json.loads((path / MANIFEST).read_text()))
-        except (OSError, ValueError):
-            pass
+    if (manifest := read_json(path / MANIFEST)) is not None:
+        return manifest
     files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json", ".txt", ".model"))
     stamp = (str(path.resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
     if stamp not in _DIR_DIGESTS:  # the stamp only memoises within the process; the identity is the contents
@@ -395,12 +375,9 @@ class Entry:
         self._load()
 
     def _load(self) -> None:
-        try:
-            meta = json.loads((self.dir / "meta.json").read_text())
-            if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
-                self.shard_rows = meta["shard_rows"]
-        except (OSError, ValueError):
-            pass
+        meta = read_json(self.dir / "meta.json") or {}
+        if meta.get("n") == self.n and isinstance(meta.get("shard_rows"), int) and meta["shard_rows"] > 0:
+            self.shard_rows = meta["shard_rows"]
 
     @contextmanager
     def lock(self) -> Iterator[Entry]:
@@ -419,8 +396,7 @@ class Entry:
             self.finish()
 
     def finish(self) -> None:
-        atomic_write_bytes(self.dir / "meta.json", json.dumps(
-            {**self.fields, "n": self.n, "shard_rows": self.shard_rows}, indent=1, default=str).encode())
+        write_json(self.dir / "meta.json", {**self.fields, "n": self.n, "shard_rows": self.shard_rows})
 
     def ranges(self) -> list[tuple[int, int]]:
         if self.shard_rows is None:
@@ -436,9 +412,7 @@ class Entry:
         return self.shard_rows is not None and self.path(name, j).is_file()
 
     def missing(self, name: str) -> list[int]:
-        """Ranges of ``name`` not on disk (all when the entry has no ranges yet)."""
-        if self.shard_rows is None:
-            return []
+        """Ranges of ``name`` not on disk (none when the entry has no ranges yet)."""
         return [j for j in range(len(self.ranges())) if not self.has(name, j)]
 
     def complete(self, name: str) -> bool:
@@ -451,8 +425,6 @@ class Entry:
         atomic_save_tensors(self.path(name, j), {"t": t}, {"rows": f"{a}-{b}"})
 
     def _info(self, name: str, j: int) -> tuple[torch.dtype, list[int]] | None:
-        from cprobe.io import _ST_DTYPES
-
         try:
             head, _ = read_header(self.path(name, j))
             info = head["t"]
@@ -463,15 +435,12 @@ class Entry:
     def read_shard(self, name: str, j: int, out: Tensor | None = None) -> Tensor | None:
         """Shard ``j`` of ``name`` (into ``out`` when given), or None after deleting a corrupt file."""
         info = self._info(name, j)
-        if info is None:
-            self.path(name, j).unlink(missing_ok=True)
-            return None
-        if out is None:
-            out = torch.empty(info[1], dtype=info[0])
-        if not read_into(self.path(name, j), "t", out):
-            self.path(name, j).unlink(missing_ok=True)
-            return None
-        return out
+        if info is not None:
+            out = torch.empty(info[1], dtype=info[0]) if out is None else out
+            if read_into(self.path(name, j), "t", out):
+                return out
+        self.path(name, j).unlink(missing_ok=True)
+        return None
 
     def read(self, name: str) -> Tensor | None:
         """The whole (n, ...) tensor, read shard by shard straight into one buffer; None when any shard is missing
@@ -483,11 +452,8 @@ class Entry:
             self.path(name, 0).unlink(missing_ok=True)
             return None
         out = torch.empty([self.n, *first[1][1:]], dtype=first[0])
-        ok = True
-        for j, (a, b) in enumerate(self.ranges()):
-            if self.read_shard(name, j, out[a:b]) is None:
-                ok = False
-        return out if ok else None
+        bad = [j for j, (a, b) in enumerate(self.ranges()) if self.read_shard(name, j, out[a:b]) is None]  # all read
+        return None if bad else out
 
     def shards(self, names: Sequence[str]) -> Iterator[tuple[int, int, dict[str, Tensor]]]:
         """(a, b, {name: rows a..b}) range by range: what a streaming fit consumes, one shard in memory."""

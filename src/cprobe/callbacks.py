@@ -9,12 +9,15 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from cprobe import trackers
+from cprobe.errors import CprobeError, JobAborted
 from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
 from cprobe.paths import LATEST
 
@@ -31,21 +34,28 @@ def reset() -> None:
     REPORT_FAILED.clear()
 
 
+def _point(link: Path, to: str) -> None:
+    """Symlink ``link`` -> ``to``, replaced atomically (a temporary link renamed over it)."""
+    tmp = link.parent / f".{LATEST}.{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)
+        os.symlink(to, tmp)
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def link_latest(target: Path) -> None:
     """``<parent>/latest`` -> ``target`` (relative), replaced atomically; best effort (never fails a run)."""
     target = Path(target)
-    link = target.parent / LATEST
     if target.name == LATEST:
         return
-    tmp = target.parent / f".{LATEST}.{os.getpid()}"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)
-        os.symlink(target.name, tmp)
-        os.replace(tmp, link)
+        _point(target.parent / LATEST, target.name)
     except OSError as e:  # e.g. a filesystem without symlinks
-        tmp.unlink(missing_ok=True)
-        log.debug("could not link %s -> %s: %s", link, target, e)
+        log.debug("could not link %s -> %s: %s", target.parent / LATEST, target, e)
 
 
 def claim_dir(path: Path) -> Path:
@@ -119,18 +129,13 @@ def claim_sweep_dir(config: Any) -> Claim:
 def release_sweep_dir(claim: Claim) -> None:
     """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: remove the directory when this process
     created it and it holds no job, and point ``latest`` back where it was."""
-    import shutil
-
     d = claim.directory
     if claim.created and d.is_dir() and not any(d.rglob("status.json")):
         shutil.rmtree(d, ignore_errors=True)
     link = d.parent / LATEST
     try:
         if claim.latest_before is not None:
-            tmp = d.parent / f".{LATEST}.{os.getpid()}"
-            tmp.unlink(missing_ok=True)
-            os.symlink(claim.latest_before, tmp)
-            os.replace(tmp, link)
+            _point(link, claim.latest_before)
         elif link.is_symlink() and os.readlink(link) == d.name:
             link.unlink()
         if not any(d.parent.iterdir()):
@@ -146,14 +151,10 @@ class AggregateResults(Callback):
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         from omegaconf import read_write
 
-        from cprobe import trackers
-        from cprobe.errors import CprobeError, JobAborted
-
         trackers.preflight(config)  # a bad logger is refused before the run dir exists
         if os.environ.get("CPROBE_DETACH", "") not in ("", "0"):
             raise JobAborted(CprobeError("--detach needs a sweep on SLURM: `cprobe run -m ... hydra/launcher=slurm "
                                          "--detach`"))
-
         if _timestamped(config.hydra.run, "dir"):
             claimed = claim_dir(Path(config.hydra.run.dir))
             with read_write(config.hydra.run):
@@ -162,9 +163,6 @@ class AggregateResults(Callback):
         DIRS.append(Path(config.hydra.run.dir).absolute())
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
-        from cprobe import trackers
-        from cprobe.errors import CprobeError, JobAborted
-
         trackers.preflight(config)  # a bad logger is refused before the sweep dir exists
         slurm = claims_late(config)
         if os.environ.get("CPROBE_DETACH", "") not in ("", "0") and not slurm:
@@ -176,12 +174,9 @@ class AggregateResults(Callback):
     def on_job_end(self, config: Any, job_return: Any = None, **kwargs: Any) -> None:
         """Wherever the job ran (this process, a joblib worker, a SLURM node): send it to the trackers, after its
         local files are complete (never raises)."""
-        from cprobe import trackers
-
         trackers.job_ended(config, job_return)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from cprobe.errors import CprobeError
         from cprobe.launch import sweep as S
         from cprobe.outputs import collect
 
@@ -207,6 +202,4 @@ class AggregateResults(Callback):
                                      "CPROBE_DEBUG=1 for the traceback)")
             log.error("could not aggregate the sweep: %s", msg)
         finally:
-            from cprobe import trackers
-
             trackers.sweep_ended(config, failed=[*FAILED, *REPORT_FAILED])

@@ -54,6 +54,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write_with(path, lambda f: f.write(data))
 
 
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a state file read back); None when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: Path, data: Any, **dumps: Any) -> None:
+    """``data`` as indented JSON (``default=str``; ``dumps``: more ``json.dumps`` options), written atomically."""
+    atomic_write_bytes(Path(path), json.dumps(data, indent=1, default=str, **dumps).encode())
+
+
 def parquet_bytes(df: pd.DataFrame) -> bytes:
     """``df`` as Parquet (no index): the same frame gives the same bytes (the one Parquet encoder: job tables,
     records, caches, resumable parts)."""
@@ -307,9 +321,7 @@ def write_manifest(directory: Path, names: list[str]) -> None:
 def verify_manifest(directory: Path) -> str | None:
     """None when every file in ``directory``'s manifest matches its checksum, else what is wrong."""
     directory = Path(directory)
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
+    if (manifest := read_json(directory / MANIFEST)) is None:
         return "no readable checksums.json"
     for name, digest in manifest.items():
         f = directory / name

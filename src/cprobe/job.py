@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cprobe.cache import ActivationCache
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,11 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
 
 
 def read_status(out_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((out_dir / STATUS).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(out_dir / STATUS)
 
 
 def write_status(out_dir: Path, **fields: Any) -> None:
-    atomic_write_bytes(out_dir / STATUS, json.dumps(fields, indent=1, default=str).encode())
+    write_json(out_dir / STATUS, fields)
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -66,19 +64,13 @@ def _start_ticks(pid: int) -> str | None:
 
 def this_process() -> dict[str, Any]:
     """What ``status.json`` records about the process running a job, to tell later whether it still runs."""
-    import socket
-
     return {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": _start_ticks(os.getpid())}
 
 
 def process_gone(status: Mapping[str, Any]) -> bool:
     """True when ``status`` says ``running`` but its process is gone (killed with SIGKILL, out of memory, the
     machine rebooted). False when it may still run: alive here, or on another host (which cannot be checked)."""
-    import socket
-
-    if status.get("state") != "running" or "pid" not in status:
-        return False
-    if status.get("host") != socket.gethostname():
+    if status.get("state") != "running" or "pid" not in status or status.get("host") != socket.gethostname():
         return False
     pid = int(status["pid"])
     try:
@@ -96,8 +88,7 @@ def describe_state(status: Mapping[str, Any]) -> str:
     ``running`` job whose process is gone."""
     state = str(status.get("state", "unknown"))
     if process_gone(status):
-        return (f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; "
-                "rerun it)")
+        return f"dead (its process {status['pid']} on {status['host']} is gone, killed while running; rerun it)"
     if state == "running" and "pid" in status:
         return f"running (pid {status['pid']} on {status.get('host', '?')})"
     return state + (f" ({status['error']})" if status.get("error") else "")

@@ -66,11 +66,8 @@ def study_table(study: str, records: pd.DataFrame) -> pd.DataFrame:
 
 
 def breakdowns(studies) -> dict[str, tuple[str, ...]]:
-    out = {}
-    for s in studies:
-        spec = spec_of(str(s))
-        out[str(s)] = tuple(spec.breakdowns) if spec is not None else ()
-    return out
+    specs = {str(s): spec_of(str(s)) for s in studies}
+    return {s: tuple(spec.breakdowns) if spec is not None else () for s, spec in specs.items()}
 
 
 def write_leaderboard(board: pd.DataFrame, directory: Path) -> None:
@@ -86,7 +83,8 @@ def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[st
                sources: Any = None, values: pd.DataFrame | None = None) -> pd.DataFrame:
     """A finished job's records, paper tables (from the records), leaderboard and environment; returns the records.
     ``metrics``: the job's table without timing columns; ``sources``: its rows' ``method_source`` (provenance, kept
-    out of the metric tables); ``values``: the task's per-item values. ``report.html`` comes after its status (see :func:`write_report`)."""
+    out of the metric tables); ``values``: the task's per-item values. ``report.html`` comes after its status
+    (see :func:`write_report`)."""
     from cprobe.leaderboard import leaderboard
     from cprobe.report import write_environment
     from cprobe.tasks import task_module
@@ -200,9 +198,8 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     """
     from cprobe import results
     from cprobe.leaderboard import leaderboard
-    from cprobe.tasks import task_module
-
     from cprobe.launch.sweep import manifest_problems
+    from cprobe.tasks import task_module
 
     directory = Path(directory)
     jobs, problems = results.find_jobs(directory, manifest_problems(directory))
@@ -213,6 +210,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         log.warning("not aggregated: %s", p)
     tables: dict[str, list[pd.DataFrame]] = {}
     all_records, all_items, ids = [], [], {}
+    by_study: dict[str, list[Path]] = {}  # each study's jobs
     for job in jobs:
         _load_job_plugins(job)
         recs, items = load_job(job)
@@ -224,6 +222,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         for study, part in recs.groupby("study", sort=False):
             table = study_table(str(study), part)
             tables.setdefault(str(study), []).append(table.assign(**extra))
+            by_study.setdefault(str(study), []).append(job)
     records = pd.concat(all_records, ignore_index=True) if all_records else R.finish(pd.DataFrame())
     items = pd.concat(all_items, ignore_index=True) if all_items else None
     records = R.count_items(records, items)  # jobs written before n counted only the defined items
@@ -239,10 +238,6 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         out.results[study] = results.write_results(table, dest)
     if directory not in jobs:  # a sweep or a directory of runs: its records in one file
         R.write_records(records, directory, items)
-    by_study: dict[str, list[Path]] = {}
-    for job, recs_ in zip(jobs, all_records):
-        for study in recs_["study"].unique():
-            by_study.setdefault(str(study), []).append(job)
     names: dict[str, str] = {}
     for study_jobs in by_study.values():  # what sets a configuration apart among its study's jobs
         names.update(variants(study_jobs, ids))

@@ -26,7 +26,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Generic, TypeVar
@@ -69,9 +69,7 @@ class Provenance:
         """What records and tables show: ``built-in``, ``<package> <version>``, or the import path."""
         if self.builtin:
             return BUILTIN
-        if self.package:
-            return f"{self.package} {self.version}".strip()
-        return self.target
+        return f"{self.package} {self.version}".strip() if self.package else self.target
 
     def __str__(self) -> str:
         return self.text
@@ -114,10 +112,7 @@ def provenance_of(obj: Any, kind: str | None = None) -> Provenance:
     module = target.split(":")[0]
     if kind is None:
         kind = BUILTIN if module == "cprobe" or module.startswith("cprobe.") else "plugins module"
-    if kind == BUILTIN:
-        return Provenance(BUILTIN, target)
-    package, version = distribution_of(module)
-    return Provenance(kind, target, package, version)
+    return Provenance(BUILTIN, target) if kind == BUILTIN else Provenance(kind, target, *distribution_of(module))
 
 
 # ----------------------------------------------------------------------------------------------- import paths
@@ -235,9 +230,7 @@ def entry_points_of(group: str) -> dict[str, list[Any]]:
 
 def dist_of(ep: Any) -> tuple[str, str]:
     dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "?", "?"
-    return str(dist.metadata["Name"] or dist.name), str(dist.version)
+    return ("?", "?") if dist is None else (str(dist.metadata["Name"] or dist.name), str(dist.version))
 
 
 def refresh_plugins() -> None:
@@ -359,11 +352,10 @@ class Registry(Generic[T]):
         return obj, src
 
     def _derived(self, name: str) -> tuple[T, Provenance]:
-        for resolver in self.resolvers:
-            got = resolver(name)
-            if got is not None:
-                return got
-        raise ConfigError(self.unknown(name))
+        got = next((g for r in self.resolvers if (g := r(name)) is not None), None)
+        if got is None:
+            raise ConfigError(self.unknown(name))
+        return got
 
     def unknown(self, name: str) -> str:
         """The one-line unknown-name error: did-you-mean candidates, then every name."""
@@ -391,12 +383,9 @@ class Registry(Generic[T]):
         cls, src = self.resolve(name)
         kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k != "name"}
         valid = accepted_params(cls)
-        unknown = sorted(set(kwargs) - valid)
-        if unknown:
+        if unknown := sorted(set(kwargs) - valid):
             raise ConfigError(f"unknown key(s) {unknown} for {self.kind} {name!r}; valid: {sorted(valid)}")
-        for key, value in context.items():
-            if key in valid and key not in kwargs:
-                kwargs[key] = value
+        kwargs.update({k: v for k, v in context.items() if k in valid and k not in kwargs})
         try:
             return cls(**kwargs)
         except CprobeError:
@@ -416,20 +405,13 @@ class Registry(Generic[T]):
 
     def plugin_names(self) -> list[str]:
         """Names installed plugins declare (not loaded; a name shadowing a built-in is left out)."""
-        if not self.group:
-            return []
-        return sorted(n for n in entry_points_of(self.group) if n not in self._items)
+        return sorted(n for n in entry_points_of(self.group) if n not in self._items) if self.group else []
 
     def all_names(self) -> list[str]:
         return sorted(set(self._items) | set(self.plugin_names()))
 
     def builtin_names(self) -> list[str]:
         return sorted(n for n in self._items if self._sources[n].builtin)
-
-    def sources(self) -> Iterator[tuple[str, Provenance]]:
-        """(name, provenance) of every registered name."""
-        for n in sorted(self._items):
-            yield n, self._sources[n]
 
     def __contains__(self, name: object) -> bool:
         """A registered or installed name (not loaded), or an import path that resolves to this family (imported:
@@ -452,26 +434,7 @@ class WrongFamily(ConfigError):
 
 
 def _who(src: Provenance) -> str:
-    if src.package:
-        return f"{src.package} {src.version} ({src.target})"
-    return src.target or src.kind
-
-
-def family_of(obj: Any) -> str | None:
-    """The family (registry kind) whose ``accept`` takes ``obj`` unchanged or adapted, None when none does."""
-    _PROBING.append(True)
-    try:
-        for reg in REGISTRIES.values():
-            if reg.accept is None:
-                continue
-            try:
-                reg.accept(obj, target_of(obj))
-            except CprobeError:
-                continue
-            return reg.kind
-        return None
-    finally:
-        _PROBING.clear()
+    return f"{src.package} {src.version} ({src.target})" if src.package else src.target or src.kind
 
 
 _PROBING: list[bool] = []

@@ -7,7 +7,6 @@ the same config and seed give byte-identical metric tables.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -106,12 +105,8 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
     f = job_dir / ".hydra" / "overrides.yaml"
     if not f.is_file():
         return {}
-    out = {}
-    for o in yaml.safe_load(f.read_text()) or []:
-        if "=" in o:
-            k, v = o.split("=", 1)
-            out[f"override.{k.lstrip('+~')}"] = v
-    return out
+    parts = [o.partition("=") for o in yaml.safe_load(f.read_text()) or []]
+    return {f"override.{k.lstrip('+~')}": v for k, eq, v in parts if eq}
 
 
 SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
@@ -126,7 +121,7 @@ def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = Non
     these.
     """
     from cprobe.errors import CprobeError
-    from cprobe.job import describe_state
+    from cprobe.job import describe_state, read_status
 
     if not directory.is_dir():
         raise CprobeError(f"{directory} is not a directory; pass a run or sweep output dir (e.g. outputs/sweeps/...)")
@@ -136,32 +131,19 @@ def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = Non
     covered, problems = (set(managed[0]), list(managed[1])) if managed is not None else (set(), [])
     done = []
     for job in jobs:
-        rel = relative(job, directory)
-        if job.resolve() in covered and _finished(job):
+        status = read_status(job)
+        finished = (job / f"{METRICS}.parquet").is_file() and (status is None or status.get("state") == "done")
+        if job.resolve() in covered:  # a managed job: counted when done, its problems are the manager's
+            if finished and status is not None:
+                done.append(job)
+        elif finished:
             done.append(job)
-            continue
-        if job.resolve() in covered:
-            continue
-        try:
-            status = json.loads((job / "status.json").read_text())
-        except (OSError, ValueError):
-            status = {"state": "done" if (job / f"{METRICS}.parquet").is_file() else "unknown"}
-        if status.get("state") != "done" or not (job / f"{METRICS}.parquet").is_file():
-            problems.append(f"{rel} is {describe_state(status)}")
-            continue
-        done.append(job)
+        else:
+            problems.append(f"{relative(job, directory)} is {describe_state(status or {'state': 'unknown'})}")
     if not done:
         raise CprobeError(f"no finished job under {directory}"
                           + (f" ({'; '.join(problems[:3])})" if problems else "; did the jobs run? (see status.json)"))
     return done, problems
-
-
-def _finished(job: Path) -> bool:
-    try:
-        status = json.loads((job / "status.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return status.get("state") == "done" and (job / f"{METRICS}.parquet").is_file()
 
 
 def write_results(table: pd.DataFrame, directory: Path) -> Path:

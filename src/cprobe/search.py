@@ -22,10 +22,10 @@ The search space: ``hydra.sweeper.params`` ({key: Hydra sweep syntax}: ``range(0
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -130,8 +130,7 @@ def distribution(key: str, override: Any) -> Any:
 
     v = override.value()
     if isinstance(v, ChoiceSweep):
-        choices = [tuple(c) if isinstance(c, list) else c for c in v.list]
-        return D.CategoricalDistribution(choices)
+        return D.CategoricalDistribution([tuple(c) if isinstance(c, list) else c for c in v.list])
     if isinstance(v, RangeSweep):
         values = list(v.range())
         if not values:
@@ -259,15 +258,14 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
                           f"{task} records {theirs}")
     icfg = base.get("intervention")
     hparam = icfg.get("hparam") if icfg is not None else None
-    if icfg is not None and opts.hparam_ranges and "intervention" not in space:
-        key = f"intervention.{hparam}" if hparam else None
-        if key is not None and key not in space:
-            if icfg.get("name") not in opts.hparam_ranges:
-                raise ConfigError(f"no range for intervention {icfg.get('name')!r}'s hyperparameter {hparam!r} in "
-                                  f"hydra.sweeper.hparam_ranges (it has {sorted(opts.hparam_ranges)}); set "
-                                  f"hydra.sweeper.params={{{key}: ...}} or sweep {key}=... on the command line")
-            (o,) = parser.parse_overrides([f"{key}={opts.hparam_ranges[icfg.get('name')]}"])
-            space[key] = distribution(key, o)
+    key = f"intervention.{hparam}" if hparam else None
+    if key is not None and opts.hparam_ranges and "intervention" not in space and key not in space:
+        if icfg.get("name") not in opts.hparam_ranges:
+            raise ConfigError(f"no range for intervention {icfg.get('name')!r}'s hyperparameter {hparam!r} in "
+                              f"hydra.sweeper.hparam_ranges (it has {sorted(opts.hparam_ranges)}); set "
+                              f"hydra.sweeper.params={{{key}: ...}} or sweep {key}=... on the command line")
+        (o,) = parser.parse_overrides([f"{key}={opts.hparam_ranges[icfg.get('name')]}"])
+        space[key] = distribution(key, o)
     if not space:
         what = (f"intervention {icfg.get('name')!r} has no hyperparameter (hparam: null)" if icfg is not None
                 and not hparam else "nothing to search")
@@ -275,18 +273,15 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
         raise ConfigError(f"{what}: name a search space with hydra.sweeper.params={{key: range(a,b)}} or a sweep "
                           "override" + (f", or pick an intervention with a range: {searchable}" if searchable else ""))
     for key in space:
-        why_not = _missing_key(base, key)
-        if why_not:
+        if why_not := _missing_key(base, key):
             raise ConfigError(why_not)
     import optuna.distributions as D
 
     from cprobe.paths import cache_dir, data_dir
     from cprobe.pipeline import prepare as prepare_job
 
-    sample = []
-    for k, d in space.items():
-        lo = d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low
-        sample.append(f"{k}={value_text(lo)}")
+    sample = [f"{k}={value_text(d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low)}"
+              for k, d in space.items()]
     cfg = _compose(sweeper, fixed + sample)
     plain = _plain_job(cfg)
     p = plain.get("paths") or {}
@@ -325,13 +320,9 @@ def _trial_params(job: Path, space: Mapping[str, Any], parser: Any) -> dict[str,
     if set(got) != set(space):
         return None
     try:
-        for k, v in got.items():
-            d = space[k]
-            if not d._contains(d.to_internal_repr(v)):
-                return None
+        return got if all(space[k]._contains(space[k].to_internal_repr(v)) for k, v in got.items()) else None
     except (ValueError, TypeError):
         return None
-    return got
 
 
 def run(sweeper: Any, arguments: Sequence[str]) -> list[Any]:
@@ -437,10 +428,8 @@ def _space_size(space: Mapping[str, Any]) -> int | None:
 
 
 def _same(study: Any, trial: Any) -> Any:
-    for t in study.trials:
-        if t.number != trial.number and t.state.name == "COMPLETE" and dict(t.params) == dict(trial.params):
-            return t
-    return None
+    return next((t for t in study.trials if t.number != trial.number and t.state.name == "COMPLETE"
+                 and dict(t.params) == dict(trial.params)), None)
 
 
 def _state(job: Path) -> str:
@@ -474,9 +463,7 @@ def _resume(s: Search, study: Any, parser: Any) -> int:
     """Add the sweep dir's finished trials to the study (and queue its unfinished ones to run first)."""
     import optuna
 
-    if not s.sweep_dir.is_dir():
-        return 0
-    n = 0
+    n = 0  # (a sweep dir not made yet globs to nothing)
     for status in sorted(s.sweep_dir.glob("*/status.json")):
         job = status.parent
         params = _trial_params(job, s.space, parser)
@@ -496,14 +483,12 @@ def _resume(s: Search, study: Any, parser: Any) -> int:
 
 def write_summary(s: Search, study: Any) -> dict[str, Any]:
     """``search.json`` and ``search.md`` at the sweep root: the space, every trial, the winner and why."""
-    from cprobe.io import atomic_write_bytes
+    from cprobe.io import atomic_write_bytes, write_json
 
-    trials = []
-    for t in study.trials:
-        trials.append({"number": t.number, "params": {k: _plain(v) for k, v in t.params.items()},
-                       "value": t.value if t.state.name == "COMPLETE" else None, "state": t.state.name,
-                       "job": t.user_attrs.get("job"), "duplicate_of": t.user_attrs.get("duplicate_of"),
-                       "resumed": bool(t.user_attrs.get("resumed"))})
+    trials = [{"number": t.number, "params": {k: list(v) if isinstance(v, tuple) else v for k, v in t.params.items()},
+               "value": t.value if t.state.name == "COMPLETE" else None, "state": t.state.name,
+               "job": t.user_attrs.get("job"), "duplicate_of": t.user_attrs.get("duplicate_of"),
+               "resumed": bool(t.user_attrs.get("resumed"))} for t in study.trials]
     done = [t for t in trials if t["state"] == "COMPLETE"]
     sign = 1 if s.direction == "maximize" else -1
     ranked = sorted(done, key=lambda t: (-sign * t["value"], t["number"]))
@@ -526,14 +511,10 @@ def write_summary(s: Search, study: Any) -> dict[str, Any]:
                "n_trials": o.n_trials, "space": {k: _dist_text(d) for k, d in s.space.items()},
                "fixed": s.fixed, "trials": trials, "best": best, "why": why,
                "failed": [t["number"] for t in trials if t["state"] == "FAIL"]}
-    atomic_write_bytes(s.sweep_dir / SEARCH_JSON, json.dumps(summary, indent=1, default=str).encode())
+    write_json(s.sweep_dir / SEARCH_JSON, summary)
     atomic_write_bytes(s.sweep_dir / SEARCH_MD, _markdown(summary).encode())
     log.info("search: %s", why)
     return summary
-
-
-def _plain(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
 
 
 def _markdown(s: Mapping[str, Any]) -> str:
@@ -558,15 +539,11 @@ def _discard(config: Any) -> None:
 
     sweep_dir = Path(config.hydra.sweep.dir)
     trackers.sweep_discarded(config)
-    try:
+    with suppress(OSError):
         if sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
             sweep_dir.rmdir()
             link = sweep_dir.parent / LATEST
             if link.is_symlink() and not link.exists():
                 link.unlink()
-            try:
+            with suppress(OSError):
                 sweep_dir.parent.rmdir()
-            except OSError:
-                pass
-    except OSError:
-        pass

@@ -71,10 +71,8 @@ def parse_minutes(text: str) -> int | None:
     text = text.strip()
     if text.lower() in ("infinite", "unlimited", "n/a", "none", ""):
         return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
+    d, sep, rest = text.partition("-")
+    days, text = (int(d), rest) if sep else (0, text)
     parts = [int(p) for p in text.split(":")]
     if len(parts) == 3:
         h, m, s = parts
@@ -87,14 +85,9 @@ def parse_minutes(text: str) -> int | None:
 
 def parse_gpus(gres: str) -> int:
     """GPUs per node in an ``sinfo %G`` field: ``(null)`` → 0, ``gpu:4`` → 4, ``gpu:a100:4(S:0-1)`` → 4."""
-    total = 0
-    for item in gres.split(","):
-        item = re.sub(r"\(.*?\)", "", item.strip())
-        if not item.startswith("gpu"):
-            continue
-        tail = item.split(":")[-1]
-        total += int(tail) if tail.isdigit() else 1
-    return total
+    items = [re.sub(r"\(.*?\)", "", item.strip()) for item in gres.split(",")]
+    tails = [item.split(":")[-1] for item in items if item.startswith("gpu")]
+    return sum(int(tail) if tail.isdigit() else 1 for tail in tails)
 
 
 @dataclass(frozen=True)
@@ -129,10 +122,8 @@ class Partition:
         return max((g.mem_mb for g in self.groups), default=0)
 
     def describe(self) -> str:
-        parts = []
-        for g in self.groups:
-            gpu = f", {g.gpus} GPU(s)" if g.gpus else ", no GPUs"
-            parts.append(f"{g.nodes} node(s) of {g.cpus} CPUs, {g.mem_mb / 1024:.0f} GB{gpu}")
+        parts = [f"{g.nodes} node(s) of {g.cpus} CPUs, {g.mem_mb / 1024:.0f} GB, "
+                 + (f"{g.gpus} GPU(s)" if g.gpus else "no GPUs") for g in self.groups]
         limit = "no time limit" if self.max_minutes is None else f"time limit {self.max_minutes} min"
         return "; ".join(parts) + f"; {limit}"
 
@@ -194,8 +185,6 @@ def states(job_ids: Iterable[str]) -> dict[str, TaskState]:
     (no cluster here, slurmctld down): absent would then be a lie."""
     ids = sorted(set(job_ids))
     out: dict[str, TaskState] = {}
-    if not ids:
-        return out
     for jid in ids:  # one query per job: squeue fails as a whole when one of several ids is unknown
         r = run(["squeue", "-h", "-r", "-t", "all", "-j", jid, "-o", "%i|%T|%r"])
         if r.returncode != 0:
@@ -262,12 +251,6 @@ def requeue(job_id: str) -> str | None:
 def test_submit(flags: Mapping[str, object]) -> str | None:
     """``sbatch --test-only`` with the given ``--flag=value`` pairs: None when the scheduler would accept the job,
     else its error, in one line."""
-    argv = ["sbatch", "--test-only", "--wrap=true"]
-    for k, v in flags.items():
-        if v is None or v is False:
-            continue
-        argv.append(f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}")
-    r = run(argv)
-    if r.returncode == 0:
-        return None
-    return clean(r.stderr + r.stdout) or f"sbatch --test-only exited {r.returncode}"
+    r = run(["sbatch", "--test-only", "--wrap=true", *(f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
+                                                       for k, v in flags.items() if v is not None and v is not False)])
+    return None if r.returncode == 0 else (clean(r.stderr + r.stdout) or f"sbatch --test-only exited {r.returncode}")

@@ -17,7 +17,6 @@ reaching it). A sweep without a manifest (a local one) has only its ``status.jso
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import read_json, write_json
 from cprobe.job import STATUS, describe_state, read_status
 from cprobe.paths import relative
 
@@ -47,17 +46,12 @@ def manifest_path(sweep_dir: Path) -> Path:
 
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
-    try:
-        m = json.loads(manifest_path(sweep_dir).read_text())
-    except (OSError, ValueError):
-        return None
-    return m if isinstance(m, dict) and "points" in m else None
+    m = read_json(manifest_path(sweep_dir))
+    return m if m is not None and "points" in m else None
 
 
 def write_manifest(sweep_dir: Path, manifest: Mapping[str, Any]) -> None:
-    path = manifest_path(sweep_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps(manifest, indent=1, default=str).encode())
+    write_json(manifest_path(sweep_dir), manifest)
 
 
 def record_path(sweep_dir: Path, task: str) -> Path:
@@ -65,27 +59,17 @@ def record_path(sweep_dir: Path, task: str) -> Path:
 
 
 def read_record(sweep_dir: Path, task: str) -> dict[str, Any]:
-    try:
-        r = json.loads(record_path(sweep_dir, task).read_text())
-    except (OSError, ValueError):
-        return {}
-    return r if isinstance(r, dict) else {}
+    return read_json(record_path(sweep_dir, task)) or {}
 
 
 def write_record(sweep_dir: Path, task: str, record: Mapping[str, Any]) -> None:
-    path = record_path(sweep_dir, task)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, json.dumps({**record, "updated": time.time()}, indent=1, default=str).encode())
+    write_json(record_path(sweep_dir, task), {**record, "updated": time.time()})
 
 
 def latest_task(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """{point name: (array task id, job id)} of the newest submission that included each point."""
-    out: dict[str, tuple[str, str]] = {}
-    for sub in manifest.get("submissions", []):
-        for task, names in sub.get("tasks", {}).items():
-            for name in names:
-                out[name] = (task, str(sub.get("job_id")))
-    return out
+    return {name: (task, str(sub.get("job_id"))) for sub in manifest.get("submissions", [])
+            for task, names in sub.get("tasks", {}).items() for name in names}
 
 
 def job_ids(manifest: Mapping[str, Any], names: Iterable[str] | None = None) -> list[str]:
@@ -178,9 +162,7 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
         return out
     lt = latest_task(manifest)
     out.jobs = job_ids(manifest)
-    records: dict[str, dict[str, Any]] = {}
-    for task, _ in set(lt.values()):
-        records[task] = read_record(sweep_dir, task)
+    records = {task: read_record(sweep_dir, task) for task, _ in set(lt.values())}
 
     def points(states: Mapping[str, Any] | None) -> list[PointState]:
         return [_point_state(sweep_dir, name, lt.get(name, ("", ""))[0], records.get(lt.get(name, ("", ""))[0], {}),
@@ -253,8 +235,6 @@ def manifest_problems(directory: Path) -> tuple[set[Path], list[str]]:
     directory = Path(directory)
     covered: set[Path] = set()
     out: list[str] = []
-    if not directory.is_dir():
-        return covered, out
     roots = [directory] if manifest_path(directory).is_file() else \
         [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{MANIFEST}"))]
     for sweep_dir in roots:

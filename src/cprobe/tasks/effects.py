@@ -33,12 +33,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from cprobe.cache import kind_dir
-from cprobe.data.items import CounterfactualPair, TextItem
-from cprobe.errors import ConfigError, DataError
+from cprobe.cache import ActivationCache, kind_dir
+from cprobe.data.items import CounterfactualPair, TextItem, fingerprint
+from cprobe.errors import ConfigError, CprobeError, DataError
+from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed, Queries
+from cprobe.explainers.base import TrainingRegime, check_explainers
+from cprobe.io import write_parquet
 from cprobe.job import JobContext
 from cprobe.metrics.icace import DISTANCES, distance
-from cprobe.models.classifier import finetune_config
+from cprobe.models.classifier import finetune_config, finetuned_classifier, phi_of, phi_site
+from cprobe.models.formatters import ClassificationFormatter
+from cprobe.models.readouts import ClassHead
+from cprobe.models.sites import MEAN, Site
+from cprobe.paths import group_config
 from cprobe.probes.grid import PROBE_FITS
 from cprobe.progress import track
 
@@ -130,9 +137,6 @@ def refusal(cls: type, concepts: Sequence[str], removal_supported: bool, where: 
 def validate_effects(job: Any, where: str, concepts: Sequence[str], removal_supported: bool = True) -> None:
     """The shared keys of a concept-effect study's node, one-line errors before any model loads: known explainers
     with valid settings that the study can run, distances, every fine-tuning number, the sentence-transformer."""
-    from cprobe.explainers.base import EXPLAINERS, check_explainers
-    from cprobe.paths import group_config
-
     cfg: EffectConfig = job.task_cfg
     check_explainers(cfg.explainers, cfg.explainer, where)
     if len(set(cfg.explainers)) != len(cfg.explainers):
@@ -162,9 +166,6 @@ def effect_values(metric: Any, true: np.ndarray, estimate: np.ndarray) -> np.nda
 def explainer_sources(names: Sequence[Any]) -> list[str]:
     """Where each row's explainer came from (built-in, a plugin's package and version, an import path); ``""`` for
     rows that name no explainer (the classifiers, the references, the data)."""
-    from cprobe.errors import CprobeError
-    from cprobe.explainers import EXPLAINERS
-
     cache: dict[str, str] = {}
     out = []
     for n in names:
@@ -191,12 +192,6 @@ def subsample_pairs(pairs: Sequence[Any], max_pairs: int | None) -> list[Any]:
 def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> EffectRun:
     """Fine-tune and classify the explained model, build the explainers' inputs, run them, write the per-pair
     file (module doc)."""
-    from cprobe.explainers import EXPLAINERS, ExplainedModel, Observed
-    from cprobe.explainers.base import TrainingRegime
-    from cprobe.models.classifier import finetuned_classifier, phi_of, phi_site
-    from cprobe.models.readouts import ClassHead
-    from cprobe.models.sites import MEAN, Site
-
     cfg, seed = ctx.cfg, ctx.seed
     where = study.name
     classes = {n: EXPLAINERS.get(n) for n in config.explainers}
@@ -271,7 +266,7 @@ def run_effects(ctx: JobContext, study: EffectStudy, config: EffectConfig) -> Ef
         ctx.timings[f"explainer_{name}_s"] = time.perf_counter() - t0
         per_pair[f"estimate_{name}"] = list(est)
         estimates[name], fitted[name] = est, ex
-    write_pairs(per_pair, ctx.out_dir / f"{study.name}_pair_effects.parquet")
+    write_parquet(per_pair, ctx.out_dir / f"{study.name}_pair_effects.parquet")
     return EffectRun(encoder, clf, index, probs, base_idx, cf_idx, true, concept_pred, estimates, fitted, per_pair)
 
 
@@ -280,8 +275,6 @@ def pair_queries(pairs: Sequence[CounterfactualPair], everything: Any, index: Ma
     """The explainers' view of the pairs: the base text only (its f, φ, embeddings and *predicted* concepts — never
     its gold labels, never anything of the counterfactual: the public code's leakage guard) and the change
     ``(C, c, c′)``, coded."""
-    from cprobe.explainers import Queries
-
     base = everything.take([index[p.base.id] for p in pairs])
     base.concepts = None
     base.labels = None
@@ -297,10 +290,7 @@ def read_texts(ctx: JobContext, adapter: Any, items: Sequence[TextItem], sites: 
     explainers see the states the model computed), so a rerun of the study (another explainer, another metric) reads
     the fine-tuned model's outputs back instead of running it again. The key is the model's name and weights, the
     texts, the formatter (``max_length``) and the readout."""
-    from cprobe.cache import ActivationCache
-    from cprobe.data.items import fingerprint
     from cprobe.extract import extract_sites
-    from cprobe.models.formatters import ClassificationFormatter
 
     c = ctx.cache
     cache = ActivationCache(ctx.cache_root, enabled=c.enabled, shard_mb=c.shard_mb)
@@ -315,9 +305,6 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
     """The named embedding spaces the matching explainers declared, every one mean-pooled over the last layer as in
     LIBERTy (rows outside ``rows`` stay zero): ``ft`` the fine-tuned encoder (read in the classification pass),
     ``pt`` the pre-trained one, ``st`` the sentence-transformer."""
-    from cprobe.paths import group_config
-    from cprobe.models.sites import MEAN, Site
-
     if not spaces:
         return None
     out: dict[str, torch.Tensor] = {}
@@ -329,10 +316,8 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
             assert ft_pooled is not None
             out[space] = ft_pooled
             continue
-        if space == "pt":  # the pre-trained encoder
-            adapter = encoder
-        else:  # a sentence-transformer
-            adapter = ctx.adapter({**group_config("model", st_model, f"{where}.st_model"), "kind": "encoder"})
+        adapter = encoder if space == "pt" else ctx.adapter(  # the pre-trained encoder, or a sentence-transformer
+            {**group_config("model", st_model, f"{where}.st_model"), "kind": "encoder"})
         site = Site(adapter.n_layers, MEAN)
         acts = read_texts(ctx, adapter, sub, [site], max_length, None, f"embed ({space})")[0][site]
         full = torch.zeros(len(items), acts.shape[1])
@@ -348,9 +333,6 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
     """Fine-tune (or load) one multi-task concept classifier on ``study.concept_train`` and label ``rows``: every
     text's predicted (coded) value per concept, the per-concept predicted distributions (ConVecs; a concept's
     impossible values masked) and the predicted value indices (−1 for rows not labelled)."""
-    from cprobe.models.classifier import finetuned_classifier
-    from cprobe.models.readouts import ClassHead
-
     concepts, sizes = list(study.concepts), list(study.concept_sizes)
     width = max(sizes)
     cm = finetune_config(config.concept_model, f"{study.name}.concept_model", ctx.cfg["model"].get("finetune"))
@@ -376,13 +358,6 @@ def _concept_classifier(ctx: JobContext, encoder: Any, study: EffectStudy, confi
     return predicted, cprobs, out
 
 
-def write_pairs(frame: pd.DataFrame, path: Any) -> None:
-    """The per-pair file, written atomically (the one Parquet writer)."""
-    from cprobe.io import write_parquet
-
-    write_parquet(frame, path)
-
-
 # ----------------------------------------------------------------------------------------------- shared rows
 def classifier_rows(common: Mapping[str, Any], which: str, y: np.ndarray, pred: np.ndarray, k: int,
                     **keys: Any) -> list[dict]:
@@ -399,14 +374,11 @@ def diagnostics(ex: Any) -> list[tuple[str, str | None, float]]:
     """What a fitted explainer reports about itself, as (metric, concept or None, value): ConceptSHAP's completeness,
     the matching explainers' fallback counts, and for the removal explainers a fresh probe's accuracy for the removed
     concept before and after the removal and its majority rate (``leftover_``)."""
-    out: list[tuple[str, str | None, float]] = []
-    if hasattr(ex, "completeness_"):
-        out.append(("completeness", None, float(ex.completeness_)))
-    for key, v in getattr(ex, "fallbacks_", {}).items():
-        out.append((f"fallback_{key}", None, float(v)))
-    for concept, values in getattr(ex, "leftover_", {}).items():
-        for name, v in zip(("before", "after", "majority"), values):
-            out.append((f"concept_probe_{name}", concept, float(v)))
+    out: list[tuple[str, str | None, float]] = \
+        [("completeness", None, float(ex.completeness_))] if hasattr(ex, "completeness_") else []
+    out += [(f"fallback_{key}", None, float(v)) for key, v in getattr(ex, "fallbacks_", {}).items()]
+    out += [(f"concept_probe_{name}", concept, float(v)) for concept, values in getattr(ex, "leftover_", {}).items()
+            for name, v in zip(("before", "after", "majority"), values)]
     if hasattr(ex, "control_"):
         log.info("%s control concepts: %s", ex.name, ", ".join(f"{k}: {v}" for k, v in ex.control_.items()))
     return out
@@ -416,8 +388,6 @@ def finite_table(rows: list[dict], text_columns: Sequence[str]) -> pd.DataFrame:
     """The long table with every text column present (empty where a row has none)."""
     table = pd.DataFrame(rows)
     for col in text_columns:
-        if col not in table:
-            table[col] = ""
-        table[col] = table[col].fillna("")
+        table[col] = table[col].fillna("") if col in table else ""
     return table
 

@@ -25,12 +25,11 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
 from cprobe.tasks import Uses
-from cprobe.probes import PROBES
+from cprobe.probes import PROBES, Probe
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.progress import track
 from cprobe.records import RecordSpec, const, job_records
-from cprobe.probes import Probe
 from cprobe.probes.grid import PROBE_FITS, fit_cached_many
 
 log = logging.getLogger("cprobe")
@@ -51,8 +50,7 @@ def validate(job: Any) -> None:
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the probing task needs dataset= and split= (e.g. split=probing)")
     fractions = job.keys.split.get("fractions", {})
-    missing = [s for s in ("train", "test") if s not in fractions]
-    if missing:
+    if "train" not in fractions or "test" not in fractions:
         raise ConfigError(f"the probing task needs 'train' and 'test' splits; split.fractions has {list(fractions)}")
     if not job.task_cfg.properties:
         raise ConfigError("probing.properties is empty; list the dataset properties to probe, e.g. [z_c]")

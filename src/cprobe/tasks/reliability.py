@@ -29,29 +29,28 @@ from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.metrics.registry import compute, outside_metrics
-from cprobe.data.registry import load_dataset
+from cprobe.data.registry import check_properties, load_dataset, minimal_pairs, pairs_refusal
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
+from cprobe.interventions.direction import Through
+from cprobe.io import write_parquet
 from cprobe.job import JobContext
 from cprobe.tasks import SHARED_GROUPS, TaskResult, Uses
 from cprobe.models.load import fingerprint, resolve_device
-from cprobe.metrics.reliability import (
-    counterfactual_targets,
-    oracle_informative,
-    score_intervention,
-)
+from cprobe.metrics.reliability import counterfactual_targets, oracle_informative, score_intervention
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
-from cprobe.models.readouts import CandidateTokens
+from cprobe.models.readouts import CandidateTokens, Vocabulary
 from cprobe.models.resume import at_last
 from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
-from cprobe.records import Derived, RecordSpec
+from cprobe.probes.grid import fit_cached, fit_key
+from cprobe.records import Derived, RecordSpec, canonical, item_rows
 from cprobe.results import write_table
 
 log = logging.getLogger("cprobe")
@@ -102,8 +101,6 @@ def validate(job: Any) -> None:
         raise ConfigError(f"intervention.hparam={hparam!r} is not a key of the intervention config {sorted(icfg)}")
     method = INTERVENTIONS.build(icfg, seed=job.keys.seed)
     if method.needs_model and job.keys.dataset is not None:
-        from cprobe.data.registry import pairs_refusal
-
         why = pairs_refusal(job.keys.dataset, rc.target)
         if why:
             raise ConfigError(f"intervention {icfg['name']!r} is trained through the model on minimal pairs that "
@@ -121,12 +118,9 @@ def validate(job: Any) -> None:
                               f"{sorted(job.keys.probe or {})} (use probe=all)")
     if job.keys.dataset is None or job.keys.split is None:
         raise ConfigError("the reliability task needs dataset= and split= (e.g. split=reliability)")
-    from cprobe.data.registry import check_properties
-
     check_properties(job.keys.dataset, [rc.target, *rc.others], "reliability.target/others")
     fractions = job.keys.split.get("fractions", {})
-    missing = [s for s in ("oracle", "intervention", "test") if s not in fractions]
-    if missing:
+    if any(s not in fractions for s in ("oracle", "intervention", "test")):
         raise ConfigError(f"the reliability task needs oracle/intervention/test splits; split.fractions has "
                           f"{list(fractions)}")
 
@@ -149,13 +143,12 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
         dup = sorted({k for k in keys if keys.count(k) > 1}, key=str)
         if dup:
             raise ConfigError(f"reliability.sites lists {dup} more than once")
-    if rc.sites is not None and len(rc.sites) > 1 and getattr(method, "needs_model", False):
-        raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability.sites "
-                          "edits several at once: give one site (or use reliability.read_layers alone)")
-    if rc.mode == "sequential":  # with one site both modes are the same edit
-        if method.kind != "nullifying":
-            raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
-                              f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
+        if len(rc.sites) > 1 and method.needs_model:
+            raise ConfigError(f"{type(method).__name__} is trained through the model at one site; reliability.sites "
+                              "edits several at once: give one site (or use reliability.read_layers alone)")
+    if rc.mode == "sequential" and method.kind != "nullifying":  # with one site both modes are the same edit
+        raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
+                          f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
 
 
 def _validate_read_order(rc: Config, layers_spec: Any) -> None:
@@ -223,8 +216,6 @@ def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
     (which oracle, or the interventional probe, on which states): the in-process memo adds it, so two roles never
     share one probe object. Returns (probe, where it came from: "fit", "memory" or "disk").
     """
-    from cprobe.probes.grid import fit_cached, fit_key
-
     k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str) + fit_key(probe, X, y)  # type: ignore[arg-type]
     if k in _MEMO:
         return _MEMO[k], "memory"
@@ -244,14 +235,13 @@ def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], 
                    dev: str, where: str) -> tuple[dict[str, Probe], dict[str, str], dict[str, Any]]:
     """One oracle per property on the oracle split's clean states ``X`` (rows where it is defined), scored on the test
     split: (oracles, where each came from, their accuracies / majority rates / informative flags)."""
-    cfg = ctx.cfg
     oracles: dict[str, Probe] = {}
     sources: dict[str, str] = {}
     info: dict[str, Any] = {}
     te = splits["test"]
+    pc = ctx.cfg["probe"][config.oracle_probe]
     for p in values:
         idx = splits["oracle"][labels[p][splits["oracle"]].numpy() >= 0]
-        pc = cfg["probe"][config.oracle_probe]
         oracles[p], sources[f"oracle_{p}"] = _memo_probe(
             {**memo_base, "oracle": p, "probe": pc}, ctx.probe(pc), X[idx].to(dev), labels[p][idx].to(dev), probe_dir)
         ok = labels[p][te] >= 0
@@ -272,11 +262,10 @@ def _fit_intervention(ctx: JobContext, config: Config, icfg: Mapping[str, Any], 
     capabilities (:func:`cprobe.interventions.base.fit_intervention`): one that attacks a probe is given an
     interventional probe trained there (its own object, never an oracle); one trained through the model
     (``needs_model``: DAS) gets ``through()``, its minimal-pair training (:func:`minimal_pair_training`)."""
-    cfg = ctx.cfg
     method: Intervention = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
 
     def interventional_probe() -> Probe:
-        pc = cfg["probe"][config.interventional_probe]
+        pc = ctx.cfg["probe"][config.interventional_probe]
         probe, sources[f"interventional{tag}"] = _memo_probe(
             {**memo_base, "interventional": config.target, "probe": pc}, ctx.probe(pc), X_fit.to(dev),
             z_fit.to(dev), probe_dir)
@@ -294,8 +283,7 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
     ds = load_dataset(cfg["dataset"], ctx.data_root)
     for note in ds.notes:
         ctx.warn(note)
-    position = cfg["position"]
-    sites = edit_sites(config, cfg["layers"], position, adapter.n_layers)
+    sites = edit_sites(config, cfg["layers"], cfg["position"], adapter.n_layers)
     return _run_sites(ctx, config, adapter, ds, sites, t_job)
 
 
@@ -323,10 +311,6 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
     :func:`cprobe.data.registry.minimal_pairs`) is read at the site; training runs the base items with the site's
     coordinate along ``a`` interchanged toward the twin's (the 1-D DII) and maximises the log-probability of the
     twin's correct verb — the base's wrong one — over the whole vocabulary at the target (CausalGym eq. 12)."""
-    from cprobe.data.registry import minimal_pairs
-    from cprobe.interventions.direction import Through
-    from cprobe.models.readouts import Vocabulary
-
     if ex.scores is None or ex.candidates is None:
         raise ConfigError(f"model {adapter.name!r} has no LM head: a direction trained through the model (DAS) needs "
                           "its predictions")
@@ -350,10 +334,6 @@ def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: in
         return adapter.run(b, edits={site: edit}, readout=readout, grad=True, resume=res).scores
 
     return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())
-
-
-def _probe_dir(ctx: JobContext, config: Config) -> Path | None:
-    return ctx.cache_dir("probes") if config.cache_probes else None
 
 
 def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
@@ -430,7 +410,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     splits, values, labels = _labels(cfg, config, data, seed)
     te, inter = splits["test"], splits["intervention"]
     dev = str(resolve_device(ctx.device or "auto"))
-    probe_dir = _probe_dir(ctx, config)
+    probe_dir = ctx.cache_dir("probes") if config.cache_probes else None
     fmt = AgreementFormatter(tuple(dict.fromkeys([position, *(s.position for s in sites)])))
 
     # Oracles at every read layer, on clean states (the same cache keys as a job edited at that layer).
@@ -682,8 +662,6 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
     settings = [s for s, g in t.groupby("setting", sort=True) if len(g[["layer", "read_layer"]].drop_duplicates()) > 1]
     if not settings:
         return None
-    import numpy as np
-
     target = str(t["target"].iloc[0])
     acc_col = f"oracle_acc_edited_{target}"
     ls = sorted({int(v) for v in t["layer"]} | {int(v) for v in t["read_layer"]})
@@ -713,8 +691,7 @@ def read_layer_heatmap(table: pd.DataFrame, path: Path) -> Path | None:
                 for b in range(n):
                     if not np.isnan(grid[a, b]):
                         ax.text(b, a, f"{'~' if chance[a, b] else ''}{grid[a, b]:.2f}", ha="center", va="center",
-                                fontsize=6,
-                                color="white" if grid[a, b] < 0.75 else "black")
+                                fontsize=6, color="white" if grid[a, b] < 0.75 else "black")
             ax.set_xticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
             ax.set_yticks(range(n), [str(v) for v in range(lo, hi + 1)], fontsize=7)
             ax.set_xlabel("read layer l′", fontsize=7)
@@ -743,8 +720,6 @@ def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
                  per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> pd.DataFrame:
     """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column); returns
     the frame written (the records' per-item values)."""
-    from cprobe.io import write_parquet
-
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
     if all(isinstance(k, int) for k in per_item):
@@ -761,8 +736,6 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, per: pd.DataFrame 
     the items of the whole-set completeness and selectivity records, and of each non-targeted property's selectivity
     (slice ``property``; NaN where it does not apply, so its record's ``n`` counts the rows it does). With read
     layers, each l′'s records get that l′'s rows."""
-    from cprobe.records import canonical, item_rows
-
     if per is None:
         return None
     props = sorted(c[len("selectivity_"):] for c in per.columns if c.startswith("selectivity_"))
@@ -798,9 +771,7 @@ def _setting(t: pd.DataFrame) -> list[dict]:
 
 def _read_layer(t: pd.DataFrame) -> pd.Series:
     """The layer the oracles read: ``read_layer`` (downstream reads), else the edited layer."""
-    if "read_layer" not in t.columns:
-        return t["layer"]
-    return t["read_layer"].fillna(t["layer"]) if t["read_layer"].isna().any() else t["read_layer"]
+    return t["read_layer"].fillna(t["layer"]) if "read_layer" in t.columns else t["layer"]
 
 
 RECORDS = RecordSpec(

@@ -21,7 +21,6 @@ local files are never affected. Trackers' packages are imported only when their 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cprobe.errors import ConfigError
+from cprobe.io import read_json, write_json
 from cprobe.registry import Registry
 
 log = logging.getLogger("cprobe")
@@ -106,9 +106,7 @@ def _node(config: Any) -> dict[str, Any] | None:
     from omegaconf import OmegaConf
 
     node = config.get("logger") if hasattr(config, "get") else None
-    if node is None:
-        return None
-    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return None if node is None else OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
 
 
 def preflight(config: Any) -> None:
@@ -161,17 +159,11 @@ def reset() -> None:
 
 # ----------------------------------------------------------------------------------------------- state files
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return d if isinstance(d, dict) else {}
+    return read_json(path) or {}
 
 
 def _write(path: Path, data: Mapping[str, Any]) -> None:
-    from cprobe.io import atomic_write_bytes
-
-    atomic_write_bytes(Path(path), json.dumps(data, indent=1, sort_keys=True, default=str).encode())
+    write_json(path, data, sort_keys=True)
 
 
 def _active(config: Any) -> list[Any]:
@@ -183,6 +175,12 @@ def _active(config: Any) -> list[Any]:
     except Exception as e:  # refused by preflight/prepare already; never fail here
         log.debug("no trackers: %s", e)
         return []
+
+
+def _parent(state: Mapping[str, Any], tracker: Any) -> dict[str, Any] | None:
+    """``state``'s entry (a ``trackers.json``) for ``tracker`` when it was written for its current destination."""
+    entry = state.get(tracker.name)
+    return entry if entry is not None and entry.get("destination") == _destination(tracker) else None
 
 
 def _multirun(config: Any) -> bool:
@@ -197,8 +195,7 @@ def _multirun(config: Any) -> bool:
 # ----------------------------------------------------------------------------------------------- lifecycle
 def sweep_started(config: Any) -> None:
     """Open (or, resuming into the same sweep dir, find again) each tracker's parent run."""
-    active = _active(config)
-    if not active:
+    if not (active := _active(config)):
         return
     sweep_dir = Path(config.hydra.sweep.dir)
     state = _read(sweep_dir / TRACKERS_FILE)
@@ -206,8 +203,7 @@ def sweep_started(config: Any) -> None:
     name = str(config.get("name", "cprobe"))
     changed = False
     for t in active:
-        prev = state.get(t.name)
-        if prev and prev.get("destination") == _destination(t):
+        if _parent(state, t) is not None:
             continue
         handle = _guard(t, "opening the sweep's parent run", t.start_sweep, sweep_dir, f"{name}/{sweep_dir.name}",
                         name, overrides)
@@ -250,8 +246,7 @@ def gather(config: Any, out_dir: Path, status: Mapping[str, Any], sweep_dir: Pat
 
 def job_ended(config: Any, job_return: Any = None) -> None:
     """Send a finished (done or failed) job to each tracker, once per result and destination."""
-    active = _active(config)
-    if not active:
+    if not (active := _active(config)):
         return
     from cprobe.job import read_status
 
@@ -272,10 +267,7 @@ def job_ended(config: Any, job_return: Any = None) -> None:
             continue  # this result is in that tracker already (a rerun that skipped the finished job)
         if job is None:
             job = gather(config, out_dir, status, sweep_dir)
-        parent = parents.get(t.name)
-        if parent is not None and parent.get("destination") != dest:
-            parent = None
-        ref = _guard(t, f"logging the job {job.run_name}", t.log_job, job, parent)
+        ref = _guard(t, f"logging the job {job.run_name}", t.log_job, job, _parent(parents, t))
         if ref is not None:
             logged[t.name] = {"destination": dest, "started": status.get("started"), "state": status.get("state"),
                               **ref}
@@ -286,8 +278,7 @@ def job_ended(config: Any, job_return: Any = None) -> None:
 
 def sweep_ended(config: Any, failed: Sequence[str] = ()) -> None:
     """Close each tracker's parent run with the sweep's report, tables, search summary and status."""
-    active = _active(config)
-    if not active:
+    if not (active := _active(config)):
         return
     from cprobe.trackers.base import SweepLog
 
@@ -298,10 +289,8 @@ def sweep_ended(config: Any, failed: Sequence[str] = ()) -> None:
     sweep = SweepLog(sweep_dir=sweep_dir, run_name=f"{name}/{sweep_dir.name}", experiment=name,
                      overrides=[str(o) for o in config.hydra.overrides.task], failed=list(failed), search=search)
     for t in active:
-        parent = parents.get(t.name)
-        if parent is None or parent.get("destination") != _destination(t):
-            continue
-        _guard(t, "closing the sweep's parent run", t.end_sweep, sweep, parent)
+        if (parent := _parent(parents, t)) is not None:
+            _guard(t, "closing the sweep's parent run", t.end_sweep, sweep, parent)
 
 
 def sweep_discarded(config: Any) -> None:
@@ -312,7 +301,6 @@ def sweep_discarded(config: Any) -> None:
     if not state:
         return
     for t in _active(config):
-        parent = state.get(t.name)
-        if parent is not None and parent.get("destination") == _destination(t):
+        if (parent := _parent(state, t)) is not None:
             _guard(t, "discarding the sweep's parent run", t.discard_sweep, parent)
     (sweep_dir / TRACKERS_FILE).unlink(missing_ok=True)

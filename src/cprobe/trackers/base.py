@@ -133,12 +133,10 @@ def artifacts_of(directory: Path) -> list[Path]:
     directory's per-study sub-directories), never descending into its jobs."""
     directory = Path(directory)
     files = [directory / n for n in ARTIFACT_FILES if (directory / n).is_file()]
-    for pattern in ARTIFACT_GLOBS:
-        files += sorted(directory.glob(pattern))
+    files += [f for pattern in ARTIFACT_GLOBS for f in sorted(directory.glob(pattern))]
     for sub in sorted(p for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else ():
         if not (sub / "status.json").exists() and not any(sub.rglob("status.json")) and not sub.name.startswith("."):
-            for pattern in ARTIFACT_GLOBS:  # a collected directory's per-study tables and figures
-                files += sorted(sub.glob(pattern))
+            files += [f for pattern in ARTIFACT_GLOBS for f in sorted(sub.glob(pattern))]  # per-study tables, figures
     return files
 
 
@@ -166,7 +164,7 @@ class JobLog:
 
     @property
     def points(self) -> list[Point]:
-        return points(self.records) if self.records is not None else []
+        return points(self.records)
 
     @property
     def tags(self) -> dict[str, str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,9 @@ class MLflowTracker(Tracker):
             self._client = MlflowClient(tracking_uri=self.options.tracking_uri)
         return self._client
 
-    def experiment_id(self, name: str | None = None) -> str:
+    def experiment_id(self) -> str:
         c = self.client()
-        name = name or self.options.experiment
+        name = self.options.experiment
         exp = c.get_experiment_by_name(name)
         if exp is not None:
             return exp.experiment_id
@@ -112,13 +113,10 @@ class MLflowTracker(Tracker):
         c = self.client()
         ps = [Param(clean_key(k)[:250], str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
         ts = [RunTag(clean_key(k)[:250], str(v)[:8000]) for k, v in tags.items()]
-        for i in range(0, len(ps), MAX_PARAMS):
-            c.log_batch(run_id, params=ps[i:i + MAX_PARAMS])
-        for i in range(0, len(ts), MAX_PARAMS):
-            c.log_batch(run_id, tags=ts[i:i + MAX_PARAMS])
-        ms = list(metrics)
-        for i in range(0, len(ms), MAX_METRICS):
-            c.log_batch(run_id, metrics=ms[i:i + MAX_METRICS])
+        for kw, items, size in (("params", ps, MAX_PARAMS), ("tags", ts, MAX_PARAMS),
+                                ("metrics", list(metrics), MAX_METRICS)):
+            for i in range(0, len(items), size):
+                c.log_batch(run_id, **{kw: items[i:i + size]})
 
     def _artifacts(self, run_id: str, root: Path, files: Sequence[Path]) -> None:
         c = self.client()
@@ -135,8 +133,6 @@ class MLflowTracker(Tracker):
         return {"run_id": run.info.run_id, "experiment_id": exp}
 
     def log_job(self, job: JobLog, parent: Mapping[str, Any] | None) -> dict:
-        import time
-
         from mlflow.entities import Metric
 
         c = self.client()
@@ -161,8 +157,6 @@ class MLflowTracker(Tracker):
         return {"run_id": rid, "experiment_id": exp}
 
     def end_sweep(self, sweep: SweepLog, parent: Mapping[str, Any]) -> None:
-        import time
-
         from mlflow.entities import Metric
 
         c = self.client()

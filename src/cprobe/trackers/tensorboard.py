@@ -34,9 +34,8 @@ def _writer(path: Path) -> Any:
 
 def _table(rows: Mapping[str, str]) -> str:
     """A two-column markdown table (TensorBoard renders text summaries as markdown)."""
-    lines = ["| key | value |", "|---|---|"]
-    lines += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows.items()]
-    return "\n".join(lines)
+    return "\n".join(["| key | value |", "|---|---|",
+                      *(f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows.items())])
 
 
 class TensorBoardTracker(Tracker):
