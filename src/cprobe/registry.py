@@ -352,10 +352,10 @@ class Registry(Generic[T]):
         return obj, src
 
     def _derived(self, name: str) -> tuple[T, Provenance]:
-        got = next((g for r in self.resolvers if (g := r(name)) is not None), None)
-        if got is None:
-            raise ConfigError(self.unknown(name))
-        return got
+        for resolver in self.resolvers:
+            if (got := resolver(name)) is not None:
+                return got
+        raise ConfigError(self.unknown(name))
 
     def unknown(self, name: str) -> str:
         """The one-line unknown-name error: did-you-mean candidates, then every name."""
