@@ -96,16 +96,17 @@ def test_config_errors(cfg: dict, match: str) -> None:
         build_probe(cfg)
 
 
-def test_accuracy_ties_go_to_the_lower_validation_loss() -> None:
+@pytest.mark.parametrize("lrs", [(1e-2, 1e-1), (1e-1, 1e-2)])
+def test_accuracy_ties_go_to_the_lower_validation_loss(lrs) -> None:
     """On separable data every lr reaches 100%; the best-trained (most confident) probe must win, not the
-    first grid point (a barely trained probe's soft outputs would inflate nullifying completeness)."""
+    first grid point nor the last (a barely trained probe's soft outputs would inflate nullifying completeness)."""
     from cprobe.probes.linear import LinearProbe
 
     g = torch.Generator().manual_seed(0)
     z = torch.randint(0, 2, (400,), generator=g)
     X = torch.randn(400, 8, generator=g)
     X[:, 0] += 10.0 * (2 * z - 1)  # a wide margin: every learning rate separates it
-    probe = LinearProbe(lrs=(1e-2, 1e-1), epochs=8).fit(X, z)
+    probe = LinearProbe(lrs=lrs, epochs=8).fit(X, z)
     accs = [acc for _, acc in probe.grid_results]
     assert accs[0] == accs[1] == 1.0
     assert probe.best_params["lr"] == 1e-1
