@@ -452,8 +452,11 @@ class Entry:
             self.path(name, 0).unlink(missing_ok=True)
             return None
         out = torch.empty([self.n, *first[1][1:]], dtype=first[0])
-        bad = [j for j, (a, b) in enumerate(self.ranges()) if self.read_shard(name, j, out[a:b]) is None]  # all read
-        return None if bad else out
+        ok = True
+        for j, (a, b) in enumerate(self.ranges()):  # every shard is read: a corrupt one is deleted, not just noticed
+            if self.read_shard(name, j, out[a:b]) is None:
+                ok = False
+        return out if ok else None
 
     def shards(self, names: Sequence[str]) -> Iterator[tuple[int, int, dict[str, Tensor]]]:
         """(a, b, {name: rows a..b}) range by range: what a streaming fit consumes, one shard in memory."""

@@ -276,10 +276,13 @@ def agreement_items(adapter: ModelAdapter, ds: Dataset) -> tuple[Dataset, Tensor
         if lengths[i] > adapter.max_length:
             n_long += 1
             continue
-        pair = (0, 0) if adapter.kind == "encoder" else (adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong))
-        if adapter.kind != "encoder" and (None in pair or pair[0] == pair[1]):
-            n_tok += 1
-            continue
+        if adapter.kind == "encoder":
+            pair = (0, 0)
+        else:
+            pair = (adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong))
+            if None in pair or pair[0] == pair[1]:
+                n_tok += 1
+                continue
         keep.append(i)
         cands.append(pair)
     dropped = {k: v for k, v in (("verb forms not single tokens", n_tok),

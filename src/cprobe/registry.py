@@ -434,7 +434,9 @@ class WrongFamily(ConfigError):
 
 
 def _who(src: Provenance) -> str:
-    return f"{src.package} {src.version} ({src.target})" if src.package else src.target or src.kind
+    if src.package:
+        return f"{src.package} {src.version} ({src.target})"
+    return src.target or src.kind
 
 
 _PROBING: list[bool] = []

@@ -251,6 +251,13 @@ def requeue(job_id: str) -> str | None:
 def test_submit(flags: Mapping[str, object]) -> str | None:
     """``sbatch --test-only`` with the given ``--flag=value`` pairs: None when the scheduler would accept the job,
     else its error, in one line."""
-    r = run(["sbatch", "--test-only", "--wrap=true", *(f"--{k.replace('_', '-')}" + ("" if v is True else f"={v}")
-                                                       for k, v in flags.items() if v is not None and v is not False)])
-    return None if r.returncode == 0 else (clean(r.stderr + r.stdout) or f"sbatch --test-only exited {r.returncode}")
+    argv = ["sbatch", "--test-only", "--wrap=true"]
+    for k, v in flags.items():
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        argv.append(flag if v is True else f"{flag}={v}")
+    r = run(argv)
+    if r.returncode == 0:
+        return None
+    return clean(r.stderr + r.stdout) or f"sbatch --test-only exited {r.returncode}"

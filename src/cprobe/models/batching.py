@@ -219,7 +219,7 @@ class _Raised:
 # ----------------------------------------------------------------------------------------------- OOM back-off
 def is_oom(e: BaseException) -> bool:
     """A device out-of-memory error (CUDA's, or any accelerator's that torch reports the same way)."""
-    return isinstance(e, torch.OutOfMemoryError) or isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
 
 
 def device_label(device: torch.device) -> str:

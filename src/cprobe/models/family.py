@@ -112,5 +112,6 @@ def _side(config: Any, model_type: str) -> Literal["encoder", "decoder"] | None:
                                                             MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     except ImportError:  # pragma: no cover - very old transformers
         return None
-    return ("encoder" if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            else "decoder" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else None)
+    if model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "encoder"
+    return "decoder" if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else None

@@ -412,8 +412,11 @@ def _preferences(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, exa
     with torch.inference_mode():
         for start in range(0, len(examples), batch_size):
             chunk = examples[start : start + batch_size]
-            texts = [" ".join(e.words[: e.target] + (tokenizer.mask_token,) + e.words[e.target + 1 :]) if masked
-                     else " ".join(e.prefix) for e in chunk]
+            if masked:  # the verb slot masked
+                texts = [" ".join((*e.words[: e.target], tokenizer.mask_token, *e.words[e.target + 1 :]))
+                         for e in chunk]
+            else:  # the prefix, whose next token is the verb
+                texts = [" ".join(e.prefix) for e in chunk]
             enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
             logits = model(**enc).logits
             if masked:

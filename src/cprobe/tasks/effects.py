@@ -316,8 +316,10 @@ def _embeddings(ctx: JobContext, spaces: Sequence[str], items: list[TextItem], r
             assert ft_pooled is not None
             out[space] = ft_pooled
             continue
-        adapter = encoder if space == "pt" else ctx.adapter(  # the pre-trained encoder, or a sentence-transformer
-            {**group_config("model", st_model, f"{where}.st_model"), "kind": "encoder"})
+        if space == "pt":  # the pre-trained encoder
+            adapter = encoder
+        else:  # a sentence-transformer
+            adapter = ctx.adapter({**group_config("model", st_model, f"{where}.st_model"), "kind": "encoder"})
         site = Site(adapter.n_layers, MEAN)
         acts = read_texts(ctx, adapter, sub, [site], max_length, None, f"embed ({space})")[0][site]
         full = torch.zeros(len(items), acts.shape[1])
