@@ -25,8 +25,8 @@ FLOORS = {
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("extract", "job", "results", "plots", "records", "leaderboard", "report", "trackers", "testing"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "launchers", "__init__",
-        "plugin"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "launchers",
+        "__init__", "plugin"),
 }
 
 
