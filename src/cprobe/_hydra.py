@@ -204,14 +204,10 @@ def explain_error(e: BaseException) -> str | None:
     if override := re.match(r"Could not override '([^']*)'", text):
         key = override.group(1)
         if key.startswith("hydra.launcher."):  # a key of another launcher than the chosen one
-            from cprobe.launchers import readers
+            from cprobe.launchers import who_reads
 
             name = key.split(".")[2]
-            who = readers(name)
-            return (f"unknown config key {key!r}: the launcher chosen has no `{name}`; " + (
-                f"it is read only by the launcher(s) {who} of a sweep (-m hydra/launcher={who[0]}): pick one, or drop "
-                "it" if who else "no launcher reads it (`cprobe run +experiment=NAME hydra/launcher=LAUNCHER --cfg "
-                "hydra` shows a launcher's keys)"))
+            return f"unknown config key {key!r}: the launcher chosen has no `{name}`; {who_reads(name)}"
         return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
                 "`cprobe run +experiment=NAME --cfg job` lists the keys")
     lines = [l.strip() for l in text.split("Config search path:")[0].splitlines() if l.strip()]

@@ -11,7 +11,7 @@ launchers that read the key:
   on the basic launcher).
 
 A key set without ``+`` that the chosen launcher lacks is Hydra's own composition error;
-:func:`cprobe._hydra.explain_error` names the launchers that read it with :func:`readers`.
+:func:`cprobe._hydra.explain_error` names the launchers that read it with :func:`who_reads`.
 """
 
 from __future__ import annotations
@@ -79,12 +79,13 @@ def readers(key: str, searchpath: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
-def _who(key: str, searchpath: tuple[str, ...]) -> str:
+def who_reads(key: str, searchpath: tuple[str, ...] = ()) -> str:
+    """Who reads ``key``, and what to do."""
     names = readers(key, searchpath)
     if not names:
         return ("no launcher reads it (`cprobe run +experiment=NAME hydra/launcher=LAUNCHER --cfg hydra` shows a "
-                "launcher's keys)")
-    return f"it is read only by the launcher(s) {names} of a sweep (-m {CHOICE}={names[0]})"
+                "launcher's keys): drop it")
+    return f"it is read only by the launcher(s) {names} of a sweep (-m {CHOICE}={names[0]}): pick one, or drop it"
 
 
 def unread(overrides: Sequence[str], sweep: bool, launcher: str) -> str | None:
@@ -99,10 +100,10 @@ def unread(overrides: Sequence[str], sweep: bool, launcher: str) -> str | None:
         if not sweep:
             if key == "":
                 return f"`{item}` picks a sweep's launcher, but a single run uses none: add -m to sweep, or drop it"
-            return f"`{item}` would be ignored: a single run uses no launcher, and {_who(key, searchpath)}"
+            return f"`{item}` would be ignored: a single run uses no launcher, and {who_reads(key, searchpath)}"
         if key and key not in launcher_keys(launcher, searchpath):
             return (f"`{item}` would be ignored: the {launcher} launcher this sweep runs on does not read "
-                    f"`{key}`; {_who(key, searchpath)}; pick that launcher, or drop it")
+                    f"`{key}`; {who_reads(key, searchpath)}")
     return None
 
 
