@@ -203,6 +203,11 @@ def explain_error(e: BaseException) -> str | None:
         return f"no config named {path!r}; choose from {list(options)}"
     if override := re.match(r"Could not override '([^']*)'", text):
         key = override.group(1)
+        if key.startswith("hydra.launcher."):  # a key of another launcher than the chosen one
+            from cprobe.launchers import who_reads
+
+            name = key.split(".")[2]
+            return f"unknown config key {key!r}: the launcher chosen has no `{name}`; {who_reads(name)}"
         return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
                 "`cprobe run +experiment=NAME --cfg job` lists the keys")
     lines = [l.strip() for l in text.split("Config search path:")[0].splitlines() if l.strip()]

@@ -3,9 +3,10 @@
 0 base (errors, io, config, paths, progress, registry, estimator, stats: the shared linear statistics, the cache
 store and its kinds, compute: the hardware) < 1 data < 2 models < 3 methods (probes, interventions, directions,
 explainers, metrics) < 4 core pipeline pieces (extraction, jobs, results, records, leaderboard, report, plots, experiment trackers)
-< 5 studies (tasks, bench) < 6 the application (pipeline, outputs, cli, callbacks, catalog, the hyperparameter search, launch, the Python API and the
-package top, which re-exports estimators lazily). Function-level and ``TYPE_CHECKING`` imports count too, and no two
-modules may import each other, directly or round a longer loop (an import circle), even on one floor.
+< 5 studies (tasks, bench) < 6 the application (pipeline, outputs, cli, callbacks, catalog, the hyperparameter search,
+launch, what each launcher reads, the Python API and the package top, which re-exports estimators lazily).
+Function-level and ``TYPE_CHECKING`` imports count too, and no two modules may import each other, directly or round
+a longer loop (an import circle), even on one floor.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ FLOORS = {
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
     4: ("extract", "job", "results", "plots", "records", "leaderboard", "report", "trackers", "testing"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "__init__", "plugin"),
+    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "launchers",
+        "__init__", "plugin"),
 }
 
 

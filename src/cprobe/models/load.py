@@ -1,9 +1,12 @@
 """Load a model + tokenizer by hub name, local directory, installed package, or the project's tiny models.
 
-The ``model`` config node is parsed once into :class:`ModelConfig` (unknown keys rejected). Loading is
-safetensors-only with ``trust_remote_code`` off by default; offline, a model that is neither local nor in the
-Hugging Face cache fails fast with instructions. :func:`peek_n_layers` reads a model's layer count from its
-config file without loading weights, so layer specs are checked before any heavy work.
+The ``model`` config node is parsed once into :class:`ModelConfig` (unknown keys rejected). Its ``source`` picks a
+:class:`ModelSource` of :data:`MODEL_SOURCES`: where the weights come from, and the ``model.*`` keys that source reads;
+a key it does not read, set to anything but its default, is refused in one line naming the sources that do read it
+(it would be silently ignored: ``model.path`` on a model cprobe trains). Loading is safetensors-only with
+``trust_remote_code`` off by default; offline, a model that is neither local nor in the Hugging Face cache fails fast
+with instructions. :func:`peek_n_layers` reads a model's layer count from its config file without loading weights, so
+layer specs are checked before any heavy work.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import importlib.util
 import json
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +27,7 @@ from cprobe.config import parse
 from cprobe.errors import ConfigError, ModelLoadError
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.placement import check_placement, check_placement_for
+from cprobe.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +39,7 @@ class ModelConfig:
     """The ``model`` config node (see ``conf/model/*.yaml``)."""
 
     name: str
-    source: Literal["hub", "package", "tiny", "zoo", "fact_world"] = "hub"
+    source: str = "hub"  # a name of MODEL_SOURCES
     path: str | None = None  # hub id or local directory (source hub)
     package: str | None = None  # Python package shipping the weights (source package)
     subdir: str = ""
@@ -65,26 +69,16 @@ class ModelConfig:
             raise ValueError(f"model.batch_tokens must be >= 1 (or null), got {self.batch_tokens}")
         if self.max_length < 2:
             raise ValueError(f"model.max_length must be >= 2, got {self.max_length}")
-        if self.source == "tiny" and not self.tiny:
-            raise ValueError("a source: tiny model needs a `tiny:` node")
-        if self.source == "zoo" and not self.members:
-            raise ValueError("a source: zoo model set needs `members:` (model config names or inline model configs)")
-        if self.source == "fact_world" and self.fact_world is None:
-            raise ValueError("a source: fact_world model needs a `fact_world:` node (corpus, train)")
-        if self.source == "package" and not self.package:
-            raise ValueError("a source: package model needs `package:` (the Python package name)")
+        needs = MODEL_SOURCES.get(self.source).needs
+        if needs and getattr(self, needs[0]) in (None, "", []):  # an empty node ({}) means its defaults
+            raise ValueError(f"a source: {self.source} model needs {needs[1]}")
 
     @property
     def reads_as_set(self) -> str | None:
         """What this model config is when it is not one loadable model (read only by a task with the ``model_sets``
         capability), else None."""
-        return MODEL_SET_SOURCES.get(self.source)
-
-
-MODEL_SET_SOURCES = {"zoo": "a model zoo (a set of models)",
-                     "fact_world": "a tiny LM trained on a fact world's corpus by the job that reads it"}
-"""The model sources that are not one model to load, with what they are (a task reads them with the ``model_sets``
-capability)."""
+        source = MODEL_SOURCES.get(self.source)
+        return None if source.locate else source.what
 
 
 def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
@@ -93,9 +87,46 @@ def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
 
         cfg = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[assignment]
     mc = parse(ModelConfig, cfg, "model")
+    check_read(mc, cfg)
     check_device(mc.device)
     check_placement(mc)
     return mc
+
+
+_DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
+
+
+def check_read(mc: ModelConfig, cfg: Mapping[str, Any]) -> None:
+    """Refuse a ``model.*`` key that ``mc``'s source does not read (:attr:`ModelSource.reads`) set to anything but its
+    default: it would be silently ignored. Keys every model config file carries at their defaults (``device_map:
+    null`` on a tiny model) pass; the one line names, for each key, the sources that read it."""
+    source = MODEL_SOURCES.get(mc.source)
+    unread = sorted(k for k, v in cfg.items() if k not in source.reads and v != _DEFAULTS.get(k, MISSING))
+    if not unread:
+        return
+    said = "; ".join(f"model.{k} is read only by models with source {'/'.join(readers(k))}" for k in unread)
+    them = "it" if len(unread) == 1 else "them"
+    example = next((f" (e.g. model={name})" for name, src in shipped_sources() if set(unread) <= src.reads), "")
+    drop = ", ".join(f"model.{k}" for k in unread)
+    raise ConfigError(f"{said}; model {mc.name!r} (source: {mc.source}) is {source.what} and would ignore {them}: pick "
+                      f"a model=... whose source reads {them}{example}, or drop {drop}")
+
+
+def readers(key: str) -> list[str]:
+    """The model sources that read ``model.<key>``."""
+    return [n for n in MODEL_SOURCES.names() if key in MODEL_SOURCES.get(n).reads]
+
+
+def shipped_sources() -> Iterator[tuple[str, ModelSource]]:
+    """(name, source) of every model config shipped in ``conf/model/``, by name."""
+    from omegaconf import OmegaConf
+
+    from cprobe.paths import config_dir
+
+    for path in sorted((config_dir() / "model").glob("*.yaml")):
+        source = OmegaConf.load(path).get("source", "hub")
+        if source in MODEL_SOURCES.names():
+            yield path.stem, MODEL_SOURCES.get(source)
 
 
 def check_device(device: str) -> None:
@@ -168,36 +199,11 @@ def _check_local_dir(mc: ModelConfig, path: Path) -> None:
 
 def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | None = None) -> int | None:
     """The model's number of blocks from its config file, without loading weights (None when unknowable
-    before a download). Raises the same fail-fast error as loading when the model cannot be had."""
+    before a download, or for a model set). Raises the same fail-fast error as loading when the model cannot be
+    had."""
     mc = parse_model_config(cfg)
-    if mc.reads_as_set:  # no one model: its task loads the members
-        return None
-    if mc.source == "tiny":
-        from cprobe.models.tiny import TinyTrainConfig
-
-        return int((mc.tiny.get("train") or {}).get("layers", TinyTrainConfig().layers))  # type: ignore[union-attr]
-    if mc.source == "package":
-        path = _package_dir(mc)
-    else:
-        if not mc.path:
-            raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
-        path = Path(mc.path).expanduser()
-    if path.is_dir():
-        _check_local_dir(mc, path)
-        try:
-            return _layers_of(json.loads((path / "config.json").read_text()))
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(str(mc.path), revision=mc.revision, local_files_only=True,
-                                            trust_remote_code=mc.trust_remote_code)
-        return int(config.num_hidden_layers)
-    except (OSError, ValueError):
-        if _offline() or not _hub_reachable():
-            raise _unavailable(mc, str(mc.path)) from None
-        return None
+    peek = MODEL_SOURCES.get(mc.source).peek
+    return peek(mc) if peek else None
 
 
 def _layers_of(config: Mapping[str, Any]) -> int | None:
@@ -211,21 +217,103 @@ def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
                  data_root: Path | None = None) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
     mc = parse_model_config(cfg)
-    if mc.source == "zoo":
-        raise ConfigError(f"model {mc.name!r} is a model zoo (a set of models); only the prompt_bias task reads one "
-                          "(+experiment=lama_bias)")
-    if mc.source == "fact_world":
-        raise ConfigError(f"model {mc.name!r} is trained on a fact world's corpus; only the prompt_bias task trains "
-                          "one (+experiment=lama_bias dataset=fact_world)")
-    if mc.source == "tiny":
-        from cprobe.models.tiny import tiny_model_dir
+    source = MODEL_SOURCES.get(mc.source)
+    if source.locate is None:
+        raise ConfigError(f"model {mc.name!r} is {source.what}, not one model to load; only a study that reads model "
+                          "sets loads its models (+experiment=lama_bias)")
+    return source.locate(mc, cache_root, progress, data_root)
 
-        return str(tiny_model_dir(mc.name, dict(mc.tiny or {}), cache_root, progress, data_root))
-    if mc.source == "package":
-        return str(_package_dir(mc))
+
+# ------------------------------------------------------------------------------------------------ model sources
+@dataclass(frozen=True)
+class ModelSource:
+    """One ``model.source`` (a name of :data:`MODEL_SOURCES`).
+
+    ``reads``: every ``model.*`` key the source reads — :func:`check_read` refuses any other key a config sets to
+    anything but its default. ``locate(mc, cache_root, progress, data_root)``: the hub id or directory
+    ``from_pretrained`` reads (it may train the model first); None for a source that is not one model but a set, read
+    only by a task with the ``model_sets`` capability. ``peek(mc)``: the number of blocks without loading weights
+    (None: unknowable before the model exists). ``needs``: the key it cannot do without, and how to say it."""
+
+    what: str  # what a model of this source is, in messages: "... is <what>"
+    reads: frozenset[str]
+    locate: Callable[[ModelConfig, Path, bool, Path | None], str] | None = None
+    peek: Callable[[ModelConfig], int | None] | None = None
+    needs: tuple[str, str] | None = None
+
+
+LOADED = frozenset({"name", "source", "kind", "dtype", "device", "device_map", "max_memory", "offload_dir",
+                    "batch_size", "batch_tokens", "max_length", "layers_path", "task_defaults", "finetune"})
+"""The ``model.*`` keys read for every model that is loaded, whatever its source: the loader's class and dtype, the
+placement, the adapter's batching and blocks, and a study's per-model defaults (``task_defaults``, ``finetune``)."""
+
+
+def _need_path(mc: ModelConfig) -> str:
     if not mc.path:
         raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
-    return str(Path(mc.path).expanduser()) if Path(mc.path).expanduser().is_dir() else mc.path
+    return mc.path
+
+
+def _locate_hub(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> str:
+    path = _need_path(mc)
+    return str(Path(path).expanduser()) if Path(path).expanduser().is_dir() else path
+
+
+def _peek_dir(mc: ModelConfig, path: Path) -> int | None:
+    _check_local_dir(mc, path)
+    try:
+        return _layers_of(json.loads((path / "config.json").read_text()))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
+
+
+def _peek_hub(mc: ModelConfig) -> int | None:
+    path = Path(_need_path(mc)).expanduser()
+    if path.is_dir():
+        return _peek_dir(mc, path)
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(mc.path), revision=mc.revision, local_files_only=True,
+                                            trust_remote_code=mc.trust_remote_code)
+        return int(config.num_hidden_layers)
+    except (OSError, ValueError):
+        if _offline() or not _hub_reachable():
+            raise _unavailable(mc, str(mc.path)) from None
+        return None
+
+
+def _locate_tiny(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> str:
+    from cprobe.models.tiny import tiny_model_dir
+
+    return str(tiny_model_dir(mc.name, dict(mc.tiny or {}), cache_root, progress, data_root))
+
+
+def _peek_tiny(mc: ModelConfig) -> int:
+    from cprobe.models.tiny import TinyTrainConfig
+
+    return int((mc.tiny.get("train") or {}).get("layers", TinyTrainConfig().layers))  # type: ignore[union-attr]
+
+
+MODEL_SOURCES: Registry[ModelSource] = Registry("model source")
+"""Every ``model.source``, with the keys it reads: adding a source is one entry here (and its keys' fields in
+:class:`ModelConfig`)."""
+MODEL_SOURCES.register("hub", ModelSource(
+    "loaded from model.path (a hub id or a local directory)",
+    LOADED | {"path", "revision", "trust_remote_code", "allow_bin"}, _locate_hub, _peek_hub))
+MODEL_SOURCES.register("package", ModelSource(
+    "loaded from the Python package model.package", LOADED | {"package", "subdir", "trust_remote_code", "allow_bin"},
+    lambda mc, *_: str(_package_dir(mc)), lambda mc: _peek_dir(mc, _package_dir(mc)),
+    needs=("package", "`package:` (the Python package name)")))
+MODEL_SOURCES.register("tiny", ModelSource(
+    "trained by cprobe as model.tiny says", LOADED | {"tiny"}, _locate_tiny, _peek_tiny,
+    needs=("tiny", "a `tiny:` node")))
+MODEL_SOURCES.register("zoo", ModelSource(
+    "a model zoo (a set of models)", frozenset({"name", "source", "members", "dtype", "device"}),
+    needs=("members", "`members:` (model config names or inline model configs)")))  # dtype, device: inline members'
+MODEL_SOURCES.register("fact_world", ModelSource(
+    "a tiny LM trained on a fact world's corpus by the job that reads it", LOADED | {"fact_world"},
+    needs=("fact_world", "a `fact_world:` node (corpus, train)")))
 
 
 def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
