@@ -156,6 +156,7 @@ class AggregateResults(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         DIRS.append(sweep_dir.absolute())  # here, not at the start: the SLURM launcher claims its directory late
+        ownership.MADE.pop(ownership.key(sweep_dir), None)  # started: nothing of it is undone any more
         if S.detached(sweep_dir):  # nothing has run yet: `cprobe collect` aggregates later
             return
         state = S.sweep_state(sweep_dir)

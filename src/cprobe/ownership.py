@@ -84,7 +84,7 @@ def check_target(d: Path, setting: str) -> None:
         return
     named = f"{setting}={d}" + (f" ({key(d)})" if str(key(d)) != str(d) else "")
     if not d.is_dir():
-        raise CprobeError(f"{named} is a file, not a directory; pick a new or empty directory")
+        raise CprobeError(f"{named} is not a directory; pick a new or empty directory")
     entries = sorted(p.name for p in d.iterdir())
     if entries and not written_by_cprobe(d):
         shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
