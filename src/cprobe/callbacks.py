@@ -105,8 +105,7 @@ def release_sweep_dir(made: Made) -> None:
     """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: what this process made goes (never what was
     there before), and ``latest`` points back where it was."""
     ownership.MADE.pop(made.directory, None)
-    if not any(made.directory.rglob("status.json")):
-        ownership.undo(made)
+    ownership.undo(made)
 
 
 class AggregateResults(Callback):

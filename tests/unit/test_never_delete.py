@@ -109,6 +109,40 @@ def test_every_deletion_site_is_audited():
     assert not [s for s in CASES if f"`{s}`" not in doc], "docs/architecture.md lists every site"
 
 
+_HYDRA = "hydra:\n  callbacks:\n    aggregate:\n      _target_: {}\n"
+
+
+@pytest.mark.parametrize("files,cprobes", [
+    ({"status.json": '{"state": "done", "started": 1.0, "task": "probing"}'}, True),
+    ({".hydra/hydra.yaml": _HYDRA.format(ownership.CALLBACK), ".hydra/config.yaml": "seed: 0\n"}, True),
+    ({"multirun.yaml": "name: x\n" + _HYDRA.format(ownership.CALLBACK)}, True),
+    ({".slurm/sweep.json": '{"version": 1, "points": {}}'}, True),
+    ({"status.json": '{"state": "done"}'}, False),  # not what a job writes
+    ({"status.json": "done"}, False),
+    ({".hydra/hydra.yaml": _HYDRA.format("my_app.Callback")}, False),  # another Hydra app's run
+    ({".hydra/hydra.yaml": "not: [valid"}, False),
+    ({"multirun.yaml": "hydra: {}\n"}, False),
+    ({".slurm/sweep.json": "[]"}, False),
+    ({"notes.txt": "mine"}, False),
+])
+def test_a_directory_is_cprobe_s_by_its_own_records(tmp_path, files, cprobes):
+    from cprobe.errors import CprobeError
+
+    for name, text in files.items():
+        _mine(tmp_path / "d" / name, text)
+    assert ownership.written_by_cprobe(tmp_path / "d") is cprobes
+    if cprobes:
+        ownership.check_target(tmp_path / "d", "hydra.run.dir")
+    else:
+        with pytest.raises(CprobeError, match=r"^hydra.run.dir=\S+/d holds files cprobe did not write \("):
+            ownership.check_target(tmp_path / "d", "hydra.run.dir")
+    (tmp_path / "empty").mkdir()
+    ownership.check_target(tmp_path / "empty", "hydra.run.dir")  # empty
+    ownership.check_target(tmp_path / "new", "hydra.run.dir")  # new
+    with pytest.raises(CprobeError, match="is not a directory"):
+        ownership.check_target(tmp_path / "d" / next(iter(files)), "hydra.run.dir")
+
+
 def tree(root: Path) -> dict[str, str]:
     """Every file and link under ``root``: relative path -> a hash of its bytes (a link: its target)."""
     out = {}
