@@ -53,10 +53,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cprobe.errors import ConfigError
-from cprobe.io import (MANIFEST, _ST_DTYPES, atomic_save_tensors, atomic_write_bytes, file_digest, make_temp_dir,
-                       read_header, read_into, read_json, read_metadata, verify_manifest, write_json,
-                       write_manifest)
+from cprobe.errors import ConfigError, CprobeError
+from cprobe.io import (MANIFEST, _ST_DTYPES, TMP_SUFFIX, atomic_save_tensors, atomic_write_bytes, file_digest,
+                       has_manifest, make_temp_dir, read_header, read_into, read_json, read_metadata, verify_manifest,
+                       write_json, write_manifest, written_tensors)
+from cprobe.ownership import remove
 
 log = logging.getLogger(__name__)
 
@@ -106,14 +107,24 @@ def build_lock(lock_path: Path | str, what: str) -> Iterator[None]:
                         "(entries are still written atomically and checksummed)", key, e)
         yield
         return
+    wrote = False
     try:
-        with suppress(OSError):
-            atomic_write_bytes(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                       "since": time.time(), "what": what}).encode())
+        if not owner_file.exists() or _owner_record(owner_file):  # (a file of another name's is never replaced)
+            with suppress(OSError):
+                atomic_write_bytes(owner_file, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                           "since": time.time(), "what": what}).encode())
+                wrote = True
         yield
     finally:
-        owner_file.unlink(missing_ok=True)
+        if wrote:
+            owner_file.unlink(missing_ok=True)
         lock.release()
+
+
+def _owner_record(path: Path) -> bool:
+    """Whether ``path`` is a ``<lock>.owner`` file :func:`build_lock` writes (who builds the entry, since when)."""
+    who = read_json(path)
+    return who is not None and {"pid", "host", "since"} <= set(who)
 
 
 # ----------------------------------------------------------------------------------------------- kinds
@@ -124,13 +135,15 @@ class CacheKind:
     name: str
     description: str
     describe: Callable[[Path], str] | None = None
+    files: tuple[str, ...] = ()  # plain JSON files the kind keeps beside its entries (its own names)
 
 
 KINDS: dict[str, CacheKind] = {}
 
 
-def register_kind(name: str, description: str, describe: Callable[[Path], str] | None = None) -> CacheKind:
-    KINDS[name] = kind = CacheKind(name, description, describe)
+def register_kind(name: str, description: str, describe: Callable[[Path], str] | None = None,
+                  files: tuple[str, ...] = ()) -> CacheKind:
+    KINDS[name] = kind = CacheKind(name, description, describe, files)
     return kind
 
 
@@ -179,7 +192,8 @@ register_kind("probes", "fitted probes (reliability oracles and interventional p
 register_kind("probe_fits", "probe fits (the probing study, CausalGym oracles, via_* attack probes), keyed by the "
               "activations' content, the probe config and the seed")
 register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
-register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU")
+register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU",
+              files=("batch_limits.json",))
 
 CACHE_KINDS: dict[str, str] = {k: v.description for k, v in KINDS.items()}
 """Every subdirectory of the cache root that cprobe writes, with what it holds (a view of :data:`KINDS`)."""
@@ -216,8 +230,11 @@ def _publish(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], c
             (tmp / name).write_bytes(data)
         write_manifest(tmp, list(checked) if checked is not None else
                        sorted(p.name for p in tmp.iterdir() if p.is_file()))
-        if entry.exists():
-            shutil.rmtree(entry)
+        if entry.exists() or entry.is_symlink():
+            if entry.is_symlink() or not entry.is_dir() or not has_manifest(entry):
+                raise CprobeError(f"{entry} was not written by cprobe (no checksums.json of its own) and is in the "
+                                  "way of a cache entry: move it elsewhere")
+            shutil.rmtree(entry)  # a checked entry cprobe wrote, corrupted or built for another key
         os.replace(tmp, entry)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -263,7 +280,7 @@ def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | Non
             return entry, True
         if entry.exists() and not rebuild:
             log.warning("%s (%s): %s; rebuilding it", what, entry, problem)
-        for stale in entry.parent.glob(f".{entry.name}.tmp-*"):  # left by a killed build; we hold the lock
+        for stale in entry.parent.glob(f".{entry.name}.tmp-*{TMP_SUFFIX}"):  # a killed build's; we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
         _publish(entry, build, checked)
     return entry, False
@@ -487,6 +504,8 @@ def cache_entries(root: Path) -> Iterator[tuple[str, str, int, str]]:
 
 
 def _describe(kind: CacheKind, entry: Path) -> str:
+    if not owned(kind, entry):
+        return "not written by cprobe (`cprobe cache clear` keeps it)"
     if kind.describe is None:
         return ""
     try:
@@ -503,19 +522,84 @@ def unregistered(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name not in KINDS)
 
 
-def clear_cache(root: Path, what: str = "all") -> int:
-    """Delete the entries of one cache kind (or all); returns how many entries were removed."""
+def _activation_entry(p: Path) -> bool:
+    """Whether directory ``p`` is an activation entry (:class:`Entry`): its ``meta.json`` holds the row ranges."""
+    meta = read_json(p / "meta.json")
+    return meta is not None and isinstance(meta.get("n"), int) and isinstance(meta.get("shard_rows"), int)
+
+
+def owned(kind: CacheKind, p: Path) -> bool:
+    """Whether ``p``, a child of a kind's directory, is an entry cprobe wrote, recognised by its own records: a
+    directory with cprobe's ``checksums.json`` (a checked entry, built whole and renamed into place), an activation
+    entry (its ``meta.json``; inside it only the checksummed shards are cprobe's), a safetensors file with cprobe's
+    checksums, or a JSON file the kind names (``engine/batch_limits.json``)."""
+    if p.is_symlink():
+        return False
+    if p.is_dir():
+        return has_manifest(p) or _activation_entry(p)
+    return written_tensors(p) or (p.name in kind.files and read_json(p) is not None)
+
+
+def _lock(p: Path) -> bool:
+    """A lock beside an entry (``<entry>.lock``, empty): kept by ``cache clear``, a running job may hold it."""
+    return p.name.endswith(".lock") and p.is_file() and not p.is_symlink() and p.stat().st_size == 0
+
+
+def _leftover(p: Path) -> bool:
+    """The temporary of a killed write or build (``….cprobe-tmp``), or a killed builder's ``<entry>.lock.owner``."""
+    return p.name.endswith(TMP_SUFFIX) or (p.name.endswith(".lock.owner") and p.is_file() and not p.is_symlink()
+                                           and _owner_record(p))
+
+
+def _files(p: Path) -> list[Path]:
+    return [f for f in p.rglob("*") if not f.is_dir() or f.is_symlink()] if p.is_dir() and not p.is_symlink() else [p]
+
+
+def _clear_activations(entry: Path) -> list[Path]:
+    """Remove an activation entry's own files (``meta.json``, its checksummed shards, temporaries); returns the files
+    it keeps (any other)."""
+    kept = []
+    for p in entry.iterdir():
+        if p.is_dir() and not p.is_symlink():  # one tensor's shards
+            for f in p.iterdir():
+                if f.name.endswith(TMP_SUFFIX) or (f.is_file() and not f.is_symlink() and written_tensors(f)):
+                    remove(f)
+                else:
+                    kept += _files(f)
+            with suppress(OSError):
+                p.rmdir()
+        elif p.name == "meta.json" or p.name.endswith(TMP_SUFFIX):
+            remove(p)
+        else:
+            kept += _files(p)
+    with suppress(OSError):
+        entry.rmdir()
+    return kept
+
+
+def clear_cache(root: Path, what: str = "all") -> tuple[int, list[Path]]:
+    """Delete the entries cprobe wrote (:func:`owned`) of one cache kind (or all), and the leftovers of killed builds
+    beside them (locks stay: a running job may hold one); returns (how many entries were removed, the files kept:
+    anything cprobe did not write is left)."""
     if what != "all" and what not in KINDS:
         raise ConfigError(f"unknown cache kind {what!r}; choose from {['all', *KINDS]}")
     kinds = list(KINDS) if what == "all" else [what]
-    n = 0
-    for kind in kinds:
-        p = Path(root) / kind
-        if p.is_dir():
-            for child in p.iterdir():
-                if child.is_dir():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
-                n += not child.name.endswith((".lock", ".owner")) and not child.name.startswith(".")
-    return n
+    n, kept = 0, []
+    for name in kinds:
+        base = Path(root) / name
+        if not base.is_dir():
+            continue
+        for child in sorted(base.iterdir()):
+            if _lock(child):
+                continue
+            if _leftover(child):
+                remove(child)
+            elif not owned(KINDS[name], child):
+                kept += _files(child)
+            elif child.is_dir() and not has_manifest(child):
+                kept += _clear_activations(child)
+                n += 1
+            else:
+                remove(child)
+                n += 1
+    return n, kept

@@ -9,17 +9,15 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from cprobe import trackers
+from cprobe import ownership, trackers
 from cprobe.errors import CprobeError, JobAborted
 from cprobe.job import FAILED  # the list lives below the pipeline, which appends skipped jobs to it
-from cprobe.paths import LATEST
+from cprobe.ownership import Made
 
 log = logging.getLogger("cprobe")
 
@@ -34,40 +32,17 @@ def reset() -> None:
     REPORT_FAILED.clear()
 
 
-def _point(link: Path, to: str) -> None:
-    """Symlink ``link`` -> ``to``, replaced atomically (a temporary link renamed over it)."""
-    tmp = link.parent / f".{LATEST}.{os.getpid()}"
-    try:
-        tmp.unlink(missing_ok=True)
-        os.symlink(to, tmp)
-        os.replace(tmp, link)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def link_latest(target: Path) -> None:
-    """``<parent>/latest`` -> ``target`` (relative), replaced atomically; best effort (never fails a run)."""
-    target = Path(target)
-    if target.name == LATEST:
-        return
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _point(target.parent / LATEST, target.name)
-    except OSError as e:  # e.g. a filesystem without symlinks
-        log.debug("could not link %s -> %s: %s", target.parent / LATEST, target, e)
-
-
-def claim_dir(path: Path) -> Path:
-    """Create ``path`` and return it; when it exists already (another run started in the same second),
+def claim_dir(path: Path) -> Made:
+    """Create ``path`` and return what was made; when it exists already (another run started in the same second),
     ``<path>_2``, ``<path>_3``, … — ``mkdir`` is atomic, so two processes never get the same directory."""
-    path = Path(path)
+    made = ownership.record(path)  # before anything is created: which parents are new
+    path = made.directory
     path.parent.mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
         candidate = path if i == 1 else path.with_name(f"{path.name}_{i}")
         try:
             candidate.mkdir()
-            return candidate
+            return Made(candidate, made.parents if i == 1 else ())
         except FileExistsError:
             continue
     raise AssertionError("unreachable")
@@ -79,6 +54,15 @@ def _timestamped(node: Any, key: str) -> bool:
     from omegaconf import OmegaConf
 
     return "${now:" in str(OmegaConf.to_container(node, resolve=False).get(key, ""))
+
+
+def _check_target(d: Path, setting: str) -> None:
+    """:func:`cprobe.ownership.check_target`, its refusal carried past Hydra's callback runner (which turns an
+    ``Exception`` into a warning) as :class:`JobAborted`."""
+    try:
+        ownership.check_target(d, setting)
+    except CprobeError as e:
+        raise JobAborted(e) from None
 
 
 def _quote(value: str) -> str:
@@ -96,52 +80,32 @@ def claims_late(config: Any) -> bool:
     return str(OmegaConf.select(config, "hydra.launcher._target_", default="")) == SLURM_LAUNCHER
 
 
-@dataclass
-class Claim:
-    """A sweep dir claimed by this process, and where ``latest`` pointed before (to undo a refused submission)."""
-
-    directory: Path
-    latest_before: str | None
-    created: bool
-
-
-def claim_sweep_dir(config: Any) -> Claim:
-    """Give the sweep a directory of its own (a time-stamped default gets ``_2``... when taken; a directory the user
-    chose is used as it is: a re-run resumes it), pin it in the overrides every job is composed from, and link
-    ``latest`` to it."""
+def claim_sweep_dir(config: Any) -> Made:
+    """Give the sweep a directory of its own (a time-stamped default gets ``_2``... when taken, and ``latest`` linked
+    to it; a directory the user chose is used as it is: a re-run resumes it), pin it in the overrides every job is
+    composed from, and note what was made (:data:`cprobe.ownership.MADE`) for :func:`release_sweep_dir`."""
     from omegaconf import read_write
 
     sweep_dir = Path(config.hydra.sweep.dir)
-    link = sweep_dir.parent / LATEST
-    before = os.readlink(link) if link.is_symlink() else None
-    created = not sweep_dir.exists()
     if _timestamped(config.hydra.sweep, "dir"):
-        claimed = str(claim_dir(sweep_dir))
+        made = claim_dir(sweep_dir)
+        claimed = str(made.directory)
         with read_write(config.hydra):
             config.hydra.sweep.dir = claimed
             # each job's config is composed again from these overrides: pin the claimed directory there
             config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
-        sweep_dir, created = Path(claimed), True
-    link_latest(sweep_dir)
-    return Claim(sweep_dir, before, created)
+        ownership.link_latest(made)
+    else:
+        made = ownership.record(sweep_dir)  # the launcher creates it
+    ownership.MADE[made.directory] = made
+    return made
 
 
-def release_sweep_dir(claim: Claim) -> None:
-    """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: remove the directory when this process
-    created it and it holds no job, and point ``latest`` back where it was."""
-    d = claim.directory
-    if claim.created and d.is_dir() and not any(d.rglob("status.json")):
-        shutil.rmtree(d, ignore_errors=True)
-    link = d.parent / LATEST
-    try:
-        if claim.latest_before is not None:
-            _point(link, claim.latest_before)
-        elif link.is_symlink() and os.readlink(link) == d.name:
-            link.unlink()
-        if not any(d.parent.iterdir()):
-            d.parent.rmdir()
-    except OSError:
-        pass
+def release_sweep_dir(made: Made) -> None:
+    """Undo :func:`claim_sweep_dir` for a sweep nothing was submitted to: what this process made goes (never what was
+    there before), and ``latest`` points back where it was."""
+    ownership.MADE.pop(made.directory, None)
+    ownership.undo(made)
 
 
 class AggregateResults(Callback):
@@ -156,17 +120,26 @@ class AggregateResults(Callback):
             raise JobAborted(CprobeError("--detach needs a sweep on SLURM: `cprobe run -m ... hydra/launcher=slurm "
                                          "--detach`"))
         if _timestamped(config.hydra.run, "dir"):
-            claimed = claim_dir(Path(config.hydra.run.dir))
+            made = claim_dir(Path(config.hydra.run.dir))
             with read_write(config.hydra.run):
-                config.hydra.run.dir = str(claimed)
-        link_latest(Path(config.hydra.run.dir))
-        DIRS.append(Path(config.hydra.run.dir).absolute())
+                config.hydra.run.dir = str(made.directory)
+            ownership.link_latest(made)
+        else:  # a directory the user chose: new, empty or an earlier cprobe run's; Hydra creates it
+            _check_target(Path(config.hydra.run.dir), "hydra.run.dir")
+            made = ownership.record(Path(config.hydra.run.dir))
+        ownership.MADE[made.directory] = made  # a refused config removes only this (cprobe.pipeline)
+        DIRS.append(made.directory)
+
+    def on_run_end(self, config: Any, **kwargs: Any) -> None:
+        ownership.MADE.pop(ownership.key(config.hydra.run.dir), None)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         trackers.preflight(config)  # a bad logger is refused before the sweep dir exists
         slurm = claims_late(config)
         if os.environ.get("CPROBE_DETACH", "") not in ("", "0") and not slurm:
             raise JobAborted(CprobeError("--detach needs hydra/launcher=slurm (a local sweep runs in this process)"))
+        if not _timestamped(config.hydra.sweep, "dir"):  # refused before any launcher writes there
+            _check_target(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         if not slurm:  # the SLURM launcher claims it after checking the request against the cluster
             claim_sweep_dir(config)
             trackers.sweep_started(config)  # the trackers' parent runs (never raises)
@@ -182,6 +155,7 @@ class AggregateResults(Callback):
 
         sweep_dir = Path(config.hydra.sweep.dir)
         DIRS.append(sweep_dir.absolute())  # here, not at the start: the SLURM launcher claims its directory late
+        ownership.MADE.pop(ownership.key(sweep_dir), None)  # started: nothing of it is undone any more
         if S.detached(sweep_dir):  # nothing has run yet: `cprobe collect` aggregates later
             return
         state = S.sweep_state(sweep_dir)

@@ -416,7 +416,8 @@ def cache_info() -> None:
 
 
 @cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, finetuned, probes, "
-                                 "probe_fits, cloze, engine).")
+                                 "probe_fits, cloze, engine). Only entries cprobe wrote (recognised by its checksums "
+                                 "and manifests) are deleted; any other file is kept and counted.")
 def cache_clear(
     what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probes | probe_fits | cloze | "
                                         "engine")] = "all",
@@ -431,8 +432,11 @@ def cache_clear(
             raise CprobeError(f"unknown cache kind {what!r}; choose from {kinds}")
         if not yes and not typer.confirm(f"delete {what} under {cache_dir()}?"):
             raise typer.Exit(1)
-        n = clear_cache(cache_dir(), what)
+        n, kept = clear_cache(cache_dir(), what)
         typer.echo(f"removed {n} entries")
+        if kept:
+            shown = ", ".join(str(p.relative_to(cache_dir())) for p in kept[:3]) + (" …" if len(kept) > 3 else "")
+            typer.echo(f"kept {len(kept)} file(s) cprobe did not write: {shown}")
 
 
 def main() -> None:

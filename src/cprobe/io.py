@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,9 @@ _CHUNK = 64 << 20  # bytes read and hashed at a time
 _CHECKSUM_KEY = "cprobe.xxh3_128"
 _OLD_CHECKSUM_KEY = "cprobe.sha256"
 MANIFEST = "checksums.json"
+TMP_SUFFIX = ".cprobe-tmp"
+"""Every temporary file or directory cprobe makes to rename into place ends so (``.<name>.<random>.cprobe-tmp``): a
+leftover of a killed write is recognised as cprobe's, and no clean-up ever matches a name a user chose."""
 
 
 def _umask() -> int:
@@ -155,7 +159,7 @@ def atomic_write_with(path: Path, write: Any) -> None:
     """``write(file)`` into a temporary file beside ``path``, then an atomic rename (see :func:`atomic_write_bytes`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)  # a new name (O_EXCL)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -170,10 +174,10 @@ def atomic_write_with(path: Path, write: Any) -> None:
 
 
 def make_temp_dir(parent: Path, prefix: str) -> Path:
-    """A fresh directory in ``parent`` (to fill, then rename into place) with the permissions a plain ``mkdir``
-    would give (0777 minus the umask), not ``mkdtemp``'s private 0700: a cache shared on a machine stays readable
-    by collaborators once the directory is renamed to its final name."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    """A fresh directory in ``parent`` (to fill, then rename into place; its name ends in :data:`TMP_SUFFIX`) with the
+    permissions a plain ``mkdir`` would give (0777 minus the umask), not ``mkdtemp``'s private 0700: a cache shared on
+    a machine stays readable by collaborators once the directory is renamed to its final name."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=TMP_SUFFIX, dir=parent))
     os.chmod(path, 0o777 & ~_umask())
     return path
 
@@ -195,6 +199,15 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
 
 def read_metadata(path: Path) -> dict[str, str]:
     return dict(read_header(path)[0].get("__metadata__") or {})
+
+
+def written_tensors(path: Path) -> bool:
+    """Whether ``path`` is a safetensors file carrying cprobe's checksums (:func:`atomic_save_tensors` wrote it)."""
+    try:
+        meta = read_metadata(path)
+    except (OSError, ValueError):
+        return False
+    return _CHECKSUM_KEY in meta or _OLD_CHECKSUM_KEY in meta
 
 
 def _check(meta: Mapping[str, str], path: Path) -> tuple[dict[str, str], Any] | None:
@@ -316,6 +329,17 @@ def write_manifest(directory: Path, names: list[str]) -> None:
     directory = Path(directory)
     atomic_write_bytes(directory / MANIFEST,
                        json.dumps({n: file_digest(directory / n) for n in names}, indent=1, sort_keys=True).encode())
+
+
+_DIGEST = re.compile(r"xxh3:[0-9a-f]{32}|[0-9a-f]{64}")
+
+
+def has_manifest(directory: Path) -> bool:
+    """Whether ``directory`` holds a ``checksums.json`` as :func:`write_manifest` writes it ({file name: checksum}):
+    what marks a directory of files cprobe wrote, whole (checked entries)."""
+    manifest = read_json(Path(directory) / MANIFEST)
+    return manifest is not None and all(isinstance(v, str) and _DIGEST.fullmatch(v) and "/" not in k
+                                        for k, v in manifest.items())
 
 
 def verify_manifest(directory: Path) -> str | None:

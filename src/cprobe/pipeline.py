@@ -5,14 +5,14 @@ task's typed config, every probe/intervention constructor, the model's layer cou
 file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
 gives byte-identical tables) and ``timings.csv``, the records, the task's report built from them and the leaderboard
 (:func:`cprobe.outputs.finish_job`), ``status.json`` and ``report.html``. A config error in a single run
-leaves no run directory behind; in a sweep it is recorded in the job's ``status.json`` and the sweep goes on.
+leaves no run directory behind (only what this process made goes: :mod:`cprobe.ownership`); in a sweep it is recorded
+in the job's ``status.json`` and the sweep goes on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,11 +23,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from cprobe import ownership
 from cprobe.config import parse
 from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
 from cprobe.job import (FAILED, STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers,
                         read_status, seed_everything, this_process, write_status)
-from cprobe.paths import LATEST, cache_dir, data_dir, safe_name
+from cprobe.paths import cache_dir, data_dir, safe_name
 
 log = logging.getLogger("cprobe")
 
@@ -299,8 +300,10 @@ def _run_job(cfg: DictConfig) -> None:
         job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
         plain.pop("logger", None)  # the trackers read it when the job ends (callbacks); results never depend on it
     except CprobeError as e:
-        if not multirun and fresh:  # a config error leaves nothing behind
-            _remove_run_dir(out_dir)
+        if not multirun and fresh:  # a config error leaves nothing behind: what this process made goes
+            made = ownership.MADE.pop(ownership.key(out_dir), None)
+            if made is not None:  # (without cprobe's callback nothing was recorded, so nothing is removed)
+                ownership.undo(made)
             raise JobAborted(e) from None
         _fail(out_dir, e, t0, str(cfg.get("task", "?")), None, multirun)
         return
@@ -386,17 +389,6 @@ def _fit_to_machine(plain: dict[str, Any], hc: Any) -> None:
     if new != device:
         log.info("parallel worker on %s", new)
         plain["device"] = new
-
-
-def _remove_run_dir(out_dir: Path) -> None:
-    shutil.rmtree(out_dir, ignore_errors=True)
-    link = out_dir.parent / LATEST
-    if link.is_symlink() and not link.exists():
-        link.unlink(missing_ok=True)
-    try:
-        out_dir.parent.rmdir()  # outputs/runs/<name>/ when this was its only run
-    except OSError:
-        pass
 
 
 def _fail(out_dir: Path, e: Exception, t0: float, task: str, h: str | None, multirun: bool) -> None:

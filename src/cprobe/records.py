@@ -442,13 +442,25 @@ def _field_back(col: pd.Series, name: str) -> pd.Series:
 
 # ----------------------------------------------------------------------------------------------- files
 def write_records(records: pd.DataFrame, out_dir: Path, items: pd.DataFrame | None = None) -> None:
-    """``records.parquet`` (and ``record_items.parquet`` when there are per-item values), atomically."""
+    """``records.parquet`` (and ``record_items.parquet`` when there are per-item values), atomically; an earlier
+    ``record_items.parquet`` that no longer belongs to the records is removed when cprobe wrote it (its columns)."""
     write_parquet(records, Path(out_dir) / RECORDS_FILE)
     path = Path(out_dir) / ITEMS_FILE
     if items is not None and len(items):
         write_parquet(finish_items(items), path)
-    else:
-        path.unlink(missing_ok=True)
+    elif _items_file(path):
+        path.unlink()
+
+
+def _items_file(path: Path) -> bool:
+    """Whether ``path`` is a per-item values file :func:`write_records` wrote (any version): Parquet with a record's
+    ``config_id`` and ``metric``, an ``item`` and a ``value`` column."""
+    import pyarrow.parquet as pq
+
+    try:
+        return {"config_id", "metric", "item", "value"} <= set(pq.read_schema(path).names)
+    except (OSError, ValueError):  # missing, or not Parquet (ArrowInvalid is a ValueError)
+        return False
 
 
 def read_records(path: Path) -> pd.DataFrame:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -532,18 +531,11 @@ def _markdown(s: Mapping[str, Any]) -> str:
 
 
 def _discard(config: Any) -> None:
-    """Remove a sweep directory that holds nothing yet (the trackers' parent runs undone, a ``latest`` link left
-    pointing at it removed)."""
-    from cprobe import trackers
-    from cprobe.paths import LATEST
+    """Undo the sweep's start before any job ran: the trackers' parent runs, then what this process made of the sweep
+    directory (:mod:`cprobe.ownership`: never what was there before), ``latest`` pointed back."""
+    from cprobe import ownership, trackers
 
-    sweep_dir = Path(config.hydra.sweep.dir)
     trackers.sweep_discarded(config)
-    with suppress(OSError):
-        if sweep_dir.is_dir() and not any(sweep_dir.iterdir()):
-            sweep_dir.rmdir()
-            link = sweep_dir.parent / LATEST
-            if link.is_symlink() and not link.exists():
-                link.unlink()
-            with suppress(OSError):
-                sweep_dir.parent.rmdir()
+    made = ownership.MADE.pop(ownership.key(config.hydra.sweep.dir), None)
+    if made is not None:
+        ownership.undo(made)

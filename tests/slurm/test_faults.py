@@ -108,12 +108,14 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     command again submits only those five."""
     d = tmp_path / "sweep"
     d.mkdir()
-    (d / "layers=0,probe=linear").write_text("in the way\n")
     argv = [*SWEEP, "layers=2,99,0,3,4,1", "hydra.launcher.points_per_task=3", *TWO_SLOTS, f"hydra.sweep.dir={d}"]
     driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env=slurm_env, text=True, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
     try:
         tasks = wait_for(lambda: _manifest(d).get("submissions", [{}])[-1].get("tasks"), 60, "the submission")
+        # in the way of task 0's third point, placed once the sweep is submitted (a sweep dir holding a file cprobe
+        # did not write is refused before submission); the task runs layers=2 and 99 first
+        (d / "layers=0,probe=linear").write_text("in the way\n")
         victim = sorted(tasks)[-1]
         assert tasks[victim] == ["layers=3,probe=linear", "layers=4,probe=linear", "layers=1,probe=linear"]
         wait_for(lambda: _status(d / tasks[victim][0]).get("state") == "running", 90, "the victim's first point")

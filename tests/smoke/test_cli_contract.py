@@ -223,14 +223,17 @@ def test_collect_on_missing_dir_is_one_line(tmp_path):
 
 
 def test_cache_info_and_clear(tmp_path):
+    from cprobe.cache import store_files
+
     env = {"CPROBE_CACHE_DIR": str(tmp_path)}
-    (tmp_path / "activations" / "abc").mkdir(parents=True)
-    (tmp_path / "activations" / "abc" / "layer_0.safetensors").write_bytes(b"x" * 100)
+    store_files(tmp_path / "activations" / "abc", {"layer_0.bin": b"x" * 100})  # an entry cprobe wrote
+    (tmp_path / "activations" / "readme.txt").write_text("mine")  # a file it did not
     r = runner.invoke(app, ["cache", "info"], env=env)
-    assert r.exit_code == 0 and "abc" in r.output
+    assert r.exit_code == 0 and "abc" in r.output and "readme.txt" in r.output and "keeps it" in r.output
     r = runner.invoke(app, ["cache", "clear", "activations", "--yes"], env=env)
-    assert r.exit_code == 0 and "removed 1" in r.output
-    assert not (tmp_path / "activations" / "abc").exists()
+    assert r.exit_code == 0 and "removed 1 entries" in r.output, r.output
+    assert "kept 1 file(s) cprobe did not write: activations/readme.txt" in r.output
+    assert not (tmp_path / "activations" / "abc").exists() and (tmp_path / "activations" / "readme.txt").is_file()
     r = runner.invoke(app, ["cache", "clear", "bogus", "--yes"], env=env)
     assert r.exit_code == 1
 

@@ -92,21 +92,23 @@ def test_disabled_cache_always_computes(tmp_path):
 
 
 def test_every_cache_kind_is_listed_and_cleared(tmp_path):
+    from cprobe.cache import store_files
+
     ActivationCache(tmp_path).get_or_compute(FIELDS, ["L0"], 4, _compute([]))
-    (tmp_path / "models" / "tiny-bert-abc").mkdir(parents=True)
-    (tmp_path / "models" / "tiny-bert-abc" / "training.json").write_text('{"kind": "bert"}')
+    store_files(tmp_path / "models" / "tiny-bert-abc", {"training.json": b'{"kind": "bert"}'})
     atomic_save_tensors(tmp_path / "probes" / "p.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "probe_fits" / "f.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "finetuned" / "clf-k.safetensors", {"w": torch.zeros(2)}, {"config": "{}"})
-    (tmp_path / "cloze" / "k").mkdir(parents=True)
+    store_files(tmp_path / "cloze" / "k", {"meta.json": b"{}"})
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "batch_limits.json").write_text("{}")
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
     assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "models", "probe_fits",
                                             "probes"]
-    assert clear_cache(tmp_path, "probes") == 1 and not list((tmp_path / "probes").iterdir())
-    assert clear_cache(tmp_path) == 6
+    assert clear_cache(tmp_path, "probes") == (1, []) and not list((tmp_path / "probes").iterdir())
+    assert clear_cache(tmp_path) == (6, [])
     assert list(cache_entries(tmp_path)) == []
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [f"{cache_key(FIELDS)}.lock"]  # a job may hold it
 
 
 def test_checksummed_tensors_roundtrip_and_reject_unchecked_files(tmp_path):
@@ -175,8 +177,8 @@ def test_a_torn_build_is_never_read(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         checked_entry(tmp_path / "e", torn, "e")
     assert entry_problem(tmp_path / "e") == "missing" and load_file(tmp_path / "e", "weights.bin") is None
-    (tmp_path / ".e.tmp-killed").mkdir()  # what a SIGKILLed build leaves (its finally never ran)
-    (tmp_path / ".e.tmp-killed" / "weights.bin").write_bytes(b"half")
+    (tmp_path / ".e.tmp-killed.cprobe-tmp").mkdir()  # what a SIGKILLed build leaves (its finally never ran)
+    (tmp_path / ".e.tmp-killed.cprobe-tmp" / "weights.bin").write_bytes(b"half")
     calls = []
     assert checked_entry(tmp_path / "e", _builder(calls), "e")[1] is False and len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e.lock"]

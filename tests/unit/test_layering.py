@@ -1,6 +1,7 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
-0 base (errors, io, config, paths, progress, registry, estimator, stats: the shared linear statistics, the cache
+0 base (errors, io, config, paths, ownership: what cprobe may delete, progress, registry, estimator, stats: the shared
+linear statistics, the cache
 store and its kinds, compute: the hardware) < 1 data < 2 models < 3 methods (probes, interventions, directions,
 explainers, metrics) < 4 core pipeline pieces (extraction, jobs, results, records, leaderboard, report, plots, experiment trackers)
 < 5 studies (tasks, bench) < 6 the application (pipeline, outputs, cli, callbacks, catalog, the hyperparameter search,
@@ -19,7 +20,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "cprobe"
 FLOORS = {
-    0: ("errors", "io", "config", "paths", "progress", "registry", "estimator", "cache", "compute", "stats"),
+    0: ("errors", "io", "config", "paths", "ownership", "progress", "registry", "estimator", "cache", "compute",
+        "stats"),
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),

@@ -75,7 +75,8 @@ def _composed():
 def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path):
     from omegaconf import open_dict, read_write  # noqa: F401
 
-    from cprobe.callbacks import LATEST, AggregateResults
+    from cprobe.callbacks import AggregateResults
+    from cprobe.paths import LATEST
 
     cfg, hc = _composed()
     with open_dict(cfg):

@@ -24,6 +24,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,6 +144,25 @@ def check_placement_for(mc: Any, device: str) -> None:
     if missing:
         raise ConfigError(f"model.device_map names GPU(s) {missing} but {visible} CUDA device(s) are visible "
                           "(CUDA_VISIBLE_DEVICES renumbers them)")
+    if mc.offload_dir:
+        check_offload_dir(Path(mc.offload_dir).expanduser())
+
+
+OFFLOAD_FILES = ("index.json", "*.dat")
+"""What accelerate writes into ``model.offload_dir``: the offloaded weights and their index."""
+
+
+def check_offload_dir(d: Path) -> None:
+    """ConfigError in one line unless ``d`` is new, empty, or holds only what an offload wrote (:data:`OFFLOAD_FILES`,
+    which the next offload writes over): a user's files are never overwritten."""
+    if not d.exists():
+        return
+    if not d.is_dir():
+        raise ConfigError(f"model.offload_dir={d} is a file; give a folder for offloaded weights")
+    other = sorted(p.name for p in d.iterdir() if not any(p.match(f) for f in OFFLOAD_FILES) or not p.is_file())
+    if other:
+        raise ConfigError(f"model.offload_dir={d} holds files an offload did not write ({', '.join(other[:3])}"
+                          f"{' ...' if len(other) > 3 else ''}); give a new or empty folder for offloaded weights")
 
 
 def _max_memory(mc: Any, device: str) -> dict[int | str, int | str]:

@@ -298,8 +298,8 @@ def sweep_discarded(config: Any) -> None:
     deleted and the sweep root's ``trackers.json`` removed, so the directory can go."""
     sweep_dir = Path(config.hydra.sweep.dir)
     state = _read(sweep_dir / TRACKERS_FILE)
-    if not state:
-        return
+    if not state or not all(isinstance(v, dict) and "destination" in v for v in state.values()):
+        return  # none, or not the file sweep_started writes ({tracker: {destination, ...}}): left alone
     for t in _active(config):
         if (parent := _parent(state, t)) is not None:
             _guard(t, "discarding the sweep's parent run", t.discard_sweep, parent)

@@ -1,0 +1,189 @@
+"""Never delete or overwrite what cprobe did not write: where a run or sweep may write, what a failed start removes,
+and which ``latest`` links cprobe moves.
+
+**A directory cprobe wrote** (:func:`written_by_cprobe`) holds one of cprobe's own records: a job's ``status.json``
+(a JSON object with ``state`` and ``started``); a Hydra record composed with cprobe's callback — a run's
+``.hydra/hydra.yaml`` or a sweep's ``multirun.yaml`` whose ``hydra.callbacks`` name :data:`CALLBACK`; or a SLURM
+sweep's manifest, ``.slurm/sweep.json``. A run or sweep directory the user names must be new, empty or written by
+cprobe (:func:`check_target`); any other is refused before anything is written there.
+
+**What a failed start removes** (:class:`Made`): recorded *before* the directory is created — which of the directory
+and its parents did not exist, and for a directory that existed, the entries it held. :func:`undo` removes the
+directory only when this process made it, each parent it made only while that parent is empty, and in a directory
+that existed only the entries that were not there before. ``latest`` goes back to where it pointed.
+
+**``latest``** is a symlink to a sibling's name (``latest -> 2024-05-01_12-00-00``): only such a link is replaced or
+removed; a file, a directory or a link elsewhere named ``latest`` is left and not linked."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from cprobe.errors import CprobeError
+from cprobe.io import TMP_SUFFIX
+from cprobe.paths import LATEST
+
+log = logging.getLogger("cprobe")
+
+CALLBACK = "cprobe.callbacks.AggregateResults"
+"""The Hydra callback every cprobe config runs: its name in a ``.hydra/hydra.yaml`` or ``multirun.yaml`` marks a
+record cprobe composed."""
+
+MADE: dict[Path, Made] = {}
+"""What this process made for each run or sweep directory it claimed (by :func:`key`): the pipeline undoes it when a
+single run's config is refused, the search and the SLURM launcher when nothing was started."""
+
+
+def key(path: Path | str) -> Path:
+    """``path`` absolute and normalised, as Hydra names a job's output dir (``hydra.runtime.output_dir``)."""
+    return Path(os.path.abspath(path))
+
+
+# ----------------------------------------------------------------------------------------------- recognising
+def _json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _composed_by_cprobe(path: Path) -> bool:
+    """Whether the Hydra record ``path`` (``hydra.yaml`` or ``multirun.yaml``) was composed with cprobe's callback."""
+    import yaml
+
+    try:
+        node = yaml.safe_load(path.read_text())
+        callbacks = node["hydra"]["callbacks"] or {}
+        return any(isinstance(c, dict) and c.get("_target_") == CALLBACK for c in callbacks.values())
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def written_by_cprobe(d: Path) -> bool:
+    """Whether directory ``d`` holds one of cprobe's own records (the module doc's rule)."""
+    d = Path(d)
+    status = _json(d / "status.json")
+    if isinstance(status, dict) and "state" in status and "started" in status:
+        return True
+    if isinstance(_json(d / ".slurm" / "sweep.json"), dict):
+        return True
+    return _composed_by_cprobe(d / ".hydra" / "hydra.yaml") or _composed_by_cprobe(d / "multirun.yaml")
+
+
+def check_target(d: Path, setting: str) -> None:
+    """A one-line :class:`CprobeError` unless directory ``d`` (what ``setting`` names) is new, empty or written by
+    cprobe: a run never writes over files it did not write."""
+    d = Path(d)
+    if not d.exists() and not d.is_symlink():
+        return
+    named = f"{setting}={d}" + (f" ({key(d)})" if str(key(d)) != str(d) else "")
+    if not d.is_dir():
+        raise CprobeError(f"{named} is not a directory; pick a new or empty directory")
+    entries = sorted(p.name for p in d.iterdir())
+    if entries and not written_by_cprobe(d):
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise CprobeError(f"{named} holds files cprobe did not write ({shown}); cprobe writes only into a new or empty "
+                          f"directory or one it wrote before: pick another {setting}")
+
+
+# ----------------------------------------------------------------------------------------------- what was made
+@dataclass
+class Made:
+    """A run or sweep directory and what this process made of it (recorded before the directory was created)."""
+
+    directory: Path
+    parents: tuple[Path, ...] = ()  # its ancestors that did not exist, outermost first
+    before: frozenset[str] | None = None  # the entries it held when it existed; None: made here
+    linked: bool = False  # whether this process pointed ``latest`` at it
+    latest_before: str | None = None  # where ``latest`` pointed before
+
+
+def record(d: Path) -> Made:
+    """What creating ``d`` (with its parents) will make: call it before the directory is created."""
+    d = key(d)
+    parents = tuple(p for p in reversed(d.parents) if not p.exists())
+    if d.is_dir():
+        return Made(d, parents, frozenset(p.name for p in d.iterdir()))
+    return Made(d, parents)
+
+
+def undo(made: Made) -> None:
+    """Remove what ``made`` says this process made (the module doc), and point ``latest`` back."""
+    d = made.directory
+    if made.linked:
+        link = d.parent / LATEST
+        try:
+            if is_cprobe_link(link) and os.readlink(link) == d.name:
+                if made.latest_before is not None:
+                    point(link, made.latest_before)
+                else:
+                    link.unlink()
+        except OSError:
+            pass
+    if made.before is None:
+        shutil.rmtree(d, ignore_errors=True)
+    elif d.is_dir():
+        for p in d.iterdir():
+            if p.name not in made.before:
+                remove(p)
+    for parent in reversed(made.parents):  # innermost first, each only while empty
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
+def remove(p: Path) -> None:
+    """Delete file, link or directory tree ``p`` (best effort); the callers decide that cprobe wrote it."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        p.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------- latest
+def is_cprobe_link(link: Path) -> bool:
+    """Whether ``link`` is a symlink to a sibling's name: what cprobe writes as ``latest`` (it may replace it)."""
+    if not link.is_symlink():
+        return False
+    to = os.readlink(link)
+    return bool(to) and to not in (".", "..") and os.sep not in to and (os.altsep or os.sep) not in to
+
+
+def point(link: Path, to: str) -> bool:
+    """Symlink ``link`` -> ``to`` (a sibling's name), replaced atomically through a temporary link of a fresh name;
+    False (nothing changed) when ``link`` exists and is not a link cprobe made."""
+    if (link.exists() or link.is_symlink()) and not is_cprobe_link(link):
+        log.info("not linking %s -> %s: %s is not a link cprobe made", link, to, link)
+        return False
+    while True:
+        tmp = link.parent / f".{link.name}.{secrets.token_hex(6)}{TMP_SUFFIX}"
+        try:
+            os.symlink(to, tmp)  # fails on an existing name: never replaces anything
+            break
+        except FileExistsError:
+            continue
+    try:
+        os.replace(tmp, link)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def link_latest(made: Made) -> None:
+    """``<parent>/latest`` -> ``made.directory`` (best effort: never fails a run), noted in ``made`` for :func:`undo`."""
+    d = made.directory
+    link = d.parent / LATEST
+    try:
+        before = os.readlink(link) if is_cprobe_link(link) else None
+        if point(link, d.name):
+            made.linked, made.latest_before = True, before
+    except OSError as e:  # e.g. a filesystem without symlinks
+        log.debug("could not link %s -> %s: %s", link, d, e)
