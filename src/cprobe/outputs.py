@@ -17,6 +17,9 @@ studies, each study's ``results.*``, paper tables and figures go to ``<dir>/<stu
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +27,10 @@ from typing import Any
 
 import pandas as pd
 
+from cprobe import ownership
 from cprobe import records as R
 from cprobe.errors import CprobeError
+from cprobe.io import TMP_SUFFIX
 from cprobe.paths import relative
 
 log = logging.getLogger("cprobe")
@@ -228,21 +233,34 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     records = R.count_items(records, items)  # jobs written before n counted only the defined items
     out = Collected(directory, len(jobs), sorted(tables), skipped=problems)
     mixed = len(tables) > 1
-    for study, frames in tables.items():
-        dest = directory / study if mixed else directory
-        if mixed and dest in jobs:  # a job dir that happens to bear the study's name
-            dest = directory / f"{study}-collected"
-        dest.mkdir(parents=True, exist_ok=True)
-        table = pd.concat(frames, ignore_index=True)
-        task_module(study).report(table, dest)
-        out.results[study] = results.write_results(table, dest)
-    if directory not in jobs:  # a sweep or a directory of runs: its records in one file
-        R.write_records(records, directory, items)
-    names: dict[str, str] = {}
-    for study_jobs in by_study.values():  # what sets a configuration apart among its study's jobs
-        names.update(variants(study_jobs, ids))
-    board = leaderboard(records, items, breakdowns(tables), names)
-    write_leaderboard(board, directory)
+    # everything is written into a staging dir first, then moved in: a file of the same name that cprobe did not
+    # write is never replaced (cprobe.ownership.check_overwrite), and a refused collect leaves nothing behind
+    stage = Path(tempfile.mkdtemp(prefix=".collect-", suffix=TMP_SUFFIX, dir=directory))
+    try:
+        for study, frames in tables.items():
+            sub = study if mixed else ""
+            if mixed and directory / sub in jobs:  # a job dir that happens to bear the study's name
+                sub = f"{study}-collected"
+            dest = stage / sub
+            dest.mkdir(parents=True, exist_ok=True)
+            table = pd.concat(frames, ignore_index=True)
+            task_module(study).report(table, dest)
+            out.results[study] = directory / results.write_results(table, dest).relative_to(stage)
+        if directory not in jobs:  # a sweep or a directory of runs: its records in one file
+            R.write_records(records, stage, items)
+        names: dict[str, str] = {}
+        for study_jobs in by_study.values():  # what sets a configuration apart among its study's jobs
+            names.update(variants(study_jobs, ids))
+        board = leaderboard(records, items, breakdowns(tables), names)
+        write_leaderboard(board, stage)
+        written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
+        ownership.check_overwrite(directory, [*written, "report.html"], "cprobe collect")
+        for name in written:
+            (directory / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / name, directory / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    ownership.note_outputs(directory, [*written, "report.html"])
     out.leaderboard = directory / f"{LEADERBOARD}.csv"
     out.report = write_report(directory)
     log.info("collected %d job(s) of %s into %s", len(jobs), ", ".join(out.studies), directory)

@@ -187,3 +187,38 @@ def link_latest(made: Made) -> None:
             made.linked, made.latest_before = True, before
     except OSError as e:  # e.g. a filesystem without symlinks
         log.debug("could not link %s -> %s: %s", link, d, e)
+
+
+# ----------------------------------------------------------------------------------------------- collected outputs
+OUTPUTS = ".cprobe-outputs.json"
+"""In a directory ``cprobe collect`` / ``cprobe report`` wrote into (not a run or sweep of cprobe's own): the files it
+wrote there, relative to it. Only those — or anything in a directory :func:`written_by_cprobe` — are written over."""
+
+
+def owned_outputs(d: Path) -> set[str]:
+    listed = _json(Path(d) / OUTPUTS)
+    return {str(n) for n in listed.get("files", [])} if isinstance(listed, dict) else set()
+
+
+def check_overwrite(d: Path, names: list[str], what: str) -> None:
+    """A one-line :class:`CprobeError` when writing ``names`` (relative to ``d``) would replace a file cprobe did not
+    write: one that exists in ``d``, which is not a run or sweep of cprobe's, and is not in ``d``'s :data:`OUTPUTS`."""
+    d = Path(d)
+    if written_by_cprobe(d):
+        return
+    owned = owned_outputs(d)
+    foreign = sorted(n for n in names if (d / n).exists() and n not in owned)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise CprobeError(f"{what} would overwrite {d / foreign[0]}{more}, which cprobe did not write; move it away "
+                          "or pick another directory")
+
+
+def note_outputs(d: Path, names: list[str]) -> None:
+    """Add ``names`` to ``d``'s :data:`OUTPUTS` (nothing in a run or sweep of cprobe's own: those are cprobe's)."""
+    from cprobe.io import write_json
+
+    d = Path(d)
+    if written_by_cprobe(d):
+        return
+    write_json(d / OUTPUTS, {"files": sorted(owned_outputs(d) | set(names))})

@@ -44,6 +44,9 @@ AUDIT: dict[str, str] = {
                             "directory cprobe may write (a checked run or sweep dir, the cache)",
     "models.classifier.finetuned_classifier": "the training checkpoint this call wrote or verified "
                                               "(<name>-<content hash>.partial.safetensors in the cache)",
+    "outputs.collect": "writes into a staging dir of its own (mkdtemp, removed after), then moves each file in only "
+                       "when the target is absent, in a run or sweep of cprobe's, or listed in the directory's "
+                       ".cprobe-outputs.json (what collect / report wrote there before)",
     "records.write_records": "removes record_items.parquet only when it is one (config_id, metric, item, value "
                              "columns)",
     "trackers.sweep_discarded": "removes trackers.json only when it is what sweep_started writes ({tracker: "
@@ -452,6 +455,32 @@ def _records(tmp: Path) -> None:
     pd.DataFrame({"config_id": ["c"], "metric": ["m"], "item": ["i"], "value": [1.0]}).to_parquet(tmp / ITEMS_FILE)
     write_records(pd.DataFrame({"study": ["probing"]}), tmp, None)  # an earlier run's items: removed
     assert not (tmp / ITEMS_FILE).exists()
+
+
+@case("outputs.collect")
+def _collect(tmp: Path) -> None:
+    """A user's own results.csv / report.html in the directory collected into: refused in one line, kept byte for
+    byte, nothing left behind; once moved away, collect writes, and a second collect and report rewrite its files."""
+    from tests.unit.test_report_html import fake_run
+
+    from cprobe.errors import CprobeError
+    from cprobe.outputs import collect
+    from cprobe.report import build_report
+
+    fake_run(tmp / "runs" / "a")
+    for name in ("results.csv", "report.html"):
+        (tmp / name).write_text("the user's\n")
+        before = tree(tmp)
+        with pytest.raises(CprobeError, match=f"would overwrite {tmp / name}, which cprobe did not write"):
+            collect(tmp) if name == "results.csv" else build_report(tmp)
+        assert tree(tmp) == before
+        (tmp / name).unlink()
+    collect(tmp)
+    first = tree(tmp)
+    assert "results.csv" in first and "report.html" in first and ".cprobe-outputs.json" in first
+    collect(tmp)
+    build_report(tmp)
+    assert set(tree(tmp)) == set(first)
 
 
 @case("pipeline._run_job")

@@ -366,6 +366,10 @@ def build_report(directory: Path) -> Path:
         raise CprobeError(f"{d} is not a directory; pass a run or sweep output dir (e.g. outputs/runs/NAME/latest)")
     if not _is_job(d) and not _jobs(d) and not (d / "leaderboard.parquet").is_file():
         raise CprobeError(f"{d} holds no cprobe run (no status.json or metrics.parquet in it or below)")
+    from cprobe import ownership
+
+    ownership.check_overwrite(d, [REPORT], "cprobe report")
     path = d / REPORT
     atomic_write_bytes(path, render(d).encode("utf-8"))
+    ownership.note_outputs(d, [REPORT])
     return path
