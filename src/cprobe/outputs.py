@@ -263,5 +263,6 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     ownership.note_outputs(directory, [*written, "report.html"])
     out.leaderboard = directory / f"{LEADERBOARD}.csv"
     out.report = write_report(directory)
-    log.info("collected %d job(s) of %s into %s", len(jobs), ", ".join(out.studies), directory)
+    log.info("collected %d job(s) of %s into %s (%s)", len(jobs), ", ".join(out.studies), directory,
+             ", ".join(str(p.relative_to(directory)) for p in out.results.values()))
     return out

@@ -149,7 +149,7 @@ def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = Non
 def write_results(table: pd.DataFrame, directory: Path) -> Path:
     """A study's jobs' tables, concatenated (with each job's overrides and dir), as ``results.*``."""
     write_table(table, directory / RESULTS, compact=True)
-    log.info("aggregated %d job(s), %d rows into %s", table["job"].nunique(), len(table), directory / "results.csv")
+    log.debug("aggregated %d job(s), %d rows", table["job"].nunique(), len(table))
     return directory / f"{RESULTS}.csv"
 
 
