@@ -233,10 +233,13 @@ def test_a_rerun_reports_its_own_attempt_and_a_scontrol_requeue_is_no_cancel(slu
     old = {n: _status(d / n) for n in names}
     assert [s["state"] for s in old.values()] == ["failed", "failed"], old
 
-    # the same command with a working cache; cache.enabled=false: each point extracts (seconds), so the first is
-    # caught running
-    driver = subprocess.Popen(cprobe_cmd(*argv, "cache.enabled=false"), cwd=tmp_path, env=slurm_env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # the same command with a working cache: a fresh one, holding the trained tiny model, so that the first point
+    # extracts (seconds) and is caught running
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(Path(slurm_env["CPROBE_CACHE_DIR"]) / "models")
+    driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env={**slurm_env, "CPROBE_CACHE_DIR": str(cache)},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         sub = wait_for(lambda: len(_manifest(d).get("submissions", [])) == 2 and _manifest(d)["submissions"][-1],
                        60, "the second submission")
