@@ -1,5 +1,5 @@
 """Small fits on a busy machine: one grid point of the demo's MLP probe (2 × 256, 8 epochs, 1,800 × 128) with the
-threads cprobe chooses (:func:`cprobe.compute.choose_threads`: one thread for ops this small) against every usable
+threads cprobe chooses (:func:`cprobe.compute.fit_threads`: one thread for fits this small) against every usable
 CPU, optionally with ``--busy K`` spinning processes keeping the cores busy (started and stopped by this script).
 Target: on a busy 2-core machine, within 2× of the idle time.
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from cprobe.compute import available_cpus, choose_threads, threads
+from cprobe.compute import available_cpus, fit_thread_count, threads
 from cprobe.probes.mlp import MLPProbe
 
 
@@ -42,7 +42,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(1800, 128, generator=g), torch.randint(0, 2, (1800,), generator=g)
     cpus = available_cpus()
-    chosen = choose_threads(MLPProbe(n_layers=(2,), widths=(256,), lrs=(1e-3,))._op_flops(128, 2))
+    chosen = fit_thread_count(MLPProbe(n_layers=(2,), widths=(256,), lrs=(1e-3,))._op_flops(128, 2), cpus)
     idle = {n: fit_seconds(n, X, y, args.repeats) for n in sorted({chosen, cpus})}
     procs = [mp.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for pr in procs:

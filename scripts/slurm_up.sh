@@ -95,7 +95,8 @@ PartitionName=debug Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 export SLURM_CONF=$DIR/slurm.conf
 
-/usr/sbin/slurmctld -c -i -f "$SLURM_CONF"   # -c: a fresh cluster, no jobs of an earlier run || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
+# -c: a fresh cluster, no jobs of an earlier run
+/usr/sbin/slurmctld -c -i -f "$SLURM_CONF" || die "slurmctld did not start (see $DIR/log/slurmctld.log)"
 /usr/sbin/slurmd -f "$SLURM_CONF" || die "slurmd did not start (see $DIR/log/slurmd.log)"
 
 for _ in $(seq "$WAIT_S"); do

@@ -144,8 +144,9 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
                 raise
             raise ConfigError(msg) from None
     if callbacks.FAILED or callbacks.REPORT_FAILED:
-        raise CprobeError(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3])
-                          + (f"; {callbacks.REPORT_FAILED[0]}" if callbacks.REPORT_FAILED else ""))
+        from cprobe.job import failure_line
+
+        raise CprobeError(failure_line(callbacks.FAILED, callbacks.REPORT_FAILED))
     if len(callbacks.DIRS) == before:  # a run and a sweep's end both record theirs
         raise CprobeError("the run did not report its directory")
     return callbacks.DIRS[-1]

@@ -70,12 +70,16 @@ def user_errors() -> Iterator[None]:
         raise typer.Exit(0) from None
     except Exception as e:  # Hydra/OmegaConf config errors and the like
         from cprobe._hydra import explain_error
+        from cprobe.errors import cprobe_cause, one_line
 
+        cause = cprobe_cause(e)  # raised in a plugin Hydra instantiates, re-raised in its words
+        if cause is not None:
+            _fail(_one_line(str(cause)))
         hydra_msg = explain_error(e)
         if hydra_msg is not None:
             _fail(hydra_msg if "cprobe list" in hydra_msg or "--cfg job" in hydra_msg
                   else hydra_msg + " (see `cprobe list` and `cprobe run --cfg job`)")
-        _fail(f"{type(e).__name__}: {_one_line(str(e))} (rerun with CPROBE_DEBUG=1 for the traceback)")
+        _fail(f"{type(e).__name__}: {one_line(e)} (rerun with CPROBE_DEBUG=1 for the traceback)")
 
 
 SMOKE_ENV = "CPROBE_SMOKE"
@@ -120,11 +124,10 @@ def run(
         os.environ["HYDRA_FULL_ERROR"] = "1"  # let errors reach user_errors() instead of Hydra's printer
         callbacks.reset()
         _hydra.run(argv, pipeline.run_job, str(config_dir()))
-        if callbacks.FAILED:
-            _fail(f"{len(callbacks.FAILED)} job(s) failed: " + "; ".join(callbacks.FAILED[:3])
-                  + (f"; {callbacks.REPORT_FAILED[0]}" if callbacks.REPORT_FAILED else ""))
-        if callbacks.REPORT_FAILED:
-            _fail(callbacks.REPORT_FAILED[0])
+        if callbacks.FAILED or callbacks.REPORT_FAILED:
+            from cprobe.job import failure_line
+
+            _fail(failure_line(callbacks.FAILED, callbacks.REPORT_FAILED))
 
 
 @app.command("list", help="List config options (experiments, models, datasets, probes, interventions, ...), or "

@@ -5,9 +5,10 @@
   :func:`resolve_dtype` / :func:`use_bf16` fall back to fp32 there with one log line (``CPROBE_CPU_BF16=1|0``
   overrides the detection).
 - :func:`available_cpus` — the CPUs this process may use: its affinity mask and the cgroup CPU quota.
-- :func:`choose_threads` — intra-op threads from the work's size, the usable CPUs, the parallel workers sharing them
-  and ``OMP_NUM_THREADS``; :func:`threads` applies a choice for a block. Small ops on oversubscribed cores spin:
-  one thread each is faster there.
+- :func:`choose_threads` — a job's intra-op threads from the usable CPUs, the parallel workers sharing them and
+  ``OMP_NUM_THREADS`` (the model's forward runs on these); :func:`fit_threads` runs a small fit (its largest op below
+  :data:`FIT_OP_FLOPS`) on one thread; :func:`threads` applies a count for a block. Small ops split among threads
+  spin at every barrier on cores anything else shares: one thread is faster there.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
   its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
 """
@@ -18,7 +19,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -147,40 +148,51 @@ def available_cpus() -> int:
     return max(1, n)
 
 
-SMALL_OP_FLOPS = 2e7
-"""Ops below this many flops (e.g. a 64×128 @ 128×256 probe step) run on one thread: synchronising threads costs
-more than it saves, and on busy cores a waiting thread spins for a whole time slice."""
+FIT_OP_FLOPS = 1e9
+"""A fit whose largest op costs fewer flops than this runs on one thread (:func:`fit_threads`). Such an op takes
+well under 50 ms on one core; split among threads, each op ends at a barrier, and on cores that anything else shares
+(another task of the node, another worker, the driver) a thread waiting there for a descheduled sibling loses a
+whole time slice: the reliability study's INLP fit (2,000 × 129 Hessians, 7·10⁷ flops) took 9.5–12.9 s on 2
+threads against 1.5–1.9 s on one (docs/performance.md). The rule reads only the fit's size, never the machine's load,
+so a fit's thread count — and with it the rounding of its float sums — is the same on every run."""
 
 
-BUSY_OP_FLOPS = 1e9
-"""On a busy machine (load average ≥ usable CPUs) ops below this also run on one thread: a thread waiting at a
-barrier for a descheduled sibling loses a whole time slice (measured: 20-100x slower probe fits with 2 threads)."""
-
-
-def _load() -> float:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def choose_threads(flops_per_op: float | None = None, workers: int = 1, cpus: int | None = None,
-                   env: dict[str, str] | None = None, load: float | None = None) -> int:
-    """Intra-op threads for work whose typical op costs ``flops_per_op``: ``OMP_NUM_THREADS`` when set (the user
-    decides), else the usable CPUs shared among ``workers`` parallel processes, and 1 for small ops (below
-    :data:`SMALL_OP_FLOPS`, or :data:`BUSY_OP_FLOPS` when the machine's load average already fills its CPUs)."""
+def choose_threads(workers: int = 1, cpus: int | None = None, env: Mapping[str, str] | None = None) -> int:
+    """A job's intra-op threads: ``OMP_NUM_THREADS`` when set (the user decides), else the usable CPUs shared among
+    ``workers`` parallel processes."""
     env = os.environ if env is None else env
-    omp = env.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) > 0:
-        return int(omp)
+    omp = _user_threads(env)
+    if omp is not None:
+        return omp
     cpus = available_cpus() if cpus is None else cpus
-    n = max(1, cpus // max(1, workers))
-    if flops_per_op is not None:
-        busy = (_load() if load is None else load) >= cpus
-        if flops_per_op < (BUSY_OP_FLOPS if busy else SMALL_OP_FLOPS):
-            return 1
-        n = min(n, max(1, int(flops_per_op // (SMALL_OP_FLOPS / 2))))  # ~1e7 flops per thread between barriers
-    return n
+    return max(1, cpus // max(1, workers))
+
+
+def _user_threads(env: Mapping[str, str]) -> int | None:
+    omp = env.get("OMP_NUM_THREADS", "").strip()
+    return int(omp) if omp.isdigit() and int(omp) > 0 else None
+
+
+def fit_thread_count(flops_per_op: float, process_threads: int, env: Mapping[str, str] | None = None) -> int:
+    """Threads for a fit whose largest op costs ``flops_per_op``: ``OMP_NUM_THREADS`` when set (the user decides),
+    one below :data:`FIT_OP_FLOPS`, else the process's (the job's: :func:`configure_process`)."""
+    omp = _user_threads(os.environ if env is None else env)
+    if omp is not None:
+        return omp
+    return 1 if flops_per_op < FIT_OP_FLOPS else process_threads
+
+
+@contextmanager
+def fit_threads(flops_per_op: float, device: Any = "cpu") -> Iterator[None]:
+    """Run a fit (a probe's training, a logistic Newton fit, INLP) on the threads its size calls for
+    (:func:`fit_thread_count`); on an accelerator nothing changes."""
+    import torch
+
+    if str(getattr(device, "type", device)).split(":")[0] != "cpu":
+        yield
+        return
+    with threads(fit_thread_count(flops_per_op, torch.get_num_threads())):
+        yield
 
 
 @contextmanager

@@ -56,3 +56,28 @@ class DriverStopped(KeyboardInterrupt):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and what it was raised from or during (``__cause__``, else ``__context__``), outermost first."""
+    out: list[BaseException] = []
+    while e is not None and e not in out and len(out) < 20:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def cprobe_cause(e: BaseException) -> CprobeError | None:
+    """The CprobeError behind ``e`` (e.g. raised inside a plugin Hydra instantiates: Hydra re-raises it as
+    "Error in call to target ..."), or None."""
+    return next((c for c in _chain(e) if isinstance(c, CprobeError)), None)
+
+
+def one_line(e: BaseException) -> str:
+    """``e``'s message on one line; where it hides the OSError it was raised from (logging's "Unable to configure
+    handler 'file'" names neither the file nor the error), that error — its path included — is appended."""
+    text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+    cause = next((c for c in _chain(e)[1:] if isinstance(c, OSError)), None)
+    if cause is not None and str(cause) not in text:
+        text += f": {type(cause).__name__}: {cause}"
+    return text

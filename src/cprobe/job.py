@@ -9,7 +9,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,27 @@ log = logging.getLogger(__name__)
 FAILED: list[str] = []
 """Jobs of this process's sweep that failed or were skipped (the CLI exits non-zero when any is listed)."""
 
+SHOWN_FAILED = 3
+"""How many failed jobs the closing line of a run names (the rest are counted)."""
+
+
+def failure_line(failed: Sequence[str], report_failed: Sequence[str]) -> str:
+    """The closing line of a run whose jobs or aggregation failed: ``N job(s) failed: a; b; c; and M more``, then
+    the aggregation's failure."""
+    parts = []
+    if failed:
+        more = len(failed) - SHOWN_FAILED
+        parts.append(f"{len(failed)} job(s) failed: " + "; ".join(failed[:SHOWN_FAILED])
+                     + (f"; and {more} more (`cprobe status DIR` lists them)" if more > 0 else ""))
+    return "; ".join(parts + list(report_failed[:1]))
+
+
 STATUS = "status.json"
+
+ATTEMPT_ENV = "CPROBE_ATTEMPT"
+"""The attempt this process's jobs belong to (cprobe's SLURM launcher sets it in each array task: the submission's
+token and the task's id); every ``status.json`` written here records it as ``attempt``, so a sweep's reader tells
+this submission's states from what an earlier one left in the same directory (:mod:`cprobe.launch.sweep`)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -49,6 +69,10 @@ def read_status(out_dir: Path) -> dict[str, Any] | None:
 
 
 def write_status(out_dir: Path, **fields: Any) -> None:
+    """Write a job's ``status.json``, with the attempt that wrote it (:data:`ATTEMPT_ENV`) where there is one."""
+    attempt = os.environ.get(ATTEMPT_ENV)
+    if attempt and "attempt" not in fields:
+        fields["attempt"] = attempt
     write_json(out_dir / STATUS, fields)
 
 

@@ -210,7 +210,8 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     jobs, problems = results.find_jobs(directory, manifest_problems(directory))
     if problems and not partial:
         raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
-                          + ("; …" if len(problems) > 5 else "") + " — rerun them, or pass --partial to aggregate the rest")
+                          + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+                          + " — rerun them, or pass --partial to aggregate the rest")
     for p in problems:
         log.warning("not aggregated: %s", p)
     tables: dict[str, list[pd.DataFrame]] = {}

@@ -112,13 +112,14 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
 SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
 
 
-def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = None) -> tuple[list[Path], list[str]]:
+def find_jobs(directory: Path, managed: tuple[dict[Path, bool], list[str]] | None = None
+              ) -> tuple[list[Path], list[str]]:
     """(every finished job below ``directory``, descriptions of the jobs that are not done).
 
     A job is a directory with a ``status.json`` (or a ``metrics.parquet``) below ``directory`` (or it itself).
-    ``managed``: (job dirs whose state is known better elsewhere — a SLURM sweep's points, with their scheduler state
-    and the points that never started —, their problems); such a job counts when it is done, and its problems are
-    these.
+    ``managed``: ({job dir whose state is known better elsewhere — a SLURM sweep's points, with their scheduler
+    state and the points that never started —: whether that says done}, their problems); such a job counts when
+    both it and its manager say done, and its problems are these.
     """
     from cprobe.errors import CprobeError
     from cprobe.job import describe_state, read_status
@@ -128,13 +129,13 @@ def find_jobs(directory: Path, managed: tuple[set[Path], list[str]] | None = Non
     jobs = sorted({p.parent for p in directory.rglob("status.json")} | {p.parent for p in directory.rglob(
         f"{METRICS}.parquet")})
     jobs = [j for j in jobs if SLURM_DIR not in j.relative_to(directory).parts]
-    covered, problems = (set(managed[0]), list(managed[1])) if managed is not None else (set(), [])
+    covered, problems = (dict(managed[0]), list(managed[1])) if managed is not None else ({}, [])
     done = []
     for job in jobs:
         status = read_status(job)
         finished = (job / f"{METRICS}.parquet").is_file() and (status is None or status.get("state") == "done")
         if job.resolve() in covered:  # a managed job: counted when done, its problems are the manager's
-            if finished and status is not None:
+            if finished and status is not None and covered[job.resolve()]:
                 done.append(job)
         elif finished:
             done.append(job)

@@ -14,7 +14,8 @@ output row (binary: one row; k > 2: one-vs-rest rows, solved together):
 
 which is scikit-learn's ``LogisticRegression(C)`` objective with ``l2 = 1 / (C · n)``. Newton steps with
 a backtracking (Armijo) line search reach the optimum in ~10 steps where first-order solvers need hundreds
-on the anisotropic states of language models — the main reason cprobe's erasers are fast.
+on the anisotropic states of language models — the main reason cprobe's erasers are fast. A fit this small (its
+Hessian below :data:`cprobe.compute.FIT_OP_FLOPS`) runs on one thread.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn.functional import one_hot, softplus
 
+from cprobe.compute import fit_threads
 from cprobe.errors import ConfigError, DataError
 
 
@@ -81,6 +83,18 @@ def fit_logistic(X: Tensor, y: Tensor, n_classes: int, l2: float, max_iter: int 
     ``init`` = (W, b) warm-starts from an earlier solution (same optimum, fewer steps)."""
     if l2 < 0:
         raise ConfigError(f"l2 must be >= 0, got {l2}")
+    with fit_threads(newton_flops(*X.shape), X.device):
+        return _fit_logistic(X, y, n_classes, l2, max_iter, tol, init)
+
+
+def newton_flops(n: int, d: int) -> float:
+    """Flops of one Newton step's Hessian of a logistic fit on ``n`` × ``d`` (its largest op: what decides its
+    threads, :func:`cprobe.compute.fit_threads`)."""
+    return 2.0 * n * (d + 1) ** 2
+
+
+def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, l2: float, max_iter: int, tol: float,
+                  init: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
     X = X.double()
     n, d = X.shape
     T = y.double()[:, None] if n_classes == 2 else one_hot(y, n_classes).double()

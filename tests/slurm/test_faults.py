@@ -78,8 +78,12 @@ def in_process(slurm_env):
     (["compute=gpu"], "compute=gpu asks for a GPU but SLURM partition"),
     (["hydra.launcher.cpus_per_task=64"], "hydra.launcher.cpus_per_task=64 but the largest node of SLURM partition"),
     (["hydra.launcher.mem_gb=4096"], "hydra.launcher.mem_gb=4096 but the largest node of SLURM partition"),
-    ([], "needs the slurm extra (submitit): pip install 'cprobe[slurm]'"),
-], ids=["partition", "gpu-on-cpu-partition", "too-many-cpus", "too-much-memory", "missing-extra"])
+    (["hydra.launcher.timeout_min=1"], "hydra.launcher.timeout_min=1 with signal_delay_s=120: SLURM warns a task"),
+    (["+hydra.launcher.additional_parameters.time=5"], "additional_parameters.time sets what hydra.launcher."
+                                                       "timeout_min sets"),
+    ([], "hydra/launcher=slurm needs the slurm extra (submitit): pip install 'cprobe[slurm]'"),
+], ids=["partition", "gpu-on-cpu-partition", "too-many-cpus", "too-much-memory", "timeout-vs-signal",
+        "reserved-sbatch-flag", "missing-extra"])
 def test_refused_submission_is_one_line_and_leaves_nothing(in_process, tmp_path, monkeypatch, args, needle):
     import sys
 
@@ -93,6 +97,8 @@ def test_refused_submission_is_one_line_and_leaves_nothing(in_process, tmp_path,
     assert r.returncode == 1, r.stdout + r.stderr
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+    if not args:  # the whole line: not wrapped in Hydra's "Error in call to target ..."
+        assert lines[0] == f"error: {needle}", r.stderr
     assert sorted(p.name for p in old.parent.iterdir()) == ["latest", "old"]  # no sweep dir
     assert os.readlink(old.parent / "latest") == "old"
     assert "submitted" not in r.stdout + r.stderr
@@ -132,6 +138,7 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     assert len(named) == 1 and "layers=3,probe=linear (interrupted)" in named[0], out
     errors = _error_lines(out)
     assert len(errors) == 1 and errors[0].startswith("error: 5 job(s) failed"), out
+    assert "; and 2 more (`cprobe status DIR` lists them)" in errors[0], out  # three named, the rest counted
     assert "Traceback" not in out and (d / "results.csv").is_file()  # what finished is aggregated
     assert out.count("sacct is not available") <= 1  # each scheduler warning once
 
@@ -208,5 +215,64 @@ def test_preempted_task_requeues_keeps_finished_points_and_outlives_its_driver(s
                    on_timeout=lambda: _task_log(d))
     assert rec["restarts"] == 1 and len(rec["runs"]) == 2
     assert rec["runs"][0]["signal"] == "SIGUSR2"
+    r = cli.run("collect", str(d), cwd=tmp_path, env=slurm_env)
+    assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ a re-run's truth
+def test_a_rerun_reports_its_own_attempt_and_a_scontrol_requeue_is_no_cancel(slurm_env, tmp_path):
+    """Issue 43's reproduction: the sweep fails (an unusable cache), then the same command with a working cache. The
+    old points' status.json say failed; while the new task starts up neither the driver nor `cprobe status` says so
+    (the points are queued). `scontrol requeue` of the task while it runs its first point: the task says the
+    scheduler requeued it (not "cancelled with scancel"), runs again and finishes; the driver exits 0 with both
+    points aggregated, and `cprobe collect` agrees."""
+    d = tmp_path / "sweep"
+    argv = ["run", "-m", "+experiment=sva_tiny", "probe=linear", "layers=4", "seed=1,2", "--smoke",
+            "hydra/launcher=slurm", "hydra.launcher.poll_s=2", f"hydra.sweep.dir={d}"]
+    r = run(argv, tmp_path, {**slurm_env, "CPROBE_CACHE_DIR": "/proc/nocache"})
+    assert r.returncode == 1 and "error: 2 job(s) failed" in r.stderr, r.stdout + r.stderr
+    names = list(_manifest(d)["points"])
+    old = {n: _status(d / n) for n in names}
+    assert [s["state"] for s in old.values()] == ["failed", "failed"], old
+
+    # the same command with a working cache: a fresh one, holding the trained tiny model, so that the first point
+    # extracts (seconds) and is caught running
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "models").symlink_to(Path(slurm_env["CPROBE_CACHE_DIR"]) / "models")
+    driver = subprocess.Popen(cprobe_cmd(*argv), cwd=tmp_path, env={**slurm_env, "CPROBE_CACHE_DIR": str(cache)},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        sub = wait_for(lambda: len(_manifest(d).get("submissions", [])) == 2 and _manifest(d)["submissions"][-1],
+                       60, "the second submission")
+        (task, packed), = sub["tasks"].items()
+        attempt = f"{sub['token']}:{task}"
+        st = cli.run("status", str(d), cwd=tmp_path, env=slurm_env)
+        rows = _status_rows(st.stdout)
+        assert st.returncode == 0 and set(rows.values()) <= {"queued", "running", "done"}, st.stdout + st.stderr
+        if all(_status(d / n).get("attempt") != attempt for n in names):  # the new task had written nothing yet
+            assert set(rows.values()) == {"queued"}, st.stdout
+        wait_for(lambda: (s := _status(d / packed[0])).get("state") == "running" and s.get("attempt") == attempt,
+                 120, "the first point to run", step=0.1, on_timeout=lambda: _task_log(d))
+        assert slurm("scontrol", "requeue", task, env=slurm_env).returncode == 0
+        wait_for(lambda: _record(d, task).get("state") == "requeued", 60, "the task to record the requeue",
+                 on_timeout=lambda: _task_log(d))
+        wait_for(lambda: "PENDING" in slurm("squeue", "-h", "-j", task, "-o", "%T", env=slurm_env).stdout, 60,
+                 "the requeued task to be pending")
+        r = slurm("scontrol", "update", f"JobId={task}", "StartTime=now+2", env=slurm_env)  # not SLURM's 2 minutes
+        assert r.returncode == 0, r.stderr
+        out, _ = driver.communicate(timeout=240)
+    finally:
+        stop(driver)
+    log = _task_log(d)
+    assert driver.returncode == 0, out + log
+    assert old[names[0]]["error"] not in out and " failed:" not in out, out  # nothing of the first attempt's
+    assert "SIGTERM with the job requeued by the scheduler (scontrol requeue" in log, log
+    assert "cancelled with scancel" not in log and "not requeued" not in log, log
+    assert all(_status(d / n)["state"] == "done" and _status(d / n)["attempt"] == attempt for n in names)
+    assert _record(d, task)["restarts"] == 1
+    import pandas as pd
+
+    assert sorted(pd.read_csv(d / "results.csv")["seed"].unique()) == [1, 2]
     r = cli.run("collect", str(d), cwd=tmp_path, env=slurm_env)
     assert r.returncode == 0, r.stderr

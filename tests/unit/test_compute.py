@@ -108,17 +108,57 @@ def test_available_cpus_is_the_affinity_capped_by_the_quota(monkeypatch):
     assert compute.available_cpus() == 16
 
 
-def test_threads_from_workers_op_size_and_omp():
+def test_threads_from_workers_and_omp():
     assert compute.choose_threads(workers=1, cpus=8, env={}) == 8
     assert compute.choose_threads(workers=2, cpus=8, env={}) == 4
     assert compute.choose_threads(workers=4, cpus=2, env={}) == 1
-    assert compute.choose_threads(flops_per_op=2 * 64 * 256 * 256, cpus=8, env={}, load=0) == 1  # the demo's probe
-    assert compute.choose_threads(flops_per_op=2 * 64 * 2048 * 1024, cpus=8, env={}, load=0) == 8
-    assert compute.choose_threads(flops_per_op=3e7, cpus=8, env={}, load=0) == 3
-    assert compute.choose_threads(flops_per_op=2 * 64 * 1024 * 1024, cpus=2, env={}, load=1) == 2
-    assert compute.choose_threads(flops_per_op=2 * 64 * 1024 * 1024, cpus=2, env={}, load=3) == 1  # busy cores
-    assert compute.choose_threads(flops_per_op=2e9, cpus=2, env={}, load=3) == 2  # big ops still split
     assert compute.choose_threads(workers=4, cpus=2, env={"OMP_NUM_THREADS": "3"}) == 3  # the user decides
+
+
+def test_fit_threads_from_the_fit_size_alone(monkeypatch):
+    """A fit whose largest op is below FIT_OP_FLOPS runs on one thread, a larger one on the job's threads, whatever
+    the machine's load; OMP_NUM_THREADS always wins."""
+    assert compute.fit_thread_count(2 * 64 * 256 * 256, 8, env={}) == 1  # the demo's MLP probe step
+    assert compute.fit_thread_count(2 * 2000 * 129**2, 8, env={}) == 1  # the reliability study's INLP Newton step
+    assert compute.fit_thread_count(compute.FIT_OP_FLOPS - 1, 8, env={}) == 1
+    assert compute.fit_thread_count(compute.FIT_OP_FLOPS, 8, env={}) == 8
+    assert compute.fit_thread_count(2 * 20_000 * 769**2, 4, env={}) == 4  # INLP on a 768-d model's 20k states
+    assert compute.fit_thread_count(2 * 64 * 256 * 256, 8, env={"OMP_NUM_THREADS": "2"}) == 2  # the user decides
+    assert compute.fit_thread_count(1e12, 8, env={"OMP_NUM_THREADS": "1"}) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(compute.os, "getloadavg", lambda: (50.0, 50.0, 50.0), raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        with compute.fit_threads(1e6):
+            seen.append(torch.get_num_threads())
+        with compute.fit_threads(1e10):
+            seen.append(torch.get_num_threads())
+        with compute.fit_threads(1e6, torch.device("meta")):  # an accelerator's fit: nothing changes
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 2, 2] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_logistic_fit_runs_on_the_threads_its_size_calls_for(monkeypatch):
+    from cprobe import stats
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    real = stats._fit_logistic
+    monkeypatch.setattr(stats, "_fit_logistic", lambda *a: seen.append(torch.get_num_threads()) or real(*a))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X = torch.randn(200, 8, generator=torch.Generator().manual_seed(0))
+        stats.fit_logistic(X, (X[:, 0] > 0).long(), 2, 1e-2)
+        monkeypatch.setattr(compute, "FIT_OP_FLOPS", 1.0)  # the same fit counted as large: the job's threads
+        stats.fit_logistic(X, (X[:, 0] > 0).long(), 2, 1e-2)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2]
 
 
 def test_threads_context_restores():

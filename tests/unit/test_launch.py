@@ -114,6 +114,63 @@ def test_slots():
     assert resources.slots(t, TINY["debug"], 16) == 2
 
 
+# ------------------------------------------------------------------------------------------------ settings
+def test_the_launchers_defaults_pass_its_own_checks():
+    from cprobe.launch import settings
+
+    out = settings.check({})
+    assert out == {**settings.DEFAULTS, "setup": [], "additional_parameters": {}}
+    # the shortest time limit the default warning fits: 120 s + 60 s of slack is half of 6 minutes
+    assert settings.check({"timeout_min": 6})["timeout_min"] == 6
+    assert settings.check({"timeout_min": 3, "signal_delay_s": 30})["signal_delay_s"] == 30
+    assert settings.check({"additional_parameters": {"mail_type": "END", "gres": "tmpdisk:10", "requeue": True}}
+                          )["additional_parameters"] == {"mail-type": "END", "gres": "tmpdisk:10", "requeue": True}
+    assert settings.check({"max_requeues": 0, "additional_parameters": {"no-requeue": True}})["max_requeues"] == 0
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"timeout_min": 1}, "hydra.launcher.timeout_min=1 with signal_delay_s=120: SLURM warns a task (SIGUSR2) 120 s "
+                         "before its time limit, and up to 60 s earlier still, so a task would be stopped and "
+                         "requeued after at most 0 s of its 60 s, round after round; the warning may take at most "
+                         "half a task's time: raise timeout_min to 6 or more"),
+    ({"timeout_min": 5}, "after at most 120 s of its 300 s"),
+    ({"timeout_min": 5}, "raise timeout_min to 6 or more, or lower hydra.launcher.signal_delay_s to 90 or less"),
+    ({"timeout_min": 60, "signal_delay_s": 1800}, "raise timeout_min to 62 or more, or lower"),
+    ({"timeout_min": 0}, "hydra.launcher.timeout_min=0 must be >= 1"),
+    ({"timeout_min": -5}, "hydra.launcher.timeout_min=-5 must be >= 1"),
+    ({"timeout_min": 2.5}, "hydra.launcher.timeout_min=2.5 must be an integer"),
+    ({"signal_delay_s": 0}, "hydra.launcher.signal_delay_s=0 must be >= 1"),
+    ({"signal_delay_s": 70000, "timeout_min": 10000}, "signal_delay_s=70000 exceeds SLURM's 65535 s"),
+    ({"max_requeues": -1}, "hydra.launcher.max_requeues=-1 must be >= 0"),
+    ({"array_parallelism": 0}, "hydra.launcher.array_parallelism=0 must be >= 1"),
+    ({"points_per_task": 0}, "hydra.launcher.points_per_task=0 must be >= 1 or auto"),
+    ({"points_per_task": "some"}, "hydra.launcher.points_per_task='some' must be an integer or auto"),
+    ({"poll_s": 0}, "hydra.launcher.poll_s=0 must be a number of seconds >= 1"),
+    ({"detach": "yes"}, "hydra.launcher.detach='yes' must be true or false"),
+    ({"setup": "module load cuda"}, "hydra.launcher.setup='module load cuda' must be a list of shell lines"),
+    ({"partition": ""}, "hydra.launcher.partition='' must be a non-empty string"),
+    ({"additional_parameters": ["x"]}, "hydra.launcher.additional_parameters=['x'] must be a mapping"),
+    ({"additional_parameters": {"time": 10}}, "hydra.launcher.additional_parameters.time sets what "
+                                              "hydra.launcher.timeout_min sets (sbatch would get both); use "
+                                              "hydra.launcher.timeout_min instead"),
+    ({"additional_parameters": {"cpus_per_task": 4}}, "use hydra.launcher.cpus_per_task instead"),
+    ({"additional_parameters": {"mem-per-cpu": "2G"}}, "use hydra.launcher.mem_gb instead"),
+    ({"additional_parameters": {"signal": "USR1@60"}}, "use hydra.launcher.signal_delay_s instead"),
+    ({"additional_parameters": {"gres": "gpu:2"}}, "asks for GPUs, which hydra.launcher.gpus_per_node sets"),
+    ({"additional_parameters": {"ntasks_per_node": 2}}, "ntasks-per-node=2: each array task is one process"),
+    ({"additional_parameters": {"nodes": 2}}, "additional_parameters.nodes=2: each array task is one process"),
+    ({"additional_parameters": {"output": "x.log"}}, "cprobe writes the tasks' logs itself"),
+    ({"additional_parameters": {"no-requeue": True}}, "forbids the requeues hydra.launcher.max_requeues=3 asks for"),
+    ({"qeue": "x"}, "unknown hydra.launcher key(s) ['qeue'] for the SLURM launcher"),
+])
+def test_impossible_launcher_settings_are_refused_in_one_line(params, needle):
+    from cprobe.launch import settings
+
+    with pytest.raises(ConfigError) as e:
+        settings.check(params)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------ packing
 def test_points_sharing_a_model_are_packed_together():
     overrides = [["model=a", "intervention.rank=0"], ["model=b", "intervention.rank=0"],
@@ -183,7 +240,7 @@ def test_a_point_that_failed_inside_hydra_is_known_from_its_task_record(tmp_path
         "a": ("done", ""), "b": ("failed", "FileExistsError: b"), "c": ("failed", "bad layer"), "d": ("done", "")}
     assert S.sweep_state(d).scheduler is False
     covered, problems = S.manifest_problems(d)
-    assert covered == {(d / n).resolve() for n in "abcd"}
+    assert covered == {(d / n).resolve(): n in "ad" for n in "abcd"}
     assert problems == ["b: FileExistsError: b", "c: bad layer"]
 
 
@@ -195,23 +252,98 @@ def test_a_sweep_without_manifest_reads_its_status_files(tmp_path):
     assert [(p.name, p.state, p.detail) for p in st.points] == [("x", "done", ""), ("y", "failed", "boom")]
 
 
+def _rerun_sweep(tmp_path) -> Path:
+    """The issue's reproduction, as files: submission ``old`` (job 7) ran points a and b; a finished, b failed (its
+    cache unusable). The same command again submits b alone (job 8, token ``new``), whose task has not reached it."""
+    S.write_manifest(tmp_path, {"version": 1, "points": {"a": {"num": 0, "overrides": []},
+                                                         "b": {"num": 1, "overrides": []}}, "submissions": [
+        {"job_id": "7", "token": "old", "tasks": {"7_0": ["a"], "7_1": ["b"]}},
+        {"job_id": "8", "token": "new", "tasks": {"8_0": ["b"]}}]})
+    for name, st in {"a": {"state": "done", "attempt": "old:7_0"},
+                     "b": {"state": "failed", "error": "cannot create /proc/nocache", "attempt": "old:7_1"}}.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "status.json").write_text(json.dumps(st))
+    (tmp_path / "b" / "metrics.parquet").write_text("an earlier attempt's")
+    return tmp_path
+
+
+def test_a_point_s_state_is_its_newest_attempts_never_an_earlier_ones(tmp_path, monkeypatch):
+    d = _rerun_sweep(tmp_path)
+    pending = {"7_0": TaskState("COMPLETED"), "7_1": TaskState("COMPLETED"), "8_0": TaskState("PENDING", "Priority")}
+    st = S.sweep_state(d, task_states=pending)
+    assert {p.name: p.state for p in st.points} == {"a": "done", "b": "queued"}  # not the old "failed"
+    assert st.problems() == ["b: queued (PENDING (Priority))"] and not st.settled
+    running = {**pending, "8_0": TaskState("RUNNING")}
+    assert _states(d, running) == {"a": "done", "b": "queued"}  # its task starts up: b not reached yet
+    # the files alone (no scheduler here): b has not started in this attempt, whatever the old file says
+    assert {p.name: p.state for p in S.sweep_state(d, scheduler=False).points} == {"a": "done", "b": "not started"}
+    # an old record under the new task's id (job ids restart with a new cluster) is another attempt's too
+    S.write_record(d, "8_0", {"attempt": "older:8_0", "state": "done",
+                              "points": {"b": {"state": "failed", "error": "stale"}}})
+    assert _states(d, running) == {"a": "done", "b": "queued"}
+    monkeypatch.setattr(slurmctl, "available", lambda: True)  # `cprobe collect` asks the scheduler
+    monkeypatch.setattr(slurmctl, "states", lambda jobs: running)
+    covered, problems = S.manifest_problems(d)  # collect: b's old metrics are not this attempt's result
+    b_queued = "b: queued (its task runs and has not reached it yet)"
+    assert covered == {(d / "a").resolve(): True, (d / "b").resolve(): False} and problems == [b_queued]
+    from cprobe.results import find_jobs
+
+    (d / "a" / "metrics.parquet").write_text("")
+    assert find_jobs(d, (covered, problems)) == ([d / "a"], [b_queued])
+    # the new attempt reaches b: its own status.json counts, whatever it says
+    (d / "b" / "status.json").write_text(json.dumps({"state": "running", "pid": 1, "host": "a-compute-node",
+                                                     "attempt": "new:8_0"}))
+    assert _states(d, running) == {"a": "done", "b": "running"}
+    (d / "b" / "status.json").write_text(json.dumps({"state": "failed", "error": "new", "attempt": "new:8_0"}))
+    assert [(p.state, p.detail) for p in S.sweep_state(d, task_states=running).points][1] == ("failed", "new")
+    (d / "b" / "status.json").write_text(json.dumps({"state": "done", "attempt": "new:8_0"}))
+    assert _states(d, {**running, "8_0": TaskState("COMPLETED")}) == {"a": "done", "b": "done"}
+
+
+def test_a_newest_attempt_that_ended_before_its_point_says_so(tmp_path):
+    d = _rerun_sweep(tmp_path)
+    ended = {"8_0": TaskState("CANCELLED")}
+    st = S.sweep_state(d, task_states=ended)
+    assert [(p.name, p.state) for p in st.points] == [("a", "done"), ("b", "not run")]
+    assert "task 8_0 CANCELLED before it started" in st.points[1].detail
+    # a point its task found done (the job skipped it, writing nothing): the task's record of this attempt says so
+    S.write_record(d, "8_0", {"attempt": "new:8_0", "state": "done", "points": {"b": {"state": "done"}}})
+    assert _states(d, ended) == {"a": "done", "b": "done"}
+
+
+def test_a_task_records_its_attempt_in_every_status_it_writes(tmp_path, monkeypatch):
+    from cprobe.job import ATTEMPT_ENV, read_status, write_status
+
+    monkeypatch.delenv(ATTEMPT_ENV, raising=False)
+    write_status(tmp_path, state="done")
+    assert read_status(tmp_path) == {"state": "done"}  # a local run: no attempt
+    monkeypatch.setenv(ATTEMPT_ENV, S.attempt_id("tok", "8_0"))
+    write_status(tmp_path, state="running")
+    assert read_status(tmp_path) == {"state": "running", "attempt": "tok:8_0"}
+
+
 # ------------------------------------------------------------------------------------------------ requeue
 @pytest.mark.parametrize("signame,info,restarts,expected", [
-    ("SIGUSR2", {}, 0, True),
-    ("SIGUSR2", {}, 3, False),  # max_requeues reached
-    ("SIGTERM", {"JobState": "RUNNING", "Reason": "None"}, 0, True),  # a preemption notice
-    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "TimeLimit"}, 0, True),
-    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None"}, 0, False),  # scancel
-    ("SIGINT", {}, 0, False),
+    ("SIGUSR2", {}, 0, "requeue"),
+    ("SIGUSR2", {}, 3, "stop"),  # max_requeues reached
+    ("SIGTERM", {"JobState": "RUNNING", "Reason": "None", "Restarts": "0"}, 0, "requeue"),  # a preemption notice
+    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "TimeLimit", "Restarts": "0"}, 0, "requeue"),
+    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "0"}, 0, "stop"),  # scancel
+    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "1"}, 0, "requeued"),  # scontrol requeue
+    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "2"}, 1, "requeued"),
+    ("SIGTERM", {"JobState": "COMPLETING", "Reason": "None", "Restarts": "1"}, 1, "stop"),  # scancel, restarted once
+    ("SIGINT", {}, 0, "stop"),
 ])
 def test_requeue_decision(monkeypatch, signame, info, restarts, expected):
     from cprobe.launch import slurm
 
     monkeypatch.setattr(slurmctl, "job_info", lambda job: info)
-    requeue, why = slurm._should_requeue("7_1", signame, restarts, 3)
-    assert requeue is expected and why
-    if signame == "SIGTERM" and not expected:
+    action, why = slurm._should_requeue("7_1", signame, restarts, 3)
+    assert action == expected and why
+    if signame == "SIGTERM" and expected == "stop":
         assert "scancel" in why
+    if expected == "requeued":
+        assert "requeued by the scheduler (scontrol requeue" in why and "scancel" not in why
 
 
 # ------------------------------------------------------------------------------------------------ build lock

@@ -23,7 +23,8 @@ from torch import Tensor
 
 from cprobe.errors import ConfigError, DataError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, n_classes_of
-from cprobe.stats import fit_logistic, l2_for_C
+from cprobe.compute import fit_threads
+from cprobe.stats import fit_logistic, l2_for_C, newton_flops
 
 
 def _orthonormal_extension(Q: Tensor, V: Tensor, tol: float = 1e-4) -> tuple[Tensor, Tensor]:
@@ -86,6 +87,10 @@ class INLP(Intervention):
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
         Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)
+        with fit_threads(newton_flops(*Xd.shape), Xd.device):  # its projections are as small as its Newton steps
+            return self._fit(Xd, zd, k)
+
+    def _fit(self, Xd: Tensor, zd: Tensor, k: int) -> Self:
         Xd = Xd.double()  # late iterations chase a small residual class signal
         (n, d), device = Xd.shape, Xd.device
         l2 = self.l2 if self.l2 is not None else l2_for_C(self.C, n)

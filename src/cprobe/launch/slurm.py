@@ -4,7 +4,8 @@ a pack of points.
 **Driver** (``cprobe run -m ... hydra/launcher=slurm``), in :class:`Driver`:
 
 1. *Before anything exists* (:meth:`Driver.setup`, before the sweep dir is claimed): the ``slurm`` extra is
-   installed, the SLURM commands answer, the partition exists and can give the request
+   installed, the launcher's own settings work, each and together (:mod:`cprobe.launch.settings`), the SLURM
+   commands answer, the partition exists and can give the request
    (:func:`cprobe.launch.resources.resolve`: GPUs from the job's device, CPUs and memory from the partition), and
    ``sbatch --test-only`` accepts it. A refusal is one line, exit 1, no sweep dir, ``latest`` unmoved.
 2. Every point is composed once: its directory, what its activations depend on, and whether it is done already
@@ -21,8 +22,11 @@ a pack of points.
 process (imports, the model and its activations shared), records each outcome in ``.slurm/tasks/<task>.json``
 (a point that fails inside Hydra, before its directory exists, is recorded there), and on SIGUSR2 (the time limit
 is ``signal_delay_s`` away, or a preemption notice) or SIGTERM marks the running point ``interrupted`` and requeues
-itself (up to ``max_requeues`` times; never after a user's ``scancel``). The requeued task skips its finished
-points, and the interrupted one resumes from its last activation shard (CausalGym from its last task).
+itself (up to ``max_requeues`` times; never after a user's ``scancel``, nor a second time after a requeue by the
+scheduler itself, ``scontrol requeue``). The requeued task skips its finished points, and the interrupted one resumes
+from its last activation shard (CausalGym from its last task). Each task runs its points as one *attempt*
+(:func:`cprobe.launch.sweep.attempt_id`: the submission's token and the task's id), which every ``status.json`` it
+writes records, so the sweep's readers never take an earlier submission's files for this one's.
 """
 
 from __future__ import annotations
@@ -34,14 +38,15 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cprobe.errors import ConfigError, CprobeError, DriverStopped, Terminated
-from cprobe.launch import packing, resources, slurmctl
+from cprobe.errors import ConfigError, CprobeError, DriverStopped, Terminated, one_line
+from cprobe.launch import packing, resources, settings, slurmctl
 from cprobe.launch import sweep as S
 
 log = logging.getLogger("cprobe")
@@ -51,32 +56,9 @@ DETACH_ENV = "CPROBE_DETACH"
 FILE_POLL_S = 1.0
 HEARTBEAT_S = 60.0
 
-DEFAULTS: dict[str, Any] = {
-    "partition": None, "account": None, "qos": None, "constraint": None, "timeout_min": 120,
-    "gpus_per_node": "auto", "cpus_per_task": "auto", "mem_gb": "auto", "points_per_task": "auto",
-    "max_requeues": 3, "signal_delay_s": 120, "array_parallelism": 16, "poll_s": 10, "detach": False,
-    "setup": [], "additional_parameters": {}, "name": "cprobe", "exclude": None,
-}
-
 
 def detach_requested(params: Mapping[str, Any] | None = None) -> bool:
     return os.environ.get(DETACH_ENV, "") not in ("", "0") or bool((params or {}).get("detach"))
-
-
-def _plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    out = {**DEFAULTS, **{k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-                          for k, v in params.items()}}
-    unknown = sorted(set(out) - set(DEFAULTS))
-    if unknown:
-        raise ConfigError(f"unknown hydra.launcher key(s) {unknown} for the SLURM launcher; known: {sorted(DEFAULTS)}")
-    return out
-
-
-def _one_line(e: BaseException) -> str:
-    text = "; ".join(l.strip() for l in str(e).splitlines() if l.strip())
-    return text or type(e).__name__
 
 
 @dataclass
@@ -94,12 +76,9 @@ class Driver:
     """The launcher's logic (the Hydra plugin class in ``hydra_plugins.cprobe_launcher`` delegates here)."""
 
     def __init__(self, params: Mapping[str, Any]) -> None:
-        try:
-            import submitit
-        except ImportError:
-            raise CprobeError(f"hydra/launcher=slurm needs the slurm extra (submitit): {EXTRA_HINT}") from None
-        del submitit
-        self.params = _plain_params(params)
+        # checked in setup(): what Hydra's instantiation raises reaches the user wrapped in its own text
+        self.raw_params = dict(params)
+        self.params: dict[str, Any] = {}
         self.config: Any = None
         self.hydra_context: Any = None
         self.task_function: Any = None
@@ -112,6 +91,12 @@ class Driver:
         """Check everything against the cluster, then claim the sweep dir (nothing is written before)."""
         from cprobe import callbacks
 
+        try:
+            import submitit
+        except ImportError:
+            raise CprobeError(f"hydra/launcher=slurm needs the slurm extra (submitit): {EXTRA_HINT}") from None
+        del submitit
+        self.params = settings.check(self.raw_params)
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
         if not slurmctl.available():
             raise CprobeError("hydra/launcher=slurm needs the SLURM commands (sbatch, squeue) on PATH: run on a "
@@ -129,7 +114,7 @@ class Driver:
     def _test_submit(self) -> None:
         assert self.request is not None
         flags = self.request.sbatch_flags()
-        flags.update({k.replace("_", "-"): v for k, v in (self.params.get("additional_parameters") or {}).items()})
+        flags.update(self.params["additional_parameters"])
         err = slurmctl.test_submit(flags)
         if err is not None:
             raise CprobeError(f"SLURM refuses the sweep's tasks ({self.request.describe()}): {err}")
@@ -257,21 +242,22 @@ class Driver:
 
         assert self.request is not None and self.partition is not None
         req = self.request
-        parallel = int(self.params.get("array_parallelism") or 16)
-        k = packing.per_task(self.params.get("points_per_task"), len(todo),
+        parallel = self.params["array_parallelism"]
+        k = packing.per_task(self.params["points_per_task"], len(todo),
                              resources.slots(req, self.partition, parallel))
         packs = packing.pack([p.key for p in todo], k)
         folder = sweep_dir / S.SLURM_DIR / "%j"
         ex = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=0)
-        extra = {k.replace("_", "-"): v for k, v in (self.params.get("additional_parameters") or {}).items()}
+        extra = self.params["additional_parameters"]
         ex.update_parameters(
-            job_name=str(self.params.get("name") or "cprobe"), partition=req.partition, time=req.minutes,
+            job_name=self.params["name"] or "cprobe", partition=req.partition, time=req.minutes,
             cpus_per_task=req.cpus, mem=f"{int(req.mem_gb * 1024)}M", gpus_per_node=req.gpus or None,
-            account=req.account, qos=req.qos, constraint=req.constraint, exclude=self.params.get("exclude"),
-            signal_delay_s=int(self.params.get("signal_delay_s") or 120), array_parallelism=parallel,
-            setup=list(self.params.get("setup") or []), additional_parameters=extra or None, stderr_to_stdout=True)
+            account=req.account, qos=req.qos, constraint=req.constraint, exclude=self.params["exclude"],
+            signal_delay_s=self.params["signal_delay_s"], array_parallelism=parallel,
+            setup=list(self.params["setup"]), additional_parameters=extra or None, stderr_to_stdout=True)
+        token = uuid.uuid4().hex[:12]  # this submission's attempts (sweep.attempt_id), whatever the job ids
         runner = PackRunner(self.hydra_context, self.config, self.task_function, Singleton.get_state(),
-                            str(sweep_dir.absolute()), int(self.params.get("max_requeues") or 0))
+                            str(sweep_dir.absolute()), self.params["max_requeues"], token)
         args = [[{"num": todo[i].num, "overrides": todo[i].overrides, "name": todo[i].name} for i in pk]
                 for pk in packs]
         manifest = S.read_manifest(sweep_dir) or {"version": 1, "points": {}, "submissions": []}
@@ -281,13 +267,13 @@ class Driver:
             jobs = ex.map_array(runner, args)
         except Exception as e:  # sbatch refused after all (a limit --test-only does not check)
             raise CprobeError(f"sbatch refused the sweep's array ({req.describe()}): "
-                              f"{slurmctl.clean(_one_line(e))[:400]}") from None
+                              f"{slurmctl.clean(one_line(e))[:400]}") from None
         tasks = {str(j.job_id): [a["name"] for a in pk] for j, pk in zip(jobs, args)}
         job_id = str(jobs[0].job_id).split("_")[0]
         manifest["submissions"].append({
-            "job_id": job_id, "submitted": time.time(), "tasks": tasks, "request": req.as_dict(),
+            "job_id": job_id, "token": token, "submitted": time.time(), "tasks": tasks, "request": req.as_dict(),
             "points_per_task": k, "detached": detach_requested(self.params), "pid": os.getpid(),
-            "host": socket.gethostname(), "max_requeues": int(self.params.get("max_requeues") or 0),
+            "host": socket.gethostname(), "max_requeues": self.params["max_requeues"],
         })
         S.write_manifest(sweep_dir, manifest)
         log.info("submitted %d point(s) as SLURM job %s: %d array task(s) of up to %d point(s) (%s); sweep dir %s",
@@ -303,7 +289,7 @@ class Driver:
     # ------------------------------------------------------------------------------------------ follow
     def follow(self, sweep_dir: Path, job_id: str, tasks: Mapping[str, Sequence[str]], names: Sequence[str]) -> None:
         """Follow the submitted points until nothing more can happen to them."""
-        poll_s = max(1.0, float(self.params.get("poll_s") or 10))
+        poll_s = float(self.params["poll_s"])
         with _stop_as_driver_stopped(sweep_dir, job_id):
             _follow(sweep_dir, [job_id], tasks, set(names), poll_s)
 
@@ -432,16 +418,23 @@ class PackRunner:
     singleton_state: Any
     sweep_dir: str
     max_requeues: int
+    token: str
 
     def __call__(self, pack: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        from cprobe.job import ATTEMPT_ENV
+
         t_call = time.time()
         sweep_dir = Path(self.sweep_dir)
         task = _task_id()
+        attempt = S.attempt_id(self.token, task)
+        os.environ[ATTEMPT_ENV] = attempt  # every status.json this task's jobs write says so
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         record = S.read_record(sweep_dir, task)
+        if record.get("attempt") != attempt:  # another submission's task of the same id: not this one's runs
+            record = {}
         started = process_start()
-        record.update(task=task, state="running", restarts=restarts, host=socket.gethostname(), pid=os.getpid(),
-                      started=started, startup_s=None if started is None else t_call - started,
+        record.update(task=task, attempt=attempt, state="running", restarts=restarts, host=socket.gethostname(),
+                      pid=os.getpid(), started=started, startup_s=None if started is None else t_call - started,
                       startup_cpu_s=time.process_time())
         record.setdefault("points", {})
         record.setdefault("runs", []).append({"restart": restarts, "started": started, "called": t_call})
@@ -493,7 +486,7 @@ class PackRunner:
             ret = run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=cfg,
                           job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
             if ret.status == JobStatus.FAILED:
-                entry.update(state="failed", error=_one_line(ret._return_value))
+                entry.update(state="failed", error=one_line(ret._return_value))
             else:
                 status = read_status(sweep_dir / name) or {}
                 entry.update(state=str(status.get("state", "unknown")))
@@ -503,7 +496,7 @@ class PackRunner:
             entry.update(state="interrupted", duration_s=time.time() - t0)
             raise
         except Exception as e:  # inside Hydra, before or after the job (its directory, its config)
-            msg = _one_line(e)
+            msg = one_line(e)
             entry.update(state="failed", error=f"{type(e).__name__}: {msg}"[:500])
             sys.stderr.write(f"error: point {name} failed outside the job (inside Hydra): {msg[:500]}\n")
         entry.update(duration_s=time.time() - t0, cpu_s=time.process_time() - cpu0)
@@ -515,9 +508,15 @@ class PackRunner:
             signal.signal(s, signal.SIG_IGN)
         signame = e.signame if isinstance(e, Terminated) else "SIGINT"
         _mark_running_interrupted(sweep_dir, record, signame)
-        requeue, why = _should_requeue(task, signame, restarts, self.max_requeues)
+        action, why = _should_requeue(task, signame, restarts, self.max_requeues)
         record["runs"][-1].update(ended=time.time(), signal=signame)
-        if requeue:
+        if action == REQUEUED:  # the scheduler requeues it itself
+            record.update(state="requeued", reason=why)
+            S.write_record(sweep_dir, task, record)
+            log.warning("task %s: %s", task, why)
+            sys.stdout.flush()
+            os._exit(0)
+        if action == REQUEUE:
             record["state"] = "requeued"
             S.write_record(sweep_dir, task, record)
             err = slurmctl.requeue(task)
@@ -548,24 +547,34 @@ def _mark_running_interrupted(sweep_dir: Path, record: dict[str, Any], signame: 
             write_status(sweep_dir / name, **{**status, "state": "interrupted", "signal": signame})
 
 
-def _should_requeue(task: str, signame: str, restarts: int, max_requeues: int) -> tuple[bool, str]:
-    """(requeue?, why): SIGUSR2 (time limit near, preemption notice) and a SIGTERM while the job is not being
-    cancelled (preemption, the time limit) are requeued, up to ``max_requeues`` times; a user's ``scancel`` is not."""
+REQUEUE, REQUEUED, STOP = "requeue", "requeued", "stop"
+
+
+def _should_requeue(task: str, signame: str, restarts: int, max_requeues: int) -> tuple[str, str]:
+    """(what the task does, why): SIGUSR2 (time limit near, preemption notice) and a SIGTERM while the job is not
+    being cancelled (preemption, the time limit) :data:`REQUEUE` it, up to ``max_requeues`` times; a SIGTERM while
+    the scheduler already counts one more restart than this run's ``SLURM_RESTART_COUNT`` (``scontrol requeue``, a
+    node failure) is :data:`REQUEUED` by the scheduler itself; a user's ``scancel`` (restarts unchanged) is a
+    :data:`STOP`."""
     if signame == "SIGUSR2":
         why = "SIGUSR2 (the time limit is near, or the task is preempted)"
     elif signame == "SIGTERM":
         info = slurmctl.job_info(task)
         state, reason = info.get("JobState", "?"), info.get("Reason", "None")
+        job_restarts = info.get("Restarts", "")
+        if job_restarts.isdigit() and int(job_restarts) > restarts:
+            return REQUEUED, (f"SIGTERM with the job requeued by the scheduler (scontrol requeue, or a node "
+                              f"failure: restart {job_restarts}); it runs again")
         if state == "RUNNING" or state in ("TIMEOUT", "PREEMPTED") or reason in ("TimeLimit", "Preempted"):
             why = f"SIGTERM (job state {state}, reason {reason}: preemption or the time limit)"
         else:
-            return False, f"SIGTERM with the job {state.lower()} (cancelled with scancel)"
+            return STOP, f"SIGTERM with the job {state.lower()} (cancelled with scancel)"
     else:
-        return False, signame
+        return STOP, signame
     if restarts >= max_requeues:
-        return False, f"{why}, but it was requeued {restarts} time(s) already (hydra.launcher.max_requeues=" \
-                      f"{max_requeues})"
-    return True, why
+        return STOP, f"{why}, but it was requeued {restarts} time(s) already (hydra.launcher.max_requeues=" \
+                     f"{max_requeues})"
+    return REQUEUE, why
 
 
 def _task_logging() -> None:

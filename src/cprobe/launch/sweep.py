@@ -10,9 +10,16 @@ A SLURM sweep keeps, beside its points' directories, ``.slurm/``::
 
 A point's state comes from its ``status.json`` (written by the job), its task's record and the scheduler
 (``squeue``/``sacct`` via :mod:`cprobe.launch.slurmctl`): ``done``, ``failed``, ``running``, ``queued`` (its task is
-pending, or running earlier points), ``interrupted`` (stopped by a signal; ``queued`` again when its task was
+pending, or has not reached it yet), ``interrupted`` (stopped by a signal; ``queued`` again when its task was
 requeued), ``dead`` (``status.json`` says running but its task has ended) and ``not run`` (its task ended before
 reaching it). A sweep without a manifest (a local one) has only its ``status.json`` files.
+
+Only the newest attempt at a point counts. Each submission has a token; its array tasks run their points with
+``attempt = <token>:<task>`` (:func:`attempt_id`, :data:`cprobe.job.ATTEMPT_ENV`), which every ``status.json`` and
+task record they write carries. A point's ``status.json`` or record from another attempt (an earlier submission's
+failure, say, in a re-run's directory) says nothing about the newest one: the point is then as its task is (queued,
+or not run when the task ended without reaching it). A point done earlier with the same config is not submitted
+again, so its newest attempt is the one that finished it.
 """
 
 from __future__ import annotations
@@ -66,10 +73,24 @@ def write_record(sweep_dir: Path, task: str, record: Mapping[str, Any]) -> None:
     write_json(record_path(sweep_dir, task), {**record, "updated": time.time()})
 
 
+def attempt_id(token: str, task: str) -> str:
+    """The attempt of array task ``task`` of the submission with ``token``: what its ``status.json`` files and its
+    record say they were written by."""
+    return f"{token}:{task}"
+
+
 def latest_task(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """{point name: (array task id, job id)} of the newest submission that included each point."""
     return {name: (task, str(sub.get("job_id"))) for sub in manifest.get("submissions", [])
             for task, names in sub.get("tasks", {}).items() for name in names}
+
+
+def latest_attempt(manifest: Mapping[str, Any]) -> dict[str, str | None]:
+    """{point name: its newest attempt (:func:`attempt_id`)}; None for a submission without a token (written by a
+    cprobe before attempts were recorded: its files are read as they are)."""
+    return {name: attempt_id(str(sub["token"]), task) if sub.get("token") else None
+            for sub in manifest.get("submissions", []) for task, names in sub.get("tasks", {}).items()
+            for name in names}
 
 
 def job_ids(manifest: Mapping[str, Any], names: Iterable[str] | None = None) -> list[str]:
@@ -161,12 +182,19 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
             out.points.append(PointState(relative(status.parent, sweep_dir), state, detail))
         return out
     lt = latest_task(manifest)
+    attempts = latest_attempt(manifest)
     out.jobs = job_ids(manifest)
     records = {task: read_record(sweep_dir, task) for task, _ in set(lt.values())}
 
     def points(states: Mapping[str, Any] | None) -> list[PointState]:
-        return [_point_state(sweep_dir, name, lt.get(name, ("", ""))[0], records.get(lt.get(name, ("", ""))[0], {}),
-                             states) for name in manifest["points"]]
+        pts = []
+        for name in manifest["points"]:
+            task, attempt = lt.get(name, ("", ""))[0], attempts.get(name)
+            rec = records.get(task, {})
+            if attempt is not None and rec.get("attempt") != attempt:
+                rec = {}  # another submission's task of the same id (job ids restart with a new cluster)
+            pts.append(_point_state(sweep_dir, name, task, attempt, rec, states))
+        return pts
 
     if task_states is None:
         out.points = points(None)
@@ -187,12 +215,14 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
     return out
 
 
-def _point_state(sweep_dir: Path, name: str, task: str, rec: Mapping[str, Any],
+def _point_state(sweep_dir: Path, name: str, task: str, attempt: str | None, rec: Mapping[str, Any],
                  task_states: Mapping[str, Any] | None) -> PointState:
     status = read_status(sweep_dir / name)
+    if attempt is not None and status is not None and status.get("attempt") != attempt:
+        status = None  # an earlier attempt's: the newest has not reached the point (or has not written it yet)
     state, detail = _status_state(status)
     mine = (rec.get("points") or {}).get(name, {})
-    if state == "done":
+    if state == "done" or (status is None and mine.get("state") == "done"):  # done: by its job, or found done
         return PointState(name, "done", "", task)
     if state == "failed":
         return PointState(name, "failed", detail, task)
@@ -208,7 +238,7 @@ def _point_state(sweep_dir: Path, name: str, task: str, rec: Mapping[str, Any],
     if ts is not None and ts.alive:
         if ts.state == "RUNNING" and state == "running":
             return PointState(name, "running", detail, task)
-        why = ts.describe() if ts.state != "RUNNING" else "its task is running earlier points"
+        why = ts.describe() if ts.state != "RUNNING" else "its task runs and has not reached it yet"
         if state == "interrupted":
             restarts = rec.get("restarts", 0)
             why = f"interrupted {detail}, requeued" + (f" ({restarts} restart(s))" if restarts else "") + \
@@ -228,18 +258,19 @@ def problems(sweep_dir: Path, scheduler: bool | None = None) -> list[str]:
     return sweep_state(sweep_dir, scheduler=scheduler).problems()
 
 
-def manifest_problems(directory: Path) -> tuple[set[Path], list[str]]:
-    """(every point dir of the SLURM sweeps below ``directory``, the problems of those not done): ``cprobe collect``
-    names them with their scheduler state — a point that never started, or failed inside Hydra before its directory
-    existed, has no ``status.json`` to find."""
+def manifest_problems(directory: Path) -> tuple[dict[Path, bool], list[str]]:
+    """({every point dir of the SLURM sweeps below ``directory``: whether it is done}, the problems of those not
+    done): ``cprobe collect`` takes the sweeps' word for their points — a point that never started, or failed inside
+    Hydra before its directory existed, has no ``status.json`` to find, and one whose ``status.json`` is an earlier
+    attempt's is not done by it."""
     directory = Path(directory)
-    covered: set[Path] = set()
+    covered: dict[Path, bool] = {}
     out: list[str] = []
     roots = [directory] if manifest_path(directory).is_file() else \
         [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{MANIFEST}"))]
     for sweep_dir in roots:
         for p in sweep_state(sweep_dir).points:
-            covered.add((sweep_dir / p.name).resolve())
+            covered[(sweep_dir / p.name).resolve()] = p.state == "done"
             if p.state != "done":
                 out.append(PointState(relative(sweep_dir / p.name, directory), p.state, p.detail, p.task).problem())
     return covered, out

@@ -16,7 +16,7 @@ from typing import Any, Self
 import torch
 from torch import Tensor, nn
 
-from cprobe.compute import choose_threads, threads
+from cprobe.compute import fit_threads
 from cprobe.errors import ConfigError, DataError
 from cprobe.probes.base import Probe
 
@@ -119,13 +119,13 @@ class GridSearchProbe(Probe):
         k = int(max(y.max(), y_val.max())) + 1
         d = X.shape[1]
         self.n_classes, self.d = k, d
-        n_threads = choose_threads(self._op_flops(d, k)) if device.type == "cpu" else None
+        op_flops = self._op_flops(d, k)
 
         def scored() -> Iterator[tuple[dict[str, Any], float, float, nn.Module]]:
             for params in self._grid():
                 gen = torch.Generator().manual_seed(self.seed)
                 module = self._init(d, k, params).to(device)
-                with torch.enable_grad(), threads(n_threads or torch.get_num_threads()):
+                with torch.enable_grad(), fit_threads(op_flops, device):
                     self._train(module, X, y, params["lr"], gen)
                 with torch.inference_mode():
                     logits = module(X_val)
@@ -182,8 +182,7 @@ class GridSearchProbe(Probe):
                 if len(sel):
                     yield X[sel].to(device, torch.float32), y[sel].to(device, torch.long)
 
-        n_threads = choose_threads(self._op_flops(d, k)) if device.type == "cpu" else torch.get_num_threads()
-        with torch.enable_grad(), threads(n_threads):
+        with torch.enable_grad(), fit_threads(self._op_flops(d, k), device):
             for m in modules:
                 m.train()
             for _ in range(self.epochs):
