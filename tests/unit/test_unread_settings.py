@@ -147,7 +147,7 @@ def test_a_launcher_setting_the_launcher_reads_is_accepted(overrides, sweep, lau
 
 def test_a_launchers_keys_are_its_composed_config():
     """The SLURM launcher's file declares exactly what its driver reads; the basic launcher reads nothing."""
-    from cprobe.launch.slurm import DEFAULTS
+    from cprobe.launch.settings import DEFAULTS
     from cprobe.launchers import launcher_keys
 
     assert launcher_keys("slurm") == set(DEFAULTS)
@@ -171,7 +171,7 @@ def test_a_key_added_to_a_launchers_config_is_then_read_by_it(tmp_path, monkeypa
 def test_a_typo_in_conf_local_slurm_yaml_is_refused_by_the_slurm_launcher_alone(tmp_path, monkeypatch):
     """``conf/local/slurm.yaml`` joins the SLURM launcher's node only; a key there the driver does not read is refused
     when the launcher starts, before it submits or makes the sweep dir."""
-    from cprobe.launch.slurm import _plain_params
+    from cprobe.launch.settings import check as _plain_params
     from cprobe.launchers import launcher_keys
 
     conf = tmp_path / "conf"
