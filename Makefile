@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
 	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
 
-.PHONY: help install demo test test-fast bench bench-peers-install clean clean-outputs reliability-grid
+.PHONY: help install demo test test-fast test-portable bench bench-peers-install clean clean-outputs reliability-grid
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -30,6 +30,15 @@ test: $(STAMP) ## the full test suite (slow end-to-end tests included), offline,
 test-fast: $(STAMP) ## skip the slow end-to-end tests
 	$(TEST_ENV) $(BIN)/pytest -q -m "not slow"
 
+# What another CPU computes: PyTorch's portable kernels (no vector instruction set) and MKL's compatible GEMM path,
+# with a cache of its own (the tiny BERT trained on those kernels too). CPROBE_TEST_THREADS: the torch threads of the
+# tests that set their own (tests/conftest.py::numeric_threads).
+PORTABLE_ENV := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR}-portable
+test-portable: $(STAMP) ## the `numeric` tests again on portable kernels (ATEN_CPU_CAPABILITY=default): 1 thread, then 2
+	$(TEST_ENV) $(PORTABLE_ENV) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CPROBE_TEST_THREADS=1 \
+		$(BIN)/pytest -q -m numeric -n $(TEST_WORKERS) --dist loadgroup
+	$(TEST_ENV) $(PORTABLE_ENV) OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 CPROBE_TEST_THREADS=2 $(BIN)/pytest -q -m numeric
+
 bench: $(STAMP) ## benchmarks (ratios against baselines in the same process); the peers' with `make bench-peers-install` first
 	$(BIN)/python scripts/bench_extract.py
 	HF_HUB_OFFLINE=1 $(BIN)/python scripts/bench_peers.py
@@ -40,7 +49,7 @@ bench-peers-install: $(STAMP) ## the peers (TransformerLens, nnsight, pyvene: cp
 	$(BIN)/pip install -q -e ".[peers]" -c $(VENV)/torch-pin.txt
 
 clean: ## remove caches of tests and Python
-	rm -rf .pytest_cache .cache/cprobe-test .cache/cprobe-test-readme-seed
+	rm -rf .pytest_cache .cache/cprobe-test .cache/cprobe-test-readme-seed .cache/cprobe-test-portable
 	find . -name __pycache__ -prune -exec rm -rf {} +
 
 clean-outputs: ## remove outputs/ runs and sweeps (never the activation/model cache)

@@ -44,6 +44,13 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
 os.environ.setdefault("CPROBE_DATA_DIR", str(SHARED_DATA))
 
+
+def numeric_threads(default: int) -> int:
+    """Torch intra-op threads for a test that sets its own: ``CPROBE_TEST_THREADS`` when set (``make test-portable``
+    runs the ``numeric`` tests with 1 and with 2, ``OMP_NUM_THREADS`` set alike), else the test's ``default``."""
+    return int(os.environ.get("CPROBE_TEST_THREADS") or default)
+
+
 WORDS = ("the author authors guard guards near that like likes is are was were has have here , .".split()
          + [f"w{i}" for i in range(20)])
 

@@ -38,7 +38,8 @@ are built from ``from_records(records)`` (``pipeline.report``), so they are view
 Optional per-item values (``record_items.parquet``: the record's key, ``item``, ``value``) let ``cprobe collect``
 bootstrap over items as well as seeds.
 
-Records are deterministic: the same config and seed give byte-identical files (no timing or provenance columns).
+Records are deterministic: the same config and seed give byte-identical files (no timing or provenance columns) on the
+same machine, versions and thread count; across CPUs, equal within the tolerances of docs/records.md.
 """
 
 from __future__ import annotations

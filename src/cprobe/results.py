@@ -2,7 +2,7 @@
 
 A job's ``metrics.*`` hold what it measured and nothing that varies between identical runs: timing columns
 (``*_s``, ``seconds``) and provenance columns (where a probe came from) go to ``timings.csv`` beside them, so
-the same config and seed give byte-identical metric tables.
+the same config and seed give byte-identical metric tables (on the same machine, versions and thread count).
 """
 
 from __future__ import annotations

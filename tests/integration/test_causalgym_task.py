@@ -544,6 +544,7 @@ def test_one_pass_over_many_sites_scores_as_one_site_at_a_time(adapter, template
         torch.testing.assert_close(got[r], want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 def test_das_over_many_sites_in_one_pass_equals_one_site_at_a_time(adapter, template):
     """The runner's batched DAS (all sites and both conditions per pass) learns the directions of one-site runs
     (tolerance 1e-4 on each coordinate: float summation order over 4 steps; measured ~1e-7), whatever the pass size."""

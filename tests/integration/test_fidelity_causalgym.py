@@ -12,12 +12,16 @@ import pandas as pd
 import pytest
 import torch
 
+from cprobe.compute import threads
 from cprobe.data.causalgym import make_pair_splits, pair_items
 from cprobe.interventions import INTERVENTIONS
 from cprobe.models.edits import Replace
 from cprobe.models.formatters import RegionFormatter
 from cprobe.tasks.causalgym_engine import fit_oracle, run_gym_task, site_of
+from tests.conftest import numeric_threads
 from tests.integration.test_causalgym_task import ORACLE, Side, _settings, adapter, template  # noqa: F401
+
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
 REACHING = [(1, "{subject}"), (2, "{object}")]
 """Sites whose edit reaches the label's log-odds (block 2 is the last: there only the last region, where the label is
@@ -26,11 +30,10 @@ predicted, does; its subject state is read by nothing)."""
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower), or
+    ``CPROBE_TEST_THREADS`` (``make test-portable``)."""
+    with threads(numeric_threads(1)):
+        yield
 
 
 def _by_hand(adapter, template, layer: int, region: int, edit) -> dict[str, float]:  # noqa: F811

@@ -13,7 +13,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, SHARED_DATA
+from cprobe.compute import threads
+
+from tests.conftest import REPO, SHARED_DATA, numeric_threads
+
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
 EDITED = 1
 PROBE = {"name": "linear", "lrs": [0.01], "epochs": 5, "batch_size": 64, "weight_decay": 0.0}
@@ -22,11 +26,10 @@ PROBE = {"name": "linear", "lrs": [0.01], "epochs": 5, "batch_size": 64, "weight
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower), or
+    ``CPROBE_TEST_THREADS`` (``make test-portable``)."""
+    with threads(numeric_threads(1)):
+        yield
 
 
 def _adapter():

@@ -13,9 +13,13 @@ import pandas as pd
 import pytest
 import torch
 
+from cprobe.compute import threads
 from cprobe.data.causalgym import make_pair_splits
 from cprobe.tasks.causalgym_engine import run_gym_task
+from tests.conftest import numeric_threads
 from tests.integration.test_causalgym_task import Side, _settings, adapter, template  # noqa: F401
+
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
 TOL = 1e-5
 SITES = [(0, "{subject}"), (1, "{subject}"), (1, "{object}"), (2, "{object}")]
@@ -23,11 +27,10 @@ SITES = [(0, "{subject}"), (1, "{subject}"), (1, "{object}"), (2, "{object}")]
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
-    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    """Tiny tensors: one intra-op thread (on a loaded 2-core box two threads ran the peer's loop 30x slower), or
+    ``CPROBE_TEST_THREADS`` (``make test-portable``)."""
+    with threads(numeric_threads(1)):
+        yield
 
 
 # ----------------------------------------------------------------------------------------------- the peer

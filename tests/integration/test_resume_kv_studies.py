@@ -14,6 +14,8 @@ from cprobe.tasks import causalgym as cg_task
 from cprobe.tasks.causalgym_engine import run_gym_task
 from tests.integration.test_resume_studies import SPEC, _adapter, _equal_tables
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def _one_token_passes(adapter) -> tuple[list[int], object]:
     seen = [0, 0]  # passes through the last block with one token per row, with more

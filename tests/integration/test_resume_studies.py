@@ -16,6 +16,8 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.tasks import causalgym as cg_task
 from cprobe.tasks.causalgym_engine import run_gym_task
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 OBJECTS = [f"w{i}" for i in range(10)]
 SPEC = {
     "templates": ["the {subject} near the {object}", "the {subject} near the old {object} of the {object}"],

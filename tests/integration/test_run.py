@@ -50,6 +50,7 @@ def test_map_reads_hf_hidden_states_at_every_layer_in_input_order(arch):
             torch.testing.assert_close(out.acts[s][i], hs[s.layer][0, b.positions[s.position][0]], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("arch", ARCHS)
 def test_early_stop_and_single_batch_agree_with_full_pass(arch):
     ad, one = _adapter(arch, batch_size=3), _adapter(arch, batch_size=1)

@@ -1,26 +1,33 @@
 """The studies' tables pinned across the sites-engine refactor (issue 31 item 2): a small reliability job of every
 run shape (one site read where it is edited; read at every later layer; several sites, sequential and simultaneous;
 an intervention that attacks a probe; one trained through the model) and a CausalGym task table (direction methods,
-DAS, erasers and a gradient attack, with downstream read layers) give exactly the values the code before the refactor
-gave (``tests/data/sites_golden/*.csv``, written from the unmodified code at the same seed).
+DAS, erasers and a gradient attack, with downstream read layers) give the values the code before the refactor gave
+(``tests/data/sites_golden/*.parquet``, written from the unmodified code at the same seed, on one machine).
 
-Compared exactly (``check_exact``), all columns but the timings (``*_s``) and where the oracle / interventional probes
-came from (``probe_source``: fitted, memory or disk depends on the cache's state). The values are CPU float32 ones;
-``CPROBE_WRITE_GOLDEN=1`` rewrites them (only from code known to be right). They were written with
-:data:`THREADS` torch intra-op threads, and the jobs here run with as many: DAS trains through the model, and its
-float32 sums depend on how the matrix products are split among threads (with 1 thread its completeness differs in the
-7th digit)."""
+The same machine, versions and thread count reproduce a table byte for byte (the cold/warm, rerun and resume tests
+elsewhere hold that); another CPU does not. The tiny BERT is trained in the job's own process on the CPU's own
+kernels, so its weights, and every oracle and eraser fitted on its states, differ in the last bits from CPU to CPU.
+So each column is compared by what it is (:data:`TOL`, :data:`ACCURACIES`): a score within a tolerance measured
+across CPUs, kernels and threads; an accuracy (a share of items, each right or wrong) equal but for a few values one
+item off (an item whose margin is float noise); everything else (labels, counts, flags, settings) exactly. Timings
+(``*_s``) and where the oracle / interventional probes came from (``probe_source``: fitted, memory or disk depends on
+the cache's state) are not compared. ``CPROBE_WRITE_GOLDEN=1`` rewrites the tables (only from code known to be
+right). The jobs run with ``CPROBE_TEST_THREADS`` torch threads (default 2); ``make test-portable`` runs this file
+with 1 and 2 under PyTorch's portable kernels (``ATEN_CPU_CAPABILITY=default``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from cprobe.compute import threads
+from cprobe.compute import choose_threads, threads
 
+from tests.conftest import numeric_threads
 from tests.integration.test_causalgym_interventions import FAST
 from tests.integration.test_causalgym_task import ORACLE, _settings, adapter, template  # noqa: F401
 
@@ -42,7 +49,9 @@ RELIABILITY = {
     "pgd_sites": ["intervention=pgd", "reliability.sites=[2,3]"],
 }
 SKIP = ("probe_source",)
-THREADS = 2
+THREADS = numeric_threads(2)
+
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
 
 def _frame(t: pd.DataFrame) -> pd.DataFrame:
@@ -88,21 +97,72 @@ def causalgym_table(adapter, template) -> pd.DataFrame:  # noqa: F811
         return _frame(pd.DataFrame(run_gym_task(adapter, template, *s, seed=5)))
 
 
-def _check(got: pd.DataFrame, stem: str, exact: bool = True) -> None:
-    """``got`` equals the pinned table exactly, or within 1e-5 (``CPROBE_WRITE_GOLDEN=1``: pins it instead)."""
+# How far each score may move on another CPU: max |difference| measured over the 21 tables between the CPU they were
+# pinned on (AMD EPYC, AVX512-BF16), an AVX2 one, PyTorch's portable kernels (ATEN_CPU_CAPABILITY=default, the tiny
+# BERT trained on them too), MKL_CBWR=COMPATIBLE and 1 vs 2 threads. Per frame kind: "table" a reliability row,
+# "items" its per-item file, "gym" the CausalGym table.
+TOL = {
+    # a mean over the 80 scored items of an oracle's probabilities: measured 1.2e-4 (the tiny BERT is trained on the
+    # CPU's own kernels: its last bits reach every oracle and eraser); 2e-6 with the same weights
+    "table": dict.fromkeys(("completeness", "selectivity", "selectivity_z_e", "reliability"), 1e-3),
+    # one item's score: measured 8.6e-4; 2e-6 with the same weights
+    "items": dict.fromkeys(("completeness", "selectivity", "selectivity_z_e"), 5e-3),
+    # log odds and scores on a random GPT-NeoX built in the process (no trained weights below them): measured
+    # 1.2e-7, 1.1e-6 for erased_fraction (a ratio)
+    "gym": dict.fromkeys(("odds", "odds_draw_sd", "erasure", "erased_fraction", "completeness", "completeness_l1",
+                          "completeness_l2", "oracle_selectivity"), 1e-5),
+}
+# Accuracies: the share of items an oracle, the task or the edit gets right. Float noise moves one only by flipping an
+# item whose margin is within rounding of 0 (none flipped in any measurement): per frame, at most 2 values (one item
+# moves task_acc_after and delta_task_acc together) or 1% of them may be off, each by one item at most (1/50: the
+# smallest reliability set, the z_e oracle's test items; 1/8: CausalGym's eval pairs).
+ACCURACIES = {
+    "table": (("task_acc_before", "task_acc_after", "delta_task_acc", "fit_probe_accuracy", "oracle_acc_"), 1 / 50),
+    "items": ((), 0.0),
+    "gym": (("iia", "task_accuracy", "oracle_accuracy", "probe_accuracy"), 1 / 8),
+}
+
+
+def _kind(stem: str) -> str:
+    return "gym" if stem == "causalgym" else "items" if stem.endswith("_items") else "table"
+
+
+def assert_same_table(got: pd.DataFrame, want: pd.DataFrame, kind: str) -> None:
+    """``got`` is ``want`` up to float noise: the scores of :data:`TOL` within their tolerance, the accuracies of
+    :data:`ACCURACIES` by its rule, every other column exactly."""
+    assert list(got.columns) == list(want.columns) and len(got) == len(want), (list(got.columns), len(got))
+    tol = TOL[kind]
+    prefixes, one_item = ACCURACIES[kind]
+    off, n_acc = [], 0
+    for c in got.columns:
+        a, b = got[c].reset_index(drop=True), want[c].reset_index(drop=True)
+        if c in tol:
+            np.testing.assert_allclose(a.to_numpy(float), b.to_numpy(float), rtol=0, atol=tol[c], err_msg=c)
+        elif c.startswith(prefixes):
+            x, y = a.to_numpy(float), b.to_numpy(float)
+            assert (np.isnan(x) == np.isnan(y)).all(), c
+            d = np.abs(np.nan_to_num(x - y))
+            assert (d <= one_item + 1e-9).all(), (c, x, y)
+            off += [(c, i) for i in np.flatnonzero(d > 1e-9)]
+            n_acc += len(d)
+        else:
+            pd.testing.assert_series_equal(a, b, check_exact=True)
+    assert len(off) <= max(2, n_acc // 100), f"accuracies off by an item: {off}"
+
+
+def _check(got: pd.DataFrame, stem: str) -> None:
+    """``got`` is the pinned table up to float noise (``CPROBE_WRITE_GOLDEN=1``: pins it instead)."""
     path = GOLDEN / f"{stem}.parquet"
-    if exact and os.environ.get("CPROBE_WRITE_GOLDEN") == "1":
+    if os.environ.get("CPROBE_WRITE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
         got.to_parquet(path)
-    if exact:
-        pd.testing.assert_frame_equal(got, pd.read_parquet(path), check_exact=True)
-    else:
-        pd.testing.assert_frame_equal(got, pd.read_parquet(path), check_exact=False, rtol=1e-5, atol=1e-5)
+    assert_same_table(got, pd.read_parquet(path), _kind(stem))
 
 
 @pytest.mark.parametrize("name", sorted(RELIABILITY))
 def test_a_reliability_job_gives_the_pinned_table_and_items(name, tmp_path):
-    """With full forwards (``compute.resume=false``) the refactored code gives the old code's values bit for bit."""
+    """With full forwards (``compute.resume=false``) the refactored code gives the old code's values (up to the float
+    noise of another CPU: :func:`assert_same_table`)."""
     table, items = reliability_table(name, tmp_path)
     _check(table, f"reliability_{name}")
     _check(items, f"reliability_{name}_items")
@@ -112,15 +172,16 @@ def test_a_reliability_job_gives_the_pinned_table_and_items(name, tmp_path):
 def test_resumed_passes_give_the_pinned_table_within_float_tolerance(name, tmp_path):
     """With ``compute.resume`` (issue 35): the edited pass over the scored items resumes at its lowest edited or read
     layer from clean states in the activation cache, DAS's training steps and the sequential refits at the edited
-    layer: the same table within 1e-5 (the resumed blocks sum in another order, so the last bits may differ)."""
+    layer: the same table (the resumed blocks sum in another order: measured <= 2e-6 from full forwards, far inside
+    :data:`TOL`)."""
     table, items = reliability_table(name, tmp_path, resume=True)
-    _check(table, f"reliability_{name}", exact=False)
-    _check(items, f"reliability_{name}_items", exact=False)
+    _check(table, f"reliability_{name}")
+    _check(items, f"reliability_{name}_items")
 
 
 def test_a_causalgym_task_gives_the_pinned_table(adapter, template):  # noqa: F811
-    """Exactly, with the last-token passes resumed as any other (``kv_resume`` off: the blocks above the edit run
-    every token, in the same order as before)."""
+    """With the last-token passes resumed as any other (``kv_resume`` off: the blocks above the edit run every token,
+    in the same order as before)."""
     adapter.kv_resume = False
     try:
         _check(causalgym_table(adapter, template), "causalgym")
@@ -130,7 +191,45 @@ def test_a_causalgym_task_gives_the_pinned_table(adapter, template):  # noqa: F8
 
 def test_a_causalgym_task_over_the_prefix_cache_gives_the_pinned_table_within_float_tolerance(adapter, template):  # noqa: F811,E501
     """DAS passes whose sites are all at the rows' last token run that token alone over the prefix's clean key/value
-    cache (models/resume.py): the same table within 1e-5 (one token's products sum in another order: measured 3e-8
-    absolute, 1.4e-6 relative)."""
+    cache (models/resume.py): the same table (one token's products sum in another order: measured 3e-8 absolute,
+    1.4e-6 relative)."""
     assert adapter.can_kv_resume
-    _check(causalgym_table(adapter, template), "causalgym", exact=False)
+    _check(causalgym_table(adapter, template), "causalgym")
+
+
+def test_the_jobs_run_on_the_kernels_and_threads_the_pass_names():
+    """``make test-portable`` reaches torch: its kernels (``ATEN_CPU_CAPABILITY``), the jobs' threads
+    (``CPROBE_TEST_THREADS``) and, with ``OMP_NUM_THREADS`` set alike, every op the jobs size themselves (probe
+    fits: :func:`cprobe.compute.choose_threads`)."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        assert torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+    with threads(THREADS):
+        assert torch.get_num_threads() == THREADS
+        if os.environ.get("CPROBE_TEST_THREADS"):
+            assert os.environ.get("OMP_NUM_THREADS") == os.environ["CPROBE_TEST_THREADS"]
+            assert choose_threads(1.0) == choose_threads(1e12) == THREADS
+
+
+def test_the_comparison_lets_float_noise_through_and_nothing_more():
+    """:func:`assert_same_table` on a pinned table moved by hand: noise within each tolerance passes, and so do two
+    accuracies one item off; a score past its tolerance, an accuracy two items off, a third accuracy off, a flipped
+    flag or a changed count fails."""
+    want = pd.read_parquet(GOLDEN / "reliability_leace_read_all.parquet")
+
+    def moved(**cols) -> pd.DataFrame:
+        got = want.copy()
+        for c, (row, by) in cols.items():
+            got.loc[row, c] = (not got.loc[row, c]) if by is None else got.loc[row, c] + by
+        return got
+
+    assert_same_table(moved(completeness=(0, 9e-4), reliability=(2, -9e-4)), want, "table")
+    assert_same_table(moved(task_acc_after=(1, 0.0125), delta_task_acc=(1, -0.0125)), want, "table")
+    for bad in (dict(completeness=(0, 1.1e-3)), dict(oracle_acc_edited_z_c=(0, 0.025)),
+                dict(task_acc_after=(1, 0.0125), delta_task_acc=(1, -0.0125), oracle_acc_z_e=(2, 0.02)),
+                dict(selectivity_valid=(2, None)), dict(n_scored=(0, 1))):
+        with pytest.raises(AssertionError):
+            assert_same_table(moved(**bad), want, "table")
+    items = pd.read_parquet(GOLDEN / "reliability_leace_read_all_items.parquet")
+    assert_same_table(items.assign(completeness=items["completeness"] + 4e-3), items, "items")
+    with pytest.raises(AssertionError):
+        assert_same_table(items.assign(completeness=items["completeness"] + 6e-3), items, "items")

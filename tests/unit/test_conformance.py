@@ -180,6 +180,7 @@ def test_pytest_ids_name_the_method_and_the_check():
     assert "leace-check_nullifying_erases" in ids and "leace-check_explains_every_query" in ids
 
 
+@pytest.mark.numeric
 def test_streaming_update_equals_one_fit_and_follows_later_batches():
     """update() over batches (uneven, one missing a class) gives the eraser/steerer of one fit on all rows, and more
     data after use updates every public attribute."""

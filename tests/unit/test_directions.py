@@ -254,6 +254,7 @@ def test_das_reads_nothing_back_from_the_device_per_step() -> None:
     assert das.losses_.shape == (20, 1) and len(das.losses) == 20  # read once, at the end
 
 
+@pytest.mark.numeric
 def test_das_fit_many_equals_one_site_at_a_time() -> None:
     """K sites in one batched pass train the same directions as K separate fits (tolerance 1e-5: float summation
     order; measured ≤ 2e-7), with the per-site losses of the separate fits."""

@@ -182,6 +182,7 @@ def test_encoded_batches_pad_and_trim_like_the_tokenizer():
     assert isinstance(Encoded.cat([enc, enc]), Encoded) and len(Encoded.cat([enc, enc])) == 40
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize("arch", ["bert", "gpt_neox"])
 def test_token_budget_batches_give_the_same_states_in_input_order(arch):
     ex = _examples(50)
@@ -192,6 +193,7 @@ def test_token_budget_batches_give_the_same_states_in_input_order(arch):
         torch.testing.assert_close(budget.acts[s], base.acts[s], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.numeric
 def test_prefetching_on_a_thread_changes_nothing_and_stops_cleanly():
     ex = _examples(40)
     ad = _adapter("gpt2", batch_size=6)
@@ -316,6 +318,7 @@ def _count_rows(ad) -> list[int]:
     return rows
 
 
+@pytest.mark.numeric
 def test_a_killed_extraction_resumes_from_its_last_shard(tmp_path, monkeypatch):
     ex = _examples(50)
     ad = _adapter("bert", batch_size=4)
@@ -374,6 +377,7 @@ def _stream(tmp_path, n=240, d=6, rows_per_shard=50):
     return X, z, Activations(n, entry=cache.entry({"synthetic": 1}, n))
 
 
+@pytest.mark.numeric
 def test_streaming_leace_and_mean_diff_equal_their_batch_fits(tmp_path):
     X, z, acts = _stream(tmp_path)
     assert len(list(acts.shards(["X"]))) == 5
@@ -388,6 +392,7 @@ def test_streaming_leace_and_mean_diff_equal_their_batch_fits(tmp_path):
         fit_streaming(object(), acts, "X", z)
 
 
+@pytest.mark.numeric
 def test_a_probe_fits_from_a_stream_one_shard_equals_fit():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(300, 8, generator=g)

@@ -12,6 +12,8 @@ import torch
 from cprobe.errors import ConfigError
 from cprobe.interventions import INTERVENTIONS
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 R2 = math.sqrt(2.0)
 
 

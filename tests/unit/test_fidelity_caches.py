@@ -13,6 +13,8 @@ import torch
 from cprobe.probes import build_probe
 from cprobe.tasks import reliability as rel
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 CFG = {"name": "linear", "lrs": [0.1], "epochs": 2, "batch_size": 16}
 ROLE = {"acts": ["tiny", "fp", "float32", "data", 2, "target"], "oracle": "z_c", "probe": CFG}
 """The role key the study passes (what the states are meant to be): the same for every call below."""

@@ -13,6 +13,8 @@ from cprobe.errors import ConfigError
 from cprobe.interventions import INTERVENTIONS
 from tests.unit.test_fidelity_mutants import _three_classes
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def test_a_float64_edit_is_computed_in_float64():
     """Independent recomputation in float64 from the fitted A and targets: x + (t_{z′} − aᵀx) a agrees to 1e-12 (in

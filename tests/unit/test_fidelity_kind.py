@@ -10,6 +10,8 @@ from cprobe.errors import ConfigError
 from cprobe.interventions import INTERVENTIONS
 from cprobe.tasks.reliability import Config, _validate_sites
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def test_the_class_default_and_the_instance_can_differ():
     cls = INTERVENTIONS.get("mean_direction")

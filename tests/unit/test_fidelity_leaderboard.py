@@ -11,6 +11,8 @@ import pytest
 from cprobe import records as R
 from cprobe.leaderboard import CI_TEXT, cell_text, interval, leaderboard, markdown, number, wide
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def _quantiles(stats: np.ndarray) -> tuple[float, float]:
     lo, hi = np.quantile(stats, [0.025, 0.975])

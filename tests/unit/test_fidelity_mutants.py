@@ -16,6 +16,8 @@ from cprobe import records as R
 from cprobe.interventions import INTERVENTIONS
 from cprobe.leaderboard import CI_TEXT, interval, leaderboard
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 S6 = math.sqrt(6.0)
 
 

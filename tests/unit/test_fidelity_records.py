@@ -13,6 +13,8 @@ import pytest
 
 from cprobe import records as R
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def test_missing_values_and_lists_in_json():
     assert R.canonical({"b": None, "a": pd.NA, "c": float("nan")}) == '{"a":null,"b":null,"c":null}'

@@ -13,7 +13,7 @@ from cprobe.errors import ConfigError
 from cprobe.interventions.autoattack import COMPONENTS, AutoAttack, square_p, targeted_dlr
 from cprobe.interventions.base import INTERVENTIONS
 from cprobe.interventions.fgsm import FGSM
-from cprobe.interventions.gbi import GradientIntervention, project_linf, target_margin
+from cprobe.interventions.gbi import GradientIntervention, input_grad, project_linf, target_margin, targeted_ce
 from cprobe.interventions.pgd import PGD
 from cprobe.probes.base import Probe
 
@@ -150,11 +150,49 @@ def test_deterministic_given_seed(name: str) -> None:
     assert not torch.equal(a, c)
 
 
+@pytest.mark.numeric
 def test_batches_do_not_change_deterministic_attacks() -> None:
+    """Each row is attacked on its own: batches of 7 give every row its unbatched attack. A sign step is discontinuous
+    where a gradient coordinate is 0, and there the sign of the rounding noise decides (the matmul kernel differs by
+    batch shape and CPU), so the iterates are compared on a probe with generic weights and an unsaturated softmax,
+    where every gradient coordinate is far from cancelling (checked along the path)."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(50, 6, generator=g)
+    lin = nn.Linear(6, 3)
+    with torch.no_grad():
+        lin.weight.copy_(0.5 * torch.randn(3, 6, generator=g))
+        lin.bias.zero_()
+    z_target = torch.randint(0, 3, (50,), generator=g)
+    kw = dict(eps=0.3, steps=5, random_start=False)
+    full = PGD.from_module(lin, 3, **kw).transform(X, z_target)
+    batched = PGD.from_module(lin, 3, batch_size=7, **kw).transform(X, z_target)
+    x = X  # the path, by hand: each coordinate's sum over classes keeps > 1e-3 of its terms' size (noise: ~1e-7)
+    for _ in range(5):
+        _, grad, logits = input_grad(lin, x, targeted_ce, z_target)
+        residual = logits.softmax(1) - nn.functional.one_hot(z_target, 3)
+        assert (grad.abs() / (residual.abs() @ lin.weight.detach().abs())).min().item() > 1e-3
+        x = project_linf(x - 2.5 * 0.3 / 5 * grad.sign(), X, 0.3)
+    torch.testing.assert_close(full, x)
+    torch.testing.assert_close(batched, full)
+
+
+@pytest.mark.numeric
+def test_batches_keep_each_rows_attack_where_a_gradient_coordinate_is_tied() -> None:
+    """The blobs' probe has a coordinate that every class weighs alike (+1): its CE gradient is exactly 0, the rounded
+    sign is float noise, and the attack moves it by ±eps or not at all depending on the batch shape and the CPU. That
+    coordinate changes no class's probability, so what batching promises still holds: each row's success, its class
+    log-probabilities and the eps-ball."""
     X, _, lin, z_target = blobs(50, 6, 3)
-    full = PGD.from_module(lin, 3, eps=0.3, random_start=False).transform(X, z_target)
-    batched = PGD.from_module(lin, 3, eps=0.3, random_start=False, batch_size=7).transform(X, z_target)
-    torch.testing.assert_close(full, batched)
+    assert (lin.weight == lin.weight[0]).all(0).any()  # a tied coordinate
+    full = PGD.from_module(lin, 3, eps=1.0, random_start=False).transform(X, z_target)
+    batched = PGD.from_module(lin, 3, eps=1.0, random_start=False, batch_size=7).transform(X, z_target)
+    with torch.no_grad():
+        lp_full, lp_batched = lin(full).log_softmax(1), lin(batched).log_softmax(1)
+    hit = lp_full.argmax(1) == z_target
+    assert 0 < hit.float().mean() < 1 and torch.equal(lp_batched.argmax(1) == z_target, hit)
+    torch.testing.assert_close(lp_batched, lp_full)
+    for out in (full, batched):
+        assert (out - X).abs().max() <= 1.0 + 1e-6
 
 
 def test_ensemble_is_at_least_as_successful_as_apgd_ce_alone() -> None:

@@ -461,6 +461,7 @@ def test_cluster_settings_in_local_slurm_yaml_reach_the_slurm_launcher_only(tmp_
     assert cli.hydra.launcher.partition == "debug"  # the command line wins
 
 
+@pytest.mark.numeric
 def test_the_weights_fingerprint_does_not_depend_on_threads():
     """A 1-CPU SLURM task and a 2-thread local run must key the same cache entries for the same model."""
     from types import SimpleNamespace

@@ -79,6 +79,7 @@ def _class_gap(X: torch.Tensor, z: torch.Tensor) -> float:
     return (X[z == 0].mean(0) - X[z == 1].mean(0)).abs().max().item()
 
 
+@pytest.mark.numeric
 def test_sequential_refit_sees_the_upstream_edit_and_simultaneous_does_not():
     """LEACE at layers 1 and 2. Sequential: the layer-2 eraser is fitted on the layer-2 states of the pass edited at
     layer 1, so after both edits the class means at layer 2 coincide on the fitting items (LEACE zeroes the

@@ -20,6 +20,8 @@ from cprobe.models.sites import Site
 from tests.conftest import make_random_model
 from tests.unit.test_engine import _examples
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 ARCHS = ["bert", "roberta", "gpt2", "gpt_neox", "llama", "mistral", "qwen2"]
 TOL = dict(atol=1e-5, rtol=1e-5)
 

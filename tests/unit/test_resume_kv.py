@@ -19,6 +19,8 @@ from cprobe.models.resume import last_only
 from cprobe.models.sites import Batch, Site
 from tests.unit.test_resume import TOL, _adapter, _setup
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 CAUSAL = ["gpt2", "gpt_neox", "llama"]
 
 

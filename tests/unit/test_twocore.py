@@ -10,6 +10,8 @@ from torch import nn
 from cprobe.models.twocore import _Addmm, two_core_backward
 from tests.conftest import make_random_model
 
+pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
+
 
 def _grads(model: nn.Module, batch: dict, two_cores: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)

@@ -2,11 +2,12 @@
 gradient and its weight (and bias) gradient at the same time, on two threads, each one single-threaded GEMM.
 
 Tiny-model training runs on one intra-op thread (``models.portable.TRAIN_THREADS``): a fixed reduction order gives the
-same weights on any machine. A second intra-op thread would change that order; this does not. The two gradients are
-the exact calls autograd's ``AddmmBackward0`` makes for ``F.linear`` on a contiguous input (``grad @ W`` and
-``grad.T @ x``, and the bias reduced as ``sum_to`` does), only started together, so the trained weights are bitwise
-those of the plain backward (``tests/unit/test_twocore.py``); half of the backward's matrix products leave the
-critical path (~20% of a tiny BERT's training step on 2 idle cores). On one CPU it changes nothing.
+same weights whatever the machine's core count (and on every x86-64 CPU with AVX2 where the CPU paths are pinned too:
+the portable process, ``models/portable.py``). A second intra-op thread would change that order; this does not. The two
+gradients are the exact calls autograd's ``AddmmBackward0`` makes for ``F.linear`` on a contiguous input (``grad @ W``
+and ``grad.T @ x``, and the bias reduced as ``sum_to`` does), only started together, so the trained weights are bitwise
+those of the plain backward (``tests/unit/test_twocore.py``); half of the backward's matrix products leave the critical
+path (~20% of a tiny BERT's training step on 2 idle cores). On one CPU it changes nothing.
 """
 
 from __future__ import annotations
