@@ -98,15 +98,21 @@ def xdist_group(nodeid: str) -> str:
     return path
 
 
+ON_REQUEST = ("bench", "real")
+"""Markers whose tests run only when a ``-m`` expression names them."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Benchmark scripts (``@pytest.mark.bench``) run only when asked for (``pytest -m bench``, ``make bench``); in a
-    parallel run every test is marked with its :func:`xdist_group`, the longest groups first."""
-    if "bench" not in (config.getoption("markexpr") or ""):
-        keep = [it for it in items if it.get_closest_marker("bench") is None]
-        if len(keep) < len(items):
-            config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("bench") is not None])
-            items[:] = keep
+    """Benchmark scripts (``@pytest.mark.bench``) and the real-model runs (``@pytest.mark.real``) run only when asked
+    for (``pytest -m bench``, ``make bench``; ``pytest -m real``, ``make test-real``); in a parallel run every test is
+    marked with its :func:`xdist_group`, the longest groups first."""
+    for marker in ON_REQUEST:
+        if marker not in (config.getoption("markexpr") or ""):
+            keep = [it for it in items if it.get_closest_marker(marker) is None]
+            if len(keep) < len(items):
+                config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker(marker) is not None])
+                items[:] = keep
     if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):  # an xdist worker under --dist loadgroup
         return
     for it in items:
