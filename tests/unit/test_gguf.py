@@ -235,3 +235,17 @@ def test_the_cli_refuses_a_truncated_gguf_in_one_line_with_no_run_dir(files, tmp
                 f"paths.output_root={out}",
                 cwd=tmp_path, env={"CPROBE_CACHE_DIR": str(tmp_path / "cache")})
     cli.assert_refused(r, "cut.gguf is truncated", out)
+
+
+@pytest.mark.parametrize("arch, kind", [("llama", "causal"), ("bert", "mlm")])
+def test_a_hugging_face_folder_by_path_reads_its_kind_and_is_named_after_it(arch, kind, tmp_path):
+    from tests.conftest import make_random_model
+
+    model, tok = make_random_model(arch)
+    folder = tmp_path / f"my-{arch}"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ad = load_adapter(_local(folder), tmp_path / "cache")
+    assert ad.name == f"my-{arch}" and ad.kind == kind and ad.weights == "float32"
+    assert ad.bos == ("<|endoftext|>" if kind == "causal" else None)
+    assert not (tmp_path / "cache" / "gguf").exists()  # nothing to dequantise

@@ -6,7 +6,7 @@ safetensors-only with ``trust_remote_code`` off by default; offline, a model tha
 Hugging Face cache fails fast with instructions. :func:`peek_n_layers` reads a model's layer count from its
 config file (a GGUF's header) without loading weights, so layer specs are checked before any heavy work.
 
-:func:`checkpoint` says where a model's files are: a GGUF (``model.path`` a ``.gguf`` file, a folder holding one,
+:func:`resolve_path` says where a model's files are: a GGUF (``model.path`` a ``.gguf`` file, a folder holding one,
 or a package shipping one) is dequantised once into the model cache (:mod:`cprobe.models.gguf`) and read from there
 as a checkpoint folder. ``source: local`` (``model=local``) takes any local checkpoint and reads its kind from it
 (``kind: auto``); a model config without a ``name`` is named after its folder or file (:func:`named`).
@@ -314,7 +314,7 @@ def _kind(mc: ModelConfig, path: str) -> str:
             path, revision=mc.revision, local_files_only=local_only, trust_remote_code=mc.trust_remote_code))
         archs, model_type = c.architectures or [], c.model_type
     for kind, ends in (("causal", ("ForCausalLM", "LMHeadModel")), ("mlm", ("ForMaskedLM",)),
-                       ("classifier", ("ForSequenceClassification",))):
+                       ("classifier", ("ForSequenceClassification",)), ("encoder", ("Model",))):
         if any(str(a).endswith(ends) for a in archs):
             return kind
     raise ConfigError(f"model {mc.name!r}: cannot tell its kind from its config ({model_type or 'no model_type'}, "
