@@ -49,18 +49,16 @@ def test_none_an_explicit_token_and_the_one_line_refusals():
     tok = _tok("<|im_start|>", "<|im_end|>", CHAT)
     assert start_token(tok, "none", "causal", "m") is None
     assert start_token(tok, "<|im_end|>", "causal", "m") == "<|im_end|>"
-    with pytest.raises(ConfigError) as e:  # neither a BOS nor a separator that is not a turn marker
-        start_token(tok, "auto", "causal", "smol")
-    assert "no BOS token and no document separator" in str(e.value) and "model.bos=none" in str(e.value)
-    with pytest.raises(ConfigError) as e:
-        start_token(tok, "<|endoftext|>", "causal", "m")
-    assert "'<|endoftext|>' is not a token of its vocabulary" in str(e.value)
-    with pytest.raises(ConfigError) as e:  # a masked LM's inputs are framed by its tokenizer's [CLS] … [SEP]
-        start_token(make_word_tokenizer("mlm"), "none", "mlm", "bert")
-    assert "applies to causal LMs" in str(e.value)
+    refusals = [((tok, "auto", "causal", "smol"), "no BOS token and no document separator"),  # nor a separator
+                ((tok, "<|endoftext|>", "causal", "m"), "'<|endoftext|>' is not a token of its vocabulary"),
+                # a masked LM's inputs are framed by its tokenizer's [CLS] … [SEP]
+                ((make_word_tokenizer("mlm"), "none", "mlm", "bert"), "applies to causal LMs")]
+    for args, needle in refusals:
+        with pytest.raises(ConfigError) as e:
+            start_token(*args)
+        assert needle in str(e.value) and "\n" not in str(e.value)
+    assert "model.bos=none" in str(pytest.raises(ConfigError, start_token, *refusals[0][0]).value)
     assert start_token(make_word_tokenizer("mlm"), "auto", "mlm", "bert") is None
-    for err in (e,):
-        assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("bos, first", [("auto", "<|endoftext|>"), ("none", None), ("w7", "w7")])
