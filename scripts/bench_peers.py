@@ -1,6 +1,8 @@
 """cprobe against its peers — TransformerLens, nnsight, pyvene — and a bare Hugging Face forward, in one process.
 
-GPT-2-small shape with random weights (built from ``GPT2Config``: no download), sentences of the agreement grammar
+GPT-2-small shape with random weights (built from ``GPT2Config``: no download; ``--size gemma3_270m``: Gemma 3 270M's
+shape, from ``Gemma3TextConfig``: 18 blocks, 5 sliding-window layers to 1 global, a 262,144-token tied head — the
+peers are GPT-2-only here, so that shape compares cprobe with the floor), sentences of the agreement grammar
 (word-level tokenizer), float32, ``--threads`` intra-op threads, interleaved repeats (every tool once per round; the
 median is reported). Rows:
 
@@ -26,6 +28,7 @@ mismatch.
     python scripts/bench_peers.py                          # CPU, GPT-2-small shape, 2 threads (docs/performance.md)
     python scripts/bench_peers.py --device cuda --repeats 10
     python scripts/bench_peers.py --size tiny --n 16 --repeats 1   # a smoke run
+    python scripts/bench_peers.py --size gemma3_270m --peers '' --rows interchange,das   # Gemma 3 (docs/real_models.md)
 
 The peers are the optional extra ``cprobe[peers]`` (``make bench-peers-install`` keeps the CPU torch); a peer that is
 not installed is reported as such and left out.
@@ -59,21 +62,32 @@ from cprobe.models.sites import Site
 from cprobe.models.tiny import build_tokenizer
 
 SHAPES = {"small": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257),  # GPT-2 small
-          "tiny": dict(n_layer=4, n_embd=64, n_head=2, vocab_size=1000)}
+          "tiny": dict(n_layer=4, n_embd=64, n_head=2, vocab_size=1000),
+          # Gemma 3 270M (its GGUF's config: model=gemma3_270m), the layer pattern and window as transformers sets them
+          "gemma3_270m": dict(family="gemma3", num_hidden_layers=18, hidden_size=640, intermediate_size=2048,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144,
+                              sliding_window=512, query_pre_attn_scalar=256)}
 TOL = 1e-5
 BATCH = 32  # rows per forward for every tool (length-sorted), and the DAS step's batch
 
 
 # ----------------------------------------------------------------------------------------------- setup
 def build(size: str, device: torch.device, n: int):
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoTokenizer, Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel
 
     tok = build_tokenizer("neox", vocabulary(GrammarConfig(n_sentences=4 * n, seed=0)), 128)
     d = tempfile.mkdtemp(prefix="bench_peers_tok_")
     tok.save_pretrained(d)  # TransformerLens re-reads the tokenizer by its name_or_path
     tok = AutoTokenizer.from_pretrained(d)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_positions=128, **SHAPES[size])).to(device).eval()
+    shape = dict(SHAPES[size])
+    if shape.pop("family", "gpt2") == "gemma3":
+        # the tokenizer's padding id as the embedding's padding index (zero row): Gemma's default 0 is this
+        # tokenizer's <|endoftext|>, every input's start token, whose zero embedding gives NaN gradients
+        model = Gemma3ForCausalLM(Gemma3TextConfig(max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+                                                   **shape)).to(device).eval()
+    else:
+        model = GPT2LMHeadModel(GPT2Config(n_positions=128, **shape)).to(device).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tok
@@ -156,9 +170,11 @@ class Bare:
 
     def __init__(self, model, L: int) -> None:
         self.model, self.L = model, L
+        base = model.base_model
+        self.blocks = base.h if hasattr(base, "h") else base.layers  # GPT-2's, Gemma's
 
     def every(self, data: Batches) -> torch.Tensor:
-        out = torch.zeros(data.n, self.L + 1, self.model.config.n_embd)
+        out = torch.zeros(data.n, self.L + 1, self.model.config.hidden_size)
         with torch.inference_mode():
             for rows, ids, mask, pos in data:
                 hs = self.model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
@@ -177,7 +193,7 @@ class Bare:
             new = h.index_put((r, pos), dii(h[r, pos], src, a))
             return (new, *out[1:]) if isinstance(out, tuple) else new
 
-        handle = self.model.transformer.h[layer - 1].register_forward_hook(hook)
+        handle = self.blocks[layer - 1].register_forward_hook(hook)
         try:
             logits = self.model(input_ids=ids, attention_mask=mask).logits
         finally:
@@ -185,7 +201,7 @@ class Bare:
         return logits[r, pos]
 
     def interchange(self, base: Batches, source: Batches, layer: int, a: torch.Tensor, cands: torch.Tensor):
-        src = torch.zeros(base.n, self.model.config.n_embd, device=a.device)
+        src = torch.zeros(base.n, self.model.config.hidden_size, device=a.device)
         out = torch.zeros(base.n, cands.shape[1])
         with torch.inference_mode():
             for rows, ids, mask, pos in source:
@@ -477,9 +493,9 @@ def main() -> None:
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     model, tok = build(args.size, device, args.n)
-    L = model.config.n_layer
+    L = model.config.num_hidden_layers
     layer, early = min(args.layer, L - 1), min(args.early, L - 1)  # block outputs (below the final norm)
-    adapter = ModelAdapter(model, tok, "causal", f"gpt2-{args.size}-random", batch_size=BATCH)
+    adapter = ModelAdapter(model, tok, "causal", f"{args.size}-random", batch_size=BATCH)
     base_ex, source_ex = items(args.n)
     base, source = Batches(adapter, base_ex, device), Batches(adapter, source_ex, device)
     base.examples, source.examples = base_ex, source_ex
@@ -489,7 +505,7 @@ def main() -> None:
     cands = torch.tensor([[adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)] for e in base_ex],
                          device=device)
     g = torch.Generator().manual_seed(0)
-    a = torch.nn.functional.normalize(torch.randn(model.config.n_embd, generator=g), dim=0).to(device)
+    a = torch.nn.functional.normalize(torch.randn(model.config.hidden_size, generator=g), dim=0).to(device)
 
     rows0, ids0, mask0, pos0 = next(iter(base))  # the DAS step's batch: the first 32 pairs
     t0 = time.perf_counter()
@@ -501,6 +517,8 @@ def main() -> None:
     tools: list = [Bare(model, L), CProbe(adapter, L), resumed, resumed_kv]
     missing = []
     wanted = [p for p in args.peers.split(",") if p]
+    if wanted and model.config.model_type != "gpt2":
+        raise SystemExit(f"the peers' wrappers here are GPT-2's; run --size {args.size} with --peers ''")
     for peer in wanted:  # each peer wraps its own copy of the model (TransformerLens replaces modules in place)
         try:
             if peer == "transformer_lens":
@@ -528,7 +546,7 @@ def main() -> None:
         for rows, ids, mask, pos in source:
             h = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[layer]
             hs[rows] = h[torch.arange(len(ids), device=device), pos]
-        src_all = torch.zeros(args.n, model.config.n_embd, device=device)
+        src_all = torch.zeros(args.n, model.config.hidden_size, device=device)
         for rows, h in hs.items():
             src_all[rows] = h
     src0 = src_all[rows0].clone()
@@ -568,7 +586,8 @@ def main() -> None:
                 # the loss, and the gradient relative to its largest entry (not the direction after Adam's first
                 # step: lr * g / (|g| + eps) turns float noise in near-zero gradient entries into ±lr)
                 scale = max(1.0, float(ref[1].abs().max()))
-                err = max(abs(got[0] - ref[0]) / max(1.0, abs(ref[0])), close(got[1], ref[1]) / scale)
+                errs = [abs(got[0] - ref[0]) / max(1.0, abs(ref[0])), close(got[1], ref[1]) / scale]
+                err = float("nan") if any(e != e for e in errs) else max(errs)  # a NaN gradient fails (max skips it)
                 print(f"  {t.name}: loss {got[0]:.6f} vs {ref[0]:.6f}; gradient {close(got[1], ref[1]):.2e} "
                       f"(largest entry {scale:.2e}); direction after the step {close(got[2], ref[2]):.2e}", flush=True)
             else:
@@ -613,7 +632,7 @@ def main() -> None:
     clean_med = {kv: statistics.median(v) for kv, v in clean_t.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"{platform.processor() or platform.machine()} CPU, {args.threads} threads"
-    print(f"\n{args.size} GPT-2 shape (random weights), {args.n} sentences / pairs, float32, {where}, "
+    print(f"\n{args.size} {model.config.model_type} shape (random weights), {args.n} sentences / pairs, float32, {where}, "
           f"median of {args.repeats} interleaved rounds, {datetime.date.today()}")
     print(f"versions: {', '.join(f'{k} {v}' for k, v in versions.items())}")
     print(f"cprobe resumed: its clean passes to layer {layer} ({args.n} bases and the DAS batch), made once before "

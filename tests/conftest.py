@@ -105,15 +105,21 @@ def xdist_group(nodeid: str) -> str:
     return path
 
 
+ON_REQUEST = ("bench", "real")
+"""Markers whose tests run only when a ``-m`` expression names them."""
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Benchmark scripts (``@pytest.mark.bench``) run only when asked for (``pytest -m bench``, ``make bench``); in a
-    parallel run every test is marked with its :func:`xdist_group`, the longest groups first."""
-    if "bench" not in (config.getoption("markexpr") or ""):
-        keep = [it for it in items if it.get_closest_marker("bench") is None]
-        if len(keep) < len(items):
-            config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker("bench") is not None])
-            items[:] = keep
+    """Benchmark scripts (``@pytest.mark.bench``) and the real-model runs (``@pytest.mark.real``) run only when asked
+    for (``pytest -m bench``, ``make bench``; ``pytest -m real``, ``make test-real``); in a parallel run every test is
+    marked with its :func:`xdist_group`, the longest groups first."""
+    for marker in ON_REQUEST:
+        if marker not in (config.getoption("markexpr") or ""):
+            keep = [it for it in items if it.get_closest_marker(marker) is None]
+            if len(keep) < len(items):
+                config.hook.pytest_deselected(items=[it for it in items if it.get_closest_marker(marker) is not None])
+                items[:] = keep
     if not (hasattr(config, "workerinput") and config.getvalue("loadgroup")):  # an xdist worker under --dist loadgroup
         return
     for it in items:
@@ -170,9 +176,15 @@ def make_word_tokenizer(kind: str):
                                    pad_token="<|endoftext|>", unk_token="[UNK]")
 
 
-def make_random_model(arch: str, seed: int = 0):
+SLIDING = ("mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+"""The families whose configs can give some layers a sliding attention window (make_random_model's ``window``)."""
+
+
+def make_random_model(arch: str, seed: int = 0, window: int | None = None):
     """A tiny random-init HF model (no download) and its tokenizer: arch in bert | roberta | gpt_neox | gpt2 | llama |
-    mistral | qwen2."""
+    mistral | qwen2 | qwen3 | gemma | gemma2 | gemma3_text. For the :data:`SLIDING` families ``window`` sets the
+    attention window of their sliding layers (Mistral: every layer; Qwen 2/3: the layers above the first; Gemma 2 and
+    3: layers 1 and 3 of 3, layer 2 global) — None: the config's default; the Gemma norms get random weights too."""
     import torch
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, GPTNeoXConfig,
                               GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM)
@@ -194,12 +206,28 @@ def make_random_model(arch: str, seed: int = 0):
                                              intermediate_size=64, max_position_embeddings=64))
     elif arch == "gpt2":
         m = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=3, n_head=2, n_positions=64))
-    elif arch in ("mistral", "qwen2"):  # rotary, grouped-query attention (2 query heads per key/value head)
-        from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    elif arch in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"):
+        # rotary, grouped-query attention (2 query heads per key/value head)
+        import transformers as T
 
-        config, model = (MistralConfig, MistralForCausalLM) if arch == "mistral" else (Qwen2Config, Qwen2ForCausalLM)
-        m = model(config(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))
+        config, model = {"mistral": (T.MistralConfig, T.MistralForCausalLM), "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM),
+                         "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM), "gemma": (T.GemmaConfig, T.GemmaForCausalLM),
+                         "gemma2": (T.Gemma2Config, T.Gemma2ForCausalLM),
+                         "gemma3_text": (T.Gemma3TextConfig, T.Gemma3ForCausalLM)}[arch]
+        kw: dict = {}
+        if window is not None:
+            kw = {"sliding_window": window}
+            if arch in ("qwen2", "qwen3"):
+                kw.update(use_sliding_window=True, max_window_layers=1)
+            if arch == "gemma3_text":
+                kw["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention"]
+        m = model(config(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, head_dim=8,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, **kw))
+        if arch.startswith("gemma"):  # norms initialised to 0 (weight 1 + w): random, so each of them matters
+            with torch.no_grad():
+                for name, p in m.named_parameters():
+                    if "norm" in name:
+                        p.normal_(0, 0.3)
     else:
         m = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
                                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64))

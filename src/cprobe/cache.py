@@ -194,6 +194,9 @@ register_kind("probe_fits", "probe fits (the probing study, CausalGym oracles, v
 register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
 register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU",
               files=("batch_limits.json",))
+register_kind("gguf", "GGUF checkpoints dequantised to float32 safetensors folders, keyed by the file's sha256",
+              lambda entry: ", ".join(f"{k}={v}" for k, v in _json(entry, "gguf.json").items()
+                                       if k in ("file", "architecture", "file_type")))
 
 CACHE_KINDS: dict[str, str] = {k: v.description for k, v in KINDS.items()}
 """Every subdirectory of the cache root that cprobe writes, with what it holds (a view of :data:`KINDS`)."""
@@ -296,7 +299,7 @@ def model_identity(m: Mapping[str, Any]) -> dict[str, Any]:
     max_length. A checkpoint copied or moved elsewhere (a cache on another disk) has the same identity.
     """
     ident: dict[str, Any] = {k: m.get(k) for k in ("name", "source", "kind", "dtype", "max_length", "revision",
-                                                   "tiny", "subdir")}
+                                                   "tiny", "subdir", "gguf_file", "bos")}
     src = m.get("source", "hub")
     if src == "package" and m.get("package"):
         from importlib.metadata import PackageNotFoundError, version
@@ -308,22 +311,32 @@ def model_identity(m: Mapping[str, Any]) -> dict[str, Any]:
     path = Path(str(m.get("path") or "")).expanduser()
     if m.get("path") and path.is_dir():
         ident["files"] = _dir_digest(path)
+    elif m.get("path") and path.is_file():  # a GGUF file: its bytes
+        ident["files"] = {path.name: file_digest_memo(path)}
     elif m.get("path"):
         ident["path"] = m.get("path")  # a hub id
     return ident
 
 
-_DIR_DIGESTS: dict[tuple, dict[str, str]] = {}
+_DIR_DIGESTS: dict[tuple, str] = {}
 
 
 def _dir_digest(path: Path) -> dict[str, str]:
     """{file name: content digest} of a checkpoint's weights, configs and tokenizer files."""
     if (manifest := read_json(path / MANIFEST)) is not None:
         return manifest
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json", ".txt", ".model"))
-    stamp = (str(path.resolve()), tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files))
-    if stamp not in _DIR_DIGESTS:  # the stamp only memoises within the process; the identity is the contents
-        _DIR_DIGESTS[stamp] = {p.name: file_digest(p) for p in files}
+    files = sorted(p for p in path.iterdir()
+                   if p.is_file() and p.suffix in (".safetensors", ".json", ".txt", ".model", ".gguf"))
+    return {p.name: file_digest_memo(p) for p in files}
+
+
+def file_digest_memo(path: Path) -> str:
+    """:func:`cprobe.io.file_digest` of a checkpoint file, memoised in this process by its path, size and time (the
+    stamp only memoises; the identity is the contents)."""
+    st = path.stat()
+    stamp = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if stamp not in _DIR_DIGESTS:
+        _DIR_DIGESTS[stamp] = file_digest(path)
     return _DIR_DIGESTS[stamp]
 
 

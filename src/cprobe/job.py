@@ -132,6 +132,9 @@ class JobContext:
     progress: bool = True
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """What the job's models were: {name: {"weights", "dtype", "bos"}} (environment.json; quantised weights also
+    name themselves in the records: :meth:`weights_column`)."""
 
     def cache_dir(self, kind: str) -> Path | None:
         """The directory of registered cache kind ``kind`` (:func:`cprobe.cache.kind_dir`), or None when the job's
@@ -186,9 +189,17 @@ class JobContext:
             self.timings["load_model_s"] = time.perf_counter() - t0
         from cprobe.compute import kv_resume_flag, resume_flag
 
-        _ADAPTER[key].resume = resume_flag(self.cfg.get("compute"))  # compute.resume=false: full forwards
-        _ADAPTER[key].kv_resume = kv_resume_flag(self.cfg.get("compute"))  # false: last-token passes, every token
-        return _ADAPTER[key]
+        ad = _ADAPTER[key]
+        ad.resume = resume_flag(self.cfg.get("compute"))  # compute.resume=false: full forwards
+        ad.kv_resume = kv_resume_flag(self.cfg.get("compute"))  # false: last-token passes, every token
+        self.models[ad.name] = {"weights": ad.weights, "dtype": str(ad.dtype).removeprefix("torch."), "bos": ad.bos}
+        return ad
+
+    def weights_column(self) -> str | None:
+        """The job's models whose weights are not plain checkpoint weights in their dtype (a GGUF's, dequantised):
+        "name: how they were made" (the tables' ``model_weights`` column, so the records say so), or None."""
+        made = [f"{n}: {m['weights']}" for n, m in sorted(self.models.items()) if m["weights"] != m["dtype"]]
+        return "; ".join(made) or None
 
     def probe(self, probe_cfg: Mapping[str, Any]):
         """An unfitted probe from its config, with the job's seed and device."""

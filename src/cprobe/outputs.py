@@ -85,11 +85,12 @@ def write_leaderboard(board: pd.DataFrame, directory: Path) -> None:
 
 
 def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[str, Any],
-               sources: Any = None, values: pd.DataFrame | None = None) -> pd.DataFrame:
+               sources: Any = None, values: pd.DataFrame | None = None,
+               models: Mapping[str, Any] | None = None) -> pd.DataFrame:
     """A finished job's records, paper tables (from the records), leaderboard and environment; returns the records.
     ``metrics``: the job's table without timing columns; ``sources``: its rows' ``method_source`` (provenance, kept
-    out of the metric tables); ``values``: the task's per-item values. ``report.html`` comes after its status
-    (see :func:`write_report`)."""
+    out of the metric tables); ``values``: the task's per-item values; ``models``: what the job's models were
+    (``JobContext.models``, for environment.json). ``report.html`` comes after its status (see :func:`write_report`)."""
     from cprobe.leaderboard import leaderboard
     from cprobe.report import write_environment
     from cprobe.tasks import task_module
@@ -102,7 +103,7 @@ def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[st
     table = R.from_records(recs, spec) if spec is not None else metrics
     task_module(study).report(table, out_dir)
     write_leaderboard(leaderboard(recs, items, breakdowns([study])), out_dir)
-    write_environment(out_dir, cfg)
+    write_environment(out_dir, cfg, models)
     return recs
 
 

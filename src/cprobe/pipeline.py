@@ -248,11 +248,16 @@ def _validate_common(job: Job) -> None:
 
 
 def _plain(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved job config; a model config without a name (``model=local``) gets its checkpoint's."""
     try:
         plain = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # interpolation / resolver errors
         raise ConfigError(f"cannot resolve the config: {str(e).splitlines()[0]}") from None
     assert isinstance(plain, dict)
+    if isinstance(plain.get("model"), dict) and not plain["model"].get("name"):
+        from cprobe.models.load import named
+
+        plain["model"] = named(plain["model"])
     return plain
 
 
@@ -341,11 +346,14 @@ def _run_job(cfg: DictConfig) -> None:
         table["seed"] = job.keys.seed
         if ctx.warnings:
             table["warnings"] = "; ".join(ctx.warnings)
+        if ctx.weights_column():  # quantised weights name themselves in every record (its info)
+            table["model_weights"] = ctx.weights_column()
         from cprobe import outputs, results
 
         results.write_job(table, out_dir, ctx.timings)
         outputs.finish_job(job.keys.task, results.split_volatile(table)[0], out_dir, plain,
-                           sources=table["method_source"] if "method_source" in table else None, values=result.items)
+                           sources=table["method_source"] if "method_source" in table else None, values=result.items,
+                           models=ctx.models)
         write_status(out_dir, state="done", config_hash=h, started=t0, duration_s=time.time() - t0,
                      task=job.keys.task, rows=len(table), timings=ctx.timings, warnings=ctx.warnings)
         outputs.write_report(out_dir)

@@ -116,7 +116,7 @@ def test_an_intervention_edits_as_through_the_reliability_studys_path(adapter, t
         base_ev.acts)
     assert edited == pytest.approx(X_new, abs=1e-5)
 
-    written = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True),
+    written = adapter.map(pair_items(splits.eval)[0], RegionFormatter(),
                           edits={site_of(layer, region, "block"): Replace(X_new)}, readout=base_ev.readout)
     clean = base_ev.scores
     odds = log_odds_ratio(clean[:, 0], clean[:, 1], written.scores[:, 0], written.scores[:, 1]).mean().item()
@@ -133,7 +133,7 @@ def test_the_eraser_score_is_the_mean_reduction_of_the_absolute_log_odds(adapter
     base_tr, base_ev = Side(adapter, splits.train, layer, region), Side(adapter, splits.eval, layer, region)
     eraser = INTERVENTIONS.build({"name": "leace"}).fit(base_tr.acts, torch.tensor([p.base_class
                                                                                    for p in splits.train]))
-    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True),
+    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(),
                       edits={site_of(layer, region, "block"): Replace(eraser.transform(base_ev.acts))},
                       readout=base_ev.readout)
     expected = erasure(base_ev.scores[:, 0], base_ev.scores[:, 1], out.scores[:, 0], out.scores[:, 1]).mean().item()

@@ -74,7 +74,7 @@ class Side:
     def __init__(self, adapter, pairs, layer: int, region: int, side: str = "base", stream: str = "block") -> None:
         items = pair_items(pairs)[0 if side == "base" else 1]
         ids, _ = label_token_ids(adapter.tok, [lab for p in pairs for lab in (p.base_label, p.source_label)])
-        self.items, self.fmt, self.site = items, RegionFormatter(prepend_bos=True), Site(layer, f"region:{region}",
+        self.items, self.fmt, self.site = items, RegionFormatter(), Site(layer, f"region:{region}",
                                                                                           stream)
         self.readout = CandidateTokens([[ids[p.base_label], ids[p.source_label]] for p in pairs])
         out = adapter.map(items, self.fmt, read=[self.site], readout=self.readout)
@@ -523,7 +523,7 @@ def test_one_pass_over_many_sites_scores_as_one_site_at_a_time(adapter, template
 
     splits = make_pair_splits(template, 8, 4)
     base, src = pair_items(splits.train)
-    fmt = RegionFormatter(prepend_bos=True)
+    fmt = RegionFormatter()
     batch = fmt(base, adapter, torch.arange(len(base)))
     sites = [Site(1, "region:1", "block"), Site(2, "region:3", "block"), Site(1, "region:3", "block"),
              Site(0, "region:1", "block")]
@@ -567,7 +567,7 @@ def test_das_training_reads_nothing_back_from_the_device_per_step(adapter, templ
 
     splits = make_pair_splits(template, 8, 4)
     base, src = pair_items(splits.train)
-    fmt = RegionFormatter(prepend_bos=True)
+    fmt = RegionFormatter()
     batch = fmt(base, adapter, torch.arange(len(base)))
     sites = [Site(1, "region:1", "block"), Site(2, "region:3", "block")]
     acts = adapter.map(src, fmt, read=sites).acts

@@ -46,7 +46,7 @@ def _by_hand(adapter, template, layer: int, region: int, edit) -> dict[str, floa
     a = X[z_tr == 1].mean(0) - X[z_tr == 0].mean(0)
     a = a / a.norm()
     edited = edit(ev.acts.double(), a).float()
-    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True),
+    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(),
                       edits={site_of(layer, region, "block"): Replace(edited)}, readout=ev.readout).scores
     m = ev.scores[:, 0] - ev.scores[:, 1]  # clean log-odds of the base label over the source's
     m_star = out[:, 0] - out[:, 1]  # under the edit
@@ -82,7 +82,7 @@ def test_a_downstream_read_is_the_oracle_at_l_prime_on_the_pass_edited_at_l(adap
     E = ev1.acts.double()
     edited = (E - (E @ a)[:, None] * a).float()
     at2 = site_of(2, region, "block")
-    read = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True), read=[at2],
+    read = adapter.map(pair_items(splits.eval)[0], RegionFormatter(), read=[at2],
                        edits={site_of(1, region, "block"): Replace(edited)}).acts[at2]
     p2 = fit_oracle(tr2.acts, z_tr, ORACLE, seed=0).predict_proba(read).double()
     want = float((1.0 - (p2[:, 0] - p2[:, 1]).abs()).mean())
@@ -138,7 +138,7 @@ def test_erasure_is_clean_minus_edited_at_a_site_that_reaches_the_output(adapter
     eraser = INTERVENTIONS.build({"name": "leace"}).fit(tr.acts, torch.tensor([p.base_class for p in splits.train]))
     # the edited states from the eraser itself (fitted as the engine does), the scores from the formulas
     ev = Side(adapter, splits.eval, layer, region)
-    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(prepend_bos=True),
+    out = adapter.map(pair_items(splits.eval)[0], RegionFormatter(),
                       edits={site_of(layer, region, "block"): Replace(eraser.transform(ev.acts))},
                       readout=ev.readout).scores
     m, m_star = ev.scores[:, 0] - ev.scores[:, 1], out[:, 0] - out[:, 1]

@@ -69,9 +69,9 @@ def test_unknown_hub_model_fails_fast(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("cfg,match", [
-    ({"kind": "seq2seq"}, r"model.kind='seq2seq' is not one of \['mlm', 'causal', 'encoder', 'classifier'\]"),
+    ({"kind": "seq2seq"}, r"model.kind='seq2seq' is not one of \['mlm', 'causal', 'encoder', 'classifier', 'auto'\]"),
     ({"dtype": "float16"}, r"model.dtype='float16' is not one of"),
-    ({"source": "ftp"}, r"unknown model source 'ftp'; choose from \['fact_world', 'hub', 'package', 'tiny', 'zoo'\]"),
+    ({"source": "ftp"}, r"unknown model source 'ftp'; choose from \[\'fact_world\', \'hub\', \'local\', \'package\', \'tiny\', \'zoo\'\]"),
     ({"device": "tpu"}, "unknown device 'tpu'"),
     ({"batch_size": 0}, "model.batch_size must be >= 1"),
     ({"batchsize": 8}, r"unknown key\(s\) \['batchsize'\] under model"),

@@ -143,7 +143,7 @@ def test_region_formatter_positions_are_last_tokens_of_regions():
     ad = _adapter("gpt_neox")
     items = [TextItem("x", "the author near the guards", regions=("the author", " near", " the guards")),
              TextItem("y", "the authors is", regions=("the authors", "", " is"))]
-    b = RegionFormatter(prepend_bos=True)(items, ad, torch.arange(2))
+    b = RegionFormatter()(items, ad, torch.arange(2))
     toks = [ad.tok.convert_ids_to_tokens(r) for r in b.input_ids.tolist()]
     assert toks[0][0] == "<|endoftext|>"
     assert [toks[0][int(b.positions[f"region:{r}"][0])] for r in range(3)] == ["author", "near", "guards"]

@@ -10,6 +10,8 @@ A trailing `# needs: hub` marks a command that needs a model download: it must f
 instructions. `# needs: slurm` marks a command that needs a SLURM cluster: its first sweep point must compose
 with the SLURM launcher (`--cfg hydra`, which Hydra accepts only without `-m`). `# needs: example` marks a command
 that uses the example plugin's code (`examples/cprobe-plugin-example`): it runs with that code on the path.
+`# needs: real` marks a command on a real model of the extra ``cprobe[real-models]``: without the extra it must fail
+fast with the one-line instruction naming it; with it the command composes (its run is `make test-real`'s).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.study_runs import COMMANDS, LAUNCHED, STUDY_LINES, changed, environment_snapshot, run_readme_line
+from tests.study_runs import (COMMANDS, LAUNCHED, STUDY_LINES, changed, environment_snapshot, real_models_installed,
+                              run_readme_line)
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -51,7 +54,7 @@ PYTHON_BLOCKS = readme_python_blocks((REPO / "README.md").read_text())
 def test_the_readme_has_commands_of_every_kind():
     kinds = {c.split()[1] for c, _ in COMMANDS}
     assert {"run", "list", "data", "collect", "cache", "version"} <= kinds
-    assert any(" -m " in c for c, _ in COMMANDS) and {n for _, n in COMMANDS} >= {None, "hub", "slurm"}
+    assert any(" -m " in c for c, _ in COMMANDS) and {n for _, n in COMMANDS} >= {None, "hub", "slurm", "real"}
     assert set(LAUNCHED) <= {c for c, _ in COMMANDS}  # the console script itself runs some README lines
 
 
@@ -81,6 +84,10 @@ def test_readme_command(command, needs, readme_dirs, request):
     if needs == "hub":
         assert r.returncode == 1, r.stderr[-3000:]
         assert "huggingface-cli download" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        return
+    if needs == "real" and not real_models_installed():
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert "cprobe[real-models]" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         return
     assert r.returncode == 0, f"`{command}` failed:\n{r.stderr[-4000:]}"
     assert "Traceback" not in r.stderr

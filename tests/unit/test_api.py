@@ -32,6 +32,11 @@ def test_model_configs_load_by_name_and_every_shipped_yaml_parses_without_hydra(
     assert cfg["dtype"] == "float32" and cfg["batch_size"] == 16 and cfg["source"] == "tiny"
     for path in sorted((config_dir() / "model").glob("*.yaml")):
         raw = yaml.safe_load(path.read_text())  # `${oc.select:compute.dtype,float32}` as written
+        if raw["source"] == "local":  # model=local: the checkpoint's path is the one required key, and names it
+            with pytest.raises(ConfigError, match="model=local needs model.path=DIR"):
+                parse_model_config(raw)
+            raw["path"] = "/models/m.gguf"
+            assert parse_model_config(raw).name == "m"
         assert parse_model_config(raw).dtype == "float32", path.name
     with pytest.raises(ConfigError, match=r"unknown model 'nope'; choose from \["):
         cprobe.model_config("nope")

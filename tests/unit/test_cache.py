@@ -102,11 +102,12 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
     store_files(tmp_path / "cloze" / "k", {"meta.json": b"{}"})
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "batch_limits.json").write_text("{}")
+    store_files(tmp_path / "gguf" / "a5fd3b", {"gguf.json": b'{"file": "m.gguf", "file_type": "Q4_K_M"}'})
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
-    assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "models", "probe_fits",
-                                            "probes"]
+    assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "gguf", "models",
+                                            "probe_fits", "probes"]
     assert clear_cache(tmp_path, "probes") == (1, []) and not list((tmp_path / "probes").iterdir())
-    assert clear_cache(tmp_path) == (6, [])
+    assert clear_cache(tmp_path) == (7, [])
     assert list(cache_entries(tmp_path)) == []
     assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [f"{cache_key(FIELDS)}.lock"]  # a job may hold it
 

@@ -153,8 +153,9 @@ def _format(tokenizer, items, bos: bool = False):
 
     from cprobe.models.formatters import RegionFormatter
 
-    fake = SimpleNamespace(tok=tokenizer, name="toy")  # the formatter needs only the tokenizer
-    return RegionFormatter(prepend_bos=bos)(items, fake, torch.arange(len(items)))
+    # the formatter reads the tokenizer and the start token (model.bos) of a causal LM
+    fake = SimpleNamespace(tok=tokenizer, name="toy", kind="causal", bos_id=tokenizer.bos_token_id if bos else None)
+    return RegionFormatter()(items, fake, torch.arange(len(items)))
 
 
 @pytest.mark.parametrize("bos", [False, True])

@@ -110,6 +110,8 @@ def test_every_option_of_every_group_composes_and_validates(group, name, tmp_pat
             extra.append("+dataset.properties.z_e=attractor_number")
         if (group, name) == ("dataset", "custom"):  # an outside dataset class, named by its import path
             extra.append("dataset.type=cprobe.testing:PlantedAgreement")
+        if (group, name) == ("model", "local"):  # any local checkpoint: its path is the one required key
+            extra.append(f"model.path={tmp_path}/m.gguf")
         cfg = compose("config", overrides=[f"+experiment={base}", override, f"paths.cache_dir={tmp_path}", *extra])
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain.pop("paths", None)
@@ -199,6 +201,8 @@ def test_model_configs_load_outside_hydra():
 
     for path in sorted((REPO / "conf" / "model").glob("*.yaml")):
         node = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        if node["source"] == "local":  # model=local: the checkpoint's path is the one required key
+            node["path"] = "/models/m.gguf"
         assert parse_model_config(node).dtype == "float32", path.name
 
 

@@ -108,13 +108,12 @@ def _examples(n=60, seed=0):
 
 
 def test_region_positions_equal_the_per_item_encoder():
-    ad = _adapter("gpt_neox")
     items = [TextItem(str(i), "".join(r), regions=r) for i, r in enumerate([
         ("the author", " near the guards", " is", " here"), ("the", "", " guards", " are"), ("w1 w2",),
         ("", "the author", " is")])]
     for bos in (False, True):
-        fmt = RegionFormatter(prepend_bos=bos)
-        b = fmt(items, ad, torch.arange(len(items)))
+        ad = _adapter("gpt_neox", bos="auto" if bos else "none")
+        b = RegionFormatter()(items, ad, torch.arange(len(items)))
         for i, it in enumerate(items):
             ids, last = reference_encode_regions(ad.tok, it.regions, [ad.tok.bos_token_id] if bos else [])
             assert b.input_ids[i, : len(ids)].tolist() == ids and int(b.attention_mask[i].sum()) == len(ids)

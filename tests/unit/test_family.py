@@ -26,9 +26,9 @@ def tiny(model_type: str):
     torch.manual_seed(0)
     if model_type == "gpt2":
         cfg = T.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=64)
-    elif model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"):
+    elif model_type in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"):
         cls = {"llama": T.LlamaConfig, "mistral": T.MistralConfig, "qwen2": T.Qwen2Config, "qwen3": T.Qwen3Config,
-               "gemma": T.GemmaConfig, "gemma2": T.Gemma2Config}[model_type]
+               "gemma": T.GemmaConfig, "gemma2": T.Gemma2Config, "gemma3_text": T.Gemma3TextConfig}[model_type]
         cfg = cls(vocab_size=64, num_key_value_heads=2, max_position_embeddings=64, head_dim=16, **SMALL)
     elif model_type == "gpt_neox":
         cfg = T.GPTNeoXConfig(vocab_size=64, max_position_embeddings=64, **SMALL)
@@ -66,10 +66,10 @@ def test_every_family_resolves_on_a_tiny_model_of_it(model_type):
     if fam.pooler:
         assert getattr(model, "pooler", None) is not None
     assert pool_of(cfg) == ("last" if model_type in ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3",
-                                                     "gemma", "gemma2") else "first")
+                                                     "gemma", "gemma2", "gemma3_text") else "first")
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "gpt2"])
+@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "gpt2", "gemma2", "gemma3_text"])
 def test_a_decoder_family_reads_and_writes_exactly_and_pools_its_last_token(model_type):
     """The adapter reads the residual stream at the last real token and writing it back changes nothing; a
     sequence classifier on the family reads that same token (not token 0)."""
@@ -199,3 +199,50 @@ def test_a_bert_classifier_reads_the_pooler_and_other_encoders_the_first_token(t
     no_pooler = type(model)(cfg, add_pooling_layer=False)
     with pytest.raises(ConfigError, match="has no pooler; set finetune.pool=first"):
         wrap(ModelAdapter(no_pooler, tok, "encoder", "t"), 3)
+
+
+def test_gemma3_s_shape_as_the_adapter_reads_it():
+    """Gemma 3 (issue 44): sliding-window and global layers, embeddings scaled by √d inside the embedding module (so
+    layer 0 is the scaled state), four norms per block, the head tied to the embeddings, the final norm at layer L."""
+    from cprobe.data.items import TextItem
+    from cprobe.models.adapter import ModelAdapter
+    from cprobe.models.family import sliding_window
+    from cprobe.models.formatters import ClassificationFormatter
+    from cprobe.models.sites import Site
+    from tests.conftest import make_random_model
+
+    model, tok = make_random_model("gemma3_text", window=4)
+    ad = ModelAdapter(model, tok, "causal", "g3", bos="none")
+    assert model.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    assert sliding_window(model.config) == 4
+    for block in ad._blocks:
+        assert sorted(n for n, _ in block.named_children() if n.endswith("layernorm")) == [
+            "input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm", "pre_feedforward_layernorm"]
+    assert ad._head is model.lm_head and model.lm_head.weight is model.model.embed_tokens.weight  # tied
+    assert ad._final_norm is model.model.norm
+    items = [TextItem("a", "the author is here")]
+    fmt = ClassificationFormatter(16)
+    batch = fmt(items, ad, torch.arange(1))
+    last = int(batch.positions["last"][0])
+    acts = ad.map(items, fmt, read=[Site(0, "last"), Site(3, "last"), Site(3, "last", stream="block")]).acts
+    emb = model.model.embed_tokens.weight[batch.input_ids[0, last]]
+    torch.testing.assert_close(acts[Site(0, "last")][0], emb * 32 ** 0.5, atol=1e-5, rtol=1e-5)  # √d, d = 32
+    with torch.no_grad():
+        normed = model.model.norm(acts[Site(3, "last", stream="block")])
+    torch.testing.assert_close(acts[Site(3, "last")], normed, atol=1e-6, rtol=1e-6)  # one norm over 32 values
+
+
+def test_the_sliding_window_is_read_from_the_config():
+    import transformers as T
+
+    from cprobe.models.family import sliding_window
+
+    assert sliding_window(T.MistralConfig(sliding_window=7)) == 7  # no layer types: every layer slides
+    assert sliding_window(T.MistralConfig(sliding_window=None)) is None
+    assert sliding_window(T.Qwen2Config(sliding_window=7)) is None  # use_sliding_window off: all layers global
+    assert sliding_window(T.Qwen2Config(sliding_window=7, use_sliding_window=True, max_window_layers=1,
+                                        num_hidden_layers=2)) == 7
+    assert sliding_window(T.Gemma3TextConfig(sliding_window=9, num_hidden_layers=2,
+                                             layer_types=["full_attention"] * 2)) is None
+    assert sliding_window(T.Gemma2Config(sliding_window=9, num_hidden_layers=2)) == 9
+    assert sliding_window(T.LlamaConfig()) is None

@@ -44,6 +44,10 @@ AUDIT: dict[str, str] = {
                             "directory cprobe may write (a checked run or sweep dir, the cache)",
     "models.classifier.finetuned_classifier": "the training checkpoint this call wrote or verified "
                                               "(<name>-<content hash>.partial.safetensors in the cache)",
+    "models.gguf._joined": "unlinks the joined copy it wrote into the cache build's own temporary directory when its "
+                           "sha256 is wrong; the package's chunks are only read",
+    "models.gguf.dequantised.build": "unlinks the joined copy only when it lies in the build's own temporary "
+                                     "directory (file.parent == tmp); a user's .gguf is only read",
     "outputs.collect": "writes into a staging dir of its own (mkdtemp, removed after), then moves each file in only "
                        "when the target is absent, in a run or sweep of cprobe's, or listed in the directory's "
                        ".cprobe-outputs.json (what collect / report wrote there before)",
@@ -455,6 +459,34 @@ def _records(tmp: Path) -> None:
     pd.DataFrame({"config_id": ["c"], "metric": ["m"], "item": ["i"], "value": [1.0]}).to_parquet(tmp / ITEMS_FILE)
     write_records(pd.DataFrame({"study": ["probing"]}), tmp, None)  # an earlier run's items: removed
     assert not (tmp / ITEMS_FILE).exists()
+
+
+@case("models.gguf._joined", "models.gguf.dequantised.build")
+def _gguf(tmp: Path) -> None:
+    """A user's .gguf (one file, or a package's chunks with a wrong and then the right sha256) is read, never removed
+    or changed, whether dequantising fails or succeeds."""
+    pytest.importorskip("gguf")
+    import hashlib
+
+    from tests.gguf_files import write_llama
+
+    from cprobe.errors import CprobeError
+    from cprobe.models import gguf as G
+
+    user = tmp / "mine"
+    user.mkdir()
+    write_llama(user / "m.gguf")
+    blob = (user / "m.gguf").read_bytes()
+    for i, (a, b) in enumerate([(0, 1000), (1000, len(blob))]):
+        (user / f"m.gguf.part{i}").write_bytes(blob[a:b])
+    before = tree(user)
+    chunks = (user / "m.gguf.part0", user / "m.gguf.part1")
+    with pytest.raises(CprobeError, match="joined chunks"):
+        G.dequantised(G.Source("m.gguf", chunks, "0" * 64), tmp / "cache", "test")
+    assert tree(user) == before
+    G.dequantised(G.Source("m.gguf", chunks, hashlib.sha256(blob).hexdigest()), tmp / "cache", "test")
+    G.dequantised(G.Source("m.gguf", (user / "m.gguf",)), tmp / "cache2", "test")
+    assert tree(user) == before
 
 
 @case("outputs.collect")

@@ -1,8 +1,9 @@
 """Resuming an edited pass at its edited layer (issue 35 items 2–3): per family (masked and causal, absolute and rotary
 positions, grouped-query attention), edits at the first, a middle and the last layer of padded batches of uneven lengths, the resumed pass
 gives the full forward's scores and read states (≤ 1e-5, fp32) and DAS's gradients, while the blocks below the edit
-do not run; an unknown family runs the full forward with one log line; states of another model or other tokens are
-refused."""
+do not run — the sliding-window families (Mistral, Qwen 2/3, Gemma 2/3) with a window narrower than the batch, so
+that their sliding and global layers differ; an unknown family runs the full forward with one log line; states of
+another model or other tokens are refused."""
 
 from __future__ import annotations
 
@@ -17,26 +18,32 @@ from cprobe.models.edits import Apply
 from cprobe.models.formatters import AgreementFormatter
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
-from tests.conftest import make_random_model
+from tests.conftest import SLIDING, make_random_model
 from tests.unit.test_engine import _examples
 
 pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
-ARCHS = ["bert", "roberta", "gpt2", "gpt_neox", "llama", "mistral", "qwen2"]
+ARCHS = ["bert", "roberta", "gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
 TOL = dict(atol=1e-5, rtol=1e-5)
+NARROW = 4
+"""A sliding window narrower than the test batches (their rows are 5 to 10 tokens long)."""
 
 
-def _adapter(arch: str) -> ModelAdapter:
-    model, tok = make_random_model(arch)
+def _adapter(arch: str, window: int | None = None) -> ModelAdapter:
+    model, tok = make_random_model(arch, window=window)
     return ModelAdapter(model, tok, "mlm" if arch in ("bert", "roberta") else "causal", arch, batch_size=8)
 
 
-def _setup(arch: str, n: int = 12):
-    adapter = _adapter(arch)
+def _setup(arch: str, n: int = 12, window: int | None = None):
+    """(adapter, items, formatter, padded batch, candidate readout); ``window``: the sliding families' window (None:
+    :data:`NARROW`)."""
+    adapter = _adapter(arch, (window or NARROW) if arch in SLIDING else None)
     ex = _examples(n)
     fmt = AgreementFormatter()
     batch = fmt(ex, adapter, torch.arange(len(ex)))
     assert bool((batch.attention_mask == 0).any())  # uneven lengths: the batch is padded
+    if arch in SLIDING and window is None:
+        assert int(batch.attention_mask.sum(1).max()) > NARROW  # the window cuts the longer rows' attention
     cands = CandidateTokens([[adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)] for e in ex])
     return adapter, ex, fmt, batch, cands
 
@@ -126,7 +133,7 @@ def test_a_pass_resumes_at_its_lowest_site(arch):
         calls.remove()
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "bert"])
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_neox", "llama", "bert", "gemma3_text"])
 def test_das_gradients_equal_the_full_forward(arch):
     """DAS trains through ``run(grad=True)`` from fixed clean states: the same loss and gradient reach the edit."""
     adapter, ex, _fmt, batch, cands = _setup(arch, 8)

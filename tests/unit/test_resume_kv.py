@@ -1,8 +1,10 @@
 """A causal LM's last-token pass over the prefix's clean key/value cache (issue 35, :mod:`cprobe.models.resume`):
-per causal family (GPT-2 absolute positions, GPT-NeoX and Llama rotary), edits at the first, a middle and the last
-layer of padded batches of uneven lengths give the full forward's scores and read states (≤ 1e-5, fp32) and DAS's
-gradients while the blocks above the edit see one token per row; a pass edited or read anywhere else, a family
-without the capability, ``kv_resume`` off or clean states without the cache take the ordinary path."""
+per causal family (GPT-2 absolute positions, GPT-NeoX and Llama rotary; Mistral, Qwen 2/3 and Gemma 2/3 with
+sliding-window layers whose window the prefix fits — issue 44), edits at the first, a middle and the last layer of
+padded batches of uneven lengths give the full forward's scores and read states (≤ 1e-5, fp32) and DAS's gradients
+while the blocks above the edit see one token per row; a prefix wider than the sliding window, a pass edited or read
+anywhere else, a family without the capability, ``kv_resume`` off or clean states without the cache take the ordinary
+path."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ from cprobe.models.multisite import site_batch
 from cprobe.models.readouts import CandidateTokens, Vocabulary
 from cprobe.models.resume import last_only
 from cprobe.models.sites import Batch, Site
-from tests.unit.test_resume import TOL, _adapter, _setup
+from tests.conftest import SLIDING
+from tests.unit.test_resume import NARROW, TOL, _adapter, _setup
 
 pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
-CAUSAL = ["gpt2", "gpt_neox", "llama"]
+CAUSAL = ["gpt2", "gpt_neox", "llama", *SLIDING]
+WIDE = 64
+"""A sliding window wider than every test batch: the one-token step is exact."""
 
 
 class _Tokens:
@@ -54,7 +59,7 @@ def _take(clean, batch: Batch, adapter: ModelAdapter, items=None):
 
 @pytest.mark.parametrize("arch", CAUSAL)
 def test_last_token_passes_equal_the_full_forward_one_token_through_the_blocks_above(arch):
-    adapter, ex, _fmt, batch, cands = _setup(arch)
+    adapter, ex, _fmt, batch, cands = _setup(arch, window=WIDE)
     L, T = adapter.n_layers, int(batch.input_ids.shape[1])
     assert bool((batch.positions["target"] == batch.attention_mask.sum(1) - 1).all())  # the causal target is last
     clean = adapter.clean_states(batch, range(1, L + 1), kv=True)
@@ -80,7 +85,7 @@ def test_last_token_passes_equal_the_full_forward_one_token_through_the_blocks_a
 @pytest.mark.parametrize("arch", CAUSAL)
 def test_rows_edited_at_other_layers_or_not_at_all_keep_the_cache_path(arch):
     """CausalGym's many-sites batches: a row whose site is at another layer has −1 at this one (site_batch)."""
-    adapter, ex, _fmt, batch, cands = _setup(arch, 10)
+    adapter, ex, _fmt, batch, cands = _setup(arch, 10, window=WIDE)
     L = adapter.n_layers
     sites = [Site(1), Site(2)]
     row_site = torch.tensor([0, 1] * 5)
@@ -105,7 +110,7 @@ def test_rows_edited_at_other_layers_or_not_at_all_keep_the_cache_path(arch):
 
 @pytest.mark.parametrize("arch", CAUSAL)
 def test_das_gradients_through_the_cache_path_equal_the_full_forward(arch):
-    adapter, ex, _fmt, batch, _cands = _setup(arch)
+    adapter, ex, _fmt, batch, _cands = _setup(arch, window=WIDE)
     L = adapter.n_layers
     layer = 1
     clean = adapter.clean_states(batch, [layer], kv=True)
@@ -180,9 +185,9 @@ def test_the_switch_the_family_and_the_clean_states_decide():
         assert seen.take()[1:] == [1] * (L - 1)
     finally:
         seen.remove()
-    # the capability is declared per family: masked LMs and families with sliding-window layers do not
-    assert FAMILIES["gpt2"].kv_resume and FAMILIES["llama"].kv_resume and FAMILIES["gpt_neox"].kv_resume
-    assert not FAMILIES["bert"].kv_resume and not FAMILIES["mistral"].kv_resume
+    # the capability is declared per family: every listed decoder, no masked LM
+    assert all(f.kv_resume == (f.pool == "last") for f in FAMILIES.values())
+    assert not FAMILIES["bert"].kv_resume
     bert = _adapter("bert")
     assert not bert.can_kv_resume
     assert bert.clean_states(batch, [1], kv=True).kv == {}
@@ -230,3 +235,40 @@ def test_das_steps_over_many_sites_resume_at_the_lowest_site(arch, kv):
         calls.remove()
         seen.remove()
     torch.testing.assert_close(out, full, **TOL)
+
+
+@pytest.mark.parametrize("arch", SLIDING)
+def test_a_prefix_wider_than_the_sliding_window_resumes_over_every_token(arch, caplog):
+    """Rows longer than the window: the one-token step would let the last token attend past its window (the step
+    runs at the prefix's width), so the pass resumes over every token instead, with one log line, and is exact — per
+    layer kind, edits at a sliding layer (1) and at Gemma's global layer (2); rows that fit the window (a batch of the
+    shortest items) still take the cache path."""
+    import logging
+
+    adapter, ex, _fmt, batch, cands = _setup(arch)  # window NARROW: shorter than the longest rows
+    L, T = adapter.n_layers, int(batch.input_ids.shape[1])
+    clean = adapter.clean_states(batch, range(1, L + 1), kv=True)
+    shift = torch.randn(adapter.hidden_size, generator=torch.Generator().manual_seed(3))
+    seen = _Tokens(adapter)
+    try:
+        with caplog.at_level(logging.INFO, logger="cprobe.models.adapter"):
+            for layer in (1, 2):
+                edits = {Site(layer): lambda h: h + shift}
+                full = adapter.run(batch, [Site(L)], edits, cands)
+                seen.take()
+                out = adapter.run(batch, [Site(L)], edits, cands, resume=_take(clean, batch, adapter))
+                assert seen.take()[layer:] == [T] * (L - layer)  # every token above the edit
+                torch.testing.assert_close(out.scores, full.scores, **TOL)
+                torch.testing.assert_close(out.acts[Site(L)], full.acts[Site(L)], **TOL)
+        assert sum("sliding window" in r.getMessage() for r in caplog.records) == 1
+        short = (batch.attention_mask.sum(1) <= NARROW).nonzero().flatten()
+        assert len(short) >= 2
+        sub = batch.select(short)  # trimmed to its longest row, within the window
+        edits = {Site(1): lambda h: h + shift}
+        full = adapter.run(sub, [], edits, cands)
+        seen.take()
+        out = adapter.run(sub, [], edits, cands, resume=_take(clean, sub, adapter, sub.rows))
+        assert seen.take()[1:] == [1] * (L - 1)
+        torch.testing.assert_close(out.scores, full.scores, **TOL)
+    finally:
+        seen.remove()

@@ -32,11 +32,11 @@ from tests.unit.test_task_uses import prepare
     (["+experiment=sva_tiny", "+model.revision=main"], "model.revision is read only by models with source hub",
      "(source: tiny)"),
     (["+experiment=sva_tiny", "model.trust_remote_code=true"],
-     "model.trust_remote_code is read only by models with source hub/package", "(source: tiny)"),
+     "model.trust_remote_code is read only by models with source hub/local/package", "(source: tiny)"),
     (["+experiment=lama_bias", "+model.path=/data/my-checkpoint"], "model.path is read only by models with source hub",
      "model 'fact_zoo' (source: zoo) is a model zoo"),
     (["+experiment=lama_bias", "+model.batch_size=8"],
-     "model.batch_size is read only by models with source fact_world/hub/package/tiny", "(source: zoo)"),
+     "model.batch_size is read only by models with source fact_world/hub/local/package/tiny", "(source: zoo)"),
     (["+experiment=sva_tiny_reliability", "model=minilm_l6", "+model.path=/data/my-checkpoint"],
      "model.path is read only by models with source hub", "(source: package) is loaded from the Python package"),
     (["+experiment=sva_tiny", "model=gpt2", "+model.tiny.gate=0.5"], "model.tiny is read only by models with source "
@@ -70,7 +70,7 @@ def test_a_fact_world_model_reads_its_corpus_not_a_path():
 
     member = {**group_config("model", "fact_zoo_smoke")["members"][0], "dtype": "float32", "device": "auto"}
     assert parse_model_config({**member, "batch_size": 8}).source == "fact_world"
-    with pytest.raises(ConfigError, match=r"^model.path is read only by models with source hub; model 'bert_small' "
+    with pytest.raises(ConfigError, match=r"^model.path is read only by models with source hub/local; model 'bert_small' "
                                           r"\(source: fact_world\) is a tiny LM trained on a fact world's corpus"):
         parse_model_config({**member, "path": "/data/my-checkpoint"})
 
@@ -80,9 +80,9 @@ def test_the_check_reads_each_sources_declaration(monkeypatch):
     from cprobe.models.load import MODEL_SOURCES, readers
 
     tiny = MODEL_SOURCES.get("tiny")
-    assert readers("path") == ["hub"]
+    assert readers("path") == ["hub", "local"]
     monkeypatch.setitem(MODEL_SOURCES._items, "tiny", dataclasses.replace(tiny, reads=tiny.reads | {"path"}))
-    assert readers("path") == ["hub", "tiny"]
+    assert readers("path") == ["hub", "local", "tiny"]
     prepare("+experiment=sva_tiny", "+model.path=/data/my-checkpoint")
 
 
@@ -102,14 +102,14 @@ def test_an_unknown_source_lists_the_sources():
     from cprobe.models.load import parse_model_config
 
     with pytest.raises(ConfigError, match=r"unknown model source 'hbu'; did you mean 'hub'\?; choose from "
-                                          r"\['fact_world', 'hub', 'package', 'tiny', 'zoo'\]"):
+                                          r"\['fact_world', 'hub', 'local', 'package', 'tiny', 'zoo'\]"):
         parse_model_config({"name": "x", "source": "hbu"})
 
 
 def test_the_issues_reproduction_exits_1_in_one_line_before_any_run_dir(tmp_path):
     r = cli("run", "+experiment=sva_tiny", f"+model.path={tmp_path}", f"paths.output_root={tmp_path / 'out'}",
             cwd=tmp_path)
-    assert_refused(r, "model.path is read only by models with source hub; model 'tiny_bert_sva' (source: tiny)",
+    assert_refused(r, "model.path is read only by models with source hub/local; model 'tiny_bert_sva' (source: tiny)",
                    tmp_path / "out")
 
 

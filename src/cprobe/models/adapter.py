@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
+from cprobe.models.bos import start_token, token_id
 from cprobe.models.edits import Edit, EditSpec, Replace
-from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of
+from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of, sliding_window
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
 from cprobe.models.resume import (DEVICE_BUDGET, KV_BUDGET, CleanStates, KVStore, Resume, cache_keyword, last_only,
@@ -112,7 +113,8 @@ class ModelAdapter:
 
     def __init__(self, model: nn.Module, tokenizer, kind: Kind, name: str, batch_size: int = 32,
                  layers_path: str | None = None, max_length: int = 256, batch_tokens: int | None = None,
-                 limits: BatchLimits | None = None, prefetch: bool | None = None) -> None:
+                 limits: BatchLimits | None = None, prefetch: bool | None = None, bos: str = "auto",
+                 weights: str | None = None) -> None:
         self.model = model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -126,6 +128,13 @@ class ModelAdapter:
         self.max_length = min(max_length, model_positions(model.config) or max_length)
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token or self.tok.unk_token
+        self.bos = start_token(self.tok, bos, kind, name)
+        """The token every input of a causal LM starts with (``model.bos``; None: none, or not a causal LM whose
+        inputs the tokenizer's own special tokens frame): :mod:`cprobe.models.bos`."""
+        self.bos_id = token_id(self.tok, self.bos)
+        self.weights = weights or str(next(model.parameters()).dtype).removeprefix("torch.")
+        """What the weights are, for the records: their dtype, or how they were made (e.g. "gguf Q4_K_M dequantised
+        to float32")."""
         # the padding side is not set here: the formatters pad right per call (formatters._tokenize), so a tokenizer
         # shared with a library that pads left (nnsight) works for both
         cfg = model.config
@@ -147,12 +156,14 @@ class ModelAdapter:
         forward, for comparison (and :meth:`clean_states` then computes nothing)."""
         self._resumable = family_of(cfg).resumable
         self._said_full = False
+        self._said_window = False
         self.kv_resume = True
         """Let a resumed pass edited and read at each row's last token only run that token alone above the edited
         layer, over the prefix's clean key/value cache (clean states built with ``kv=True``; a causal LM whose family
         declares :attr:`~cprobe.models.family.Family.kv_resume`; ``compute.kv_resume``). False resumes it as any other
         pass, for comparison."""
         self._kv_family = family_of(cfg).kv_resume
+        self._window = sliding_window(cfg)  # sliding-window layers: the one-token step is exact within it only
         self._cache_kw = cache_keyword(model) if self._kv_family else ""
         self._memo: dict[Any, Any] = {}  # tokenizer answers a sweep's jobs ask again (token_lengths, candidate_id)
         self._memo_tok = self.tok  # whose answers they are: another tokenizer set on the adapter starts afresh
@@ -232,8 +243,10 @@ class ModelAdapter:
         if key not in self._tokenizer_memo():
             for old in [k for k in self._memo if k[0] == "lengths"][:1 - _LENGTH_LISTS]:  # keep the newest ones
                 del self._memo[old]
-            self._memo[key] = [len(ids) for ids in self.tok(list(texts), add_special_tokens=True)["input_ids"]] \
-                if texts else []
+            start = self.bos_id is not None
+            special = self.kind != "causal"  # a causal LM's inputs: its start token, not the tokenizer's specials
+            self._memo[key] = [len(ids) + start for ids in self.tok(list(texts), add_special_tokens=special)[
+                "input_ids"]] if texts else []
         return list(self._memo[key])
 
     # ----------------------------------------------------------------- the one entry point
@@ -289,7 +302,8 @@ class ModelAdapter:
         if start and resume is not None and resume.kv and self.can_kv_resume:
             # every edit and read at the last token, the readout too: that token alone runs above the resume layer
             last = last_only(batch, list(edits), read, readout is not None)
-            if last is not None and all(l in resume.kv for l in range(start[0] + 1, self.n_layers + 1)):
+            if (last is not None and all(l in resume.kv for l in range(start[0] + 1, self.n_layers + 1))
+                    and self._within_window(last)):
                 batch, inputs, states = suffix(batch, last, resume, start[0], start[1], self.n_layers, self._cache_kw)
                 start = (start[0], states)
 
@@ -356,6 +370,18 @@ class ModelAdapter:
         (:attr:`kv_resume` on, a causal LM whose family declares it, passes can resume)."""
         return (self.kv_resume and self._kv_family and self.kind == "causal" and self._main is None  # one device
                 and self.can_resume)
+
+    def _within_window(self, last: Tensor) -> bool:
+        """Whether a one-token step at each row's ``last`` position sees what the full forward sees under the model's
+        sliding window: the step runs at the prefix's width P = max(last), where the window's mask keeps keys at
+        positions > P − window; every row's keys 0 … last are kept, as in the full forward, while P < window."""
+        if self._window is None or int(last.max()) < self._window:
+            return True
+        if not self._said_window:
+            log.info("%s: inputs reach past its %d-token sliding window; last-token passes run every token above the "
+                     "edited layer", self.name, self._window)
+            self._said_window = True
+        return False
 
     def _resume_at(self, resume: Resume | None, lowest: int, batch: Batch) -> tuple[int, Tensor] | None:
         """(layer, states) to resume this pass at, or None for the full forward."""

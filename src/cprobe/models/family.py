@@ -17,8 +17,10 @@ A :class:`Family` says
   assumed to, and runs the full forward);
 - ``kv_resume``: whether a pass edited and read at the last token only can run that token alone above the edited
   layer over the prefix's clean key/value cache (:mod:`cprobe.models.resume`): a causal LM whose blocks take a HF
-  ``DynamicCache`` and explicit position ids with full attention at every layer (GPT-2, GPT-NeoX, Llama — tested
-  equal to the full forward; families with sliding-window layers are not declared).
+  ``DynamicCache`` and explicit position ids (every listed decoder — tested equal to the full forward). Where some
+  layers attend within a sliding window (Mistral, Qwen 2/3 with ``use_sliding_window``, Gemma 2 and 3), the one-token
+  step is exact only while the prefix fits the window: :func:`sliding_window` says how wide it is, and the adapter
+  runs a wider batch's pass over every token above the edited layer instead.
 
 :func:`family_of` answers for a model config: the record when ``model_type`` is known, otherwise a record derived
 from the HF config (decoder or encoder from the auto-class mappings and the declared architectures; blocks and final
@@ -68,12 +70,26 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _decoder("gpt2", "h", "ln_f", kv_resume=True),
     _decoder("gpt_neox", "layers", "final_layer_norm", kv_resume=True),
     _decoder("llama", "layers", "norm", kv_resume=True),
-    _decoder("mistral", "layers", "norm"),
-    _decoder("qwen2", "layers", "norm"),
-    _decoder("qwen3", "layers", "norm"),
-    _decoder("gemma", "layers", "norm"),
-    _decoder("gemma2", "layers", "norm"),
+    _decoder("mistral", "layers", "norm", kv_resume=True),
+    _decoder("qwen2", "layers", "norm", kv_resume=True),
+    _decoder("qwen3", "layers", "norm", kv_resume=True),
+    _decoder("gemma", "layers", "norm", kv_resume=True),
+    _decoder("gemma2", "layers", "norm", kv_resume=True),
+    # Gemma 3's text model (a GGUF's Gemma3ForCausalLM): 5 sliding-window layers to 1 global, embeddings scaled by
+    # √d inside the embedding module (layer 0 is the scaled state), four norms per block, the head tied to them
+    _decoder("gemma3_text", "layers", "norm", kv_resume=True),
 )}
+
+
+def sliding_window(config: Any) -> int | None:
+    """How many tokens back a sliding-window layer of this model attends (None: every layer attends to the whole
+    prefix). Read from the config: ``layer_types`` naming a ``sliding_attention`` layer, or, for configs without
+    ``layer_types`` (Mistral), a ``sliding_window`` set at all."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return int(window) if window else None
 
 
 def family_of(config: Any) -> Family:

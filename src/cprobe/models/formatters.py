@@ -34,7 +34,7 @@ from cprobe.models.sites import Batch
 
 
 class ModelLike(Protocol):
-    """What a formatter reads of a model: its fast tokenizer, kind, name and token limit.
+    """What a formatter reads of a model: its fast tokenizer, kind, name, token limit and start token.
     :class:`cprobe.models.adapter.ModelAdapter` has them; this module does not import it (the adapter imports
     formatters, never the other way: no import circle)."""
 
@@ -42,6 +42,7 @@ class ModelLike(Protocol):
     kind: str
     name: str
     max_length: int
+    bos_id: int | None  # a causal LM's start token (model.bos; cprobe.models.bos), None: none
 
 
 class Formatter(ABC):
@@ -89,13 +90,37 @@ def _spans(pieces: Sequence[str], sep: int) -> list[tuple[int, int]]:
 
 
 def _tokenize(adapter: ModelLike, texts: list[str], max_length: int | None = None) -> dict[str, Tensor]:
+    """Right-padded ids, mask and character offsets of ``texts``, truncated to the model's limit: a causal LM's without
+    the tokenizer's special tokens, its start token first (:func:`_start`); any other model's with them."""
     limit = min(adapter.max_length, max_length) if max_length else adapter.max_length
     if not texts:
         return {"input_ids": torch.zeros(0, 0, dtype=torch.long), "attention_mask": torch.zeros(0, 0, dtype=torch.long),
                 "offset_mapping": torch.zeros(0, 0, 2, dtype=torch.long)}
+    causal = adapter.kind == "causal"
     # right padding per call: a tokenizer shared with another library may have been set to pad left (nnsight does)
-    return adapter.tok(texts, return_offsets_mapping=True, padding=True, padding_side="right", truncation=True,
-                       max_length=limit, return_tensors="pt")
+    enc = adapter.tok(texts, return_offsets_mapping=True, padding=True, padding_side="right", truncation=True,
+                      max_length=limit - (_start(adapter) is not None), return_tensors="pt",
+                      add_special_tokens=not causal)
+    return _start_with(adapter, dict(enc))
+
+
+def _start(adapter: ModelLike) -> int | None:
+    """The token a causal LM's every input starts with (``model.bos``), or None."""
+    return adapter.bos_id if adapter.kind == "causal" else None
+
+
+def _start_with(adapter: ModelLike, enc: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``enc`` (right-padded) with the start token put first in every row: a column of its id, mask 1 and the empty
+    offsets of a special token (it belongs to no word or region)."""
+    start = _start(adapter)
+    if start is None:
+        return enc
+    n = enc["input_ids"].shape[0]
+    return {"input_ids": torch.cat([torch.full((n, 1), start, dtype=enc["input_ids"].dtype), enc["input_ids"]], 1),
+            "attention_mask": torch.cat([torch.ones((n, 1), dtype=enc["attention_mask"].dtype),
+                                         enc["attention_mask"]], 1),
+            "offset_mapping": torch.cat([torch.zeros((n, 1, 2), dtype=enc["offset_mapping"].dtype),
+                                         enc["offset_mapping"]], 1)}
 
 
 def _unpadded(tok: Any, texts: list[str], pad_id: int) -> dict[str, Tensor]:
@@ -192,42 +217,27 @@ def check_word_position(rule: str) -> str:
 
 
 class RegionFormatter(Formatter):
-    """Region-aligned texts (``TextItem.regions``): one position per region's last token, and the last token."""
+    """Region-aligned texts (``TextItem.regions``): one position per region's last token, and the last token; a
+    causal LM's start token (``model.bos``) first."""
 
     name = "regions"
     pred_position = "last"
-
-    def __init__(self, prepend_bos: bool = False) -> None:
-        self.prepend_bos = prepend_bos
-
-    def spec(self) -> dict[str, Any]:
-        return {"formatter": self.name, "prepend_bos": self.prepend_bos}
 
     def length(self, item: TextItem) -> int:
         return len(item.text)
 
     def _encode(self, items: Sequence[TextItem], adapter: ModelLike) -> Encoded:
-        tok = adapter.tok
-        bos: list[int] = []
-        if self.prepend_bos:
-            if tok.bos_token_id is None:
-                raise ConfigError(f"model {adapter.name!r} has no BOS token; set prepend_bos=false")
-            bos = [tok.bos_token_id]
         for it in items:
             if not it.regions:
                 raise DataError(f"item {it.id} has no regions; the region formatter needs region-aligned items")
-        n = len(items)
         spans = [_spans(it.regions, 0) for it in items]  # contiguous regions: [start, start + len)
         texts = ["".join(it.regions) for it in items]
-        enc = _unpadded(tok, texts, _pad_id(adapter))  # no truncation, no special tokens: the regions alone
+        # no truncation, no special tokens: the regions alone, then the start token
+        enc = _start_with(adapter, _unpadded(adapter.tok, texts, _pad_id(adapter)))
         ids, mask = enc["input_ids"], enc["attention_mask"]
         starts, ends, _ = span_tensors(spans)
         # regions tile the text: a token belongs to the region holding its last character (empty regions get none)
         last = last_tokens(enc["offset_mapping"], mask, starts, torch.full_like(ends, _BIG))
-        last = torch.where(last >= 0, last + len(bos), last)
-        if bos:
-            ids = torch.cat([torch.full((n, 1), bos[0], dtype=ids.dtype), ids], 1)
-            mask = torch.cat([torch.ones((n, 1), dtype=mask.dtype), mask], 1)
         pos = {f"region:{r}": last[:, r] for r in range(last.shape[1])}
         pos["last"] = mask.sum(1) - 1
         return Encoded.from_padded(ids, mask, pos, _pad_id(adapter), self.pred_position)

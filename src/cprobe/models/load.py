@@ -1,4 +1,5 @@
-"""Load a model + tokenizer by hub name, local directory, installed package, or the project's tiny models.
+"""Load a model + tokenizer by hub name, local checkpoint (a Hugging Face folder or a GGUF file), installed package,
+or the project's tiny models.
 
 The ``model`` config node is parsed once into :class:`ModelConfig` (unknown keys rejected). Its ``source`` picks a
 :class:`ModelSource` of :data:`MODEL_SOURCES`: where the weights come from, and the ``model.*`` keys that source reads;
@@ -6,7 +7,12 @@ a key it does not read, set to anything but its default, is refused in one line 
 (it would be silently ignored: ``model.path`` on a model cprobe trains). Loading is safetensors-only with
 ``trust_remote_code`` off by default; offline, a model that is neither local nor in the Hugging Face cache fails fast
 with instructions. :func:`peek_n_layers` reads a model's layer count from its config file without loading weights, so
-layer specs are checked before any heavy work.
+layer specs are checked before any heavy work (a GGUF's from its header).
+
+:func:`resolve_path` says where a model's files are: a GGUF (``model.path`` a ``.gguf`` file, a folder holding one,
+or a package shipping one) is dequantised once into the model cache (:mod:`cprobe.models.gguf`) and read from there
+as a checkpoint folder. ``source: local`` (``model=local``) takes any local checkpoint and reads its kind from it
+(``kind: auto``); a model config without a ``name`` is named after its folder or file (:func:`named`).
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ from typing import Any, Literal
 import torch
 
 from cprobe.config import parse
-from cprobe.errors import ConfigError, ModelLoadError
+from cprobe.errors import ConfigError, CprobeError, ModelLoadError
+from cprobe.models import gguf
 from cprobe.models.adapter import ModelAdapter
+from cprobe.models.bos import check_setting, start_token
 from cprobe.models.placement import check_placement, check_placement_for
 from cprobe.registry import Registry
 
@@ -40,10 +48,13 @@ class ModelConfig:
 
     name: str
     source: str = "hub"  # a name of MODEL_SOURCES
-    path: str | None = None  # hub id or local directory (source hub)
+    path: str | None = None  # hub id, local folder or .gguf file (source hub); a local folder or .gguf file (local)
+    gguf_file: str | None = None  # the GGUF file to read in a folder (model.path) or package holding several
     package: str | None = None  # Python package shipping the weights (source package)
+    install: str | None = None  # the command that installs `package` (the one-line error when it is missing)
     subdir: str = ""
-    kind: Literal["mlm", "causal", "encoder", "classifier"] = "mlm"
+    kind: Literal["mlm", "causal", "encoder", "classifier", "auto"] = "mlm"  # auto: read from the checkpoint
+    bos: str = "auto"  # a causal LM's start token: auto | none | a token (cprobe.models.bos)
     revision: str | None = None
     dtype: Literal["float32", "fp32", "bfloat16", "bf16"] = "float32"
     device: str = "auto"
@@ -86,11 +97,27 @@ def parse_model_config(cfg: Mapping[str, Any]) -> ModelConfig:
         from omegaconf import OmegaConf
 
         cfg = OmegaConf.to_container(OmegaConf.create(dict(cfg)), resolve=True)  # type: ignore[assignment]
-    mc = parse(ModelConfig, cfg, "model")
+    mc = parse(ModelConfig, named(cfg), "model")
     check_read(mc, cfg)
     check_device(mc.device)
     check_placement(mc)
+    check_setting(mc.bos, mc.kind, mc.name)
+    if mc.gguf_file and not (mc.source == "package" or (mc.path and _looks_local(mc.path))):
+        raise ConfigError(f"model {mc.name!r}: model.gguf_file picks a GGUF in a local folder or package; set "
+                          "model.path to the folder holding it")
     return mc
+
+
+def named(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``cfg`` with a name: a model config without one (``model=local``) is named after its GGUF file or checkpoint
+    folder."""
+    if cfg.get("name"):
+        return dict(cfg)
+    path = str(cfg.get("path") or "")
+    if not path:
+        raise ConfigError("model=local needs model.path=DIR (a Hugging Face checkpoint folder) or FILE.gguf")
+    base = Path(str(cfg.get("gguf_file") or path.rstrip("/"))).expanduser()
+    return {**cfg, "name": base.name.removesuffix(gguf.SUFFIX) or "local"}
 
 
 _DEFAULTS = {f.name: f.default for f in fields(ModelConfig) if f.default is not MISSING}
@@ -178,9 +205,50 @@ def _offline() -> bool:
 def _package_dir(mc: ModelConfig) -> Path:
     spec = importlib.util.find_spec(str(mc.package))
     if spec is None or spec.origin is None:
-        raise ModelLoadError(f"model {mc.name!r} needs the Python package {mc.package!r}; "
-                             f"install it with `pip install {str(mc.package).replace('_', '-')}`")
+        install = mc.install or f"pip install {str(mc.package).replace('_', '-')}"
+        raise ModelLoadError(f"model {mc.name!r} needs the Python package {mc.package!r}; install it with `{install}`")
     return Path(spec.origin).parent / mc.subdir
+
+
+def _looks_local(path: str) -> bool:
+    """A model.path that names a file or folder of this machine rather than a hub id."""
+    return (path.startswith(("/", "./", "../", "~")) or path.endswith(gguf.SUFFIX) or Path(path).expanduser().exists())
+
+
+def _located(mc: ModelConfig) -> tuple[Path | None, gguf.Source | None]:
+    """Where a hub, local or package model's files are: (a checkpoint folder, None), (None, a GGUF), or (None, None)
+    for a hub id. A local path that does not exist, a file that is not a GGUF, or a package holding no checkpoint is
+    a one-line error."""
+    what = f"model {mc.name!r}"
+    if mc.source == "package":
+        folder = _package_dir(mc)
+        if (folder / "config.json").is_file() and not mc.gguf_file:
+            return folder, None
+        src = gguf.in_folder(folder, mc.gguf_file, what) if folder.is_dir() else None
+        if src is None:
+            src = gguf.in_package(importlib.import_module(str(mc.package)))
+        if src is None:
+            raise ModelLoadError(f"{what}: package {mc.package!r} holds no checkpoint (no config.json or .gguf in "
+                                 f"{folder}); check model.package and model.subdir")
+        return None, src
+    if not mc.path:
+        raise ConfigError(f"{what}: set model.path to a hub id, a local checkpoint folder or a .gguf file")
+    path = Path(mc.path).expanduser()
+    if path.is_file():
+        if path.suffix != gguf.SUFFIX:
+            raise ModelLoadError(f"{what}: model.path {mc.path} is a file, not a checkpoint; point it at a Hugging "
+                                 "Face checkpoint folder or a .gguf file")
+        return None, gguf.Source(path.name, (path,))
+    if path.is_dir():
+        if mc.gguf_file or not (path / "config.json").is_file():
+            src = gguf.in_folder(path, mc.gguf_file, what)
+            if src is not None:
+                return None, src
+        return path, None
+    if mc.source == "local" or _looks_local(mc.path):
+        raise ModelLoadError(f"{what}: model.path {mc.path} does not exist; point it at a Hugging Face checkpoint "
+                             "folder or a .gguf file")
+    return None, None
 
 
 def _unavailable(mc: ModelConfig, path: str) -> ModelLoadError:
@@ -190,11 +258,17 @@ def _unavailable(mc: ModelConfig, path: str) -> ModelLoadError:
 
 
 def _check_local_dir(mc: ModelConfig, path: Path) -> None:
+    files = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
     if not (path / "config.json").is_file():
-        files = sorted(p.name for p in path.iterdir())[:8] if path.is_dir() else []
-        raise ModelLoadError(f"model {mc.name!r}: {path} has no config.json (it holds {files or 'nothing'}); point "
+        raise ModelLoadError(f"model {mc.name!r}: {path} has no config.json (it holds {files[:8] or 'nothing'}); point "
                              "model.path at a Hugging Face checkpoint directory (config.json, model.safetensors, "
-                             "tokenizer files)")
+                             "tokenizer files) or a .gguf file")
+    weights = [f for f in files if f.endswith(".safetensors") or (mc.allow_bin and f.endswith(".bin"))]
+    if not weights:
+        bins = [f for f in files if f.endswith(".bin")]
+        raise ModelLoadError(f"model {mc.name!r}: {path} holds no weights (no *.safetensors file; it holds "
+                             f"{files[:8]}); " + (f"its {bins[:2]} are pickle files: set model.allow_bin=true if you "
+                                                  "trust them" if bins else "copy the model's weights there"))
 
 
 def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | None = None) -> int | None:
@@ -242,35 +316,32 @@ class ModelSource:
     needs: tuple[str, str] | None = None
 
 
-LOADED = frozenset({"name", "source", "kind", "dtype", "device", "device_map", "max_memory", "offload_dir",
+LOADED = frozenset({"name", "source", "kind", "bos", "dtype", "device", "device_map", "max_memory", "offload_dir",
                     "batch_size", "batch_tokens", "max_length", "layers_path", "task_defaults", "finetune"})
 """The ``model.*`` keys read for every model that is loaded, whatever its source: the loader's class and dtype, the
 placement, the adapter's batching and blocks, and a study's per-model defaults (``task_defaults``, ``finetune``)."""
 
 
-def _need_path(mc: ModelConfig) -> str:
-    if not mc.path:
-        raise ConfigError(f"model {mc.name!r}: set model.path to a hub id or a local directory")
-    return mc.path
+def _locate_files(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> str:
+    """A hub, local or package model's checkpoint folder (a GGUF's: dequantised once into the cache), or its hub id."""
+    path, src = _located(mc)
+    if src is not None:
+        return str(gguf.dequantised(src, cache_root, f"model {mc.name!r}"))
+    return str(path) if path is not None else str(mc.path)
 
 
-def _locate_hub(mc: ModelConfig, cache_root: Path, progress: bool, data_root: Path | None) -> str:
-    path = _need_path(mc)
-    return str(Path(path).expanduser()) if Path(path).expanduser().is_dir() else path
-
-
-def _peek_dir(mc: ModelConfig, path: Path) -> int | None:
-    _check_local_dir(mc, path)
-    try:
-        return _layers_of(json.loads((path / "config.json").read_text()))
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
-
-
-def _peek_hub(mc: ModelConfig) -> int | None:
-    path = Path(_need_path(mc)).expanduser()
-    if path.is_dir():
-        return _peek_dir(mc, path)
+def _peek_files(mc: ModelConfig) -> int | None:
+    """A hub, local or package model's blocks: from a GGUF's header (checked: truncated, unreadable), a folder's
+    config.json, or the hub cache's config (None when it must be downloaded first)."""
+    path, src = _located(mc)
+    if src is not None:
+        return gguf.read_header(src, f"model {mc.name!r}").block_count
+    if path is not None:
+        _check_local_dir(mc, path)
+        try:
+            return _layers_of(json.loads((path / "config.json").read_text()))
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
     from transformers import AutoConfig
 
     try:
@@ -299,12 +370,16 @@ MODEL_SOURCES: Registry[ModelSource] = Registry("model source")
 """Every ``model.source``, with the keys it reads: adding a source is one entry here (and its keys' fields in
 :class:`ModelConfig`)."""
 MODEL_SOURCES.register("hub", ModelSource(
-    "loaded from model.path (a hub id or a local directory)",
-    LOADED | {"path", "revision", "trust_remote_code", "allow_bin"}, _locate_hub, _peek_hub))
+    "loaded from model.path (a hub id, a local checkpoint folder or a .gguf file)",
+    LOADED | {"path", "gguf_file", "revision", "trust_remote_code", "allow_bin"}, _locate_files, _peek_files))
+MODEL_SOURCES.register("local", ModelSource(
+    "loaded from model.path (a local checkpoint folder or a .gguf file)",
+    LOADED | {"path", "gguf_file", "trust_remote_code", "allow_bin"}, _locate_files, _peek_files,
+    needs=("path", "model.path=DIR (a Hugging Face checkpoint folder) or FILE.gguf")))
 MODEL_SOURCES.register("package", ModelSource(
-    "loaded from the Python package model.package", LOADED | {"package", "subdir", "trust_remote_code", "allow_bin"},
-    lambda mc, *_: str(_package_dir(mc)), lambda mc: _peek_dir(mc, _package_dir(mc)),
-    needs=("package", "`package:` (the Python package name)")))
+    "loaded from the Python package model.package",
+    LOADED | {"package", "install", "subdir", "gguf_file", "trust_remote_code", "allow_bin"}, _locate_files,
+    _peek_files, needs=("package", "`package:` (the Python package name)")))
 MODEL_SOURCES.register("tiny", ModelSource(
     "trained by cprobe as model.tiny says", LOADED | {"tiny"}, _locate_tiny, _peek_tiny,
     needs=("tiny", "a `tiny:` node")))
@@ -314,6 +389,27 @@ MODEL_SOURCES.register("zoo", ModelSource(
 MODEL_SOURCES.register("fact_world", ModelSource(
     "a tiny LM trained on a fact world's corpus by the job that reads it", LOADED | {"fact_world"},
     needs=("fact_world", "a `fact_world:` node (corpus, train)")))
+
+
+def _kind(mc: ModelConfig, path: str) -> str:
+    """The model's kind: as set, or (``kind: auto``) read from its checkpoint's declared architectures."""
+    if mc.kind != "auto":
+        return mc.kind
+    if Path(path).is_dir():
+        config = json.loads((Path(path) / "config.json").read_text())
+        archs, model_type = config.get("architectures") or [], str(config.get("model_type", ""))
+    else:
+        from transformers import AutoConfig
+
+        c = _pretrained(mc, path, lambda local_only: AutoConfig.from_pretrained(
+            path, revision=mc.revision, local_files_only=local_only, trust_remote_code=mc.trust_remote_code))
+        archs, model_type = c.architectures or [], c.model_type
+    for kind, ends in (("causal", ("ForCausalLM", "LMHeadModel")), ("mlm", ("ForMaskedLM",)),
+                       ("classifier", ("ForSequenceClassification",)), ("encoder", ("Model",))):
+        if any(str(a).endswith(ends) for a in archs):
+            return kind
+    raise ConfigError(f"model {mc.name!r}: cannot tell its kind from its config ({model_type or 'no model_type'}, "
+                      f"architectures {archs}); set model.kind to causal, mlm, encoder or classifier")
 
 
 def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
@@ -341,11 +437,12 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     device = resolve_device(mc.device) if mc.device_map is None else _map_main_device(mc)
     dtype = _DTYPES[resolve_dtype(mc.dtype, device)]  # bf16 on a CPU without native bf16: fp32, with one log line
     path = resolve_path(cfg, cache_root, progress, data_root)
-    auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
-            "classifier": AutoModelForSequenceClassification}[mc.kind]
-    kw = dict(revision=mc.revision, trust_remote_code=mc.trust_remote_code)
     if Path(path).is_dir():
         _check_local_dir(mc, Path(path))
+    kind = _kind(mc, path)
+    auto = {"mlm": AutoModelForMaskedLM, "causal": AutoModelForCausalLM, "encoder": AutoModel,
+            "classifier": AutoModelForSequenceClassification}[kind]
+    kw = dict(revision=mc.revision, trust_remote_code=mc.trust_remote_code)
     placed: dict[str, Any] = {}
     if mc.device_map is not None:  # the final map from an empty copy of the model: checked before weights load
         from transformers import AutoConfig
@@ -360,9 +457,10 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
             placed["offload_folder"] = str(Path(mc.offload_dir).expanduser())
 
     def _load(local_only: bool):
-        return (AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw),
-                auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
-                                     use_safetensors=None if mc.allow_bin else True, **placed, **kw))
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only, **kw)
+        start_token(tok, mc.bos, kind, mc.name)  # a bad model.bos: one line before the weights load
+        return tok, auto.from_pretrained(path, dtype=dtype, local_files_only=local_only,
+                                         use_safetensors=None if mc.allow_bin else True, **placed, **kw)
 
     tok, model = _pretrained(mc, path, _load)
     if not getattr(tok, "is_fast", False):
@@ -375,8 +473,16 @@ def load_adapter(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True
     else:
         model.to(device)
     limits = BatchLimits(kind_dir(cache_root, "engine") / "batch_limits.json" if device.type == "cuda" else None)
-    return ModelAdapter(model, tok, mc.kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
-                        max_length=mc.max_length, batch_tokens=mc.batch_tokens, limits=limits)
+    return ModelAdapter(model, tok, kind, mc.name, batch_size=mc.batch_size, layers_path=mc.layers_path,
+                        max_length=mc.max_length, batch_tokens=mc.batch_tokens, limits=limits, bos=mc.bos,
+                        weights=_weights(path, dtype))
+
+
+def _weights(path: str, dtype: torch.dtype) -> str:
+    """What the loaded weights are (:attr:`ModelAdapter.weights`): their dtype, or how a GGUF's were made."""
+    run = str(dtype).removeprefix("torch.")
+    made = gguf.info(Path(path)).get("weights") if Path(path).is_dir() else None
+    return run if made is None else made if run == "float32" else f"{made}, run in {run}"
 
 
 def _map_main_device(mc: ModelConfig) -> torch.device:
@@ -405,6 +511,8 @@ def _pretrained(mc: ModelConfig, path: str, load: Any) -> Any:
                 raise
             os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "15")  # unreachable hub: fail in seconds, not minutes
             return load(False)
+    except CprobeError:  # already one line (a bad model.bos)
+        raise
     except Exception as e:  # noqa: BLE001 - every loading failure becomes one actionable line
         if local:
             msg = " ".join(str(e).split())[:300]

@@ -32,9 +32,10 @@ def cprobe_version() -> str:
     return _version("cprobe") or "unknown"
 
 
-def environment(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def environment(cfg: Mapping[str, Any] | None = None, models: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Versions of cprobe and its core dependencies, Python, the platform, CPU threads and the accelerator (read
-    from torch only when the job already imported it)."""
+    from torch only when the job already imported it); ``models``: what the job's models were ({name: {weights,
+    dtype, bos}}: e.g. "gguf Q4_K_M dequantised to float32", the start token)."""
     env: dict[str, Any] = {
         "cprobe": cprobe_version(), "python": sys.version.split()[0], "platform": platform.platform(),
         "machine": platform.machine(), "cpu_count": os.cpu_count(), "packages": {p: _version(p) for p in PACKAGES},
@@ -51,13 +52,16 @@ def environment(cfg: Mapping[str, Any] | None = None) -> dict[str, Any]:
         model = cfg.get("model") or {}
         if isinstance(model, Mapping) and "dtype" in model:
             env["dtype"] = str(model.get("dtype"))
+    if models:
+        env["models"] = {name: dict(m) for name, m in models.items()}
     for var in ("HF_HUB_OFFLINE", "CPROBE_SMOKE", "OMP_NUM_THREADS"):
         if os.environ.get(var):
             env.setdefault("env", {})[var] = os.environ[var]
     return env
 
 
-def write_environment(out_dir: Path, cfg: Mapping[str, Any] | None = None) -> Path:
+def write_environment(out_dir: Path, cfg: Mapping[str, Any] | None = None,
+                      models: Mapping[str, Any] | None = None) -> Path:
     path = Path(out_dir) / ENVIRONMENT
-    atomic_write_bytes(path, json.dumps(environment(cfg), indent=1, default=str).encode())
+    atomic_write_bytes(path, json.dumps(environment(cfg, models), indent=1, default=str).encode())
     return path

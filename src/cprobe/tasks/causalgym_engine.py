@@ -134,7 +134,6 @@ class Config:
     train_seed: int = 42
     eval_seed: int = 1
     control: bool = True
-    prepend_bos: bool = True
     probe_lam: Any = None  # λ, or a list of λs (one probe each; the summary keeps the better)
     stream: str = "block"  # last layer: "block" = raw block output (reference), "resid" = after the final norm
     das: DASKeys = field(default_factory=DASKeys)
@@ -474,7 +473,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
     tr_class = torch.tensor([p.base_class for p in splits.train])
     ev_class = torch.tensor([p.base_class for p in splits.eval])
     ev_src_class = torch.tensor([p.source_class for p in splits.eval])
-    fmt = RegionFormatter(prepend_bos=config.prepend_bos)
+    fmt = RegionFormatter()
     regions = resolve_regions(config.regions, template)
     sites = {(l, r): site_of(l, r, config.stream) for l in resolve_layers(layers, adapter.n_layers) for r in regions}
 
