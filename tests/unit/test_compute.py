@@ -119,7 +119,7 @@ def test_fit_threads_from_the_fit_size_alone(monkeypatch):
     """A fit whose largest op is below FIT_OP_FLOPS runs on one thread, a larger one on the job's threads, whatever
     the machine's load; OMP_NUM_THREADS always wins."""
     assert compute.fit_thread_count(2 * 64 * 256 * 256, 8, env={}) == 1  # the demo's MLP probe step
-    assert compute.fit_thread_count(2 * 2000 * 129**2, 8, env={}) == 1  # the reliability study's INLP Newton step
+    assert compute.fit_thread_count(2 * 1200 * 129**2, 8, env={}) == 1  # the reliability study's INLP Newton step
     assert compute.fit_thread_count(compute.FIT_OP_FLOPS - 1, 8, env={}) == 1
     assert compute.fit_thread_count(compute.FIT_OP_FLOPS, 8, env={}) == 8
     assert compute.fit_thread_count(2 * 20_000 * 769**2, 4, env={}) == 4  # INLP on a 768-d model's 20k states
