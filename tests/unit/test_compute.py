@@ -161,6 +161,23 @@ def test_a_logistic_fit_runs_on_the_threads_its_size_calls_for(monkeypatch):
     assert seen == [1, 2]
 
 
+def test_inlp_runs_its_projections_and_fits_on_one_thread_when_small(monkeypatch):
+    from cprobe.interventions import inlp
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    real = inlp.fit_logistic
+    monkeypatch.setattr(inlp, "fit_logistic", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+        inlp.INLP(rank=2).fit(X, (X[:, 0] + X[:, 1] > 0).long())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]  # each iteration's classifier fit on the projected states, inside INLP's one thread
+
+
 def test_threads_context_restores():
     before = torch.get_num_threads()
     with compute.threads(1):
