@@ -152,9 +152,10 @@ FIT_OP_FLOPS = 1e9
 """A fit whose largest op costs fewer flops than this runs on one thread (:func:`fit_threads`). Such an op takes
 well under 50 ms on one core; split among threads, each op ends at a barrier, and on cores that anything else shares
 (another task of the node, another worker, the driver) a thread waiting there for a descheduled sibling loses a
-whole time slice: the reliability study's INLP fit (2,000 × 129 Hessians, 7·10⁷ flops) took 9.5–12.9 s on 2
-threads against 1.5–1.9 s on one (docs/performance.md). The rule reads only the fit's size, never the machine's load,
-so a fit's thread count — and with it the rounding of its float sums — is the same on every run."""
+whole time slice: an INLP fit (rank 10) on 2,000 × 128 states (Hessians of 7·10⁷ flops) took 9.5–12.9 s on 2
+threads against 1.5–1.9 s on one, and the reliability study's 41-point INLP grid ran 3.9× faster
+(docs/performance.md). The rule reads only the fit's size, never the machine's load, so a fit's thread count — and
+with it the rounding of its float sums — is the same on every run."""
 
 
 def choose_threads(workers: int = 1, cpus: int | None = None, env: Mapping[str, str] | None = None) -> int:

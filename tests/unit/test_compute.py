@@ -119,7 +119,7 @@ def test_fit_threads_from_the_fit_size_alone(monkeypatch):
     """A fit whose largest op is below FIT_OP_FLOPS runs on one thread, a larger one on the job's threads, whatever
     the machine's load; OMP_NUM_THREADS always wins."""
     assert compute.fit_thread_count(2 * 64 * 256 * 256, 8, env={}) == 1  # the demo's MLP probe step
-    assert compute.fit_thread_count(2 * 2000 * 129**2, 8, env={}) == 1  # the reliability study's INLP Newton step
+    assert compute.fit_thread_count(2 * 1200 * 129**2, 8, env={}) == 1  # the reliability study's INLP Newton step
     assert compute.fit_thread_count(compute.FIT_OP_FLOPS - 1, 8, env={}) == 1
     assert compute.fit_thread_count(compute.FIT_OP_FLOPS, 8, env={}) == 8
     assert compute.fit_thread_count(2 * 20_000 * 769**2, 4, env={}) == 4  # INLP on a 768-d model's 20k states
@@ -159,6 +159,23 @@ def test_a_logistic_fit_runs_on_the_threads_its_size_calls_for(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert seen == [1, 2]
+
+
+def test_inlp_runs_its_projections_and_fits_on_one_thread_when_small(monkeypatch):
+    from cprobe.interventions import inlp
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+    real = inlp.fit_logistic
+    monkeypatch.setattr(inlp, "fit_logistic", lambda *a, **k: seen.append(torch.get_num_threads()) or real(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        X = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+        inlp.INLP(rank=2).fit(X, (X[:, 0] + X[:, 1] > 0).long())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]  # each iteration's classifier fit on the projected states, inside INLP's one thread
 
 
 def test_threads_context_restores():
