@@ -312,11 +312,32 @@ def test_a_refused_search_leaves_no_directory(tmp_path):
     from cprobe import search
     from cprobe.errors import JobAborted
 
+    from cprobe import ownership
+
     sw = _sweeper(tmp_path, "+experiment=sva_tiny_reliability", "hparams_search=reliability", "intervention=leace")
+    made = ownership.record(tmp_path / "sweep")  # what the callback notes before the launcher creates the directory
+    ownership.MADE[made.directory] = made
     (tmp_path / "sweep").mkdir()
     with pytest.raises(JobAborted, match="intervention 'leace' has no hyperparameter"):
         search.run(sw, ["+experiment=sva_tiny_reliability", "hparams_search=reliability", "intervention=leace"])
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_refused_search_keeps_a_directory_that_was_there(tmp_path):
+    """The same refusal in a directory the user made beforehand: it stays, with what it held."""
+    from tests.unit.test_search import _sweeper
+
+    from cprobe import ownership, search
+    from cprobe.errors import JobAborted
+
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "notes.txt").write_text("mine")
+    made = ownership.record(tmp_path / "sweep")
+    ownership.MADE[made.directory] = made
+    sw = _sweeper(tmp_path, "+experiment=sva_tiny_reliability", "hparams_search=reliability", "intervention=leace")
+    with pytest.raises(JobAborted, match="intervention 'leace' has no hyperparameter"):
+        search.run(sw, ["+experiment=sva_tiny_reliability", "hparams_search=reliability", "intervention=leace"])
+    assert [p.name for p in (tmp_path / "sweep").iterdir()] == ["notes.txt"]
 
 
 def test_a_logger_whose_package_is_missing_is_refused_before_the_sweep(tmp_path, monkeypatch):
