@@ -69,6 +69,8 @@ def _fields(adapter: ModelAdapter, items_fingerprint: str, dataset_name: str, fo
          "max_length": adapter.max_length}
     if store != torch.float32:
         f["store_dtype"] = str(store)
+    if adapter.bos is not None:  # a causal LM's start token (model.bos): other tokens, other states
+        f["bos"] = adapter.bos
     return f
 
 

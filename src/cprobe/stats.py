@@ -117,11 +117,9 @@ def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, l2: float, max_iter: int
         grad = (p - T).T @ Xa / n + pen * theta
         if float(grad.abs().max()) < tol:
             break
-        weights = (p * (1 - p) / n).float()
-        # the Hessian in float32 (half the cost; the float64 gradient still fixes the optimum exactly)
+        weights = p * (1 - p) / n
         step = torch.stack([
-            torch.cholesky_solve(g[:, None], torch.linalg.cholesky(
-                (Xa32.T @ (weights[:, r, None] * Xa32)).double() + torch.diag(pen) + jitter))[:, 0]
+            torch.cholesky_solve(g[:, None], _hessian_factor(Xa, Xa32, weights[:, r], pen, jitter))[:, 0]
             for r, g in enumerate(grad)
         ])
         t = torch.ones(len(theta), 1, dtype=X.dtype, device=X.device)
@@ -135,6 +133,17 @@ def _fit_logistic(X: Tensor, y: Tensor, n_classes: int, l2: float, max_iter: int
         theta = theta - t * step
         f = objective(theta)
     return theta[:, :d].contiguous(), theta[:, d].contiguous()
+
+
+def _hessian_factor(Xa: Tensor, Xa32: Tensor, w: Tensor, pen: Tensor, jitter: Tensor) -> Tensor:
+    """The Cholesky factor of one Newton step's Hessian ``Xaᵀ diag(w) Xa + diag(pen)``: its product taken in float32
+    (half the cost; the float64 gradient still fixes the optimum exactly), or in float64 where float32's rounding
+    leaves it not positive definite — states with a few very large coordinates, as Gemma 3's residual stream has
+    (~2·10⁴: products of ~4·10⁸ whose rounding outweighs the penalty)."""
+    L, info = torch.linalg.cholesky_ex((Xa32.T @ (w.float()[:, None] * Xa32)).double() + torch.diag(pen) + jitter)
+    if int(info) == 0:
+        return L
+    return torch.linalg.cholesky(Xa.T @ (w[:, None] * Xa) + torch.diag(pen) + jitter)
 
 
 def log_loss_and_accuracy(X: Tensor, y: Tensor, W: Tensor, b: Tensor) -> tuple[float, float]:

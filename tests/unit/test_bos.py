@@ -130,3 +130,15 @@ def test_the_job_records_each_model_s_start_token_and_weights(tmp_path):
     env = json.loads(write_environment(tmp_path, {"model": {"dtype": "float32"}}, ctx.models).read_text())
     assert env["models"]["g"] == {"weights": "gguf Q4_K_M dequantised to float32", "dtype": "float32", "bos": "<bos>"}
     assert env["models"]["tiny"]["bos"] == "<|endoftext|>"
+
+
+def test_the_start_token_is_part_of_the_activation_cache_key():
+    """Other start tokens, other token ids, other states: never read from each other's cache entry."""
+    from cprobe.cache import cache_key
+    from cprobe.extract import _fields
+    from cprobe.models.formatters import AgreementFormatter
+
+    model, tok = make_random_model("gpt_neox")
+    keys = {bos: cache_key(_fields(ModelAdapter(model, tok, "causal", "neox", bos=bos), "items", "data",
+                                   AgreementFormatter(), None, torch.float32)) for bos in ("auto", "none", "w7")}
+    assert len(set(keys.values())) == 3

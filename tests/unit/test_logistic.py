@@ -47,3 +47,37 @@ def test_warm_start_reaches_the_same_optimum():
     cold = fit_logistic(X, z, 2, 1e-3)
     warm = fit_logistic(X, z, 2, 1e-3, init=(cold[0] * 0.5, cold[1] + 1))
     assert torch.allclose(cold[0], warm[0], atol=1e-8) and torch.allclose(cold[1], warm[1], atol=1e-8)
+
+
+def test_states_with_a_massive_coordinate_fit_where_a_float32_hessian_is_not_positive_definite():
+    """Gemma 3's residual stream (issue 44): 20 distinct states repeated (CausalGym's region states repeat), one
+    coordinate ~5·10⁴. Its float32 Hessian is not positive definite (the products ~2.5·10⁹ round by more than the
+    penalty 25), so the step falls back to float64; the result is the optimum (a zero gradient; scikit-learn's L-BFGS
+    stops short of it on this conditioning)."""
+    from cprobe.stats import _hessian_factor
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(20, 640, generator=g, dtype=torch.float64) * 30
+    base[:, 0] = 5e4 + torch.randn(20, generator=g, dtype=torch.float64) * 500
+    idx = torch.arange(400) % 20
+    X, z = base[idx], (idx % 2).long()
+    l2 = l2_for_C(1e-4, 400)  # CausalGym's probe λ = 1e4
+    Xa = torch.cat([X, X.new_ones(400, 1)], 1)
+    pen = torch.full((641,), l2, dtype=torch.float64)
+    pen[-1] = 0
+    w = torch.full((400,), 0.25 / 400, dtype=torch.float64)  # the first step's weights (p = 1/2)
+    H32 = (Xa.float().T @ (w.float()[:, None] * Xa.float())).double() + torch.diag(pen) + 1e-8 * torch.eye(641)
+    assert int(torch.linalg.cholesky_ex(H32).info) > 0  # what failed before
+    L = _hessian_factor(Xa, Xa.float(), w, pen, 1e-8 * torch.eye(641, dtype=torch.float64))
+    torch.testing.assert_close(L @ L.T, Xa.T @ (w[:, None] * Xa) + torch.diag(pen) + 1e-8 * torch.eye(641),
+                               rtol=1e-9, atol=1e-6)  # float64's own rounding on entries up to ~6·10⁶
+    W, b = fit_logistic(X, z, 2, l2)
+    p = torch.sigmoid(X @ W[0] + b[0])
+    assert float((X.T @ (p - z) / 400 + l2 * W[0]).abs().max()) < 1e-9 and abs(float((p - z).mean())) < 1e-9
+
+    def objective(w: torch.Tensor, c: float) -> float:
+        logit = X @ w + c
+        return float((torch.nn.functional.softplus(logit) - z * logit).mean() + 0.5 * l2 * (w * w).sum())
+
+    ref = LogisticRegression(C=1e-4, tol=1e-12, max_iter=100_000).fit(X.numpy(), z.numpy())
+    assert objective(W[0], float(b[0])) <= objective(torch.from_numpy(ref.coef_[0]), float(ref.intercept_[0]))
