@@ -208,3 +208,19 @@ def test_cached_model_dirs_follow_the_umask(tmp_path, umask):
         os.umask(old)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((out / "checksums.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_long_phases_report_through_cprobe_progress_only():
+    """A bare tqdm bar is silent off a terminal (CI, SLURM, a log file): every long phase goes through
+    cprobe.progress (a log line with an ETA there), so no other module of src/ imports tqdm."""
+    import ast
+
+    src = Path(__file__).resolve().parents[2] / "src" / "cprobe"
+    users = []
+    for f in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n.split(".")[0] == "tqdm" for n in names):
+                users.append(str(f.relative_to(src)))
+    assert users == ["progress.py"]

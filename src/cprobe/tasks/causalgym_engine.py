@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from cprobe.config import parse
 from cprobe.data.causalgym import Pair, Splits, TaskTemplate, control_pairs, label_token_ids, make_pair_splits, pair_items
@@ -63,6 +62,7 @@ from cprobe.models.multisite import SitesForward, rowwise_dii, site_batch
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.resume import at_last
 from cprobe.models.sites import STREAMS, Batch, Site
+from cprobe.progress import Progress, track
 
 log = logging.getLogger("cprobe")
 
@@ -506,8 +506,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
 
     # 1. Per site: the oracle and every direction fitted from the site's activations.
     plans: list[_SitePlan] = []
-    for (layer, region), site in tqdm(sites.items(), desc=f"{template.name} fit", disable=not progress or None,
-                                      leave=False):
+    for (layer, region), site in track(sites.items(), f"{template.name}: fit at each site", progress):
         ok_tr = present(pos_tr, region).nonzero().squeeze(1)
         ok_ev = present(pos_ev, region).nonzero().squeeze(1)
         if len(ok_tr) == 0 or len(ok_ev) == 0:
@@ -647,7 +646,7 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
         for g in jobs.values() for s in range(0, len(g), per_pass))
     clean = adapter.clean_states(train_batch, sorted(lows), kv=kv)
     total = sum(len(j) for j in jobs.values())
-    bar = tqdm(total=total, desc=f"{name} DAS", disable=not progress or None, leave=False)
+    bar = Progress(f"{name}: DAS", total=total, bars=progress)
     for group in jobs.values():
         for start in range(0, len(group), per_pass):
             part = group[start:start + per_pass]
@@ -724,7 +723,7 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     step = adapter.batch_size
     clean = adapter.clean_states(eval_batch, [s.layer for s in site_list],  # each pass resumes at its lowest layer
                                  kv=bool(last_row.any()))
-    for start in tqdm(range(0, len(order), step), desc=f"{name} DII", disable=not progress or None, leave=False):
+    for start in track(range(0, len(order), step), f"{name}: edited passes", progress):
         rows = order[start:start + step]
         jr, items = job_of_row[rows], item_of_row[rows]
         batch, at = site_batch(eval_batch, items, job_site[jr], site_list)
