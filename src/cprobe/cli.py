@@ -192,7 +192,7 @@ def status(
     with user_errors():
         import logging
 
-        from cprobe.launch.sweep import NEEDS_ACTION, sweep_state
+        from cprobe.sweep import NEEDS_ACTION, sweep_state
 
         logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
 
