@@ -40,7 +40,7 @@ from cprobe.paths import relative
 log = logging.getLogger("cprobe")
 
 SLURM_DIR = ".slurm"
-MANIFEST = "sweep.json"
+SWEEP_MANIFEST = "sweep.json"
 TASKS = "tasks"
 
 TERMINAL = ("done", "failed", "dead", "not run", "interrupted")
@@ -49,7 +49,7 @@ NEEDS_ACTION = ("failed", "dead", "not run", "interrupted", "not started")
 
 
 def manifest_path(sweep_dir: Path) -> Path:
-    return Path(sweep_dir) / SLURM_DIR / MANIFEST
+    return Path(sweep_dir) / SLURM_DIR / SWEEP_MANIFEST
 
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
@@ -267,7 +267,7 @@ def manifest_problems(directory: Path) -> tuple[dict[Path, bool], list[str]]:
     covered: dict[Path, bool] = {}
     out: list[str] = []
     roots = [directory] if manifest_path(directory).is_file() else \
-        [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{MANIFEST}"))]
+        [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{SWEEP_MANIFEST}"))]
     for sweep_dir in roots:
         for p in sweep_state(sweep_dir).points:
             covered[(sweep_dir / p.name).resolve()] = p.state == "done"

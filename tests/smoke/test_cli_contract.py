@@ -58,9 +58,9 @@ def test_overrides_on_both_sides_of_multirun_flag():
     argv = ["+experiment=sva_tiny", "-m", "probe=linear,mlp", "seed=3"]
     with pytest.raises(SystemExit):
         get_args_parser().parse_args(argv)
-    args, _ = _hydra.parse(argv)
+    args, _ = _hydra.parse_argv(argv)
     assert args.multirun and args.overrides == ["+experiment=sva_tiny", "probe=linear,mlp", "seed=3"]
-    args, _ = _hydra.parse(["a=1", "--cfg", "job", "b=2"])
+    args, _ = _hydra.parse_argv(["a=1", "--cfg", "job", "b=2"])
     assert args.cfg == "job" and args.overrides == ["a=1", "b=2"]
 
 

@@ -154,7 +154,7 @@ def test_das_gradients_equal_the_full_forward(arch):
 
 def test_an_unknown_family_runs_the_full_forward_with_one_log_line(caplog):
     model, tok = make_random_model("gpt2")
-    model.config.model_type = "mystery_lm"  # not in FAMILIES: its blocks are not known to be resumable
+    model.config.model_type = "mystery_lm"  # not in MODEL_FAMILIES: its blocks are not known to be resumable
     adapter = ModelAdapter(model, tok, "causal", "mystery", batch_size=8)
     ex = _examples(8)
     batch = AgreementFormatter()(ex, adapter, torch.arange(len(ex)))

@@ -13,7 +13,7 @@ import torch
 
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
-from cprobe.models.family import FAMILIES
+from cprobe.models.family import MODEL_FAMILIES
 from cprobe.models.formatters import AgreementFormatter
 from cprobe.models.multisite import site_batch
 from cprobe.models.readouts import CandidateTokens, Vocabulary
@@ -186,8 +186,8 @@ def test_the_switch_the_family_and_the_clean_states_decide():
     finally:
         seen.remove()
     # the capability is declared per family: every listed decoder, no masked LM
-    assert all(f.kv_resume == (f.pool == "last") for f in FAMILIES.values())
-    assert not FAMILIES["bert"].kv_resume
+    assert all(f.kv_resume == (f.pool == "last") for f in MODEL_FAMILIES.values())
+    assert not MODEL_FAMILIES["bert"].kv_resume
     bert = _adapter("bert")
     assert not bert.can_kv_resume
     assert bert.clean_states(batch, [1], kv=True).kv == {}

@@ -25,7 +25,7 @@ from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.bos import start_token, token_id
 from cprobe.models.edits import Edit, EditSpec, Replace
-from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of, sliding_window
+from cprobe.models.family import MODEL_FAMILIES, GENERIC_FINAL_NORMS, family_of, sliding_window
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
 from cprobe.models.resume import (DEVICE_BUDGET, KV_BUDGET, CleanStates, KVStore, Resume, cache_keyword, last_only,
@@ -99,8 +99,8 @@ def _pinned(t: Tensor) -> Tensor:
 def model_positions(config) -> int | None:
     """How many token positions the model can take (None when its config does not say)."""
     n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if n and config.model_type in FAMILIES:
-        n -= FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
+    if n and config.model_type in MODEL_FAMILIES:
+        n -= MODEL_FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
     return int(n) if n else None
 
 
@@ -190,7 +190,7 @@ class ModelAdapter:
             lists = [m for m in self._base.modules() if isinstance(m, nn.ModuleList) and len(m) == self.n_layers]
             if not lists:
                 raise ConfigError(f"cannot find the transformer blocks of model type "
-                                  f"{self.model.config.model_type!r}; supported: {sorted(FAMILIES)}; or set "
+                                  f"{self.model.config.model_type!r}; supported: {sorted(MODEL_FAMILIES)}; or set "
                                   "model.layers_path (e.g. 'encoder.layer')")
             blocks = lists[0]
         if len(blocks) != self.n_layers:

@@ -176,12 +176,12 @@ class TaskParts:
     key: str
     fresh: bool = False
 
-    MANIFEST = "manifest.json"
+    PARTS_MANIFEST = "manifest.json"
     VERSION = 2  # 2: one checked entry per task; 1: loose files with SHA-256 sums in the manifest
 
     def __post_init__(self) -> None:
         self.manifest: dict[str, Any] = {"key": self.key, "version": self.VERSION, "tasks": {}}
-        path = self.directory / self.MANIFEST
+        path = self.directory / self.PARTS_MANIFEST
         if self.fresh or not path.is_file():
             return
         try:
@@ -214,7 +214,7 @@ class TaskParts:
                                    rebuild=not self.has(name))
         if not hit:
             self.manifest["tasks"][name] = entry.name
-            atomic_write_bytes(self.directory / self.MANIFEST, json.dumps(self.manifest, indent=1).encode())
+            atomic_write_bytes(self.directory / self.PARTS_MANIFEST, json.dumps(self.manifest, indent=1).encode())
         return pd.read_parquet(entry / "table.parquet"), load((entry / "directions.safetensors").read_bytes())
 
 
