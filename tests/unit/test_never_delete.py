@@ -53,8 +53,8 @@ AUDIT: dict[str, str] = {
                        ".cprobe-outputs.json (what collect / report wrote there before)",
     "records.write_records": "removes record_items.parquet only when it is one (config_id, metric, item, value "
                              "columns)",
-    "trackers.sweep_discarded": "removes trackers.json only when it is what sweep_started writes ({tracker: "
-                                "{destination, ...}})",
+    "trackers.lifecycle.sweep_discarded": "removes trackers.json only when it is what sweep_started writes ({tracker: "
+                                          "{destination, ...}})",
     "trackers.tensorboard.TensorBoardTracker.discard_sweep": "removes a parent run's log dir only when it holds "
                                                              "nothing but TensorBoard event files",
 }
@@ -279,7 +279,7 @@ def _discard(tmp: Path) -> None:
     assert tree(tmp) == before and sweep.is_dir()
 
 
-@case("trackers.sweep_discarded")
+@case("trackers.lifecycle.sweep_discarded")
 def _trackers(tmp: Path) -> None:
     from omegaconf import OmegaConf
 
