@@ -33,7 +33,7 @@ from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
 from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.io import atomic_write_bytes, parquet_bytes
+from cprobe.io import atomic_write_bytes, parquet_bytes, read_json
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.probes.grid import PROBE_FITS
@@ -181,12 +181,8 @@ class TaskParts:
 
     def __post_init__(self) -> None:
         self.manifest: dict[str, Any] = {"key": self.key, "version": self.VERSION, "tasks": {}}
-        path = self.directory / self.PARTS_MANIFEST
-        if self.fresh or not path.is_file():
-            return
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError):
+        old = None if self.fresh else read_json(self.directory / self.PARTS_MANIFEST)
+        if old is None:
             return
         if old.get("key") == self.key and old.get("version") == self.VERSION:
             self.manifest = old
