@@ -167,7 +167,7 @@ def test_an_unknown_family_runs_the_full_forward_with_one_log_line(caplog):
     res.states = {2: torch.zeros(*batch.input_ids.shape, adapter.hidden_size)}
     edits = {Site(2): lambda h: h + 1.0}
     full = adapter.run(batch, (), edits, cands)
-    with caplog.at_level(logging.INFO, logger="cprobe.models.adapter"):
+    with caplog.at_level(logging.INFO, logger="cprobe.models.resume"):
         for _ in range(3):
             out = adapter.run(batch, (), edits, cands, resume=res)
             torch.testing.assert_close(out.scores, full.scores, atol=0, rtol=0)

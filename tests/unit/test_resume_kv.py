@@ -251,7 +251,7 @@ def test_a_prefix_wider_than_the_sliding_window_resumes_over_every_token(arch, c
     shift = torch.randn(adapter.hidden_size, generator=torch.Generator().manual_seed(3))
     seen = _Tokens(adapter)
     try:
-        with caplog.at_level(logging.INFO, logger="cprobe.models.adapter"):
+        with caplog.at_level(logging.INFO, logger="cprobe.models.resume"):
             for layer in (1, 2):
                 edits = {Site(layer): lambda h: h + shift}
                 full = adapter.run(batch, [Site(L)], edits, cands)
