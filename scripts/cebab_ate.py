@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from cprobe.data.cebab import ASPECTS, DIRECTIONS, CebabKeys, direction_name, edit_pairs, encode_rating, load_cebab
+from cprobe.data.cebab import ASPECTS, VALUE_CHANGES, CebabKeys, direction_name, edit_pairs, encode_rating, load_cebab
 from cprobe.paths import data_dir
 
 PAPER = {  # Table 3d (5-way) and Table 7 (binary): aspect -> (Neg→Pos, Neg→Unk, Pos→Unk)
@@ -38,7 +38,7 @@ def ate(pairs, task: str, rule: str) -> dict[tuple[str, str], float]:
         a, b = encode_rating(p.base.outcome, task), encode_rating(p.source.outcome, task)
         if a is None or b is None:
             continue
-        sign = 1 if (c, c2) in DIRECTIONS else -1
+        sign = 1 if (c, c2) in VALUE_CHANGES else -1
         d = direction_name(*((c, c2) if sign == 1 else (c2, c)))
         out.setdefault((aspect, d), []).append(sign * (b - a))
     return {k: float(np.mean(v)) for k, v in out.items()}
@@ -61,7 +61,7 @@ def main() -> None:
                 got = ate(pairs, task, rule)
                 errs = []
                 for aspect in ASPECTS:
-                    for (c, c2), paper in zip(DIRECTIONS, PAPER[task][aspect]):
+                    for (c, c2), paper in zip(VALUE_CHANGES, PAPER[task][aspect]):
                         v = got.get((aspect, direction_name(c, c2)), float("nan"))
                         errs.append(abs(v - paper))
                         rows.append({"task": task, "rule": rule, "split": name, "aspect": aspect,

@@ -176,6 +176,23 @@ def make_word_tokenizer(kind: str):
                                    pad_token="<|endoftext|>", unk_token="[UNK]")
 
 
+def write_activations(root: Path, fields: dict, tensors: dict, shard_rows: int | None = None):
+    """An activation entry under cache root ``root`` written as extraction writes one (``extract.extract_stream``:
+    its lock, fixed row ranges of ``shard_rows`` (default: one shard), a checksummed file per tensor and range, then
+    ``meta.json``); returns the :class:`cprobe.cache.Entry`."""
+    from cprobe.cache import ActivationCache
+
+    n = len(next(iter(tensors.values())))
+    entry = ActivationCache(root).entry(fields, n)
+    with entry.lock():
+        entry.init(shard_rows or n)
+        for name, t in tensors.items():
+            for j, (a, b) in enumerate(entry.ranges()):
+                entry.write(name, j, t[a:b])
+        entry.finish()
+    return entry
+
+
 SLIDING = ("mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 """The families whose configs can give some layers a sliding attention window (make_random_model's ``window``)."""
 

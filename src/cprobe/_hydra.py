@@ -79,7 +79,7 @@ def _cfg_kind(argv: Sequence[str]) -> str | None:
     return None
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
+def parse_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     """Hydra's own parser, but intermixed: flags may sit anywhere between overrides."""
     from hydra._internal.utils import get_args_parser
 
@@ -174,7 +174,7 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
     version.setbase("1.3")
     parse_configs_once()
     compose_jobs_once()
-    args, parser = parse(argv)
+    args, parser = parse_argv(argv)
     try:
         _run_hydra(args=args, args_parser=parser, task_function=task_function, config_path=config_dir,
                    config_name="config")

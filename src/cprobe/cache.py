@@ -243,26 +243,6 @@ def _publish(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], c
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def store_files(entry: Path, files: Mapping[str, bytes]) -> None:
-    """Make directory ``entry`` hold exactly ``files`` and their ``checksums.json``, atomically (:func:`_publish`);
-    no lock (:func:`checked_entry` is the locked get-or-build)."""
-    _publish(entry, lambda tmp: files, None)
-
-
-def load_file(entry: Path, name: str) -> bytes | None:
-    """File ``name`` of a checked entry when the entry is complete and every file matches its checksum; None
-    otherwise (a warning when the entry exists but fails)."""
-    problem = entry_problem(entry)
-    if problem is not None:
-        if problem != "missing":
-            log.warning("cache entry %s: %s; recomputing it", entry, problem)
-        return None
-    try:
-        return (Path(entry) / name).read_bytes()
-    except OSError:
-        return None
-
-
 def checked_entry(entry: Path, build: Callable[[Path], Mapping[str, bytes] | None], what: str, *,
                   checked: Sequence[str] | None = None, valid: Callable[[Path], str | None] | None = None,
                   rebuild: bool = False) -> tuple[Path, bool]:
@@ -364,35 +344,6 @@ class ActivationCache:
 
     def entry(self, fields: Mapping[str, Any], n: int) -> Entry:
         return Entry(self.root / cache_key(fields), dict(fields), n)
-
-    def get_or_compute(
-        self, fields: Mapping[str, Any], names: Sequence[str], n: int,
-        compute: Callable[[list[str]], Mapping[str, Any]],
-    ) -> tuple[dict[str, Any], bool]:
-        """({name: tensor with n rows}, hit): cached tensors, computing only the missing names (whole tensors;
-        :func:`cprobe.extract.extract_stream` is the streaming path). ``compute(missing)`` returns at least the
-        missing tensors (extras are stored too)."""
-        names = list(dict.fromkeys(names))
-        if not self.enabled:
-            out = compute(names)
-            return {k: out[k] for k in names}, False
-        entry = self.entry(fields, n)
-        with entry.lock():
-            have = {k: t for k in names if (t := entry.read(k)) is not None}
-            missing = [k for k in names if k not in have]
-            if missing:
-                new = compute(missing)
-                for k, t in new.items():
-                    if t.shape[0] != n:
-                        raise RuntimeError(f"extraction returned {t.shape[0]} rows for {k}, expected {n}")
-                row = sum(t[:1].numel() * t.element_size() for t in new.values())
-                entry.init(max(1, int(self.shard_mb * 2**20) // max(row, 1)))
-                for k, t in new.items():
-                    for j, (a, b) in enumerate(entry.ranges()):
-                        entry.write(k, j, t[a:b])
-                    have.setdefault(k, t)
-                entry.finish()
-            return {k: have[k] for k in names}, not missing
 
 
 class Entry:

@@ -150,7 +150,7 @@ class AggregateResults(Callback):
         trackers.job_ended(config, job_return)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        from cprobe.launch import sweep as S
+        from cprobe import sweep as S
         from cprobe.outputs import collect
 
         sweep_dir = Path(config.hydra.sweep.dir)

@@ -14,7 +14,7 @@ from cprobe.paths import config_dir, data_dir
 GROUPS = ("experiment", "model", "dataset", "probe", "intervention", "split", "sweep", "scm", "debug", "logger",
           "hparams_search")
 
-DATASETS = {
+DATA_FILES = {
     "lgd_agreement/lgd_subset.tsv": (
         "lgd",
         "Linzen et al. (2016) / Gulordava et al. (2018) subset: facebookresearch/colorlessgreenRNNs "
@@ -86,7 +86,7 @@ def dataset_status() -> Iterator[str]:
     yield f"data dir: {root}  (set CPROBE_DATA_DIR to change it)"
     yield "  synthetic_sva        built in (the project's grammar): nothing to download"
     yield "  fact_world           built in (a generated fact world, cprobe.data.fact_world): nothing to download"
-    for rel, (name, how) in DATASETS.items():
+    for rel, (name, how) in DATA_FILES.items():
         state = "found" if (root / rel).exists() else "MISSING"
         yield f"  {name:<20} {state:<8} {root / rel}"
         yield f"  {'':<20} get it: {how}"

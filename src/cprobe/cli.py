@@ -192,7 +192,7 @@ def status(
     with user_errors():
         import logging
 
-        from cprobe.launch.sweep import NEEDS_ACTION, sweep_state
+        from cprobe.sweep import NEEDS_ACTION, sweep_state
 
         logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
 
@@ -342,9 +342,9 @@ def _plugin_rows(modules: list[str]) -> list[tuple[str, str, str, str, str]]:
     """(family, name, package version, target, status) of every entry point and of every name the modules register;
     status ``ok`` (imports and is of its family), or the one-line reason it cannot be used."""
     from cprobe.registry import REGISTRIES, dist_of, entry_points_of, load_plugin_modules
-    from cprobe.testing import _registry
+    from cprobe.testing import registry_of
 
-    _registry("intervention")  # imports every family, so each has registered its registry
+    registry_of("intervention")  # imports every family, so each has registered its registry
     rows = []
     for group, reg in list(REGISTRIES.items()):
         for name, eps in sorted(entry_points_of(group).items()):

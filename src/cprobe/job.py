@@ -44,7 +44,7 @@ STATUS = "status.json"
 ATTEMPT_ENV = "CPROBE_ATTEMPT"
 """The attempt this process's jobs belong to (cprobe's SLURM launcher sets it in each array task: the submission's
 token and the task's id); every ``status.json`` written here records it as ``attempt``, so a sweep's reader tells
-this submission's states from what an earlier one left in the same directory (:mod:`cprobe.launch.sweep`)."""
+this submission's states from what an earlier one left in the same directory (:mod:`cprobe.sweep`)."""
 
 
 def seed_everything(seed: int) -> None:

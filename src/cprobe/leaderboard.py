@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from cprobe.metrics.registry import HIGHER, LOWER, METRICS
-from cprobe.records import KEY, parse, record_key
+from cprobe.records import KEY, parse_cell, record_key
 
 CELL = tuple(k for k in KEY if k not in ("seed", "metric"))
 N_BOOT = 2000
@@ -49,7 +49,7 @@ def headline(records: pd.DataFrame, breakdowns: Mapping[str, Sequence[str]]) -> 
     r = records[records["metric"].isin(sorted(heads))]
     if r.empty:
         return r
-    keep = [not set(parse(s)) & set(breakdowns.get(str(study), ())) for study, s in zip(r["study"], r["slice"])]
+    keep = [not set(parse_cell(s)) & set(breakdowns.get(str(study), ())) for study, s in zip(r["study"], r["slice"])]
     return r[np.asarray(keep, dtype=bool)]
 
 
@@ -176,7 +176,7 @@ def cell_text(mean: float, lo: float, hi: float) -> str:
 
 def _kv(text: str) -> str:
     """``{"alpha":1.0,"oracle":"mlp"}`` as ``alpha=1.0 oracle=mlp`` (for reading, not parsing)."""
-    d = parse(text)
+    d = parse_cell(text)
     return " ".join(f"{k}={v}" for k, v in d.items()) if d else ""
 
 

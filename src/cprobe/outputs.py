@@ -204,7 +204,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     """
     from cprobe import results
     from cprobe.leaderboard import leaderboard
-    from cprobe.launch.sweep import manifest_problems
+    from cprobe.sweep import manifest_problems
     from cprobe.tasks import task_module
 
     directory = Path(directory)

@@ -17,7 +17,6 @@ removed; a file, a directory or a link elsewhere named ``latest`` is left and no
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cprobe.errors import CprobeError
-from cprobe.io import TMP_SUFFIX
+from cprobe.io import TMP_SUFFIX, read_json
 from cprobe.paths import LATEST
 
 log = logging.getLogger("cprobe")
@@ -46,13 +45,6 @@ def key(path: Path | str) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- recognising
-def _json(path: Path) -> object:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _composed_by_cprobe(path: Path) -> bool:
     """Whether the Hydra record ``path`` (``hydra.yaml`` or ``multirun.yaml``) was composed with cprobe's callback."""
     import yaml
@@ -68,10 +60,10 @@ def _composed_by_cprobe(path: Path) -> bool:
 def written_by_cprobe(d: Path) -> bool:
     """Whether directory ``d`` holds one of cprobe's own records (the module doc's rule)."""
     d = Path(d)
-    status = _json(d / "status.json")
-    if isinstance(status, dict) and "state" in status and "started" in status:
+    status = read_json(d / "status.json") or {}
+    if "state" in status and "started" in status:
         return True
-    if isinstance(_json(d / ".slurm" / "sweep.json"), dict):
+    if read_json(d / ".slurm" / "sweep.json") is not None:
         return True
     return _composed_by_cprobe(d / ".hydra" / "hydra.yaml") or _composed_by_cprobe(d / "multirun.yaml")
 
@@ -196,8 +188,7 @@ wrote there, relative to it. Only those — or anything in a directory :func:`wr
 
 
 def owned_outputs(d: Path) -> set[str]:
-    listed = _json(Path(d) / OUTPUTS)
-    return {str(n) for n in listed.get("files", [])} if isinstance(listed, dict) else set()
+    return {str(n) for n in (read_json(Path(d) / OUTPUTS) or {}).get("files", [])}
 
 
 def check_overwrite(d: Path, names: list[str], what: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, TypeVar
 
+from cprobe import testing
 from cprobe.data.base import Dataset, DatasetSource, Example
 from cprobe.directions.base import Direction, unit
 from cprobe.errors import ConfigError, CprobeError, DataError, NotFittedError
@@ -39,24 +40,15 @@ __all__ = [
 
 T = TypeVar("T")
 
-FAMILIES = ("intervention", "direction", "probe", "explainer", "metric", "dataset")
-"""The families :func:`register` takes (its ``family=``)."""
+FAMILIES = tuple(kind.split()[0] for kind in testing.FAMILIES)
+"""The families :func:`register` takes (its ``family=``): the first words of :data:`cprobe.testing.FAMILIES`."""
 
 
 def family_registry(family: str) -> Registry[Any]:
     """The registry of ``family`` (one of :data:`FAMILIES`)."""
-    from cprobe.data.registry import DATASETS
-    from cprobe.directions import DIRECTIONS
-    from cprobe.explainers import EXPLAINERS
-    from cprobe.interventions import INTERVENTIONS
-    from cprobe.metrics.registry import METRIC_REGISTRY
-    from cprobe.probes import PROBES
-
-    table: dict[str, Registry[Any]] = {"intervention": INTERVENTIONS, "direction": DIRECTIONS, "probe": PROBES,
-                                       "explainer": EXPLAINERS, "metric": METRIC_REGISTRY, "dataset": DATASETS}
-    if family not in table:
+    if family not in FAMILIES:
         raise ConfigError(f"unknown family {family!r}; choose from {list(FAMILIES)}")
-    return table[family]
+    return testing.registry_of(testing.FAMILIES[FAMILIES.index(family)])
 
 
 def _family_of(obj: Any) -> str | None:

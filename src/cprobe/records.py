@@ -166,7 +166,7 @@ def canonical(d: Mapping[str, Any]) -> str:
     return json.dumps(plain(dict(d)), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def parse(s: Any) -> dict[str, Any]:
+def parse_cell(s: Any) -> dict[str, Any]:
     """A ``setting``/``slice``/``info`` cell back to a dict ({} for empty)."""
     if s is None or (isinstance(s, float) and math.isnan(s)) or s == "":
         return {}
@@ -315,7 +315,7 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
                 sl = slices
             else:
                 for s in set(slices):
-                    slice_dicts.setdefault(s, parse(s))
+                    slice_dicts.setdefault(s, parse_cell(s))
                 extended = {s: canonical({**slice_dicts[s], pat[1]: pat[2]}) for s in set(slices)}
                 sl = [extended[s] for s in slices]
             ncol = _n_column(spec, metric)
@@ -373,7 +373,7 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
         r = r[r["metric"].isin(set(names) | set(pats))].reset_index(drop=True)
     if r.empty:
         return pd.DataFrame()
-    slices = [parse(s) for s in r["slice"]]
+    slices = [parse_cell(s) for s in r["slice"]]
     if spec.wide:
         columns = []
         for i, (metric, sl) in enumerate(zip(r["metric"], slices)):
@@ -391,7 +391,7 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
         values = values[list(dict.fromkeys(r["_column"]))]
         first = r.drop_duplicates("_row").set_index("_row").loc[values.index]
         rows = first.reset_index(drop=True)
-        slices = [parse(s) for s in rows["_slice"]]
+        slices = [parse_cell(s) for s in rows["_slice"]]
     else:
         rows = r
         values = None
@@ -401,7 +401,7 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
         if isinstance(f, str) and f not in out:
             out[f] = _field_back(rows[name], name)
     if not isinstance(spec.setting, Derived):
-        settings = [parse(s) for s in rows["setting"]]
+        settings = [parse_cell(s) for s in rows["setting"]]
         for c in spec.setting:
             if any(c in s for s in settings):
                 out[c] = _restore([s.get(c) for s in settings])
@@ -415,7 +415,7 @@ def from_records(records: pd.DataFrame, spec: RecordSpec) -> pd.DataFrame:
         if isinstance(spec.n, str):
             out[spec.n] = _field_back(rows["n"], "n")
         out[spec.value] = rows["value"].astype("float64").to_numpy()
-    infos = [parse(s) for s in rows["info"]]
+    infos = [parse_cell(s) for s in rows["info"]]
     info_cols = list(dict.fromkeys(k for d in infos for k in d))
     for c in info_cols:
         out[c] = _restore([d.get(c) for d in infos])
@@ -525,7 +525,7 @@ def breakdown_items(records: pd.DataFrame, metrics: Sequence[str], key: str) -> 
     r = records[records["metric"].isin(list(metrics))]
     if r.empty:
         return _no_items()
-    sl = [parse(s) for s in r["slice"]]
+    sl = [parse_cell(s) for s in r["slice"]]
     item = [s.pop(key, None) for s in sl]
     r = r.assign(_whole=[canonical(s) for s in sl], _item=item)
     parts = r[r["_item"].notna()]
@@ -557,7 +557,7 @@ def problems(records: pd.DataFrame) -> list[str]:
     for c in ("setting", "slice"):
         for s in records[c].unique():
             try:
-                if canonical(parse(s)) != s:
+                if canonical(parse_cell(s)) != s:
                     out.append(f"{c} {s!r} is not canonical JSON")
             except ValueError:
                 out.append(f"{c} {s!r} is not JSON")

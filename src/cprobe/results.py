@@ -15,6 +15,7 @@ import pandas as pd
 
 from cprobe.io import atomic_write_bytes, parquet_bytes
 from cprobe.paths import relative
+from cprobe.sweep import SLURM_DIR  # a SLURM sweep's own files: no job below it
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +108,6 @@ def job_overrides(job_dir: Path) -> dict[str, str]:
         return {}
     parts = [o.partition("=") for o in yaml.safe_load(f.read_text()) or []]
     return {f"override.{k.lstrip('+~')}": v for k, eq, v in parts if eq}
-
-
-SLURM_DIR = ".slurm"  # a SLURM sweep's own files (cprobe.launch.sweep): no job below it
 
 
 def find_jobs(directory: Path, managed: tuple[dict[Path, bool], list[str]] | None = None

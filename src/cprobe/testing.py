@@ -53,6 +53,8 @@ __all__ = ["CHECK_STATUSES", "Check", "CheckResult", "PlantedAgreement", "SkipCh
 
 CHECK_STATUSES = ("passed", "failed", "xfail", "xpass", "skipped")
 FAMILIES = ("intervention", "direction method", "probe", "explainer", "metric", "dataset type")
+"""The families outside methods join, by their registries' kind (``cprobe check --family``); their first words are
+what :func:`cprobe.plugin.register` takes (:data:`cprobe.plugin.FAMILIES`)."""
 NULL_MARGIN = 0.1
 """A nullifying edit passes when a fresh probe's held-out accuracy is at most the majority rate + this."""
 CF_SHARE = 0.8
@@ -151,7 +153,8 @@ def _short(v: Any) -> str:
     return text if len(text) <= 20 else text[:19] + "…"
 
 
-def _registry(kind: str) -> Registry[Any]:
+def registry_of(kind: str) -> Registry[Any]:
+    """The registry of family ``kind`` (one of :data:`FAMILIES`)."""
     import cprobe.data.registry  # noqa: F401  (the families register their registries on import)
     import cprobe.directions  # noqa: F401
     import cprobe.explainers  # noqa: F401
@@ -183,7 +186,7 @@ def subjects(target: Any, params: Mapping[str, Any] | None = None, family: str |
     errors: list[str] = []
     if isinstance(target, str):
         for kind in kinds:
-            reg = _registry(kind)
+            reg = registry_of(kind)
             try:
                 if not is_import_path(target) and target not in reg and not target.startswith("via_") \
                         and not target.endswith("_direction"):
@@ -206,7 +209,7 @@ def subjects(target: Any, params: Mapping[str, Any] | None = None, family: str |
         if not out:
             if errors:
                 raise ConfigError(errors[0])
-            close = sorted({n for k in kinds for n in _registry(k).all_names()})
+            close = sorted({n for k in kinds for n in registry_of(k).all_names()})
             import difflib
 
             hint = difflib.get_close_matches(target, close, n=3, cutoff=0.6)
@@ -215,7 +218,7 @@ def subjects(target: Any, params: Mapping[str, Any] | None = None, family: str |
                               + " (a registered name, or package.module:Class)")
         return out
     for kind in kinds:
-        reg = _registry(kind)
+        reg = registry_of(kind)
         if reg.accept is None:
             continue
         try:
@@ -930,11 +933,11 @@ def package_targets(package: str) -> list[tuple[Any, dict[str, Any]]]:
     except PackageNotFoundError:
         raise ConfigError(f"no installed package named {package!r} (pip install it first; `cprobe plugins` lists "
                           "the installed plugins)") from None
-    _registry("intervention")  # every family imported: each has registered its registry
+    registry_of("intervention")  # every family imported: each has registered its registry
     out: list[tuple[Any, dict[str, Any]]] = []
     for ep in dist.entry_points:
         if ep.group in REGISTRIES:
-            reg = _registry(REGISTRIES[ep.group].kind)
+            reg = registry_of(REGISTRIES[ep.group].kind)
             obj, src = reg.resolve(ep.name)
             out.append((Subject(reg.kind, ep.name, obj, {}, src, reg), {}))
     if not out:

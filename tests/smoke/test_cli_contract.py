@@ -58,9 +58,9 @@ def test_overrides_on_both_sides_of_multirun_flag():
     argv = ["+experiment=sva_tiny", "-m", "probe=linear,mlp", "seed=3"]
     with pytest.raises(SystemExit):
         get_args_parser().parse_args(argv)
-    args, _ = _hydra.parse(argv)
+    args, _ = _hydra.parse_argv(argv)
     assert args.multirun and args.overrides == ["+experiment=sva_tiny", "probe=linear,mlp", "seed=3"]
-    args, _ = _hydra.parse(["a=1", "--cfg", "job", "b=2"])
+    args, _ = _hydra.parse_argv(["a=1", "--cfg", "job", "b=2"])
     assert args.cfg == "job" and args.overrides == ["a=1", "b=2"]
 
 
@@ -223,17 +223,19 @@ def test_collect_on_missing_dir_is_one_line(tmp_path):
 
 
 def test_cache_info_and_clear(tmp_path):
-    from cprobe.cache import store_files
+    import torch
+
+    from tests.conftest import write_activations
 
     env = {"CPROBE_CACHE_DIR": str(tmp_path)}
-    store_files(tmp_path / "activations" / "abc", {"layer_0.bin": b"x" * 100})  # an entry cprobe wrote
+    entry = write_activations(tmp_path, {"model": "m"}, {"L0": torch.zeros(4, 3)}).dir  # an entry cprobe wrote
     (tmp_path / "activations" / "readme.txt").write_text("mine")  # a file it did not
     r = runner.invoke(app, ["cache", "info"], env=env)
-    assert r.exit_code == 0 and "abc" in r.output and "readme.txt" in r.output and "keeps it" in r.output
+    assert r.exit_code == 0 and entry.name in r.output and "readme.txt" in r.output and "keeps it" in r.output
     r = runner.invoke(app, ["cache", "clear", "activations", "--yes"], env=env)
     assert r.exit_code == 0 and "removed 1 entries" in r.output, r.output
     assert "kept 1 file(s) cprobe did not write: activations/readme.txt" in r.output
-    assert not (tmp_path / "activations" / "abc").exists() and (tmp_path / "activations" / "readme.txt").is_file()
+    assert not entry.exists() and (tmp_path / "activations" / "readme.txt").is_file()
     r = runner.invoke(app, ["cache", "clear", "bogus", "--yes"], env=env)
     assert r.exit_code == 1
 

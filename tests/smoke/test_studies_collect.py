@@ -36,7 +36,7 @@ def test_every_study_writes_registered_deterministic_records(study_runs):
             key = [c for c in R.COLUMNS if c not in ("value", "n", "info")]
             dup = recs[recs.duplicated(key, keep=False)]
             assert dup.empty, (study, dup.head(4).to_dict("records"))
-            assert not any(k.endswith("_s") or k == "seconds" for s in recs["info"] for k in R.parse(s))
+            assert not any(k.endswith("_s") or k == "seconds" for s in recs["info"] for k in R.parse_cell(s))
             # the records rebuilt from the job's metric table (timings apart) and the per-item values of its documented
             # items file are byte-identical to the records the job made from the values its task returned in memory
             table = pd.read_parquet(job / "metrics.parquet")

@@ -218,6 +218,7 @@ def test_mlflow_server_then_gone(logged, mlflow_server, caplog):
     """Through a real `mlflow server` (if it came up within the budget), the same jobs read back with MLflow's
     client; then the server is gone: one warning, nothing raised, the local files untouched."""
     from cprobe import trackers
+    from cprobe.trackers import lifecycle
     from cprobe.trackers.mlflow import MLflowTracker, Options
 
     out, sweep, jobs, _ = logged
@@ -253,7 +254,7 @@ def test_mlflow_server_then_gone(logged, mlflow_server, caplog):
     gone = MLflowTracker(Options(tracking_uri=uri, experiment="served", http_retries=0, http_timeout=5))
     with caplog.at_level("WARNING", logger="cprobe"):
         for job in list(jobs.values())[:2]:
-            assert trackers._guard(gone, "logging the job", gone.log_job, _job_log(job, sweep), None) is None
+            assert lifecycle._guard(gone, "logging the job", gone.log_job, _job_log(job, sweep), None) is None
     warned = [r for r in caplog.records if r.levelname == "WARNING" and "logger mlflow failed" in r.getMessage()]
     assert len(warned) == 1, [r.getMessage() for r in caplog.records]
     assert {p: p.stat().st_mtime_ns for p in first.rglob("*")} == before
@@ -343,7 +344,7 @@ def test_a_refused_search_keeps_a_directory_that_was_there(tmp_path):
 def test_a_logger_whose_package_is_missing_is_refused_before_the_sweep(tmp_path, monkeypatch):
     """The Hydra callback's preflight refuses it before the sweep directory is claimed (what `cprobe run -m ...
     logger=wandb` prints as one line, exit 1, when wandb is not installed)."""
-    import cprobe.trackers as T
+    import cprobe.trackers.lifecycle as T
     from cprobe.callbacks import AggregateResults
     from cprobe.errors import JobAborted
     from tests.unit.test_search import _sweeper

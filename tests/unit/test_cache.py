@@ -13,27 +13,52 @@ import threading
 import pytest
 import torch
 
-from cprobe.cache import CACHE_KINDS, ActivationCache, cache_entries, cache_key, clear_cache
+from cprobe.cache import (CACHE_KINDS, ActivationCache, cache_entries, cache_key, checked_entry, clear_cache,
+                          entry_problem)
+from cprobe.data.base import Example
+from cprobe.extract import extract_sites
 from cprobe.io import atomic_save_tensors, atomic_write_bytes, load_tensors, verify_manifest, write_manifest
+from cprobe.models.adapter import ModelAdapter
+from cprobe.models.formatters import AgreementFormatter
+from cprobe.models.sites import Site
+from tests.conftest import make_random_model, write_activations
 
 FIELDS = {"model": "m", "weights": "w", "dataset": "d", "data": "f", "formatter": {"positions": ["target"]}}
+L0, L1, L2B = Site(0), Site(1), Site(2, stream="block")
 
 
-def _compute(calls):
-    def compute(names):
-        calls.append(list(names))
-        return {k: torch.full((4, 3), float(len(k))) for k in names}
-    return compute
+def _items(n=4):
+    return [Example(f"x{i}", ("the", ("author", "authors", "guard", "guards")[i % 4], "is", "here"), 2, "is", "are")
+            for i in range(n)]
+
+
+def _adapter():
+    """A tiny random BERT whose passes over the model are recorded in ``computed``: the site keys of each."""
+    model, tok = make_random_model("bert")
+    ad = ModelAdapter(model, tok, "mlm", "bert")
+    ad.computed, stream = [], ad.stream
+
+    def counting(items, formatter, read=(), *a, **k):
+        ad.computed.append([s.key for s in read])
+        yield from stream(items, formatter, read, *a, **k)
+    ad.stream = counting
+    return ad
+
+
+def _extract(cache, sites, ad, n=4):
+    """({site: tensor}, hit) through extraction's own path (:func:`cprobe.extract.extract_sites`)."""
+    acts, _, hit = extract_sites(ad, _items(n), "fp", "d", AgreementFormatter(), sites, None, cache, progress=False)
+    return acts, hit
 
 
 def test_hit_and_partial_names(tmp_path):
-    cache, calls = ActivationCache(tmp_path), []
-    acts, hit = cache.get_or_compute(FIELDS, ["L0", "L2.block"], 4, _compute(calls))
-    assert not hit and calls == [["L0", "L2.block"]] and acts["L2.block"][0, 0] == 8
-    acts, hit = cache.get_or_compute(FIELDS, ["L2.block", "L0"], 4, _compute(calls))
-    assert hit and len(calls) == 1
-    acts, hit = cache.get_or_compute(FIELDS, ["L0", "L1x", "L2.block"], 4, _compute(calls))
-    assert not hit and calls[-1] == ["L1x"]  # only the missing tensor is computed
+    cache, ad = ActivationCache(tmp_path), _adapter()
+    acts, hit = _extract(cache, [L0, L2B], ad)
+    assert not hit and ad.computed == [[L0.key, L2B.key]] and acts[L2B].shape == (4, 32)
+    acts, hit = _extract(cache, [L2B, L0], ad)
+    assert hit and len(ad.computed) == 1
+    _, hit = _extract(cache, [L0, L1, L2B], ad)
+    assert not hit and ad.computed[-1] == [L1.key]  # only the missing tensor is computed
 
 
 def test_key_changes_with_any_field():
@@ -42,74 +67,78 @@ def test_key_changes_with_any_field():
 
 
 def test_torn_entry_is_rebuilt(tmp_path):
-    cache, calls = ActivationCache(tmp_path), []
-    cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    f = next((tmp_path / "activations").rglob("L0/*.safetensors"))
+    cache, ad = ActivationCache(tmp_path), _adapter()
+    _extract(cache, [L0], ad)
+    f = next((tmp_path / "activations").rglob("L0*/*.safetensors"))
     f.write_bytes(f.read_bytes()[:20])
-    acts, hit = cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    assert not hit and len(calls) == 2 and acts["L0"].shape == (4, 3)
+    acts, hit = _extract(cache, [L0], ad)
+    assert not hit and len(ad.computed) == 2 and acts[L0].shape == (4, 32)
 
 
 def test_bit_flip_inside_tensor_data_is_detected_and_rebuilt(tmp_path):
     """The header (shapes, dtype) stays intact, so only the checksum can tell: the entry must be recomputed."""
-    cache, calls = ActivationCache(tmp_path), []
-    cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    f = next((tmp_path / "activations").rglob("L0/*.safetensors"))
+    cache, ad = ActivationCache(tmp_path), _adapter()
+    first, _ = _extract(cache, [L0], ad)
+    f = next((tmp_path / "activations").rglob("L0*/*.safetensors"))
     data = bytearray(f.read_bytes())
     data[-3] ^= 0x40  # inside the last float of the tensor payload
     f.write_bytes(bytes(data))
-    acts, hit = cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    assert not hit and len(calls) == 2
-    torch.testing.assert_close(acts["L0"], torch.full((4, 3), 2.0))
+    acts, hit = _extract(cache, [L0], ad)
+    assert not hit and len(ad.computed) == 2
+    torch.testing.assert_close(acts[L0], first[L0])  # the same model on the same items (float32 tolerance)
 
 
 def test_wrong_length_entry_is_rebuilt(tmp_path):
-    cache, calls = ActivationCache(tmp_path), []
-    cache.get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    _, hit = cache.get_or_compute(FIELDS, ["L0"], 5, lambda k: {n: torch.zeros(5, 3) for n in k})
-    assert not hit
+    cache, ad = ActivationCache(tmp_path), _adapter()
+    _extract(cache, [L0], ad)
+    acts, hit = _extract(cache, [L0], ad, n=5)
+    assert not hit and acts[L0].shape[0] == 5
 
 
 def test_concurrent_jobs_extract_once(tmp_path):
-    calls, results = [], []
+    ad, results = _adapter(), []
 
     def job():
-        results.append(ActivationCache(tmp_path).get_or_compute(FIELDS, ["L0", "L1"], 4, _compute(calls))[1])
+        results.append(_extract(ActivationCache(tmp_path), [L0, L1], ad)[1])
 
     threads = [threading.Thread(target=job) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(calls) == 1 and sorted(results) == [False, True, True, True]
+    assert len(ad.computed) == 1 and sorted(results) == [False, True, True, True]
 
 
 def test_disabled_cache_always_computes(tmp_path):
-    calls = []
-    ActivationCache(tmp_path, enabled=False).get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    ActivationCache(tmp_path, enabled=False).get_or_compute(FIELDS, ["L0"], 4, _compute(calls))
-    assert len(calls) == 2 and not (tmp_path / "activations").exists()
+    ad = _adapter()
+    _extract(ActivationCache(tmp_path, enabled=False), [L0], ad)
+    _extract(ActivationCache(tmp_path, enabled=False), [L0], ad)
+    assert len(ad.computed) == 2 and not (tmp_path / "activations").exists()
 
 
 def test_every_cache_kind_is_listed_and_cleared(tmp_path):
-    from cprobe.cache import store_files
+    def files(named):
+        return lambda tmp: named
 
-    ActivationCache(tmp_path).get_or_compute(FIELDS, ["L0"], 4, _compute([]))
-    store_files(tmp_path / "models" / "tiny-bert-abc", {"training.json": b'{"kind": "bert"}'})
+    act = write_activations(tmp_path, FIELDS, {"L0": torch.zeros(4, 3)})
+    checked_entry(tmp_path / "models" / "tiny-bert-abc", files({"training.json": b'{"kind": "bert"}'}), "a model")
     atomic_save_tensors(tmp_path / "probes" / "p.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "probe_fits" / "f.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "finetuned" / "clf-k.safetensors", {"w": torch.zeros(2)}, {"config": "{}"})
-    store_files(tmp_path / "cloze" / "k", {"meta.json": b"{}"})
+    checked_entry(tmp_path / "cloze" / "k", files({"meta.json": b"{}"}), "a cloze table")
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "batch_limits.json").write_text("{}")
-    store_files(tmp_path / "gguf" / "a5fd3b", {"gguf.json": b'{"file": "m.gguf", "file_type": "Q4_K_M"}'})
+    checked_entry(tmp_path / "gguf" / "a5fd3b", files({"gguf.json": b'{"file": "m.gguf", "file_type": "Q4_K_M"}'}),
+                  "a GGUF model")
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
     assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "gguf", "models",
                                             "probe_fits", "probes"]
     assert clear_cache(tmp_path, "probes") == (1, []) and not list((tmp_path / "probes").iterdir())
     assert clear_cache(tmp_path) == (7, [])
     assert list(cache_entries(tmp_path)) == []
-    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [f"{cache_key(FIELDS)}.lock"]  # a job may hold it
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["activations/" + act.dir.name + ".lock", "cloze/k.lock", "gguf/a5fd3b.lock",
+                    "models/tiny-bert-abc.lock"]  # a job may hold them
 
 
 def test_checksummed_tensors_roundtrip_and_reject_unchecked_files(tmp_path):
@@ -155,42 +184,37 @@ def _builder(calls, payload=b"abc", sleep=0.0):
 
 
 def test_a_checked_entry_is_built_once_then_read(tmp_path):
-    from cprobe.cache import checked_entry, load_file
-
     calls = []
     entry, hit = checked_entry(tmp_path / "e", _builder(calls), "e")
     assert (entry, hit) == (tmp_path / "e", False) and calls and len(calls) == 1
     assert checked_entry(tmp_path / "e", _builder(calls), "e") == (tmp_path / "e", True) and len(calls) == 1
     assert json.loads((entry / "checksums.json").read_text()).keys() == {"table.parquet", "weights.bin"}
-    assert load_file(entry, "table.parquet") == b"abc-t" and load_file(entry, "weights.bin") == b"abc"
+    assert (entry / "table.parquet").read_bytes() == b"abc-t" and (entry / "weights.bin").read_bytes() == b"abc"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
 
 
 def test_a_torn_build_is_never_read(tmp_path):
     """A build killed half-way (here: raising after its first file) leaves no entry, only a temporary directory that
     the next builder removes; the entry appears whole or not at all."""
-    from cprobe.cache import checked_entry, entry_problem, load_file
-
     def torn(tmp):
         (tmp / "weights.bin").write_bytes(b"half")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         checked_entry(tmp_path / "e", torn, "e")
-    assert entry_problem(tmp_path / "e") == "missing" and load_file(tmp_path / "e", "weights.bin") is None
+    assert entry_problem(tmp_path / "e") == "missing"
     (tmp_path / ".e.tmp-killed.cprobe-tmp").mkdir()  # what a SIGKILLed build leaves (its finally never ran)
     (tmp_path / ".e.tmp-killed.cprobe-tmp" / "weights.bin").write_bytes(b"half")
     calls = []
     assert checked_entry(tmp_path / "e", _builder(calls), "e")[1] is False and len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "e.lock"]
-    # a file torn inside a finished entry (truncated on disk) fails its checksum and is never handed back
+    # a file torn inside a finished entry (truncated on disk) fails its checksum and is never handed back: rebuilt
     (tmp_path / "e" / "weights.bin").write_bytes(b"ab")
-    assert load_file(tmp_path / "e", "weights.bin") is None
+    assert entry_problem(tmp_path / "e") is not None
+    assert checked_entry(tmp_path / "e", _builder(calls), "e")[1] is False and len(calls) == 2
 
 
 def test_a_corrupted_file_is_detected_and_the_entry_rebuilt(tmp_path, caplog):
-    from cprobe.cache import checked_entry
-
     calls = []
     entry, _ = checked_entry(tmp_path / "e", _builder(calls), "the thing")
     (entry / "weights.bin").write_bytes(b"abd")  # one flipped bit's worth: same size, other bytes
@@ -205,8 +229,6 @@ def test_a_corrupted_file_is_detected_and_the_entry_rebuilt(tmp_path, caplog):
 
 
 def test_concurrent_builders_build_a_checked_entry_once_threads(tmp_path):
-    from cprobe.cache import checked_entry
-
     calls, hits = [], []
 
     def job():
@@ -222,8 +244,6 @@ def test_concurrent_builders_build_a_checked_entry_once_threads(tmp_path):
 
 def _build_in_process(root: str, log_file: str) -> bool:
     from pathlib import Path
-
-    from cprobe.cache import checked_entry
 
     def build(tmp):
         import time

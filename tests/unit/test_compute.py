@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cprobe import cache, compute
+from cprobe import compute
 from cprobe.cache import KINDS, kind_dir, model_identity, unregistered
 from cprobe.errors import ConfigError
 from cprobe.io import atomic_save_tensors, load_tensors, read_into
@@ -277,14 +277,6 @@ def test_a_copied_checkpoint_has_the_same_identity(tmp_path):
     assert model_identity({"name": "m", "path": str(b), "kind": "mlm"}) != ident
     hub = model_identity({"name": "p", "path": "EleutherAI/pythia-70m", "kind": "causal", "revision": "step1"})
     assert hub["path"] == "EleutherAI/pythia-70m" and hub["revision"] == "step1"
-
-
-def test_checked_entries_detect_a_changed_file(tmp_path):
-    cache.store_files(tmp_path / "e", {"t.parquet": b"abc", "meta.json": b"{}"})
-    assert cache.load_file(tmp_path / "e", "t.parquet") == b"abc"
-    (tmp_path / "e" / "t.parquet").write_bytes(b"abd")
-    assert cache.load_file(tmp_path / "e", "t.parquet") is None
-    assert cache.load_file(tmp_path / "missing", "t.parquet") is None
 
 
 def test_unregistered_lists_strays(tmp_path):

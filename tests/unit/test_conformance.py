@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 
+from cprobe import testing
 from cprobe.testing import SMALL_PROBE, Subject, parametrize_with_checks, run_checks, subjects
 
 SMALL = {  # required arguments, and budgets small enough for a unit test (rank 1: the erasers' directions are checked)
@@ -31,15 +32,15 @@ SMALL = {  # required arguments, and budgets small enough for a unit test (rank 
     ("explainer", "via_autoattack"): {"eps": 0.5, "n_queries": 20, "probe": SMALL_PROBE},
     ("explainer", "inlp"): {"iterations": 2, "head_epochs": 1},
 }
-FAMILIES = ("intervention", "direction method", "probe", "explainer", "metric")
+FAMILIES = tuple(f for f in testing.FAMILIES if f != "dataset type")  # the method families
 
 
 def builtins() -> list[Subject]:
-    from cprobe.testing import _registry
+    from cprobe.testing import registry_of
 
     out = []
     for family in FAMILIES:
-        reg = _registry(family)
+        reg = registry_of(family)
         for name in reg.builtin_names():
             out += subjects(name, SMALL.get((family, name), {}), family)
     return out
@@ -51,9 +52,9 @@ BUILTINS = builtins()
 def test_every_family_and_every_registered_name_is_checked():
     names = {(s.family, s.ref) for s in BUILTINS}
     for family in FAMILIES:
-        from cprobe.testing import _registry
+        from cprobe.testing import registry_of
 
-        assert {(family, n) for n in _registry(family).builtin_names()} <= names
+        assert {(family, n) for n in registry_of(family).builtin_names()} <= names
     assert {("intervention", n) for n in ("leace", "rlace", "inlp", "das", "random_direction")} <= names
     assert ("explainer", "via_leace") in names and ("metric", "icace_error_l2") in names
 

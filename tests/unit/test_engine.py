@@ -25,7 +25,7 @@ from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
 from cprobe.probes.linear import LinearProbe
 from cprobe.probes.mlp import MLPProbe
-from tests.conftest import WORDS, make_random_model
+from tests.conftest import WORDS, make_random_model, write_activations
 
 
 # ----------------------------------------------------------------------------------------------- references
@@ -371,9 +371,7 @@ def _stream(tmp_path, n=240, d=6, rows_per_shard=50):
     g = torch.Generator().manual_seed(0)
     z = torch.randint(0, 3, (n,), generator=g)
     X = torch.randn(n, d, generator=g) + torch.nn.functional.one_hot(z, d).float() * 2
-    cache = ActivationCache(tmp_path, shard_mb=d * 4 * rows_per_shard / 2**20)
-    cache.get_or_compute({"synthetic": 1}, ["X"], n, lambda names: {"X": X})
-    return X, z, Activations(n, entry=cache.entry({"synthetic": 1}, n))
+    return X, z, Activations(n, entry=write_activations(tmp_path, {"synthetic": 1}, {"X": X}, rows_per_shard))
 
 
 @pytest.mark.numeric

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from cprobe.errors import ConfigError
-from cprobe.models.family import FAMILIES, Family, family_of, pool_of
+from cprobe.models.family import MODEL_FAMILIES, Family, family_of, pool_of
 from tests.conftest import REPO, make_word_tokenizer
 
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)
@@ -44,11 +44,11 @@ def tiny(model_type: str):
     return cfg, T.AutoModel.from_config(cfg)
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", sorted(MODEL_FAMILIES))
 def test_every_family_resolves_on_a_tiny_model_of_it(model_type):
     from cprobe.models.adapter import ModelAdapter, model_positions
 
-    fam = FAMILIES[model_type]
+    fam = MODEL_FAMILIES[model_type]
     cfg, model = tiny(model_type)
     assert family_of(cfg) is fam and not fam.derived
     kind = "causal" if fam.pool == "last" else "encoder"
@@ -113,7 +113,7 @@ def test_an_unknown_family_is_derived_from_its_config_or_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"unknown model family 'foo'.*set finetune.pool=first") as e:
         pool_of(mystery)
     assert "\n" not in str(e.value)
-    # a family the auto mappings know but FAMILIES does not: derived from the mapping
+    # a family the auto mappings know but MODEL_FAMILIES does not: derived from the mapping
     electra = PretrainedConfig()
     electra.model_type = "electra"
     assert pool_of(electra) == "first"
@@ -127,7 +127,7 @@ def test_an_unknown_family_s_blocks_are_found_on_the_module():
 
     cfg = T.ElectraConfig(vocab_size=64, embedding_size=32, **SMALL, max_position_embeddings=64)
     model = T.AutoModel.from_config(cfg)
-    assert cfg.model_type not in FAMILIES
+    assert cfg.model_type not in MODEL_FAMILIES
     adapter = ModelAdapter(model, make_word_tokenizer("mlm"), "encoder", "t")
     assert adapter._blocks is model.encoder.layer and adapter._final_norm is None
 
@@ -149,13 +149,13 @@ def test_hub_configs_of_each_family_compose_and_their_family_resolves(name, mode
     prepare(plain)
     assert plain["model"]["source"] == "hub" and plain["model"]["path"]
     config, _ = tiny(model_type)
-    assert family_of(config) is FAMILIES[model_type]
+    assert family_of(config) is MODEL_FAMILIES[model_type]
 
 
 def test_the_recipe_in_the_architecture_doc_names_the_record():
     doc = (REPO / "docs" / "architecture.md").read_text()
     recipe = doc[doc.index("**Add a model family.**"):].split("\n\n")[0]
-    assert "models/family.py" in recipe and "FAMILIES" in recipe and "_BLOCKS" not in doc
+    assert "models/family.py" in recipe and "MODEL_FAMILIES" in recipe and "_BLOCKS" not in doc
     assert Path(REPO / "src" / "cprobe" / "models" / "family.py").is_file()
 
 

@@ -79,10 +79,10 @@ def test_a_gguf_file_loads_as_a_named_causal_lm_dequantised_once_into_the_cache(
 
 
 def test_gemma3_from_a_gguf_is_the_gemma3_family_with_its_own_bos(files, tmp_path):
-    from cprobe.models.family import FAMILIES, family_of
+    from cprobe.models.family import MODEL_FAMILIES, family_of
 
     ad = load_adapter(_local(files / "tiny-gemma3.gguf"), tmp_path)
-    assert family_of(ad.model.config) is FAMILIES["gemma3_text"] and ad.n_layers == LAYERS
+    assert family_of(ad.model.config) is MODEL_FAMILIES["gemma3_text"] and ad.n_layers == LAYERS
     assert ad.model.config.sliding_window == 8 and ad.bos == "<bos>" and ad.bos_id == 2
     assert ad.model.lm_head.weight is ad.model.model.embed_tokens.weight  # no output.weight in the file: tied
     assert peek_n_layers(_local(files / "tiny-gemma3.gguf"), tmp_path) == LAYERS

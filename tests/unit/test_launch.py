@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from cprobe import slurmctl
+from cprobe import sweep as S
 from cprobe.errors import ConfigError
-from cprobe.launch import packing, resources, slurmctl
-from cprobe.launch import sweep as S
-from cprobe.launch.slurmctl import NodeGroup, Partition, TaskState
+from cprobe.launch import packing, resources
+from cprobe.slurmctl import NodeGroup, Partition, TaskState
 
 SINFO = """cpu*|up|1-00:00:00|4|32|128000|(null)
 gpu|up|4:00:00|2|64|512000|gpu:a100:4(S:0-1)

@@ -1,13 +1,19 @@
 """The package's floors: data flows one way, so no module imports from a floor above its own.
 
 0 base (errors, io, config, paths, ownership: what cprobe may delete, progress, registry, estimator, stats: the shared
-linear statistics, the cache
-store and its kinds, compute: the hardware) < 1 data < 2 models < 3 methods (probes, interventions, directions,
-explainers, metrics) < 4 core pipeline pieces (extraction, jobs, results, records, leaderboard, report, plots, experiment trackers)
-< 5 studies (tasks, bench) < 6 the application (pipeline, outputs, cli, callbacks, catalog, the hyperparameter search,
-launch, what each launcher reads, the Python API and the package top, which re-exports estimators lazily).
-Function-level and ``TYPE_CHECKING`` imports count too, and no two modules may import each other, directly or round
-a longer loop (an import circle), even on one floor.
+linear statistics, the cache store and its kinds, compute: the hardware) < 1 data < 2 models < 3 methods (probes,
+interventions, directions, explainers, metrics) < 4 core pipeline pieces (extraction, jobs, a sweep read back, the
+SLURM commands, results, records, leaderboard, report, plots, experiment trackers) < 5 studies (tasks, bench) < 6 the
+application's pieces (pipeline, outputs, callbacks, catalog, what each launcher reads, running under Hydra,
+the plugin surface) < 7 the entry points (cli, the Python API, the hyperparameter search, the SLURM
+launcher, the package top, which re-exports estimators lazily).
+
+Each module has a floor: its own entry in ``FLOORS`` (a top-level module) or its folder's (every module of a package
+sits on the package's floor). Arrows are checked module to module. Function-level and ``TYPE_CHECKING`` imports count
+too, and no two modules may import each other, directly or round a longer loop (an import circle), even on one floor.
+Nor may two entries of ``FLOORS`` reach each other (some module of one imports some module of the other, both ways):
+that is a folder holding two floors (a reader below a module of another entry that the folder's driver stands on),
+caught even when both entries share a floor.
 """
 
 from __future__ import annotations
@@ -25,19 +31,24 @@ FLOORS = {
     1: ("data",),
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics"),
-    4: ("extract", "job", "results", "plots", "records", "leaderboard", "report", "trackers", "testing"),
+    4: ("extract", "job", "sweep", "slurmctl", "results", "plots", "records", "leaderboard", "report", "trackers",
+        "testing"),
     5: ("tasks", "bench"),
-    6: ("pipeline", "cli", "callbacks", "catalog", "_hydra", "outputs", "api", "search", "launch", "launchers",
-        "__init__", "plugin"),
+    6: ("pipeline", "callbacks", "catalog", "_hydra", "outputs", "launchers", "plugin"),
+    7: ("cli", "api", "search", "launch", "__init__"),
 }
 
 
+def entry(module: str) -> str:
+    """The ``FLOORS`` entry ``module`` belongs to: its top-level module or package."""
+    return module.removeprefix("cprobe").lstrip(".").split(".")[0] or "__init__"
+
+
 def floor(module: str) -> int:
-    head = module.removeprefix("cprobe").lstrip(".").split(".")[0] or "__init__"
     for level, names in FLOORS.items():
-        if head in names:
+        if entry(module) in names:
             return level
-    raise AssertionError(f"module {module} has no floor: add its package to FLOORS")
+    raise AssertionError(f"module {module} has no floor: add it (or its package) to FLOORS")
 
 
 @lru_cache(maxsize=1)
@@ -124,6 +135,36 @@ def test_the_circle_finder_finds_direct_and_longer_loops():
     assert imports("cprobe.callbacks", src) == {"cprobe.models.adapter", "cprobe.pipeline"}
 
 
+def entry_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` (module -> modules it imports) seen entry to entry: an arrow where any module of one imports any
+    module of the other."""
+    out: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        out.setdefault(entry(mod), set()).update(entry(d) for d in deps if entry(d) != entry(mod))
+    return out
+
+
+def test_every_module_has_one_floor_and_every_entry_is_a_module():
+    names = [n for ns in FLOORS.values() for n in ns]
+    assert len(names) == len(set(names)), "an entry on two floors"
+    assert {entry(m) for m in files()} == set(names), "FLOORS names a module that is gone, or misses one"
+
+
+def test_no_folder_holds_two_floors():
+    graph = entry_graph(modules())
+    graph.pop("__init__")  # the package top re-exports from every floor, lazily
+    assert circles(graph) == [], "entries that reach each other: move the lower module of the folder down"
+
+
+def test_the_entry_check_catches_a_reader_beside_its_driver():
+    # the layout before issue 45: callbacks read launch/sweep.py, while launch/slurm.py stands on callbacks
+    graph = {"cprobe.callbacks": {"cprobe.launch.sweep"}, "cprobe.launch.slurm": {"cprobe.callbacks"},
+             "cprobe.launch.sweep": set()}
+    assert circles(graph) == []  # no module circle ...
+    assert circles(entry_graph(graph)) == [["callbacks", "launch"]]  # ... but one folder on two floors
+    assert floor("cprobe.callbacks") < floor("cprobe.launch.slurm")  # and the reader's import runs upward
+
+
 @pytest.mark.parametrize("module", sorted(modules()))
 def test_no_import_from_a_higher_floor(module):
     deps = modules()[module]
@@ -135,4 +176,5 @@ def test_no_import_from_a_higher_floor(module):
 
 def test_the_floor_map_catches_an_upward_import():
     assert floor("cprobe.data.grammar") < floor("cprobe.models.tiny") < floor("cprobe.tasks.reliability")
-    assert floor("cprobe") == 6 and floor("cprobe.io") == 0
+    assert floor("cprobe") == 7 and floor("cprobe.io") == 0
+    assert floor("cprobe.sweep") < floor("cprobe.callbacks") < floor("cprobe.launch.slurm")

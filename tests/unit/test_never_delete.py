@@ -53,8 +53,8 @@ AUDIT: dict[str, str] = {
                        ".cprobe-outputs.json (what collect / report wrote there before)",
     "records.write_records": "removes record_items.parquet only when it is one (config_id, metric, item, value "
                              "columns)",
-    "trackers.sweep_discarded": "removes trackers.json only when it is what sweep_started writes ({tracker: "
-                                "{destination, ...}})",
+    "trackers.lifecycle.sweep_discarded": "removes trackers.json only when it is what sweep_started writes ({tracker: "
+                                          "{destination, ...}})",
     "trackers.tensorboard.TensorBoardTracker.discard_sweep": "removes a parent run's log dir only when it holds "
                                                              "nothing but TensorBoard event files",
 }
@@ -279,7 +279,7 @@ def _discard(tmp: Path) -> None:
     assert tree(tmp) == before and sweep.is_dir()
 
 
-@case("trackers.sweep_discarded")
+@case("trackers.lifecycle.sweep_discarded")
 def _trackers(tmp: Path) -> None:
     from omegaconf import OmegaConf
 
@@ -358,40 +358,31 @@ def _stale(tmp: Path) -> None:
     assert not (tmp / ".e.tmp-killed.cprobe-tmp").exists()
 
 
-def _acts(root: Path) -> tuple[object, Callable]:
-    from cprobe.cache import ActivationCache
+def _acts(root: Path):
+    from tests.conftest import write_activations
 
-    calls: list[list[str]] = []
-
-    def compute(names):
-        calls.append(list(names))
-        return {k: torch.full((4, 3), 1.0) for k in names}
-    cache = ActivationCache(root)
-    cache.get_or_compute({"model": "m"}, ["L0"], 4, compute)
-    return cache, compute
+    return write_activations(root, {"model": "m"}, {"L0": torch.full((4, 3), 1.0)})
 
 
 @case("cache.Entry.read_shard", "cache.Entry.read")
 def _shards(tmp: Path) -> None:
-    cache, compute = _acts(tmp)
+    entry = _acts(tmp)
     shard = next((tmp / "activations").rglob("L0/*.safetensors"))
     _mine(shard.parent.parent / "notes.txt")  # in the entry
     _mine(shard.parent / "notes.txt")  # beside the shard
-    shard.write_bytes(shard.read_bytes()[:20])  # torn: deleted and computed again
+    shard.write_bytes(shard.read_bytes()[:20])  # torn: deleted, to be computed again
     before = {k: v for k, v in tree(tmp).items() if k.endswith("notes.txt")}
-    _, hit = cache.get_or_compute({"model": "m"}, ["L0"], 4, compute)
-    assert not hit
+    assert entry.read("L0") is None and not shard.exists()
     _kept(before, tmp)
 
 
 @case("cache.clear_cache", "cache._clear_activations")
 def _clear(tmp: Path) -> None:
-    from cprobe.cache import clear_cache, store_files
+    from cprobe.cache import checked_entry, clear_cache
     from cprobe.io import atomic_save_tensors
 
-    _acts(tmp)
-    entry = next(p for p in (tmp / "activations").iterdir() if p.is_dir())
-    store_files(tmp / "models" / "tiny", {"config.json": b"{}"})
+    entry = _acts(tmp).dir
+    checked_entry(tmp / "models" / "tiny", lambda t: {"config.json": b"{}"}, "a model")
     atomic_save_tensors(tmp / "probes" / "p.safetensors", {"w": torch.zeros(2)})
     mine = [_mine(tmp / "activations" / "readme.txt"), _mine(entry / "notes.txt"), _mine(entry / "L0" / "notes.txt"),
             _mine(tmp / "models" / "my-model" / "config.json"), _mine(tmp / "probes" / "p.lock.owner")]

@@ -59,9 +59,9 @@ def on_path(tmp_path, monkeypatch):
 def registered():
     """Names registered during a test are removed after it (the registries are process-wide)."""
     from cprobe.registry import LOADED_MODULES, REGISTRIES
-    from cprobe.testing import _registry
+    from cprobe.testing import registry_of
 
-    _registry("intervention")
+    registry_of("intervention")
     before = {g: set(r._items) for g, r in REGISTRIES.items()}
     yield
     for g, r in REGISTRIES.items():

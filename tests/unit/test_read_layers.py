@@ -225,7 +225,7 @@ def test_downstream_rows_become_records_at_their_read_layer():
     assert set(recs.loc[recs["metric"] == "oracle_accuracy", "slice"]) == {'{"property":"z_c"}'}
     multi = t.head(1).assign(mode="sequential", sites="2,3")
     (setting,) = set(R.to_records(multi, RECORDS, "reliability", 0, "cfg")["setting"])
-    assert R.parse(setting) == {"oracle": "linear", "sites": "2,3", "mode": "sequential"}
+    assert R.parse_cell(setting) == {"oracle": "linear", "sites": "2,3", "mode": "sequential"}
 
 
 def test_read_layers_before_the_edit_are_refused_before_the_model_loads():

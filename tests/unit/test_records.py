@@ -82,7 +82,7 @@ def test_derived_records_are_written_but_never_read_back():
 def test_canonical_json_sorts_keys_and_writes_nan_as_null():
     assert R.canonical({"b": np.float64(0.5), "a": np.int64(2)}) == '{"a":2,"b":0.5}'
     assert R.canonical({"x": float("nan"), "y": np.bool_(True)}) == '{"x":null,"y":true}'
-    assert R.parse("") == {} and R.parse('{"a":1}') == {"a": 1}
+    assert R.parse_cell("") == {} and R.parse_cell('{"a":1}') == {"a": 1}
 
 
 def test_config_id_ignores_the_seed_and_run_only_keys():

@@ -154,7 +154,7 @@ def test_das_gradients_equal_the_full_forward(arch):
 
 def test_an_unknown_family_runs_the_full_forward_with_one_log_line(caplog):
     model, tok = make_random_model("gpt2")
-    model.config.model_type = "mystery_lm"  # not in FAMILIES: its blocks are not known to be resumable
+    model.config.model_type = "mystery_lm"  # not in MODEL_FAMILIES: its blocks are not known to be resumable
     adapter = ModelAdapter(model, tok, "causal", "mystery", batch_size=8)
     ex = _examples(8)
     batch = AgreementFormatter()(ex, adapter, torch.arange(len(ex)))
@@ -167,7 +167,7 @@ def test_an_unknown_family_runs_the_full_forward_with_one_log_line(caplog):
     res.states = {2: torch.zeros(*batch.input_ids.shape, adapter.hidden_size)}
     edits = {Site(2): lambda h: h + 1.0}
     full = adapter.run(batch, (), edits, cands)
-    with caplog.at_level(logging.INFO, logger="cprobe.models.adapter"):
+    with caplog.at_level(logging.INFO, logger="cprobe.models.resume"):
         for _ in range(3):
             out = adapter.run(batch, (), edits, cands, resume=res)
             torch.testing.assert_close(out.scores, full.scores, atol=0, rtol=0)

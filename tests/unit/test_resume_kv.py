@@ -13,7 +13,7 @@ import torch
 
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
-from cprobe.models.family import FAMILIES
+from cprobe.models.family import MODEL_FAMILIES
 from cprobe.models.formatters import AgreementFormatter
 from cprobe.models.multisite import site_batch
 from cprobe.models.readouts import CandidateTokens, Vocabulary
@@ -186,8 +186,8 @@ def test_the_switch_the_family_and_the_clean_states_decide():
     finally:
         seen.remove()
     # the capability is declared per family: every listed decoder, no masked LM
-    assert all(f.kv_resume == (f.pool == "last") for f in FAMILIES.values())
-    assert not FAMILIES["bert"].kv_resume
+    assert all(f.kv_resume == (f.pool == "last") for f in MODEL_FAMILIES.values())
+    assert not MODEL_FAMILIES["bert"].kv_resume
     bert = _adapter("bert")
     assert not bert.can_kv_resume
     assert bert.clean_states(batch, [1], kv=True).kv == {}
@@ -251,7 +251,7 @@ def test_a_prefix_wider_than_the_sliding_window_resumes_over_every_token(arch, c
     shift = torch.randn(adapter.hidden_size, generator=torch.Generator().manual_seed(3))
     seen = _Tokens(adapter)
     try:
-        with caplog.at_level(logging.INFO, logger="cprobe.models.adapter"):
+        with caplog.at_level(logging.INFO, logger="cprobe.models.resume"):
             for layer in (1, 2):
                 edits = {Site(layer): lambda h: h + shift}
                 full = adapter.run(batch, [Site(L)], edits, cands)

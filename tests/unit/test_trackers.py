@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 import cprobe.pipeline  # noqa: F401  (the config resolvers)
 from cprobe import trackers
+from cprobe.trackers import lifecycle
 from cprobe._hydra import explain_error
 from cprobe.errors import ConfigError
 from cprobe.pipeline import prepare
@@ -91,7 +92,7 @@ def test_unknown_logger_lists_the_valid_ones():
 
 
 def test_missing_package_is_refused_with_its_install_command(monkeypatch):
-    import cprobe.trackers as T
+    import cprobe.trackers.lifecycle as T
 
     real = T.find_spec
     monkeypatch.setattr(T, "find_spec", lambda name: None if name == "wandb" else real(name))
@@ -125,8 +126,8 @@ def test_a_failing_tracker_warns_once_and_returns_nothing(caplog):
     trackers.reset()
     t = Boom(None)
     with caplog.at_level("WARNING", logger="cprobe"):
-        assert trackers._guard(t, "logging a job", t.log_job, None, None) is None
-        assert trackers._guard(t, "logging a job", t.log_job, None, None) is None
+        assert lifecycle._guard(t, "logging a job", t.log_job, None, None) is None
+        assert lifecycle._guard(t, "logging a job", t.log_job, None, None) is None
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "logger boom failed while logging a job (ConnectionError: connection refused)" \
         in warnings[0].getMessage() and "local files are complete" in warnings[0].getMessage()

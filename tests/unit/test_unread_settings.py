@@ -214,7 +214,7 @@ def _first_point(argv: list[str]) -> tuple[list[str], bool]:
     from cprobe import _hydra
 
     argv = ["+debug=smoke" if a == "--smoke" else a for a in argv if a != "--detach"]
-    args, _ = _hydra.parse(_hydra.normalise(argv)[0])
+    args, _ = _hydra.parse_argv(_hydra.normalise(argv)[0])
     first = [a.split(",")[0] if not any(c in a for c in "[{") else a for a in args.overrides]
     return first, args.multirun
 

@@ -36,7 +36,8 @@ VALUES: tuple[str, ...] = ("Negative", "Positive", "unknown")
 """Aspect values in class-index order (the paper's and the public code's 3-way concept labels)."""
 TRAIN_VARIANTS = ("exclusive", "inclusive", "observational")
 TASKS: dict[str, int] = {"2way": 2, "3way": 3, "5way": 5}
-DIRECTIONS: tuple[tuple[str, str], ...] = (("Negative", "Positive"), ("Negative", "unknown"), ("Positive", "unknown"))
+VALUE_CHANGES: tuple[tuple[str, str], ...] = (("Negative", "Positive"), ("Negative", "unknown"),
+                                              ("Positive", "unknown"))
 """The three unordered directions of the paper's tables (the reverse of each is its negative)."""
 _REQUIRED = ("id", "original_id", "is_original", "description", "review_majority")
 
@@ -242,7 +243,7 @@ def pair_frame(pairs: Sequence[CounterfactualPair]):
     rows = []
     for p in pairs:
         (aspect, (c, c2)), = p.changes.items()
-        sign = 1 if (c, c2) in DIRECTIONS else -1
+        sign = 1 if (c, c2) in VALUE_CHANGES else -1
         a, b = (c, c2) if sign == 1 else (c2, c)
         rows.append({"pair": p.id, "aspect": aspect, "c": c, "c_prime": c2, "direction": direction_name(a, b),
                      "sign": sign, "base_rating": p.base.outcome, "cf_rating": p.source.outcome,

@@ -172,7 +172,7 @@ def _outside_intervention(name: str) -> tuple[type[InterventionExplainer], Any] 
     return bridge(inner, cls), src
 
 
-BRIDGED = {name: EXPLAINERS.register(f"{PREFIX}{name}")(bridge(name)) for name in INTERVENTIONS.names()
-           if not INTERVENTIONS.get(name).needs_model}
+VIA_EXPLAINERS = {name: EXPLAINERS.register(f"{PREFIX}{name}")(bridge(name)) for name in INTERVENTIONS.names()
+                  if not INTERVENTIONS.get(name).needs_model}
 """Intervention name → its explainer class."""
 EXPLAINERS.resolvers.append(_outside_intervention)

@@ -69,7 +69,7 @@ class Intervention(Estimator, ABC):
         return None
 
 
-KINDS = ("nullifying", "counterfactual")
+EDIT_KINDS = ("nullifying", "counterfactual")
 
 
 def capability_problems(cls: type) -> list[str]:
@@ -77,8 +77,8 @@ def capability_problems(cls: type) -> list[str]:
     that is neither, flags that are not booleans, ``needs_probe`` without ``use_probe``, ``needs_model`` without a
     ``through`` argument to ``fit``, both at once, ``exposes_direction`` without its own ``edit_direction``."""
     out = []
-    if getattr(cls, "kind", None) not in KINDS:
-        out.append(f"kind must be one of {list(KINDS)}, got {getattr(cls, 'kind', None)!r}")
+    if getattr(cls, "kind", None) not in EDIT_KINDS:
+        out.append(f"kind must be one of {list(EDIT_KINDS)}, got {getattr(cls, 'kind', None)!r}")
     for flag in ("needs_probe", "needs_model", "exposes_direction", "chance_baseline"):
         if not isinstance(getattr(cls, flag, False), bool):
             out.append(f"{flag} must be true or false, got {getattr(cls, flag)!r}")

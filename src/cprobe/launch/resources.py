@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cprobe.errors import ConfigError
-from cprobe.launch.slurmctl import Partition
+from cprobe.slurmctl import Partition
 
 AUTO = "auto"
 MAX_AUTO_CPUS = 8

@@ -25,7 +25,7 @@ is ``signal_delay_s`` away, or a preemption notice) or SIGTERM marks the running
 itself (up to ``max_requeues`` times; never after a user's ``scancel``, nor a second time after a requeue by the
 scheduler itself, ``scontrol requeue``). The requeued task skips its finished points, and the interrupted one resumes
 from its last activation shard (CausalGym from its last task). Each task runs its points as one *attempt*
-(:func:`cprobe.launch.sweep.attempt_id`: the submission's token and the task's id), which every ``status.json`` it
+(:func:`cprobe.sweep.attempt_id`: the submission's token and the task's id), which every ``status.json`` it
 writes records, so the sweep's readers never take an earlier submission's files for this one's.
 """
 
@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cprobe import slurmctl
+from cprobe import sweep as S
 from cprobe.errors import ConfigError, CprobeError, DriverStopped, Terminated, one_line
-from cprobe.launch import packing, resources, settings, slurmctl
-from cprobe.launch import sweep as S
+from cprobe.launch import packing, resources, settings
 
 log = logging.getLogger("cprobe")
 

@@ -25,11 +25,10 @@ from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.bos import start_token, token_id
 from cprobe.models.edits import Edit, EditSpec, Replace
-from cprobe.models.family import FAMILIES, GENERIC_FINAL_NORMS, family_of, sliding_window
+from cprobe.models.family import GENERIC_FINAL_NORMS, MODEL_FAMILIES, family_of
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
-from cprobe.models.resume import (DEVICE_BUDGET, KV_BUDGET, CleanStates, KVStore, Resume, cache_keyword, last_only,
-                                  skipped, suffix)
+from cprobe.models.resume import CleanStates, Resume, Resuming, StopForward, last_only, skipped, suffix
 from cprobe.models.sites import MEAN, Batch, Site
 from cprobe.progress import Progress
 
@@ -57,10 +56,6 @@ class RunOutput:
 
     acts: dict[Site, Tensor]
     scores: Tensor | None
-
-
-class _Stop(Exception):
-    """Raised by the deepest read hook when nothing after it is needed (no readout): ends the forward early."""
 
 
 _SCORED = "_scored"  # the position name of the head's single gathered token
@@ -99,8 +94,8 @@ def _pinned(t: Tensor) -> Tensor:
 def model_positions(config) -> int | None:
     """How many token positions the model can take (None when its config does not say)."""
     n = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if n and config.model_type in FAMILIES:
-        n -= FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
+    if n and config.model_type in MODEL_FAMILIES:
+        n -= MODEL_FAMILIES[config.model_type].position_offset  # RoBERTa: position ids start after the padding index
     return int(n) if n else None
 
 
@@ -108,7 +103,7 @@ _LENGTH_LISTS = 4
 """Lists of texts whose token lengths a :class:`ModelAdapter` keeps (:meth:`ModelAdapter.token_lengths`)."""
 
 
-class ModelAdapter:
+class ModelAdapter(Resuming):
     """Wraps an HF model + fast tokenizer. Build with :func:`cprobe.models.load.load_adapter`."""
 
     def __init__(self, model: nn.Module, tokenizer, kind: Kind, name: str, batch_size: int = 32,
@@ -150,21 +145,7 @@ class ModelAdapter:
         """Apply the output head to the scored position of each row only (a readout that scores one position per
         row: ``Readout.at_position``), not to every token: the same scores for a fraction of the head's work. False
         runs the head at every position, for comparison."""
-        self.resume = True
-        """Let a pass given clean states (``run(resume=…)``, ``map(resume=…)``) resume at its lowest edited or read
-        layer, running the blocks above it only (:mod:`cprobe.models.resume`; ``compute.resume``). False runs the full
-        forward, for comparison (and :meth:`clean_states` then computes nothing)."""
-        self._resumable = family_of(cfg).resumable
-        self._said_full = False
-        self._said_window = False
-        self.kv_resume = True
-        """Let a resumed pass edited and read at each row's last token only run that token alone above the edited
-        layer, over the prefix's clean key/value cache (clean states built with ``kv=True``; a causal LM whose family
-        declares :attr:`~cprobe.models.family.Family.kv_resume`; ``compute.kv_resume``). False resumes it as any other
-        pass, for comparison."""
-        self._kv_family = family_of(cfg).kv_resume
-        self._window = sliding_window(cfg)  # sliding-window layers: the one-token step is exact within it only
-        self._cache_kw = cache_keyword(model) if self._kv_family else ""
+        self._init_resume(cfg, model)
         self._memo: dict[Any, Any] = {}  # tokenizer answers a sweep's jobs ask again (token_lengths, candidate_id)
         self._memo_tok = self.tok  # whose answers they are: another tokenizer set on the adapter starts afresh
 
@@ -190,7 +171,7 @@ class ModelAdapter:
             lists = [m for m in self._base.modules() if isinstance(m, nn.ModuleList) and len(m) == self.n_layers]
             if not lists:
                 raise ConfigError(f"cannot find the transformer blocks of model type "
-                                  f"{self.model.config.model_type!r}; supported: {sorted(FAMILIES)}; or set "
+                                  f"{self.model.config.model_type!r}; supported: {sorted(MODEL_FAMILIES)}; or set "
                                   "model.layers_path (e.g. 'encoder.layer')")
             blocks = lists[0]
         if len(blocks) != self.n_layers:
@@ -331,7 +312,7 @@ class ModelAdapter:
                     v = h[rows, pos.clamp(min=0)]
                     acts[s] = torch.where((pos >= 0)[:, None], v, torch.zeros_like(v)).to(dev)  # gathered
                 if stop_early and key == last_read:
-                    raise _Stop
+                    raise StopForward
                 return h
             return patch
 
@@ -350,130 +331,13 @@ class ModelAdapter:
                 try:
                     with skipped(self._blocks, *start) if start else contextlib.nullcontext():
                         res = self.model(**inputs)
-                except _Stop:
+                except StopForward:
                     pass
                 scores = readout.scores(res.logits, scored) if readout is not None else None
         finally:
             for h in handles:
                 h.remove()
         return RunOutput({s: acts[s] for s in read}, scores)
-
-    @property
-    def can_resume(self) -> bool:
-        """Whether passes given clean states resume at their edited layer: :attr:`resume` is on and the family's
-        blocks can be swapped (:attr:`Family.resumable <cprobe.models.family.Family.resumable>`)."""
-        return self.resume and self._resumable
-
-    @property
-    def can_kv_resume(self) -> bool:
-        """Whether a resumed last-token pass runs that token alone over the prefix's clean key/value cache
-        (:attr:`kv_resume` on, a causal LM whose family declares it, passes can resume)."""
-        return (self.kv_resume and self._kv_family and self.kind == "causal" and self._main is None  # one device
-                and self.can_resume)
-
-    def _within_window(self, last: Tensor) -> bool:
-        """Whether a one-token step at each row's ``last`` position sees what the full forward sees under the model's
-        sliding window: the step runs at the prefix's width P = max(last), where the window's mask keeps keys at
-        positions > P − window; every row's keys 0 … last are kept, as in the full forward, while P < window."""
-        if self._window is None or int(last.max()) < self._window:
-            return True
-        if not self._said_window:
-            log.info("%s: inputs reach past its %d-token sliding window; last-token passes run every token above the "
-                     "edited layer", self.name, self._window)
-            self._said_window = True
-        return False
-
-    def _resume_at(self, resume: Resume | None, lowest: int, batch: Batch) -> tuple[int, Tensor] | None:
-        """(layer, states) to resume this pass at, or None for the full forward."""
-        if resume is None or not self.resume:
-            return None
-        if not self._resumable:
-            if not self._said_full:
-                log.info("%s: model family %r cannot resume at an edited layer (its blocks are not known to take "
-                         "and return one tensor); running full forwards", self.name, self.model.config.model_type)
-                self._said_full = True
-            return None
-        if resume.model != self.name:
-            raise ConfigError(f"clean states of model {resume.model!r} cannot resume a pass of {self.name!r}")
-        layer = resume.layer_for(min(lowest, self.n_layers))
-        if layer is None:
-            return None
-        states = resume.states[layer]
-        want = (*batch.input_ids.shape, self.hidden_size)
-        if tuple(states.shape) != want:
-            raise ConfigError(f"clean states {tuple(states.shape)} do not fit this batch {want}; take them for "
-                              "its rows (CleanStates.take)")
-        return layer, states.to(self.dtype)
-
-    def clean_states(self, batch: Batch, layers: Sequence[int], kv: bool = False) -> CleanStates:
-        """The clean full-sequence states of ``batch``'s rows at ``layers`` (block
-        outputs; layer 0 needs none), for edited passes over these items to resume from (:mod:`cprobe.models.resume`).
-
-        Computed in pieces of at most ``batch_size`` rows (and the token cap), each stopping after the deepest layer;
-        kept in the model's dtype on its device, or in host memory past :data:`~cprobe.models.resume.DEVICE_BUDGET`.
-        Nothing is computed when passes cannot resume (:attr:`can_resume`): the passes then run in full.
-
-        ``kv``: also keep the clean key/value cache of every block above the lowest layer (:attr:`can_kv_resume`,
-        within :data:`~cprobe.models.resume.KV_BUDGET`), for passes edited and read at the last token only; the
-        pieces then run to the last block."""
-        sub = batch.to("cpu")
-        layers = [l for l in self.check_layers(layers) if l >= 1] if self.can_resume else []
-        if not layers:
-            return CleanStates(self.name, sub.input_ids, sub.attention_mask, {})
-        n, width = sub.input_ids.shape
-        size = len(layers) * n * width * self.hidden_size * self.dtype.itemsize
-        dev = self.device
-        where = dev if dev.type == "cpu" or size <= DEVICE_BUDGET else torch.device("cpu")
-        pin = where.type == "cpu" and dev.type == "cuda"
-        store = {l: torch.zeros(n, width, self.hidden_size, dtype=self.dtype, device=where, pin_memory=pin)
-                 for l in layers}
-        kvs = self._kv_store(n, width, min(layers), size) if kv else None
-        deepest = self.n_layers if kvs else max(layers)  # the prefix's cache: every block above the lowest layer
-        cap = self.token_cap()
-        step = max(1, min(self.batch_size, cap // max(width, 1) if cap else self.batch_size))
-        for a in range(0, n, step):
-            piece = sub.select(torch.arange(a, min(a + step, n))).to(dev)
-            w = piece.input_ids.shape[1]
-
-            def keep(layer: int) -> Callable[[Tensor], Tensor]:
-                def patch(h: Tensor) -> Tensor:
-                    if layer in store:
-                        store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
-                    if layer == deepest:
-                        raise _Stop
-                    return h
-                return patch
-            handles = [self._register(self._blocks[l - 1], False, keep(l)) for l in sorted({*layers, deepest})]
-            extra = dict(piece.extra)
-            if kvs is not None:
-                from transformers import DynamicCache
-
-                extra.update({self._cache_kw: DynamicCache(), "use_cache": True})
-            try:
-                with torch.no_grad():  # not inference tensors: a resumed pass may train through them (DAS)
-                    self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **extra)
-            except _Stop:
-                pass
-            finally:
-                for hd in handles:
-                    hd.remove()
-            if kvs is not None:
-                kvs.add(a, extra[self._cache_kw])
-        return CleanStates(self.name, sub.input_ids, sub.attention_mask, store, kvs.kv if kvs else None)
-
-    def _kv_store(self, n: int, width: int, low: int, states_size: int) -> KVStore | None:
-        """Where the clean key/value cache of blocks low+1 … L goes (:meth:`clean_states` ``kv``), or None: the model
-        cannot use it, no block is above ``low``, or it is past :data:`~cprobe.models.resume.KV_BUDGET`."""
-        if not self.can_kv_resume or low >= self.n_layers:
-            return None
-        size = 2 * (self.n_layers - low) * n * width * self.hidden_size * self.dtype.itemsize  # at most: no GQA
-        if size > KV_BUDGET:
-            log.info("%s: the prefix's key/value cache (%.1f GiB) is past the budget; last-token passes resume "
-                     "without it", self.name, size / 2**30)
-            return None
-        dev = self.device
-        where = dev if dev.type == "cpu" or states_size + size <= DEVICE_BUDGET else torch.device("cpu")
-        return KVStore(n, width, range(low + 1, self.n_layers + 1), where, where.type == "cpu" and dev.type == "cuda")
 
     def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
         """Whether the head can run at the scored positions only: a readout that scores one position per row, a

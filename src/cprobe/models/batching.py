@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from cprobe.io import atomic_write_bytes, read_json
 from cprobe.models.sites import Batch
 
 log = logging.getLogger(__name__)
@@ -244,10 +245,7 @@ class BatchLimits:
 
     def _stored(self) -> dict:
         """The limits persisted at ``path`` ({} without a file, or when it is unreadable)."""
-        try:
-            return json.loads(self.path.read_text()) if self.path is not None and self.path.is_file() else {}
-        except (OSError, ValueError):
-            return {}
+        return (read_json(self.path) if self.path is not None else None) or {}
 
     def get(self, key: str) -> int | None:
         if key not in _LIMITS:
@@ -262,8 +260,6 @@ class BatchLimits:
         if self.path is None:
             return
         from filelock import FileLock
-
-        from cprobe.io import atomic_write_bytes
 
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

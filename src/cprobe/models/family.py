@@ -26,7 +26,7 @@ A :class:`Family` says
 from the HF config (decoder or encoder from the auto-class mappings and the declared architectures; blocks and final
 norm then found on the module by the adapter), or a one-line :class:`ConfigError` naming what to set.
 
-Adding a family = one line in :data:`FAMILIES` (docs/architecture.md, "Add a model family").
+Adding a family = one line in :data:`MODEL_FAMILIES` (docs/architecture.md, "Add a model family").
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Family:
     position_offset: int = 0
     pool: Pool | None = "first"  # None: a derived family whose config does not say (the classifier asks for it)
     pooler: bool = False
-    derived: bool = False  # True when derived from the HF config rather than listed in FAMILIES
+    derived: bool = False  # True when derived from the HF config rather than listed in MODEL_FAMILIES
     resumable: bool = True  # each block takes the hidden states and returns them as one tensor: a pass can resume
     kv_resume: bool = False  # a last-token pass can run one token over the prefix's clean key/value cache
 
@@ -61,7 +61,7 @@ def _decoder(model_type: str, blocks: str, final_norm: str, kv_resume: bool = Fa
     return Family(model_type, blocks, final_norm, pool="last", kv_resume=kv_resume)
 
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+MODEL_FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("bert", "encoder.layer", pooler=True),
     Family("roberta", "encoder.layer", position_offset=2),
     Family("xlm-roberta", "encoder.layer", position_offset=2),
@@ -95,8 +95,8 @@ def sliding_window(config: Any) -> int | None:
 def family_of(config: Any) -> Family:
     """The family record of a HF model config (module doc): the listed one, else one derived from the config."""
     model_type = str(getattr(config, "model_type", "") or "")
-    if model_type in FAMILIES:
-        return FAMILIES[model_type]
+    if model_type in MODEL_FAMILIES:
+        return MODEL_FAMILIES[model_type]
     side = _side(config, model_type)
     return Family(model_type, None, None, 0, None if side is None else "last" if side == "decoder" else "first",
                   False, derived=True, resumable=False)
@@ -110,7 +110,7 @@ def pool_of(config: Any) -> Pool:
         raise ConfigError(
             f"unknown model family {family.model_type!r}: cprobe cannot tell from its config whether it is an encoder "
             f"or a decoder, so not where to read a text's summary; set finetune.pool=first (encoders) or last "
-            f"(decoders), or add the family to cprobe.models.family.FAMILIES (known: {sorted(FAMILIES)})")
+            f"(decoders), or add the family to cprobe.models.family.MODEL_FAMILIES (known: {sorted(MODEL_FAMILIES)})")
     return family.pool
 
 

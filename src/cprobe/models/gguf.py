@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from cprobe.errors import ModelLoadError
+from cprobe.io import read_json
 
 log = logging.getLogger(__name__)
 
@@ -298,10 +299,7 @@ def entry_of(src: Source, cache_root: Path) -> Path:
 
 def info(entry: Path) -> dict[str, Any]:
     """The dequantised entry's ``gguf.json`` ({} when absent)."""
-    try:
-        return json.loads((Path(entry) / INFO).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(Path(entry) / INFO) or {}
 
 
 def dequantised(src: Source, cache_root: Path, what: str) -> Path:

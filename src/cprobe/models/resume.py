@@ -18,6 +18,8 @@ block takes the hidden states and returns them as one tensor); any other family 
 - :class:`Resume`: what :meth:`ModelAdapter.run <cprobe.models.adapter.ModelAdapter.run>` takes (``resume=``): the
   batch's clean states per layer; the pass resumes at the deepest of them at or below its lowest edited or read
   site.
+- :class:`Resuming`: the adapter's base — its ``resume``/``kv_resume`` switches, whether and where a pass resumes,
+  and :meth:`~Resuming.clean_states`.
 
 The last position of a causal LM (:func:`last_only`, :func:`suffix`): when every edit and read of a pass is at each
 row's last real token and the readout scores that token, nothing at positions 0 … last − 1 changes (causal attention
@@ -34,14 +36,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from cprobe.errors import ConfigError
+from cprobe.models.family import family_of, sliding_window
 from cprobe.models.sites import MEAN, Batch, Site
+
+log = logging.getLogger(__name__)
 
 DEVICE_BUDGET = 2 << 30
 """Bytes of clean states kept on an accelerator; more are kept in (pinned) host memory and copied per batch."""
@@ -225,3 +232,147 @@ def suffix(batch: Batch, last: Tensor, resume: Resume, layer: int, states: Tenso
     kwargs = {"input_ids": ids, "attention_mask": mask, "position_ids": last[:, None],
               keyword: DynamicCache(data), "use_cache": True}
     return step, kwargs, states[torch.arange(n, device=states.device), last.to(states.device)][:, None]
+
+
+class StopForward(Exception):
+    """Raised by the deepest hook a pass needs (no readout after it): ends the model's forward early."""
+
+
+class Resuming:
+    """The resume machinery of :class:`~cprobe.models.adapter.ModelAdapter` (its base): the switches, whether a
+    pass can resume, where it resumes, and the clean states it resumes from. It reads the adapter's model, blocks,
+    sizes, device, dtype, batch size and hooks (``_register``, ``check_layers``, ``token_cap``)."""
+
+    def _init_resume(self, cfg: Any, model: nn.Module) -> None:
+        self.resume = True
+        """Let a pass given clean states (``run(resume=…)``, ``map(resume=…)``) resume at its lowest edited or read
+        layer, running the blocks above it only (:mod:`cprobe.models.resume`; ``compute.resume``). False runs the full
+        forward, for comparison (and :meth:`clean_states` then computes nothing)."""
+        self._resumable = family_of(cfg).resumable
+        self._said_full = False
+        self._said_window = False
+        self.kv_resume = True
+        """Let a resumed pass edited and read at each row's last token only run that token alone above the edited
+        layer, over the prefix's clean key/value cache (clean states built with ``kv=True``; a causal LM whose family
+        declares :attr:`~cprobe.models.family.Family.kv_resume`; ``compute.kv_resume``). False resumes it as any other
+        pass, for comparison."""
+        self._kv_family = family_of(cfg).kv_resume
+        self._window = sliding_window(cfg)  # sliding-window layers: the one-token step is exact within it only
+        self._cache_kw = cache_keyword(model) if self._kv_family else ""
+
+    @property
+    def can_resume(self) -> bool:
+        """Whether passes given clean states resume at their edited layer: :attr:`resume` is on and the family's
+        blocks can be swapped (:attr:`Family.resumable <cprobe.models.family.Family.resumable>`)."""
+        return self.resume and self._resumable
+
+    @property
+    def can_kv_resume(self) -> bool:
+        """Whether a resumed last-token pass runs that token alone over the prefix's clean key/value cache
+        (:attr:`kv_resume` on, a causal LM whose family declares it, passes can resume)."""
+        return (self.kv_resume and self._kv_family and self.kind == "causal" and self._main is None  # one device
+                and self.can_resume)
+
+    def _within_window(self, last: Tensor) -> bool:
+        """Whether a one-token step at each row's ``last`` position sees what the full forward sees under the model's
+        sliding window: the step runs at the prefix's width P = max(last), where the window's mask keeps keys at
+        positions > P − window; every row's keys 0 … last are kept, as in the full forward, while P < window."""
+        if self._window is None or int(last.max()) < self._window:
+            return True
+        if not self._said_window:
+            log.info("%s: inputs reach past its %d-token sliding window; last-token passes run every token above the "
+                     "edited layer", self.name, self._window)
+            self._said_window = True
+        return False
+
+    def _resume_at(self, resume: Resume | None, lowest: int, batch: Batch) -> tuple[int, Tensor] | None:
+        """(layer, states) to resume this pass at, or None for the full forward."""
+        if resume is None or not self.resume:
+            return None
+        if not self._resumable:
+            if not self._said_full:
+                log.info("%s: model family %r cannot resume at an edited layer (its blocks are not known to take "
+                         "and return one tensor); running full forwards", self.name, self.model.config.model_type)
+                self._said_full = True
+            return None
+        if resume.model != self.name:
+            raise ConfigError(f"clean states of model {resume.model!r} cannot resume a pass of {self.name!r}")
+        layer = resume.layer_for(min(lowest, self.n_layers))
+        if layer is None:
+            return None
+        states = resume.states[layer]
+        want = (*batch.input_ids.shape, self.hidden_size)
+        if tuple(states.shape) != want:
+            raise ConfigError(f"clean states {tuple(states.shape)} do not fit this batch {want}; take them for "
+                              "its rows (CleanStates.take)")
+        return layer, states.to(self.dtype)
+
+    def clean_states(self, batch: Batch, layers: Sequence[int], kv: bool = False) -> CleanStates:
+        """The clean full-sequence states of ``batch``'s rows at ``layers`` (block
+        outputs; layer 0 needs none), for edited passes over these items to resume from (:mod:`cprobe.models.resume`).
+
+        Computed in pieces of at most ``batch_size`` rows (and the token cap), each stopping after the deepest layer;
+        kept in the model's dtype on its device, or in host memory past :data:`~cprobe.models.resume.DEVICE_BUDGET`.
+        Nothing is computed when passes cannot resume (:attr:`can_resume`): the passes then run in full.
+
+        ``kv``: also keep the clean key/value cache of every block above the lowest layer (:attr:`can_kv_resume`,
+        within :data:`~cprobe.models.resume.KV_BUDGET`), for passes edited and read at the last token only; the
+        pieces then run to the last block."""
+        sub = batch.to("cpu")
+        layers = [l for l in self.check_layers(layers) if l >= 1] if self.can_resume else []
+        if not layers:
+            return CleanStates(self.name, sub.input_ids, sub.attention_mask, {})
+        n, width = sub.input_ids.shape
+        size = len(layers) * n * width * self.hidden_size * self.dtype.itemsize
+        dev = self.device
+        where = dev if dev.type == "cpu" or size <= DEVICE_BUDGET else torch.device("cpu")
+        pin = where.type == "cpu" and dev.type == "cuda"
+        store = {l: torch.zeros(n, width, self.hidden_size, dtype=self.dtype, device=where, pin_memory=pin)
+                 for l in layers}
+        kvs = self._kv_store(n, width, min(layers), size) if kv else None
+        deepest = self.n_layers if kvs else max(layers)  # the prefix's cache: every block above the lowest layer
+        cap = self.token_cap()
+        step = max(1, min(self.batch_size, cap // max(width, 1) if cap else self.batch_size))
+        for a in range(0, n, step):
+            piece = sub.select(torch.arange(a, min(a + step, n))).to(dev)
+            w = piece.input_ids.shape[1]
+
+            def keep(layer: int) -> Callable[[Tensor], Tensor]:
+                def patch(h: Tensor) -> Tensor:
+                    if layer in store:
+                        store[layer][a:a + len(piece), :w].copy_(h)  # to the host: synchronous, so safe to reuse
+                    if layer == deepest:
+                        raise StopForward
+                    return h
+                return patch
+            handles = [self._register(self._blocks[l - 1], False, keep(l)) for l in sorted({*layers, deepest})]
+            extra = dict(piece.extra)
+            if kvs is not None:
+                from transformers import DynamicCache
+
+                extra.update({self._cache_kw: DynamicCache(), "use_cache": True})
+            try:
+                with torch.no_grad():  # not inference tensors: a resumed pass may train through them (DAS)
+                    self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **extra)
+            except StopForward:
+                pass
+            finally:
+                for hd in handles:
+                    hd.remove()
+            if kvs is not None:
+                kvs.add(a, extra[self._cache_kw])
+        return CleanStates(self.name, sub.input_ids, sub.attention_mask, store, kvs.kv if kvs else None)
+
+    def _kv_store(self, n: int, width: int, low: int, states_size: int) -> KVStore | None:
+        """Where the clean key/value cache of blocks low+1 … L goes (:meth:`clean_states` ``kv``), or None: the model
+        cannot use it, no block is above ``low``, or it is past :data:`~cprobe.models.resume.KV_BUDGET`."""
+        if not self.can_kv_resume or low >= self.n_layers:
+            return None
+        size = 2 * (self.n_layers - low) * n * width * self.hidden_size * self.dtype.itemsize  # at most: no GQA
+        if size > KV_BUDGET:
+            log.info("%s: the prefix's key/value cache (%.1f GiB) is past the budget; last-token passes resume "
+                     "without it", self.name, size / 2**30)
+            return None
+        dev = self.device
+        where = dev if dev.type == "cpu" or states_size + size <= DEVICE_BUDGET else torch.device("cpu")
+        return KVStore(n, width, range(low + 1, self.n_layers + 1), where, where.type == "cpu" and dev.type == "cuda")

@@ -40,6 +40,7 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
+from cprobe.io import read_json
 from cprobe.models.portable import TRAIN_THREADS, numerics_mode, run_portable
 from cprobe.models.sites import pad
 from cprobe.progress import track
@@ -453,12 +454,10 @@ def _key_problem(path: Path, key: str) -> str | None:
     missing = [f for f in _FILES if not (path / f).is_file()]
     if missing:
         return f"{', '.join(missing)} missing"
-    try:
-        if json.loads((path / "training.json").read_text()).get("key") != key:
-            return "trained for another configuration"
-    except (OSError, ValueError):
+    report = read_json(path / "training.json")
+    if report is None:
         return "training.json unreadable"
-    return None
+    return "trained for another configuration" if report.get("key") != key else None
 
 
 def tiny_model_dir(name: str, tiny: dict, cache_root: Path, progress: bool = True, data_root: Path | None = None) -> Path:

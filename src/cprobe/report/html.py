@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from cprobe.io import atomic_write_bytes
+from cprobe.io import atomic_write_bytes, read_json
 
 REPORT = "report.html"
 MAX_ROWS = 200
@@ -94,14 +94,6 @@ def _read_table(path: Path) -> pd.DataFrame | None:
         return pd.read_parquet(path)
     except Exception:  # noqa: BLE001 - a file the page cannot show is named instead
         return None
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return d if isinstance(d, dict) else None
 
 
 def _figure(path: Path, root: Path) -> str:
@@ -219,7 +211,7 @@ def _config(d: Path, job: bool) -> str:
 
 
 def _environment(d: Path, jobs: Sequence[Path]) -> str:
-    envs = [e for e in ([_read_json(d / "environment.json")] + [_read_json(j / "environment.json") for j in jobs])
+    envs = [e for e in ([read_json(d / "environment.json")] + [read_json(j / "environment.json") for j in jobs])
             if e]
     if not envs:
         return '<p class="note">No environment.json (written by cprobe ≥ this version).</p>'
@@ -259,7 +251,7 @@ def _jobs_section(d: Path, jobs: Sequence[Path]) -> str:
 
     rows = []
     for j in jobs:
-        st = _read_json(j / "status.json") or {}
+        st = read_json(j / "status.json") or {}
         rel = j.relative_to(d)
         over = " ".join(f"{k.removeprefix('override.')}={v}" for k, v in job_overrides(j).items())
         link = f'<a href="{esc(rel.as_posix())}/{REPORT}">page</a>' if (j / REPORT).is_file() else ""
@@ -269,7 +261,7 @@ def _jobs_section(d: Path, jobs: Sequence[Path]) -> str:
                     f"<td>{esc(st.get('error') or '')}</td><td>{link}</td></tr>")
     if not rows:
         return ""
-    total = sum(float((_read_json(j / "status.json") or {}).get("duration_s") or 0) for j in jobs)
+    total = sum(float((read_json(j / "status.json") or {}).get("duration_s") or 0) for j in jobs)
     return ('<div class="scroll"><table><thead><tr><th>job</th><th>state</th><th>study</th><th>seconds</th>'
             "<th>overrides</th><th>error</th><th>report</th></tr></thead><tbody>" + "".join(rows)
             + f'</tbody></table></div><p class="note">{len(jobs)} job(s), {total:.1f} s in all.</p>')
@@ -303,8 +295,8 @@ def render(directory: Path) -> str:
     d = Path(directory)
     job = _is_job(d)
     jobs = [] if job else _jobs(d)
-    status = _read_json(d / "status.json") if job else None
-    statuses = [status] if status else [s for s in (_read_json(j / "status.json") for j in jobs) if s]
+    status = read_json(d / "status.json") if job else None
+    statuses = [status] if status else [s for s in (read_json(j / "status.json") for j in jobs) if s]
     studies = sorted({s.get("task") for s in statuses if s.get("task")})
     title = f"{d.name} — cprobe report"
     if job:
@@ -317,7 +309,7 @@ def render(directory: Path) -> str:
                     ("state", (status or {}).get("state")), ("rows", (status or {}).get("rows")),
                     ("error", (status or {}).get("error"))]) + _records_overview(d) + _methods_overview(d)
     sections = [("overview", "Overview", overview), ("leaderboard", "Leaderboard", _leaderboard(d))]
-    search = None if job else _read_json(d / "search.json")
+    search = None if job else read_json(d / "search.json")
     if search:
         sections.append(("search", "Search", _search(search)))
     holders = {p for j in jobs for p in j.parents}  # sweeps (and run folders) below: their own pages show them

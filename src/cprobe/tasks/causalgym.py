@@ -33,7 +33,7 @@ from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
 from cprobe.interventions import INTERVENTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.io import atomic_write_bytes, parquet_bytes
+from cprobe.io import atomic_write_bytes, parquet_bytes, read_json
 from cprobe.job import JobContext, config_hash
 from cprobe.metrics.odds import control_selectivity, overall_odds
 from cprobe.probes.grid import PROBE_FITS
@@ -176,17 +176,13 @@ class TaskParts:
     key: str
     fresh: bool = False
 
-    MANIFEST = "manifest.json"
+    PARTS_MANIFEST = "manifest.json"
     VERSION = 2  # 2: one checked entry per task; 1: loose files with SHA-256 sums in the manifest
 
     def __post_init__(self) -> None:
         self.manifest: dict[str, Any] = {"key": self.key, "version": self.VERSION, "tasks": {}}
-        path = self.directory / self.MANIFEST
-        if self.fresh or not path.is_file():
-            return
-        try:
-            old = json.loads(path.read_text())
-        except (OSError, ValueError):
+        old = None if self.fresh else read_json(self.directory / self.PARTS_MANIFEST)
+        if old is None:
             return
         if old.get("key") == self.key and old.get("version") == self.VERSION:
             self.manifest = old
@@ -214,7 +210,7 @@ class TaskParts:
                                    rebuild=not self.has(name))
         if not hit:
             self.manifest["tasks"][name] = entry.name
-            atomic_write_bytes(self.directory / self.MANIFEST, json.dumps(self.manifest, indent=1).encode())
+            atomic_write_bytes(self.directory / self.PARTS_MANIFEST, json.dumps(self.manifest, indent=1).encode())
         return pd.read_parquet(entry / "table.parquet"), load((entry / "directions.safetensors").read_bytes())
 
 

@@ -37,7 +37,7 @@ import torch
 
 from cprobe.data.cebab import (
     ASPECTS,
-    DIRECTIONS,
+    VALUE_CHANGES,
     TASKS,
     VALUES,
     CebabData,
@@ -191,7 +191,7 @@ def _data_effect_rows(common: dict, pf: pd.DataFrame, task: str, aspects: Sequen
     signed = pf["sign"] * (rc.astype(float) - rb.astype(float))
     out = []
     for a in aspects:
-        for c, c2 in DIRECTIONS:
+        for c, c2 in VALUE_CHANGES:
             d = direction_name(c, c2)
             m = (pf["aspect"] == a) & (pf["direction"] == d)
             base = {**common, "aspect": a, "direction": d}
@@ -209,7 +209,7 @@ def _cace_rows(common: dict, pf: pd.DataFrame, pred_base: np.ndarray, pred_cf: n
     out = []
     for a in aspects:
         caces = []
-        for c, c2 in DIRECTIONS:
+        for c, c2 in VALUE_CHANGES:
             d = direction_name(c, c2)
             m = ((pf["aspect"] == a) & (pf["direction"] == d)).to_numpy()
             v = float(signed[m].mean()) if m.any() else float("nan")
@@ -279,7 +279,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
         if kind in ("ate", "cace", "pairs") and not s.empty:  # the paper's layout: aspect rows × direction columns
             idx = [k for k in s.columns if k in ("config_id", *keys) and k != "direction"]
             wide = s.pivot_table(index=idx, columns="direction", values="mean", sort=False).reset_index()
-            cols = [direction_name(c, c2) for c, c2 in DIRECTIONS]
+            cols = [direction_name(c, c2) for c, c2 in VALUE_CHANGES]
             s = wide[[*idx, *[c for c in cols if c in wide]]]
         write_table(s, out_dir / f"cebab_{kind}")
     _plot(tab, out_dir)

@@ -558,7 +558,7 @@ def _fmt_setting(hparam: Any, value: Any) -> str:
     return f"{hparam}={int(v)}" if v.is_integer() and hparam == "rank" else f"{hparam}={v:g}"
 
 
-_FAMILIES = {  # the paper's appendix figures: 2 = GBIs, 3 = AlterRep (+ mean-difference), 4 = nullifying
+_FIGURE_GROUPS = {  # the paper's appendix figures: 2 = GBIs, 3 = AlterRep (+ mean-difference), 4 = nullifying
     "fig2_gbi": ("fgsm", "pgd", "autoattack"),
     "fig3_linear_counterfactual": ("alterrep", "mean_diff"),
     "fig4_nullifying": ("inlp", "rlace", "leace"),
@@ -602,9 +602,9 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     _caption(fig, "Interventions: selectivity vs completeness, ΔTask Acc vs reliability (Canby et al. Fig. 1)", table)
     save(fig, out_dir / "fig1_tradeoffs.png")
     swept = [m for m in methods if table.loc[table["method"] == m, "hparam_value"].nunique() > 1]
-    for stem, family in (*_FAMILIES.items(), ("fig_other", tuple(m for m in swept if not any(
-            m in f for f in _FAMILIES.values())))):
-        ms = [m for m in family if m in swept]
+    for stem, group in (*_FIGURE_GROUPS.items(), ("fig_other", tuple(m for m in swept if not any(
+            m in f for f in _FIGURE_GROUPS.values())))):
+        ms = [m for m in group if m in swept]
         if not ms:
             continue
         fig, axes = new_figure(len(ms), width=4.0)

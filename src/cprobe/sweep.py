@@ -9,7 +9,7 @@ A SLURM sweep keeps, beside its points' directories, ``.slurm/``::
     <job id>/             submitit's sbatch script, pickles and the tasks' stdout/stderr logs
 
 A point's state comes from its ``status.json`` (written by the job), its task's record and the scheduler
-(``squeue``/``sacct`` via :mod:`cprobe.launch.slurmctl`): ``done``, ``failed``, ``running``, ``queued`` (its task is
+(``squeue``/``sacct`` via :mod:`cprobe.slurmctl`): ``done``, ``failed``, ``running``, ``queued`` (its task is
 pending, or has not reached it yet), ``interrupted`` (stopped by a signal; ``queued`` again when its task was
 requeued), ``dead`` (``status.json`` says running but its task has ended) and ``not run`` (its task ended before
 reaching it). A sweep without a manifest (a local one) has only its ``status.json`` files.
@@ -39,8 +39,8 @@ from cprobe.paths import relative
 
 log = logging.getLogger("cprobe")
 
-SLURM_DIR = ".slurm"  # cprobe.results skips it too
-MANIFEST = "sweep.json"
+SLURM_DIR = ".slurm"
+SWEEP_MANIFEST = "sweep.json"
 TASKS = "tasks"
 
 TERMINAL = ("done", "failed", "dead", "not run", "interrupted")
@@ -49,7 +49,7 @@ NEEDS_ACTION = ("failed", "dead", "not run", "interrupted", "not started")
 
 
 def manifest_path(sweep_dir: Path) -> Path:
-    return Path(sweep_dir) / SLURM_DIR / MANIFEST
+    return Path(sweep_dir) / SLURM_DIR / SWEEP_MANIFEST
 
 
 def read_manifest(sweep_dir: Path) -> dict[str, Any] | None:
@@ -169,7 +169,7 @@ def sweep_state(sweep_dir: Path, scheduler: bool | None = None, task_states: Map
                 ) -> SweepState:
     """Every point's state. ``scheduler``: ask SLURM about the tasks (default: when the sweep has a manifest and
     the SLURM commands are here); ``task_states`` gives them instead (the driver's own poll)."""
-    from cprobe.launch import slurmctl
+    from cprobe import slurmctl
 
     sweep_dir = Path(sweep_dir)
     manifest = read_manifest(sweep_dir)
@@ -267,7 +267,7 @@ def manifest_problems(directory: Path) -> tuple[dict[Path, bool], list[str]]:
     covered: dict[Path, bool] = {}
     out: list[str] = []
     roots = [directory] if manifest_path(directory).is_file() else \
-        [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{MANIFEST}"))]
+        [m.parent.parent for m in sorted(directory.rglob(f"{SLURM_DIR}/{SWEEP_MANIFEST}"))]
     for sweep_dir in roots:
         for p in sweep_state(sweep_dir).points:
             covered[(sweep_dir / p.name).resolve()] = p.state == "done"
