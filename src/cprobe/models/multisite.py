@@ -1,7 +1,5 @@
-"""Many sites per forward: the sites engine's pass. :func:`edited_pass` runs rows of (item, {site: edit}) — each row
-edited at its own site (pyvene's per-example ``unit_locations``, the site kept as data: :func:`site_batch`), or at
-every site at once — and hands each chunk's output to the study's scoring callback; :func:`rowwise_dii` is the
-row-wise DII, :class:`SitesForward` DAS's training forward over K sites at once."""
+"""Many sites per forward, the sites engine's pass: :func:`edited_pass` (a site per row, pyvene's per-example
+``unit_locations``: :func:`site_batch`; or every site at once), :func:`rowwise_dii`, :class:`SitesForward` (DAS)."""
 
 from __future__ import annotations
 
@@ -46,14 +44,12 @@ def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Seque
                 clean: CleanStates | None = None, order: Tensor | None = None, desc: str | None = None,
                 progress: bool = False) -> None:
     """The one edited pass over rows of (item, {site: edit}): row r is item ``items[r]`` of ``batch``, edited at
-    ``sites[row_site[r]]`` (one site per row, many sites per forward: :func:`site_batch`) or, with no ``row_site``, at
-    every site of ``sites`` at once (simultaneous multi-site edits). Rows run ``model.batch_size`` at a time in
-    ``order``, else longest first in the batches :meth:`ModelAdapter.stream` cuts (:func:`plan_batches`: batch size
-    and token cap). Each chunk resumes from ``clean`` at its lowest edited layer (over the prefix's key/value cache
-    where ``clean`` holds one: :mod:`cprobe.models.resume`), reads every ``read`` site at or above that layer and
-    scores ``readout(its items)``. ``edits(rows, chunk, chunk's sites)`` gives the chunk's edits;
-    ``score(rows, output)`` (``rows``: indices into ``items``) is the study's metric — the TransformerLens
-    ``generic_activation_patch(..., patching_metric)`` habit, so the model layer never imports the metrics."""
+    ``sites[row_site[r]]`` (one site per row: :func:`site_batch`) or, with no ``row_site``, at every site at once.
+    Chunks of ``model.batch_size`` rows in ``order`` (else the length-sorted batches of :func:`plan_batches`, with the
+    token cap) resume from ``clean`` at their lowest edited layer (:mod:`cprobe.models.resume`), read the ``read``
+    sites at or above it and score ``readout(items)``; ``edits(rows, chunk, its sites)`` gives a chunk's edits and
+    ``score(rows, output)`` is the study's metric (TransformerLens' ``patching_metric`` habit: ``models/`` never
+    imports ``metrics/``)."""
     chunks = (plan_batches(batch.attention_mask[items].sum(1), adapter.batch_size, adapter.token_cap())
               if order is None else list(order.split(adapter.batch_size)))
     dev = adapter.device

@@ -9,19 +9,12 @@ model's one entry point (:meth:`ModelAdapter.map` / :meth:`~ModelAdapter.run`): 
 :class:`~cprobe.data.items.TextItem` lists tokenized by :class:`RegionFormatter`, label scores are a
 :class:`CandidateTokens` readout, and the DII is an edit at the site.
 
-Order of work for one task: one pass per input set reads every site; then every site's directions are fitted from
-its activations (and its oracle probe trained); then every causal direction (DAS, per site and condition) is trained,
-many sites in one batched pass (:meth:`cprobe.directions.das.DAS.fit_many`: the train rows run once per site in one
-forward, each copy edited at its own site); then every (site, direction) is scored on the eval set, again many per
-forward. Which method needs what is read from its declared capabilities (``causal``, ``supervised``,
-``chance_baseline``, ``whole_vector``, ``per_model_lambda``), never from its name.
-
-An intervention of :mod:`cprobe.interventions` listed as a method is fitted per site on the base train states and
-labels (``needs_probe``: given the site's interventional probe), applied to the base eval states (``kind``
-counterfactual: with z′ = the source's class) and its edited states written into the eval run at the site, many sites
-per forward like the DIIs; an eraser (``kind`` nullifying) is also scored by its erasure
-(:func:`cprobe.metrics.odds.erasure`), and one whose fitted edit is one direction (``exposes_direction``,
-``edit_direction()``) also runs that direction as a DII (``<name>_dir``).
+Order of work for one task: one pass per input set reads every site; every site's directions and interventions are
+fitted (:func:`_fit_site`, interventions through :class:`cprobe.tasks.sites.SiteFits`); every causal direction (DAS,
+per site and condition) is trained, many sites per batched pass (:class:`~cprobe.models.multisite.SitesForward`);
+every (site, direction or edit) is scored in the sites engine's pass (:func:`~cprobe.models.multisite.edited_pass`)
+with this study's callback: odds, IIA, an eraser's erasure, completeness. What a method needs is read from its declared
+capabilities, never from its name; a rank-1 intervention's direction also runs as a DII (``<name>_dir``).
 
 Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base train activations
 to predict the targeted property (the task's label type, e.g. singular/plural), and each direction's intervened eval
@@ -66,6 +59,7 @@ from cprobe.progress import Progress, track
 from cprobe.tasks.sites import SiteFits
 
 log = logging.getLogger("cprobe")
+NAN = float("nan")
 
 METHODS = ("das", "probe", "mean", "lda", "pca", "kmeans", "random")
 """The paper's seven direction methods; ``vanilla`` (the whole-vector swap) is the reference row beside them."""
@@ -358,13 +352,10 @@ class _SitePlan:
 def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, z_source: Tensor,
                config: Config, conditions: list[str], seed: int, site_seed: int, device: str | None, layer: int,
                region: int) -> list[_Run]:
-    """An intervention at one site, fitted by :meth:`SiteFits.fit` on the base train states with the property labels
-    (one that attacks a classifier — ``needs_probe`` — gets the site's interventional probe from ``fits``' memo,
-    trained once per site on the same data, its own object: ``causalgym.interventional_probe``, else the oracle's
-    config with seed + 1), then applied to the base eval states — with ``z′`` = the source's class when it is
-    counterfactual. The edited states go into the eval run at the site (:func:`_score`), as the reliability study
-    writes its edited states back. When the class ``exposes_direction`` and the fitted edit is one direction, a second
-    run ``<label>_dir`` scores that direction as a DII, exactly as a direction method's."""
+    """An intervention at one site, fitted by :meth:`SiteFits.fit` on the base train states and labels (needs_probe:
+    the site's interventional probe, ``causalgym.interventional_probe`` or the oracle's config with seed + 1), applied
+    to the base eval states (counterfactual: z′ = the source's class); the edited states go into the eval run at the
+    site (:func:`_score`). A fitted edit of one direction (exposes_direction) also runs as a DII, ``<label>_dir``."""
     cls = INTERVENTIONS.get(run.name)
     dev = device or X_tr.device
     t0 = time.perf_counter()
@@ -415,8 +406,8 @@ def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
 
 def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[str, Splits]
                ) -> tuple[dict[str, int], list[str]]:
-    """Every label's token id (the first of a multi-token label, as the reference) and the task's labels unknown to
-    the tokenizer (logged: the task is then marked not capable; an unknown control label makes the control vacuous)."""
+    """Every label's token id (a multi-token label's first, as the reference) and the task's labels unknown to the
+    tokenizer (the task is then not capable), each logged."""
     ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
                                                for lab in (p.base_label, p.source_label)])
     task = {lab for p in [*by_cond["task"].train, *by_cond["task"].eval] for lab in (p.base_label, p.source_label)}
@@ -437,9 +428,8 @@ def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[s
 def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, y_ev: Tensor,
               z_source: Tensor, config: Config, conditions: list[str], seed: int, site_seed: int,
               device: str | None, probe_cache: Path | None, cost: dict[str, float]) -> None:
-    """The site's oracle (``reliability``) and every method's direction or fitted intervention, into ``plan``; the
-    causal ones are trained later, many sites at once (:func:`_train_causal`). One :class:`SiteFits` per site: its
-    memo holds the site's interventional probe, trained once for every attack that needs one."""
+    """The site's oracle (``reliability``) and every method's direction or intervention, into ``plan`` (causal ones
+    later: :func:`_train_causal`). The site's :class:`SiteFits` memo trains its interventional probe once."""
     fits = SiteFits(probe_cache, memo={})
     if config.reliability and len(torch.unique(y_tr)) == 2:
         t_or = time.perf_counter()
@@ -583,9 +573,8 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
 
 def _rows(template: TaskTemplate, config: Config, plans: list[_SitePlan], conditions: list[str], eval_s: float,
           cost: dict[str, float], directions: dict[str, Tensor] | None, task: dict[str, Any]) -> list[dict[str, Any]]:
-    """The task's table: one row per (condition, method run, site) — its mean odds, IIA, erasure and completeness
-    over the run's directions, the task's own columns (``task``) and the run's share of the eval time in ``cost``;
-    every learned direction into ``directions``."""
+    """One row per (condition, method run, site): mean odds, IIA, erasure, completeness over the run's directions and
+    the ``task``'s columns; each run's eval time share into ``cost``, every learned direction into ``directions``."""
     n_scored = sum(len(r.dirs[c]) for p in plans for r in p.runs for c in (conditions if r.causal else conditions[:1]))
     rows: list[dict[str, Any]] = []
     read_layers_of = sorted({p.layer for p in plans})
@@ -595,38 +584,34 @@ def _rows(template: TaskTemplate, config: Config, plans: list[_SitePlan], condit
             n_dirs = sum(len(r.dirs[c]) for c in (conditions if r.causal else conditions[:1]))
             r.eval_s = eval_s * n_dirs / max(1, n_scored)
             cost[label] = cost.get(label, 0.0) + r.fit_s + r.eval_s
-            if directions is not None:
-                for c in (conditions if r.causal else conditions[:1]):
-                    got = [x.detach().float().cpu() for x in r.dirs[c] if x is not None]
-                    if got:
-                        directions[f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"] = \
-                            torch.stack(got).squeeze(0)
+            for c in (conditions if r.causal else conditions[:1]) if directions is not None else ():
+                got = [x.detach().float().cpu() for x in r.dirs[c] if x is not None]
+                if got:
+                    key = f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"
+                    directions[key] = torch.stack(got).squeeze(0)
             for c in conditions:
                 res = r.scored[c]
 
                 def mean(key: str) -> float:  # over the run's directions (the random draws); NaN where it has none
                     vals = [float(x[key].mean()) if isinstance(x[key], Tensor) else x[key] for x in res]
-                    return float(np.mean(vals)) if vals else float("nan")
+                    return float(np.mean(vals)) if vals else NAN
 
                 row = {
                     "cg_task": template.name, "condition": c, "method": label, "layer": plan.layer,
                     "paper_layer": plan.layer - 1, "stream": config.stream,
-                    "region": template.region_names[plan.region], "region_idx": plan.region,
-                    "edit": r.edit,
+                    "region": template.region_names[plan.region], "region_idx": plan.region, "edit": r.edit,
                     "odds": mean("odds"),
-                    "odds_draw_sd": (float(np.std([float(x["odds"].mean()) for x in res])) if len(res) > 1
-                                     else float("nan")),
+                    "odds_draw_sd": float(np.std([float(x["odds"].mean()) for x in res])) if len(res) > 1 else NAN,
                     "iia": mean("iia"), "erasure": mean("erasure"), "erased_fraction": mean("erased_fraction"),
-                    "probe_accuracy": r.probe_acc,
-                    "probe_lam": r.run.params.get("lam", float("nan")), **task,
+                    "probe_accuracy": r.probe_acc, "probe_lam": r.run.params.get("lam", NAN), **task,
                     "oracle_accuracy": plan.oracle_acc, "completeness": mean("completeness"),
-                    "oracle_selectivity": float("nan"),  # no non-targeted property in the templates
+                    "oracle_selectivity": NAN,  # no non-targeted property in the templates
                     "n_train": len(plan.ok_tr), "n_eval": len(plan.ok_ev), "degenerate": r.degenerate,
                     "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
                 }
                 if config.read_layers:  # the oracle at l' >= layer reading the pass edited here (NaN below layer)
                     row.update({f"completeness_l{lr}": float(np.mean([x["read"].get(lr, np.nan) for x in res]))
-                                if res else float("nan") for lr in read_layers_of})
+                                if res else NAN for lr in read_layers_of})
                 rows.append(row)
     return rows
 
@@ -679,12 +664,10 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
            base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor], ev_ids: Tensor,
            clean_by: dict[str, tuple[Tensor, Tensor]], ev_src_class: Tensor, progress: bool, name: str,
            read_layers: bool = False, stream: str = "block") -> None:
-    """Every (site, run, direction or edit) scored on its eval rows: the per-item log odds-ratio, IIA, the erasure of
-    an eraser's edit and, with an oracle, completeness, into each run's ``scored``. Rows of many (site, edit) pairs
-    share a forward (one row per eval item and edit, ``model.batch_size`` rows per pass, length-sorted): a DII's row
-    carries its source vector and direction, an intervention's row its precomputed edited state (a whole-vector
-    replace). With ``read_layers`` every pass also reads each row's region at every layer l′ ≥ the edited layer, and
-    the oracle of (l′, region) — trained on clean states — scores it (``read`` per layer)."""
+    """Every (site, run, direction or edit) scored on its eval rows, into each run's ``scored``: rows of (eval item,
+    its site's edit) in the sites engine's pass (:func:`edited_pass`; a DII's row carries its source vector and
+    direction, an intervention's its edited state), this study's callback scoring the log odds-ratio, IIA, an
+    eraser's erasure and, with ``read_layers``, the clean oracle of (l′ ≥ l, region) on the states read there."""
     # One job per edit to score: the conditions it is scored under (a shared direction: all at once).
     jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]] = []
     for plan in plans:
@@ -761,9 +744,8 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
 def _keep_scores(jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]], scores: Tensor,
                  read_comp: Tensor | None, layers: list[int], base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor],
                  clean_by: dict[str, tuple[Tensor, Tensor]], conditions: list[str], ev_src_class: Tensor) -> None:
-    """Each job's rows of the edited pass (``scores``; ``read_comp``: the downstream oracles' completeness per layer,
-    with read layers) as its scores under each of its conditions, into its run's ``scored``; the completeness at the
-    site itself from the oracle on the edited states."""
+    """Each job's rows of the edited pass (``scores``; ``read_comp``: read layers' completeness) as its scores under
+    its conditions, into its run's ``scored``, with the oracle's completeness at the site itself."""
     first = 0
     for plan, r, a, conds in jobs:
         n = len(plan.ok_ev)

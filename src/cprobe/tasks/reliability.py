@@ -5,11 +5,9 @@ One job = one intervention at one hyperparameter setting (a sweep runs a grid). 
 edit at layer l is scored by oracles trained on clean states at every read layer l′ ≥ l, reading the states of the same
 edited forward pass (one row per l′); with ``reliability.sites`` the intervention is fitted and applied at several sites
 at once (``mode: simultaneous``, each fitted on clean states) or one after another (``mode: sequential``, each refitted
-on the states the upstream edits produce). Oracle probes and the
-interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
-safetensors), keyed by the content of the states and labels they are trained on, every probe setting and the seed,
-so the jobs of a sweep train them once; activations come from the shared cache. The scoring
-itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
+on the states the upstream edits produce). Fitting at the sites and the edited pass are the sites engine's
+(:mod:`cprobe.tasks.sites`, :func:`cprobe.models.multisite.edited_pass`); the scoring itself is the pure
+:func:`cprobe.metrics.reliability.score_intervention`.
 """
 
 from __future__ import annotations
@@ -311,8 +309,7 @@ def _site_name(s: Site, position: str) -> str:
 
 @dataclass
 class _Scene:
-    """What every step of one reliability job reads: the job, its model, the items' states at every position, labels
-    and splits, the device and the probe-fit cache."""
+    """What every step of one job reads: the job, its model, the states at every position, labels and splits."""
 
     ctx: JobContext
     config: Config
@@ -330,16 +327,15 @@ class _Scene:
         return self.exs[self.position].dataset
 
     def role(self, layer: int, position: str) -> dict[str, Any]:
-        """What a probe fitted on clean states at (layer, position) depends on beyond its data (the memo's role)."""
-        a = self.adapter
+        a = self.adapter  # what a probe fitted on clean states at (layer, position) depends on beyond its data
         return {"acts": [a.name, fingerprint(a), str(a.dtype), self.data.fingerprint(), layer, position],
                 "seed": self.ctx.seed, "split": self.ctx.cfg["split"]}
 
 
 @dataclass
 class _Edited:
-    """The scored test rows after the edit: which (``rows`` of the test split, items, goal classes), the edited states
-    at every read layer, the task accuracies before and after, and the timings."""
+    """The scored test rows (``rows`` of the test split, items, goals), their edited states per read layer, the task
+    accuracies before and after, timings."""
 
     rows: Tensor
     items: Any
@@ -353,7 +349,6 @@ class _Edited:
 
 def _scene(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
            reads: list[int]) -> _Scene:
-    """The states at every read layer and site (one extraction per position), the labels and splits."""
     position = ctx.cfg["position"]
     by_pos: dict[str, set[int]] = {position: set(reads)}
     for s in sites:
@@ -367,8 +362,7 @@ def _scene(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, site
 
 
 def _fit(sc: _Scene, sites: list[Site], oracles: Sequence[Probe], fits: SiteFits) -> dict[Site, Intervention]:
-    """The intervention at each site: on clean states (simultaneous), or site by site on the states the upstream
-    edits produce (sequential: one forward over the intervention split per site)."""
+    """The intervention at each site (:func:`cprobe.tasks.sites.fit_sites`)."""
     ctx, config, data, inter = sc.ctx, sc.config, sc.data, sc.splits["intervention"]
     icfg = {k: v for k, v in ctx.cfg["intervention"].items() if k != "hparam"}
     z_inter = sc.labels[config.target][inter]
@@ -391,10 +385,9 @@ def _fit(sc: _Scene, sites: list[Site], oracles: Sequence[Probe], fits: SiteFits
                      progress=ctx.progress)
 
 
-def _edit(sc: _Scene, sites: list[Site], fitted: Mapping[Site, Intervention], reads: list[int],
-          plain: bool) -> _Edited:
-    """One forward over the scored test items: every site edited, every read layer read, the task output scored (a
-    plain job reads nothing back: it scores the states it writes)."""
+def _edit(sc: _Scene, sites: list[Site], fitted: Mapping[Site, Intervention], reads: list[int]) -> _Edited:
+    """One forward over the scored test items (:func:`cprobe.models.multisite.edited_pass`): every site edited,
+    every read layer read, the task output scored."""
     t0 = time.perf_counter()
     ex, te, target = sc.exs[sc.position], sc.splits["test"], sc.config.target
     if needs_goal(next(iter(fitted.values()))):
@@ -402,51 +395,39 @@ def _edit(sc: _Scene, sites: list[Site], fitted: Mapping[Site, Intervention], re
     else:
         rows, z_goal = torch.arange(len(te)), None
     items = te[rows.numpy()]
-    states: dict[int, Tensor] = {}
-    edits: dict[Site, EditSpec]
-    if len(sites) == 1:  # the one-site edit as the states the plain study scores (Replace of the transform)
+    edits: dict[Site, EditSpec] = {s: Apply(m, z_goal) for s, m in fitted.items()}
+    if len(sites) == 1:  # one site: the transform of its extracted states, written (Replace)
         (s,) = sites
         X_site = sc.exs[s.position].acts[s.layer].float()[items].to(sc.dev)
-        X_new = apply(fitted[s], X_site, None if z_goal is None else z_goal.to(sc.dev)).float().cpu()
-        edits, states = {s: Replace(X_new)}, ({s.layer: X_new} if plain else {})
-    else:
-        edits = {s: Apply(m, z_goal) for s, m in fitted.items()}
+        edits = {s: Replace(apply(fitted[s], X_site, None if z_goal is None else z_goal.to(sc.dev)).float().cpu())}
     t_apply, t0 = time.perf_counter() - t0, time.perf_counter()
     readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
-    acc_before = acc_after = None
-    if not plain or readout is not None:
-        fmt = AgreementFormatter(tuple(dict.fromkeys([sc.position, *(s.position for s in sites)])))
-        n, read = len(items), [] if plain else [Site(l, sc.position) for l in reads]
-        batch = fmt.encode([sc.data.examples[i] for i in items], sc.adapter).batch(torch.arange(n))
-        clean = cached_clean_states(sc.adapter, batch, min(s.layer for s in sites), sc.ctx.cache)
-        acts = {s.layer: torch.zeros(n, sc.adapter.hidden_size) for s in read}
-        scores: list[Tensor | None] = [None]
+    fmt = AgreementFormatter(tuple(dict.fromkeys([sc.position, *(s.position for s in sites)])))
+    n, read = len(items), [Site(l, sc.position) for l in reads]
+    batch = fmt.encode([sc.data.examples[i] for i in items], sc.adapter).batch(torch.arange(n))
+    states = {l: torch.zeros(n, sc.adapter.hidden_size) for l in reads}
+    scores = torch.zeros(n, 0 if readout is None else ex.candidates.shape[1])
 
-        def score(r: Tensor, out: Any) -> None:
-            for s in read:
-                acts[s.layer][r] = out.acts[s].float().cpu()
-            if out.scores is not None:
-                scores[0] = torch.zeros(n, out.scores.shape[1]) if scores[0] is None else scores[0]
-                scores[0][r] = out.scores.float().cpu()
-
-        edited_pass(sc.adapter, batch, torch.arange(n), sites, lambda r, sub, at: {
-            s: e.bind(sub.rows) for s, e in edits.items()}, score, read=read, readout=lambda _: readout,
-            clean=clean, desc="write-back" if plain else "edited pass", progress=sc.ctx.progress)
-        states.update(acts)
+    def score(r: Tensor, out: Any) -> None:
+        for s in read:
+            states[s.layer][r] = out.acts[s].float().cpu()
         if readout is not None:
-            acc_before, acc_after = task_accuracy(ex.scores[items]), task_accuracy(scores[0])
-    return _Edited(rows, items, z_goal, states, acc_before, acc_after, t_apply, time.perf_counter() - t0)
+            scores[r] = out.scores.float().cpu()
+
+    edited_pass(sc.adapter, batch, torch.arange(n), sites, lambda r, sub, at: {
+        s: e.bind(sub.rows) for s, e in edits.items()}, score, read=read, readout=lambda _: readout,
+        clean=cached_clean_states(sc.adapter, batch, min(s.layer for s in sites), sc.ctx.cache),
+        progress=sc.ctx.progress)
+    acc = (None, None) if readout is None else (task_accuracy(ex.scores[items]), task_accuracy(scores))
+    return _Edited(rows, items, z_goal, states, *acc, t_apply, time.perf_counter() - t0)
 
 
 def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
                t_job: float) -> TaskResult:
     """The study's one run path: edit at ``sites`` (one or several) and score the states read at every read layer l′
-    in the same forward pass, with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's
-    output. A plain job (no ``read_layers``, no ``sites``: one site, read where it is edited) scores the edited
-    states themselves and keeps its row's shape (no ``read_layer``/``sites``/``mode``; the fit's diagnostics)."""
-    cfg = ctx.cfg
-    plain = config.read_layers is None and config.sites is None
-    position = cfg["position"]
+    in the same forward pass, with oracles trained on clean states at l′. One row per l′ (one schema, whatever the
+    job edits and reads); ΔTask from the same pass's output."""
+    cfg, position = ctx.cfg, ctx.cfg["position"]
     reads = read_layers(config.read_layers, [s.layer for s in sites], adapter.n_layers)
     sc = _scene(ctx, config, adapter, ds, sites, reads)
     ex, data, target, others = sc.exs[position], sc.data, config.target, list(config.others)
@@ -461,49 +442,44 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
     fits = SiteFits(sc.cache_dir)
     fitted = _fit(sc, sites, [o for per in oracles.values() for o in per.values()], fits)
     t_fit = time.perf_counter() - t0
-    ed = _edit(sc, sites, fitted, reads, plain)
+    ed = _edit(sc, sites, fitted, reads)
     icfg = cfg["intervention"]
     name, hparam, m = icfg["name"], icfg.get("hparam"), fitted[sites[0]]
     hval = icfg.get(hparam) if hparam else None
     site_names = ",".join(_site_name(s, position) for s in sites)
     rows_out = []
     per_layer: dict[int, dict[str, Tensor]] = {}
-    z_te = labels[target][te]
     for l in reads:
-        X_orig, X_edit = ex.acts[l].float()[ed.items], ed.states[sites[0].layer if plain else l]
+        X_orig, X_edit = ex.acts[l].float()[ed.items], ed.states[l]
         per_layer[l] = {}
         scores = score_intervention(oracles[l], target, others, X_orig, X_edit, ed.z_goal,
                                     {p: labels[p][te][ed.rows] >= 0 for p in others}, ed.acc_before, ed.acc_after,
                                     per_layer[l])
-        scores.update(edit_metrics(outside_metrics(cfg, "edit"), X_orig, X_edit, z_te[ed.rows], ed.z_goal,
-                                   per_layer[l]))
+        scores.update(edit_metrics(outside_metrics(cfg, "edit"), X_orig, X_edit, labels[target][te][ed.rows],
+                                   ed.z_goal, per_layer[l]))
         edited_acc = {f"oracle_acc_edited_{p}": oracles[l][p].score(X_edit[labels[p][ed.items] >= 0],
                                                                     labels[p][ed.items][labels[p][ed.items] >= 0])
                       for p in (target, *others)}
-        where = {"position": position, "target": target} if plain else {
-            "read_layer": l, "sites": site_names, "target": target,
-            "mode": config.mode if len(sites) > 1 else "single", "position": position}
         rows_out.append({
             "model": adapter.name, "dataset": data.name, "dataset_source": data.source,
-            "layer": max(s.layer for s in sites), **where, "method": name, "kind": m.kind, "hparam": hparam,
-            "hparam_value": None if hval is None else float(hval), **scores, **({} if plain else edited_acc),
-            "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
+            "layer": max(s.layer for s in sites), "read_layer": l, "sites": site_names, "target": target,
+            "mode": config.mode if len(sites) > 1 else "single", "position": position, "method": name,
+            "kind": m.kind, "hparam": hparam, "hparam_value": None if hval is None else float(hval), **scores,
+            **edited_acc, "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
             **o_info[l], "oracle_probe": config.oracle_probe,
             "n_test": len(te), "n_scored": len(ed.rows), "n_oracle": len(sc.splits["oracle"]),
             "n_intervention": len(inter), "device": sc.dev,
             "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_fits[l].sources, **fits.sources}.items()),
             "method_source": INTERVENTIONS.provenance(name).text,
-            **({f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
-               if plain else {}),
-            "oracle_s": t_oracle, "fit_s": t_fit,
-            **({"apply_s": ed.t_apply, "task_s": ed.t_task} if plain else {"apply_s": ed.t_apply + ed.t_task}),
+            **{f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)},
+            "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": ed.t_apply, "task_s": ed.t_task,
             "job_s": time.perf_counter() - t_job,
         })
         log.info("%s%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name,
                  f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"],
                  scores["selectivity"], scores["reliability"], target, edited_acc[f"oracle_acc_edited_{target}"],
                  scores.get("delta_task_acc"))
-    per = _write_items(ctx.out_dir / ITEMS_FILE, ed.items, ed.z_goal, per_layer[reads[0]] if plain else per_layer)
+    per = _write_items(ctx.out_dir / ITEMS_FILE, ed.items, ed.z_goal, per_layer)
     return TaskResult(pd.DataFrame(rows_out), per)
 
 
@@ -557,8 +533,8 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     best = table1(table)
     if not best.empty:
         write_table(best, out_dir / "table1")
-    if "read_layer" in table.columns:  # downstream read layers / multi-site rows
-        rl = read_layer_table(table)
+    if "read_layer" in table.columns and ((table["read_layer"] != table["layer"]) | (table["mode"] != "single")).any():
+        rl = read_layer_table(table)  # some job reads downstream or edits several sites
         if not rl.empty:
             write_table(rl, out_dir / "read_layers")
         read_layer_heatmap(table, out_dir / "fig_read_layers.png")
@@ -695,17 +671,13 @@ ITEMS_FILE = "reliability_items.parquet"
 """Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
 
 
-def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
-                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> pd.DataFrame:
-    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column); returns
-    the frame written (the records' per-item values)."""
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None, per_item: dict[int, dict[str, Tensor]]
+                 ) -> pd.DataFrame:
+    """``per_item``: the per-row scores per read layer l′; returns the frame written (the records' per-item values)."""
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
-    if all(isinstance(k, int) for k in per_item):
-        frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
-                           for l, part in per_item.items()], ignore_index=True)  # type: ignore[union-attr]
-    else:
-        frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
+    frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
+                       for l, part in per_item.items()], ignore_index=True)
     write_parquet(frame, path)
     return frame
 
@@ -722,11 +694,10 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, per: pd.DataFrame 
     metric, sl = records["metric"], records["slice"]
     whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity", *outside])]
     by_prop = {p: records[(metric == "oracle_selectivity") & (sl == canonical({"property": p}))] for p in props}
-    groups = [(None, per)] if "read_layer" not in per.columns else list(per.groupby("read_layer"))
     parts = []
-    for l, g in groups:
+    for l, g in per.groupby("read_layer"):
         def at(r: pd.DataFrame) -> pd.DataFrame:
-            return r if l is None else r[r["read_layer"] == l]
+            return r[r["read_layer"] == l]
 
         parts.append(item_rows(at(whole), {"oracle_completeness": g["completeness"].to_numpy(),
                                            "oracle_selectivity": g["selectivity"].to_numpy(),

@@ -1,12 +1,6 @@
-"""The sites engine's planning half: what each study fits where, before one edited pass scores it.
-
-A study plans sites (where to edit) × methods (what to fit there) and reads oracles at every layer it scores. This
-module fits them all alike: :func:`memo_probe` is the one probe memo (per process, and on disk through the probe-fit
-cache ``probe_fits``, both keyed by the fit's content), :class:`SiteFits` fits an intervention at one site by its
-capabilities with the site's interventional probe from that memo (never an oracle's object), and :func:`fit_sites`
-fits one per site, simultaneously on clean states or sequentially on the states the upstream edits produce. The
-edited pass itself is :func:`cprobe.models.multisite.edited_pass`; what a study scores is its own callback.
-"""
+"""The sites engine's plan: fitting at each site, the same for every study (docs/architecture.md, "The sites
+engine"): :func:`memo_probe`, the one probe memo over the ``probe_fits`` cache; :class:`SiteFits`, an intervention
+fitted at a site by its capabilities; :func:`fit_sites`, one per site, simultaneous or sequential."""
 
 from __future__ import annotations
 
@@ -30,16 +24,14 @@ _MEMO: dict[str, Probe] = {}
 
 
 def memo_probe(role: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor, cache_dir: Path | None = None,
-               memo: dict[str, Probe] = _MEMO) -> tuple[Probe, str]:
-    """Fit ``probe`` on (X, y) once: in ``memo`` (default: per process), and on disk when ``cache_dir`` is set (a
-    sweep's jobs are separate processes, so the disk copy saves refitting the oracles once per job).
-
-    Both caches are keyed by what determines the fit — the training states and labels by content, every probe
-    setting and the seed (:func:`cprobe.probes.grid.fit_key`) — so a fit is never served for other data; on disk
-    through the file-locked probe-fit cache (:func:`cprobe.probes.grid.fit_cached`). ``role`` names the fit's role
-    (which oracle, or the interventional probe, on which states): the in-process memo adds it, so two roles never
-    share one probe object. Returns (probe, where it came from: "fit", "memory" or "disk")."""
+               memo: dict[str, Probe] | None = None) -> tuple[Probe, str]:
+    """Fit ``probe`` on (X, y) once: in ``memo`` (default: per process), and on disk in ``cache_dir`` (a sweep's
+    jobs are separate processes) through the file-locked probe-fit cache (:func:`cprobe.probes.grid.fit_cached`).
+    Both are keyed by what determines the fit (the states and labels by content, every probe setting and the seed:
+    :func:`cprobe.probes.grid.fit_key`); the memo adds ``role`` (which oracle, or the interventional probe, on which
+    states), so two roles never share one object. Returns (probe, where it came from: "fit", "memory" or "disk")."""
     k = json.dumps(dict(role), sort_keys=True, default=str) + fit_key(probe, X, y)  # type: ignore[arg-type]
+    memo = _MEMO if memo is None else memo
     if k in memo:
         return memo[k], "memory"
     probe, source = fit_cached(probe, X, y, cache_dir=cache_dir)
@@ -49,27 +41,24 @@ def memo_probe(role: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor, cach
 
 @dataclass
 class SiteFits:
-    """Fitting at each site for one study run: the probe-fit cache it fits through, its memo (the process's, or one
-    of the caller's: CausalGym keeps one per site) and where every probe it used came from (``sources``: role name →
-    "fit" / "memory" / "disk")."""
+    """Fitting at the sites of one study run: the probe-fit cache, the memo (the process's, or the caller's: CausalGym
+    keeps one per site) and where each probe came from (``sources``: name → "fit" / "memory" / "disk")."""
 
     cache_dir: Path | None
-    memo: dict[str, Probe] = field(default_factory=lambda: _MEMO)
+    memo: dict[str, Probe] | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
     def probe(self, name: str, role: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor) -> Probe:
         """``probe`` fitted on (X, y) through :func:`memo_probe`; its source recorded under ``name``."""
-        probe, self.sources[name] = memo_probe({**role, "name": name}, probe, X, y, self.cache_dir,
-                                                self.memo)
+        probe, self.sources[name] = memo_probe({**role, "name": name}, probe, X, y, self.cache_dir, self.memo)
         return probe
 
     def fit(self, method: Intervention, X: Tensor, z: Tensor, role: Mapping[str, Any],
             interventional: Callable[[], Probe] | None = None, through: Any = None, tag: str = "",
             oracles: Sequence[Probe] = ()) -> Intervention:
-        """``method`` fitted at one site on (X, z) by its capabilities
-        (:func:`cprobe.interventions.base.fit_intervention`): one that attacks a probe (``needs_probe``) is given
-        the site's interventional probe, ``interventional()`` fitted on the same (X, z) through the memo (its own
-        object, never one of ``oracles``); one trained through the model (``needs_model``) gets ``through()``."""
+        """``method`` fitted at one site on (X, z) by its capabilities (:func:`~cprobe.interventions.fit_intervention`):
+        ``needs_probe``: the site's interventional probe, ``interventional()`` fitted on (X, z) through the memo (its
+        own object, never one of ``oracles``); ``needs_model``: ``through()``."""
         def site_probe() -> Probe:
             assert interventional is not None
             probe = self.probe(f"interventional{tag}", role, interventional(), X, z)
