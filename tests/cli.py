@@ -57,7 +57,7 @@ def default_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str 
 # keyed by the model's config only, not the cache root) and the fitted probes. A new process starts without them, so
 # an in-process run does too: a "warm" run reads the model from the disk cache, not from the run before it, and
 # nothing fitted under one test's cache root serves another test's.
-PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.reliability", "_MEMO"))
+PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.sites", "_MEMO"))
 
 
 # What a job adds to process-wide tables (module, attribute): the outside metrics it resolved by name or import path,

@@ -84,7 +84,7 @@ class ReadmeDirs:
     cache: Path
 
 
-SHARED_KINDS = ("models", "finetuned", "cloze", "probes", "probe_fits")
+SHARED_KINDS = ("models", "finetuned", "cloze", "probe_fits")
 """The cache kinds the README's cache links to the suite's (shared, not copied: what another test is building is
 waited for, never built twice, and a warm suite finds the study lines' fine-tuned encoders, cloze tables and probe
 fits); the README's own commands (`cprobe cache clear activations`) touch only the rest."""

@@ -188,9 +188,9 @@ register_kind(ACTS, "extracted hidden states and readout scores (sharded)", _des
 register_kind("models", "self-trained tiny models (agreement grammar, fact worlds, corpora)", _describe_models)
 register_kind("finetuned", "fine-tuned sequence classifiers (CEBaB, LIBERTy) and their training checkpoints",
               _describe_finetuned)
-register_kind("probes", "fitted probes (reliability oracles and interventional probes)")
-register_kind("probe_fits", "probe fits (the probing study, CausalGym oracles, via_* attack probes), keyed by the "
-              "activations' content, the probe config and the seed")
+register_kind("probe_fits", "probe fits (the probing study, the reliability and CausalGym oracles and "
+              "interventional probes, via_* attack probes), keyed by the activations' content, the probe config and "
+              "the seed")
 register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
 register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU",
               files=("batch_limits.json",))

@@ -398,8 +398,8 @@ def version() -> None:
     typer.echo(f"python {sys.version.split()[0]}")
 
 
-@cache_app.command("info", help="List every cache entry (activations, models, finetuned, probes, probe_fits, cloze, "
-                                "engine) and its size.")
+@cache_app.command("info", help="List every cache entry (activations, models, finetuned, probe_fits, cloze, engine) "
+                                "and its size.")
 def cache_info() -> None:
     from cprobe.cache import CACHE_KINDS, cache_entries, unregistered
     from cprobe.paths import cache_dir
@@ -418,12 +418,11 @@ def cache_info() -> None:
             typer.echo(f"warning: {root / stray} is not a cprobe cache kind (not listed, never cleared)", err=True)
 
 
-@cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, finetuned, probes, "
-                                 "probe_fits, cloze, engine). Only entries cprobe wrote (recognised by its checksums "
+@cache_app.command("clear", help="Delete cache entries: all, or one kind (activations, models, finetuned, probe_fits, "
+                                 "cloze, engine). Only entries cprobe wrote (recognised by its checksums "
                                  "and manifests) are deleted; any other file is kept and counted.")
 def cache_clear(
-    what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probes | probe_fits | cloze | "
-                                        "engine")] = "all",
+    what: Annotated[str, typer.Argument(help="all | activations | models | finetuned | probe_fits | cloze | engine")] = "all",
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
     from cprobe.cache import CACHE_KINDS, clear_cache

@@ -85,7 +85,7 @@ def test_an_intervention_edits_as_through_the_reliability_studys_path(adapter, t
     from cprobe.metrics.reliability import counterfactual_targets
 
     captured = []
-    real = engine._fit_intervention
+    real = engine._intervene
 
     def spy(run, *a, **k):
         out = real(run, *a, **k)
@@ -93,7 +93,7 @@ def test_an_intervention_edits_as_through_the_reliability_studys_path(adapter, t
         captured.append((bound["layer"], bound["region"], out[0]))  # the site, the run with its edited states
         return out
 
-    monkeypatch.setattr(engine, "_fit_intervention", spy)
+    monkeypatch.setattr(engine, "_intervene", spy)
     s = _settings(methods=[name], layers=[1], control=False, reliability=False, oracle_probe=ORACLE)
     rows = pd.DataFrame(run_gym_task(adapter, template, *s))
     layer, region = 1, template.region_names.index("{subject}")
@@ -107,7 +107,7 @@ def test_an_intervention_edits_as_through_the_reliability_studys_path(adapter, t
     z_ev = torch.tensor([p.base_class for p in splits.eval])
     method = INTERVENTIONS.build({"name": name, **s[0].intervention_params(name)}, seed=0, device=None)
     if method.needs_probe:  # the study's interventional probe: its own object, fitted on the intervention split
-        method.use_probe(engine.fit_oracle(base_tr.acts, z_tr, ORACLE, seed=1))
+        method.use_probe(engine.oracle_probe(ORACLE, seed=1).fit(base_tr.acts.float(), z_tr))
     else:
         method.fit(base_tr.acts, z_tr)
     rows_, z_goal = counterfactual_targets(z_ev, 2)

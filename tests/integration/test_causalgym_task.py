@@ -216,7 +216,7 @@ def rel_table(adapter, template) -> pd.DataFrame:
 
 
 def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_source(adapter, template, rel_table):
-    from cprobe.tasks.causalgym_engine import fit_oracle
+    from cprobe.tasks.causalgym_engine import oracle_probe
     from cprobe.metrics.reliability import counterfactual_completeness
 
     assert {"completeness", "oracle_accuracy", "oracle_selectivity", "n_directions"} <= set(rel_table.columns)
@@ -226,7 +226,8 @@ def test_reliability_columns_and_vanilla_completeness_is_the_oracle_on_the_sourc
     r = template.region_names.index("{subject}")
     splits = make_pair_splits(template, 8, 4)
     base_tr, src_ev = Side(adapter, splits.train, 1, r), Side(adapter, splits.eval, 1, r, "source")
-    oracle = fit_oracle(base_tr.acts, torch.tensor([p.base_class for p in splits.train]), ORACLE, seed=0)
+    oracle = oracle_probe(ORACLE, seed=0).fit(base_tr.acts.float(),
+                                              torch.tensor([p.base_class for p in splits.train]))
     src_class = torch.tensor([p.source_class for p in splits.eval])
     expected = counterfactual_completeness(oracle.predict_proba(src_ev.acts), src_class).mean().item()
     got = rel_table.query("method == 'vanilla' and region == '{subject}'")["completeness"].item()

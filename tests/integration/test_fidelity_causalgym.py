@@ -17,7 +17,7 @@ from cprobe.data.causalgym import make_pair_splits, pair_items
 from cprobe.interventions import INTERVENTIONS
 from cprobe.models.edits import Replace
 from cprobe.models.formatters import RegionFormatter
-from cprobe.tasks.causalgym_engine import fit_oracle, run_gym_task, site_of
+from cprobe.tasks.causalgym_engine import oracle_probe, run_gym_task, site_of
 from tests.conftest import numeric_threads
 from tests.integration.test_causalgym_task import ORACLE, Side, _settings, adapter, template  # noqa: F401
 
@@ -50,7 +50,7 @@ def _by_hand(adapter, template, layer: int, region: int, edit) -> dict[str, floa
                       edits={site_of(layer, region, "block"): Replace(edited)}, readout=ev.readout).scores
     m = ev.scores[:, 0] - ev.scores[:, 1]  # clean log-odds of the base label over the source's
     m_star = out[:, 0] - out[:, 1]  # under the edit
-    p = fit_oracle(tr.acts, z_tr, ORACLE, seed=0).predict_proba(edited).double()
+    p = oracle_probe(ORACLE, seed=0).fit(tr.acts.float(), z_tr).predict_proba(edited).double()
     return {"odds": float((m - m_star).mean()), "erasure": float((m.abs() - m_star.abs()).mean()),
             "erased_fraction": 1.0 - float(m_star.abs().sum() / m.abs().sum()),
             "completeness_null": float((1.0 - (p[:, 0] - p[:, 1]).abs()).mean()),  # eq. 2 with k = 2
@@ -84,7 +84,7 @@ def test_a_downstream_read_is_the_oracle_at_l_prime_on_the_pass_edited_at_l(adap
     at2 = site_of(2, region, "block")
     read = adapter.map(pair_items(splits.eval)[0], RegionFormatter(), read=[at2],
                        edits={site_of(1, region, "block"): Replace(edited)}).acts[at2]
-    p2 = fit_oracle(tr2.acts, z_tr, ORACLE, seed=0).predict_proba(read).double()
+    p2 = oracle_probe(ORACLE, seed=0).fit(tr2.acts.float(), z_tr).predict_proba(read).double()
     want = float((1.0 - (p2[:, 0] - p2[:, 1]).abs()).mean())
     row = null_rows.query("layer == 1 and region == '{subject}'").iloc[0]
     assert row["completeness_l2"] == pytest.approx(want, abs=1e-5)

@@ -67,8 +67,9 @@ def _job(tmp_path, *overrides: str):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from cprobe.tasks import reliability as rel
+    from cprobe.tasks import sites
 
-    rel._MEMO.clear()
+    sites._MEMO.clear()
     job, ctx, adapter = _job(tmp_path_factory.mktemp("read_layers"), "reliability.read_layers=all")
     table = rel.run(ctx, job.task_cfg).table
     return job, ctx, adapter, table

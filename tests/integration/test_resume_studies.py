@@ -95,7 +95,7 @@ def test_reliability_sequential_refits_resume_with_the_same_states(arch):
     from cprobe.interventions.leace import LEACE
     from cprobe.models.formatters import ClassificationFormatter
     from cprobe.models.sites import Site
-    from cprobe.tasks.reliability import fit_sites
+    from cprobe.tasks.sites import fit_sites
     from tests.conftest import WORDS, make_random_model
 
     rng = random.Random(0)

@@ -128,7 +128,7 @@ def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypat
     from hydra.core.global_hydra import GlobalHydra
 
     import cprobe.job
-    import cprobe.tasks.reliability as rel
+    import cprobe.tasks.sites as rel
     from cprobe.metrics.registry import METRICS
     from tests import cli as helper
 

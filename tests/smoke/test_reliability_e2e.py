@@ -39,38 +39,39 @@ def test_identity_intervention_through_the_whole_study(tmp_path):
     assert row["completeness"] < 0.5 and bool(row["oracle_informative_z_c"])
 
 
-# The columns of a plain reliability row (read_layers=null, no sites): pinned, so the downstream-read work leaves the
-# study's table as it was (the values were compared against the code before it, at smoke and full sizes).
-PLAIN_COLUMNS = [
-    "model", "dataset", "dataset_source", "layer", "position", "target", "method", "kind", "hparam", "hparam_value",
-    "completeness", "selectivity", "reliability", "selectivity_z_e", "task_acc_before", "task_acc_after",
-    "delta_task_acc", "selectivity_valid", "oracle_acc_z_c", "oracle_majority_z_c", "oracle_informative_z_c",
-    "oracle_acc_z_e", "oracle_majority_z_e", "oracle_informative_z_e", "oracle_probe", "n_test", "n_scored",
-    "n_oracle", "n_intervention", "device"]
+# The one schema of a reliability row, whatever the job edits and reads (issue 45: the plain switch is gone; its values
+# are pinned by tests/integration/test_sites_golden.py).
+COLUMNS = [
+    "model", "dataset", "dataset_source", "layer", "read_layer", "sites", "target", "mode", "position", "method",
+    "kind", "hparam", "hparam_value", "completeness", "selectivity", "reliability", "selectivity_z_e",
+    "task_acc_before", "task_acc_after", "delta_task_acc", "oracle_acc_edited_z_c", "oracle_acc_edited_z_e",
+    "selectivity_valid", "oracle_acc_z_c", "oracle_majority_z_c", "oracle_informative_z_c", "oracle_acc_z_e",
+    "oracle_majority_z_e", "oracle_informative_z_e", "oracle_probe", "n_test", "n_scored", "n_oracle",
+    "n_intervention", "device"]
 
 
 def test_read_layers_and_sites_through_the_cli(tmp_path):
     """LEACE at layer 2 (and at layers 2+3, refitted sequentially), read at the edited layer only or at every l′:
-    the plain row keeps its columns; read at its own layer the downstream job scores exactly what the plain job does;
-    ΔTask is one value per edit; the sweep writes the l × l′ table and heat-map."""
+    every job's rows have one schema; read at its own layer the downstream job scores exactly what the job read
+    there only does; ΔTask is one value per edit; the sweep writes the l × l′ table and heat-map."""
     r = cprobe("run", "-m", "+experiment=sva_tiny_reliability", "intervention=leace", "layers=2",
                "reliability.oracle_probe=linear", "reliability.read_layers=null,all", "reliability.sites=null,[2,3]",
                "reliability.mode=sequential", "--smoke", f"hydra.sweep.dir={tmp_path}", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     jobs = [pd.read_parquet(p) for p in tmp_path.glob("*/metrics.parquet")]
     assert len(jobs) == 4
-    (plain,) = [t for t in jobs if "read_layer" not in t.columns]
-    cols = [c for c in plain.columns if not c.endswith("_s")]
-    assert cols[:len(PLAIN_COLUMNS)] == PLAIN_COLUMNS and len(plain) == 1  # then the pipeline's (task, seed, ...)
-    assert not {"read_layer", "sites", "mode", "oracle_acc_edited_z_c"} & set(cols)
-    (down,) = [t for t in jobs if "read_layer" in t.columns and (t["mode"] == "single").all()]
+    for t in jobs:  # one row schema, then the pipeline's columns (task, seed, ...)
+        assert [c for c in t.columns if not c.endswith("_s")][:len(COLUMNS)] == COLUMNS
+    (plain,) = [t for t in jobs if (t["mode"] == "single").all() and len(t) == 1]
+    assert plain["read_layer"].tolist() == [2] and plain["sites"].tolist() == ["2"]
+    (down,) = [t for t in jobs if (t["mode"] == "single").all() and len(t) > 1]
     assert down["read_layer"].tolist() == [2, 3, 4] and (down["layer"] == 2).all()
     same = down[down["read_layer"] == 2].iloc[0]
     for col in ("completeness", "selectivity", "reliability", "oracle_acc_z_c", "oracle_acc_z_e", "delta_task_acc"):
         assert same[col] == pytest.approx(plain[col].iloc[0], abs=1e-6), col
     assert down["delta_task_acc"].nunique() == 1
     assert (down["oracle_acc_edited_z_c"].iloc[1:] > down["oracle_acc_edited_z_c"].iloc[0]).all()  # it comes back
-    seq = sorted((t for t in jobs if "read_layer" in t.columns and (t["mode"] == "sequential").all()), key=len)
+    seq = sorted((t for t in jobs if (t["mode"] == "sequential").all()), key=len)
     assert [t["read_layer"].tolist() for t in seq] == [[3], [3, 4]]  # null: the deepest edited layer
     assert all((t["sites"] == "2,3").all() and (t["layer"] == 3).all() for t in seq)
     for col in ("completeness", "oracle_acc_edited_z_c", "delta_task_acc"):
@@ -82,7 +83,7 @@ def test_read_layers_and_sites_through_the_cli(tmp_path):
     recs = pd.read_parquet(tmp_path / "records.parquet")  # the records read each l′ with that l′'s oracles
     edited = recs[(recs["metric"] == "edited_oracle_accuracy") & (recs["layer"] == 2)
                   & (recs["slice"] == '{"property":"z_c"}')]
-    assert sorted(edited["read_layer"]) == [2, 3, 4]
+    assert sorted(edited["read_layer"]) == [2, 2, 3, 4]  # the job read at layer 2 only, and the downstream job
     items = pd.read_parquet(tmp_path / "record_items.parquet")
     per = items[(items["layer"] == 2) & (items["metric"] == "oracle_completeness")].groupby("read_layer")["value"]
-    assert per.size().to_dict() == {2: 160, 3: 80, 4: 80}  # l′ = 2: the plain job's items and the downstream job's
+    assert per.size().to_dict() == {2: 160, 3: 80, 4: 80}  # l′ = 2: both single-site jobs' items

@@ -122,7 +122,6 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
 
     act = write_activations(tmp_path, FIELDS, {"L0": torch.zeros(4, 3)})
     checked_entry(tmp_path / "models" / "tiny-bert-abc", files({"training.json": b'{"kind": "bert"}'}), "a model")
-    atomic_save_tensors(tmp_path / "probes" / "p.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "probe_fits" / "f.safetensors", {"w": torch.zeros(2)})
     atomic_save_tensors(tmp_path / "finetuned" / "clf-k.safetensors", {"w": torch.zeros(2)}, {"config": "{}"})
     checked_entry(tmp_path / "cloze" / "k", files({"meta.json": b"{}"}), "a cloze table")
@@ -132,9 +131,9 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
                   "a GGUF model")
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
     assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "gguf", "models",
-                                            "probe_fits", "probes"]
-    assert clear_cache(tmp_path, "probes") == (1, []) and not list((tmp_path / "probes").iterdir())
-    assert clear_cache(tmp_path) == (7, [])
+                                            "probe_fits"]
+    assert clear_cache(tmp_path, "probe_fits") == (1, []) and not list((tmp_path / "probe_fits").iterdir())
+    assert clear_cache(tmp_path) == (6, [])
     assert list(cache_entries(tmp_path)) == []
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["activations/" + act.dir.name + ".lock", "cloze/k.lock", "gguf/a5fd3b.lock",

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cprobe.probes import build_probe
-from cprobe.tasks import reliability as rel
+from cprobe.tasks import sites as rel
 
 pytestmark = pytest.mark.numeric  # rerun by make test-portable (portable kernels, 1 and 2 threads)
 
@@ -33,7 +33,7 @@ def memo():
 
 
 def _fit(X, y, cache, seed: int = 0, cfg=CFG):
-    return rel._memo_probe(ROLE, build_probe({**cfg, "seed": seed}), X, y, cache)
+    return rel.memo_probe(ROLE, build_probe({**cfg, "seed": seed}), X, y, cache)
 
 
 def test_one_changed_row_of_the_training_states_is_a_refit_in_memory_and_on_disk(tmp_path, memo):
@@ -70,8 +70,8 @@ def test_two_roles_on_the_same_data_share_the_disk_fit_but_never_one_object(tmp_
     """The oracle and the interventional probe are separate objects (the study asserts it) even on equal data; the
     disk entry, keyed by content alone, is shared."""
     X, y = _data()
-    a, _ = rel._memo_probe({"role": "oracle"}, build_probe({**CFG, "seed": 0}), X, y, tmp_path)
-    b, src = rel._memo_probe({"role": "interventional"}, build_probe({**CFG, "seed": 0}), X, y, tmp_path)
+    a, _ = rel.memo_probe({"role": "oracle"}, build_probe({**CFG, "seed": 0}), X, y, tmp_path)
+    b, src = rel.memo_probe({"role": "interventional"}, build_probe({**CFG, "seed": 0}), X, y, tmp_path)
     assert b is not a and src == "disk" and torch.equal(a.predict_proba(X), b.predict_proba(X))
 
 
@@ -115,7 +115,11 @@ def test_causalgyms_oracle_fits_through_the_probe_fit_cache_and_one_changed_row_
     :func:`cprobe.probes.grid.fit_cached`: the same states are read back, not refitted (weights equal to a fresh
     fit); one changed training row is a new entry, fitted on that row."""
     from cprobe.probes import grid
-    from cprobe.tasks.causalgym_engine import fit_oracle
+    from cprobe.tasks.causalgym_engine import oracle_probe
+    from cprobe.tasks.sites import SiteFits
+
+    def fit_oracle(X, y, cfg, seed, cache_dir=None):  # as CausalGym fits a site's oracle: the site's own memo
+        return SiteFits(cache_dir, memo={}).probe("oracle", {}, oracle_probe(cfg, seed), X.float(), y)
 
     X, y = _data()
     fits = []

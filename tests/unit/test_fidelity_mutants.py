@@ -146,12 +146,13 @@ def test_reliability_records_count_the_rows_each_selectivity_is_defined_on(tmp_p
     table = pd.DataFrame([{
         "model": "m", "dataset": "d", "layer": 2, "position": "target", "target": "z_c", "method": "leace",
         "kind": "nullifying", "hparam": None, "hparam_value": None, "completeness": 0.5, "selectivity": 0.5,
-        "reliability": 0.5, "selectivity_z_e": 0.5, "oracle_probe": "mlp", "n_test": 5, "n_scored": 5}])
+        "reliability": 0.5, "selectivity_z_e": 0.5, "oracle_probe": "mlp", "n_test": 5, "n_scored": 5,
+        "read_layer": 2, "sites": "2", "mode": "single"}])
     nan = float("nan")
-    per = _write_items(tmp_path / ITEMS_FILE, np.arange(5), None, {
+    per = _write_items(tmp_path / ITEMS_FILE, np.arange(5), None, {2: {
         "completeness": torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0], dtype=torch.float64),
         "selectivity": torch.tensor([1.0, nan, 0.5, nan, 0.0], dtype=torch.float64),
-        "selectivity_z_e": torch.tensor([1.0, nan, 0.5, nan, 0.0], dtype=torch.float64)})
+        "selectivity_z_e": torch.tensor([1.0, nan, 0.5, nan, 0.0], dtype=torch.float64)}})
     recs, items = make_records("reliability", table, per, "cfg", 0)
     n = {(m, s): v for m, s, v in zip(recs["metric"], recs["slice"], recs["n"])}
     assert n["oracle_completeness", "{}"] == 5 and n["oracle_selectivity", "{}"] == 3

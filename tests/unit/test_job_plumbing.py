@@ -107,19 +107,19 @@ def test_list_descriptions_are_whole_sentences(tmp_path):
 
 def test_corrupt_cached_probe_is_refit(tmp_path):
     from cprobe.probes import build_probe
-    from cprobe.tasks import reliability as rel
+    from cprobe.tasks import sites as rel
 
     X = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
     y = (X[:, 0] > 0).long()
     cfg = {"name": "linear", "lrs": [0.1], "epochs": 2, "batch_size": 16, "seed": 0}
     rel._MEMO.clear()
-    rel._memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
+    rel.memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
     (f,) = tmp_path.glob("*.safetensors")
     data = bytearray(f.read_bytes())
     data[-2] ^= 0x01
     f.write_bytes(bytes(data))
     rel._MEMO.clear()
-    _, source = rel._memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
+    _, source = rel.memo_probe({"k": 1}, build_probe(cfg), X, y, tmp_path)
     assert source == "fit"
     rel._MEMO.clear()
 

@@ -376,7 +376,7 @@ def test_a_waiter_says_what_it_waits_for_and_who_builds_it(tmp_path, caplog):
 def test_concurrent_oracle_fits_build_once(tmp_path, monkeypatch, caplog):
     """Two jobs ask for the same oracle at once: one fits it, the other waits on its lock and reads it back."""
     from cprobe.probes import build_probe
-    from cprobe.tasks import reliability as rel
+    from cprobe.tasks import sites as rel
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(60, 4, generator=g)
@@ -418,7 +418,7 @@ def test_concurrent_oracle_fits_build_once(tmp_path, monkeypatch, caplog):
     sources = []
     with caplog.at_level(logging.INFO, logger="cprobe"):
         threads = [threading.Thread(target=lambda: sources.append(
-            rel._memo_probe(key, build_probe(cfg), X, y, tmp_path)[1])) for _ in range(2)]
+            rel.memo_probe(key, build_probe(cfg), X, y, tmp_path)[1])) for _ in range(2)]
         for t in threads:
             t.start()
             time.sleep(0.1)

@@ -178,3 +178,16 @@ def test_the_floor_map_catches_an_upward_import():
     assert floor("cprobe.data.grammar") < floor("cprobe.models.tiny") < floor("cprobe.tasks.reliability")
     assert floor("cprobe") == 7 and floor("cprobe.io") == 0
     assert floor("cprobe.sweep") < floor("cprobe.callbacks") < floor("cprobe.launch.slurm")
+
+
+def test_no_function_under_tasks_is_longer_than_100_lines():
+    """The studies plan and score; the engine fits and edits (issue 45): no function (or method) under ``tasks/``
+    runs past 100 lines, decorators and docstring included."""
+    long = []
+    for f in sorted((SRC / "tasks").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - start + 1 > 100:
+                    long.append(f"{f.relative_to(SRC)}::{node.name} ({node.end_lineno - start + 1} lines)")
+    assert not long, long

@@ -383,17 +383,17 @@ def _clear(tmp: Path) -> None:
 
     entry = _acts(tmp).dir
     checked_entry(tmp / "models" / "tiny", lambda t: {"config.json": b"{}"}, "a model")
-    atomic_save_tensors(tmp / "probes" / "p.safetensors", {"w": torch.zeros(2)})
+    atomic_save_tensors(tmp / "probe_fits" / "p.safetensors", {"w": torch.zeros(2)})
     mine = [_mine(tmp / "activations" / "readme.txt"), _mine(entry / "notes.txt"), _mine(entry / "L0" / "notes.txt"),
-            _mine(tmp / "models" / "my-model" / "config.json"), _mine(tmp / "probes" / "p.lock.owner")]
-    (tmp / "probes" / "plain.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b'{"a":1} ')  # no cprobe checksums
-    mine.append(tmp / "probes" / "plain.safetensors")
+            _mine(tmp / "models" / "my-model" / "config.json"), _mine(tmp / "probe_fits" / "p.lock.owner")]
+    (tmp / "probe_fits" / "plain.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b'{"a":1} ')  # no cprobe checksums
+    mine.append(tmp / "probe_fits" / "plain.safetensors")
     before = tree(tmp)
     before = {k: v for k, v in before.items() if tmp / k in mine}
     n, kept = clear_cache(tmp)
     _kept(before, tmp)
     assert n == 3 and sorted(kept) == sorted(mine)
-    assert not (tmp / "models" / "tiny").exists() and not (tmp / "probes" / "p.safetensors").exists()
+    assert not (tmp / "models" / "tiny").exists() and not (tmp / "probe_fits" / "p.safetensors").exists()
     assert not (entry / "meta.json").exists() and not list((entry / "L0").glob("*.safetensors"))
 
 

@@ -25,12 +25,12 @@ from cprobe.tasks.reliability import (
     _validate_read_order,
     _validate_sites,
     edit_sites,
-    fit_sites,
     read_layer_heatmap,
     read_layer_table,
     read_layers,
     report,
 )
+from cprobe.tasks.sites import fit_sites
 from tests.conftest import WORDS, make_random_model
 
 

@@ -19,7 +19,8 @@ from cprobe.metrics.reliability import (
     selectivity,
 )
 from cprobe.probes import build_probe
-from cprobe.tasks.reliability import _memo_probe, report, table1
+from cprobe.tasks.reliability import report, table1
+from cprobe.tasks.sites import memo_probe
 
 NAN = float("nan")
 
@@ -133,7 +134,7 @@ def test_report_single_job_writes_no_figures(tmp_path):
 
 
 def test_memo_probe_disk_cache_round_trip(tmp_path):
-    from cprobe.tasks import reliability as rel
+    from cprobe.tasks import sites as rel
 
     g = torch.Generator().manual_seed(0)
     X = torch.randn(60, 4, generator=g)
@@ -141,10 +142,10 @@ def test_memo_probe_disk_cache_round_trip(tmp_path):
     cfg = {"name": "linear", "lrs": [0.1], "epochs": 2, "batch_size": 16, "seed": 0}
     key = {"test": "memo", "probe": cfg}
     rel._MEMO.clear()
-    p1, src1 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
-    p2, src2 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
+    p1, src1 = memo_probe(key, build_probe(cfg), X, y, tmp_path)
+    p2, src2 = memo_probe(key, build_probe(cfg), X, y, tmp_path)
     rel._MEMO.clear()
-    p3, src3 = _memo_probe(key, build_probe(cfg), X, y, tmp_path)
+    p3, src3 = memo_probe(key, build_probe(cfg), X, y, tmp_path)
     assert (src1, src2, src3) == ("fit", "memory", "disk")
     assert p2 is p1 and p3 is not p1
     assert torch.equal(p3.predict_proba(X), p1.predict_proba(X))

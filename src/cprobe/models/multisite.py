@@ -1,19 +1,20 @@
-"""Many sites per forward: a different edit site per row (pyvene's per-example ``unit_locations``, the site kept as
-data): :func:`site_batch` builds the batch, :func:`rowwise_dii` the row-wise edit, :class:`SitesForward` DAS's
-training forward over K sites at once. CausalGym scores many (site, edit) pairs per forward with them."""
+"""Many sites per forward, the sites engine's pass: :func:`edited_pass` (a site per row, pyvene's per-example
+``unit_locations``: :func:`site_batch`; or every site at once), :func:`rowwise_dii`, :class:`SitesForward` (DAS)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from cprobe.models.adapter import ModelAdapter
-from cprobe.models.edits import dii
-from cprobe.models.readouts import NextToken
+from cprobe.models.adapter import ModelAdapter, RunOutput
+from cprobe.models.batching import plan_batches
+from cprobe.models.edits import Edit, dii
+from cprobe.models.readouts import NextToken, Readout
 from cprobe.models.resume import CleanStates, Resume
 from cprobe.models.sites import Batch, Site
+from cprobe.progress import track
 
 
 def site_batch(batch: Batch, items: Tensor, row_site: Tensor, sites: Sequence[Site]) -> tuple[Batch, list[Site]]:
@@ -34,6 +35,35 @@ def site_batch(batch: Batch, items: Tensor, row_site: Tensor, sites: Sequence[Si
         out.append(Site(layer, name, stream))  # type: ignore[arg-type]
     sub.rows = torch.arange(len(items))
     return sub, out
+
+
+def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Sequence[Site],
+                edits: Callable[[Tensor, Batch, list[Site]], Mapping[Site, Edit]],
+                score: Callable[[Tensor, RunOutput], None], *, row_site: Tensor | None = None,
+                read: Sequence[Site] = (), readout: Callable[[Tensor], Readout | None] | None = None,
+                clean: CleanStates | None = None, order: Tensor | None = None, desc: str | None = None,
+                progress: bool = False) -> None:
+    """The one edited pass over rows of (item, {site: edit}): row r is item ``items[r]`` of ``batch``, edited at
+    ``sites[row_site[r]]`` (one site per row: :func:`site_batch`) or, with no ``row_site``, at every site at once.
+    Chunks of ``model.batch_size`` rows in ``order`` (else the length-sorted batches of :func:`plan_batches`, with the
+    token cap) resume from ``clean`` at their lowest edited layer (:mod:`cprobe.models.resume`), read the ``read``
+    sites at or above it and score ``readout(items)``; ``edits(rows, chunk, its sites)`` gives a chunk's edits and
+    ``score(rows, output)`` is the study's metric (TransformerLens' ``patching_metric`` habit: ``models/`` never
+    imports ``metrics/``)."""
+    chunks = (plan_batches(batch.attention_mask[items].sum(1), adapter.batch_size, adapter.token_cap())
+              if order is None else list(order.split(adapter.batch_size)))
+    dev = adapter.device
+    for rows in track(chunks, desc or "edited pass", progress):
+        if row_site is None:
+            sub, at = batch.select(items[rows]), list(sites)
+        else:
+            sub, at = site_batch(batch, items[rows], row_site[rows], sites)
+        low = min(s.layer for s in at)
+        res = None if clean is None else clean.take(items[rows], sub.input_ids, sub.attention_mask, adapter.name, dev,
+                                                    [low])
+        out = adapter.run(sub.to(dev), read=[s for s in read if s.layer >= low], edits=edits(rows, sub, at),
+                          readout=None if readout is None else readout(items[rows]), resume=res)
+        score(rows, out)
 
 
 def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:

@@ -236,7 +236,8 @@ def load_probe(probe: GridSearchProbe, path: Path) -> GridSearchProbe | None:
 
 PROBE_FITS = "probe_fits"
 """The cache kind (``<cache root>/probe_fits/``) of :func:`fit_cached`."""
-_FIT_CACHE_VERSION = 1  # bump when training changes what a fit returns for the same inputs
+_FIT_CACHE_VERSION = 2  # bump when training changes what a fit returns for the same inputs; 2: the one probe-fit kind
+# (the reliability study's fits moved here from the retired `probes` kind)
 
 
 def probe_settings(probe: GridSearchProbe) -> dict[str, Any]:

@@ -9,19 +9,12 @@ model's one entry point (:meth:`ModelAdapter.map` / :meth:`~ModelAdapter.run`): 
 :class:`~cprobe.data.items.TextItem` lists tokenized by :class:`RegionFormatter`, label scores are a
 :class:`CandidateTokens` readout, and the DII is an edit at the site.
 
-Order of work for one task: one pass per input set reads every site; then every site's directions are fitted from
-its activations (and its oracle probe trained); then every causal direction (DAS, per site and condition) is trained,
-many sites in one batched pass (:meth:`cprobe.directions.das.DAS.fit_many`: the train rows run once per site in one
-forward, each copy edited at its own site); then every (site, direction) is scored on the eval set, again many per
-forward. Which method needs what is read from its declared capabilities (``causal``, ``supervised``,
-``chance_baseline``, ``whole_vector``, ``per_model_lambda``), never from its name.
-
-An intervention of :mod:`cprobe.interventions` listed as a method is fitted per site on the base train states and
-labels (``needs_probe``: given the site's interventional probe), applied to the base eval states (``kind``
-counterfactual: with z′ = the source's class) and its edited states written into the eval run at the site, many sites
-per forward like the DIIs; an eraser (``kind`` nullifying) is also scored by its erasure
-(:func:`cprobe.metrics.odds.erasure`), and one whose fitted edit is one direction (``exposes_direction``,
-``edit_direction()``) also runs that direction as a DII (``<name>_dir``).
+Order of work for one task: one pass per input set reads every site; every site's directions and interventions are
+fitted (:func:`_fit_site`, interventions through :class:`cprobe.tasks.sites.SiteFits`); every causal direction (DAS,
+per site and condition) is trained, many sites per batched pass (:class:`~cprobe.models.multisite.SitesForward`);
+every (site, direction or edit) is scored in the sites engine's pass (:func:`~cprobe.models.multisite.edited_pass`)
+with this study's callback: odds, IIA, an eraser's erasure, completeness. What a method needs is read from its declared
+capabilities, never from its name; a rank-1 intervention's direction also runs as a DII (``<name>_dir``).
 
 Beyond the paper (``reliability=True``): at every site an oracle MLP probe is trained on the base train activations
 to predict the targeted property (the task's label type, e.g. singular/plural), and each direction's intervened eval
@@ -52,19 +45,21 @@ from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
-from cprobe.interventions import INTERVENTIONS, apply, fit_intervention, needs_goal
+from cprobe.interventions import INTERVENTIONS, apply, needs_goal
 from cprobe.metrics.odds import erased_fraction, erasure, iia, log_odds_ratio, task_accuracy
 from cprobe.metrics.reliability import completeness
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import dii
 from cprobe.models.formatters import RegionFormatter
-from cprobe.models.multisite import SitesForward, rowwise_dii, site_batch
+from cprobe.models.multisite import SitesForward, edited_pass, rowwise_dii
 from cprobe.models.readouts import CandidateTokens
 from cprobe.models.resume import at_last
 from cprobe.models.sites import STREAMS, Batch, Site
 from cprobe.progress import Progress, track
+from cprobe.tasks.sites import SiteFits
 
 log = logging.getLogger("cprobe")
+NAN = float("nan")
 
 METHODS = ("das", "probe", "mean", "lda", "pca", "kmeans", "random")
 """The paper's seven direction methods; ``vanilla`` (the whole-vector swap) is the reference row beside them."""
@@ -305,15 +300,12 @@ def build_direction(name: str, params: Mapping[str, Any], seed: int):
     return DIRECTIONS.build({"name": name, **params}, seed=seed)
 
 
-def fit_oracle(X: Tensor, y: Tensor, oracle_probe: Mapping[str, Any], seed: int, device: str | None = None,
-               cache_dir: Path | None = None):
-    """The site's oracle probe for the targeted property (the base class), built with the job's seed and device;
-    fitted through the content-keyed, file-locked probe-fit cache in ``cache_dir``
-    (:func:`cprobe.probes.grid.fit_cached`; None: fitted here)."""
+def oracle_probe(config: Mapping[str, Any], seed: int, device: str | None = None) -> Any:
+    """A site's probe from its config (the oracle's, or the interventional probe's), with the job's seed and device;
+    fitted through :class:`cprobe.tasks.sites.SiteFits` (the content-keyed, file-locked probe-fit cache)."""
     from cprobe.probes import PROBES
-    from cprobe.probes.grid import fit_cached
 
-    return fit_cached(PROBES.build(oracle_probe, seed=seed, device=device), X.float(), y, cache_dir=cache_dir)[0]
+    return PROBES.build(config, seed=seed, device=device)
 
 
 def is_capable(accuracy: float, unknown_labels: Sequence[str]) -> bool:
@@ -357,16 +349,13 @@ class _SitePlan:
     runs: list[_Run] = field(default_factory=list)
 
 
-def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, z_source: Tensor, config: Config,
-                      conditions: list[str], seed: int, site_seed: int, device: str | None, gbi_probe: list[Any],
-                      layer: int, region: int, probe_cache: Path | None = None) -> list[_Run]:
-    """An intervention at one site: fitted on the base train states with the property labels (or, when it attacks a
-    classifier — ``needs_probe`` — given the site's interventional probe, trained once per site on the same data,
-    its own object: ``causalgym.interventional_probe``, else the oracle's config with seed + 1), then applied to the
-    base eval states — with ``z′`` = the source's class when it is counterfactual. The edited states go into the
-    eval run at the site (:func:`_score`), as the reliability study writes its edited states back. When the class
-    ``exposes_direction`` and the fitted edit is one direction, a second run ``<label>_dir`` scores that direction as
-    a DII, exactly as a direction method's."""
+def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, z_source: Tensor,
+               config: Config, conditions: list[str], seed: int, site_seed: int, device: str | None, layer: int,
+               region: int) -> list[_Run]:
+    """An intervention at one site, fitted by :meth:`SiteFits.fit` on the base train states and labels (needs_probe:
+    the site's interventional probe, ``causalgym.interventional_probe`` or the oracle's config with seed + 1), applied
+    to the base eval states (counterfactual: z′ = the source's class); the edited states go into the eval run at the
+    site (:func:`_score`). A fitted edit of one direction (exposes_direction) also runs as a DII, ``<label>_dir``."""
     cls = INTERVENTIONS.get(run.name)
     dev = device or X_tr.device
     t0 = time.perf_counter()
@@ -374,19 +363,13 @@ def _fit_intervention(run: MethodRun, X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, 
     degenerate = False
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
     inter = build_intervention(run.name, run.params, seed=seed, device=device)
-
-    def site_probe() -> Any:
-        if not gbi_probe:
-            gbi_probe.append(fit_oracle(X_tr, y_tr, config.interventional_probe or config.oracle_probe, seed + 1,
-                                        device, probe_cache))
-        return gbi_probe[0]
-
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")
         with warnings.catch_warnings():  # e.g. INLP stopping early: the fit is still usable
             warnings.simplefilter("ignore", UserWarning)
-            fit_intervention(inter, X_tr.float().to(dev), y_tr.to(dev), probe=site_probe)
+            fits.fit(inter, X_tr.float().to(dev), y_tr.to(dev), {}, lambda: oracle_probe(
+                config.interventional_probe or config.oracle_probe, seed + 1, device))
         edited = apply(inter, X_ev.float().to(dev), z_source.to(dev) if needs_goal(inter) else None).float().cpu()
         if cls.exposes_direction and config.intervention_directions:
             a = inter.edit_direction()
@@ -421,6 +404,76 @@ def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
     return sorted(lab for lab, i in ids.items() if unk is not None and i == unk)
 
 
+def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[str, Splits]
+               ) -> tuple[dict[str, int], list[str]]:
+    """Every label's token id (a multi-token label's first, as the reference) and the task's labels unknown to the
+    tokenizer (the task is then not capable), each logged."""
+    ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
+                                               for lab in (p.base_label, p.source_label)])
+    task = {lab for p in [*by_cond["task"].train, *by_cond["task"].eval] for lab in (p.base_label, p.source_label)}
+    unknown = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab in task})
+    unknown_control = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab not in task})
+    if unknown_control:
+        log.warning("%s: control label(s) %s are unknown to %s's tokenizer; the control task (selectivity) is "
+                    "vacuous there", template.name, unknown_control, adapter.name)
+    if unknown:
+        log.warning("%s: label(s) %s are unknown to %s's tokenizer; the task is marked not capable",
+                    template.name, unknown, adapter.name)
+    if multi:
+        log.info("%s: label(s) %s are several tokens; their first token is scored (as the reference)",
+                 template.name, list(multi))
+    return ids, unknown
+
+
+def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor, X_ev: Tensor, y_ev: Tensor,
+              z_source: Tensor, config: Config, conditions: list[str], seed: int, site_seed: int,
+              device: str | None, probe_cache: Path | None, cost: dict[str, float]) -> None:
+    """The site's oracle (``reliability``) and every method's direction or intervention, into ``plan`` (causal ones
+    later: :func:`_train_causal`). The site's :class:`SiteFits` memo trains its interventional probe once."""
+    fits = SiteFits(probe_cache, memo={})
+    if config.reliability and len(torch.unique(y_tr)) == 2:
+        t_or = time.perf_counter()
+        plan.oracle = fits.probe("oracle", {}, oracle_probe(config.oracle_probe, seed, device), X_tr.float(), y_tr)
+        plan.oracle_acc = plan.oracle.score(X_ev, y_ev)
+        cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
+    layer, region = plan.layer, plan.region
+    for run in runs:
+        if run.intervention:
+            if len(torch.unique(y_tr)) == 2:  # every intervention is fitted on the two classes
+                plan.runs.extend(_intervene(run, fits, X_tr, y_tr, X_ev, z_source, config, conditions, seed,
+                                            site_seed, device, layer, region))
+            continue
+        cls = DIRECTIONS.get(run.name)
+        t_fit = time.perf_counter()
+        if cls.causal:  # trained through the model, on each condition's labels (below, many sites at once)
+            plan.runs.append(_Run(run, True, {c: [None] for c in conditions}))
+        elif cls.whole_vector:  # the whole-vector swap: no direction
+            plan.runs.append(_Run(run, False, {c: [None] for c in conditions}, edit="vanilla"))
+        elif cls.chance_baseline:  # several independent draws per site, averaged
+            draws = [build_direction(run.name, run.params, site_seed + 7_919 * k).fit(X_tr).a
+                     for k in range(config.random_draws)]
+            plan.runs.append(_Run(run, False, {c: draws for c in conditions}, fit_s=time.perf_counter() - t_fit))
+        elif not cls.supervised or len(torch.unique(y_tr)) == 2:
+            probe_acc, degenerate = float("nan"), False
+            try:
+                if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
+                    raise ValueError("the train activations at this site are all equal")
+                with warnings.catch_warnings():  # LDA on near-collinear activations: harmless
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    d = build_direction(run.name, run.params, seed).fit(X_tr, y_tr)
+                if hasattr(d, "score"):
+                    probe_acc = d.score(X_ev, y_ev)
+                a = d.a
+            except (ValueError, IndexError, np.linalg.LinAlgError) as err:
+                # Activations that do not vary with the class (e.g. embeddings of a shared word) give no
+                # direction; the DII there has (almost) no effect along any direction, so score a random one and
+                # flag the site.
+                log.debug("%s at layer %d region %d: %s; using a random direction", run.name, layer, region, err)
+                a, degenerate = _fallback_direction(X_tr, site_seed), True
+            plan.runs.append(_Run(run, False, {c: [a] for c in conditions}, probe_acc, degenerate,
+                                  fit_s=time.perf_counter() - t_fit))
+
+
 def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, layers: Any = "blocks", *,
                  seed: int = 0, device: str | None = None, progress: bool = False,
                  timings: dict[str, float] | None = None, splits: Splits | None = None,
@@ -447,20 +500,7 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
     by_cond = {"task": splits}
     if config.control:
         by_cond["control"] = Splits(control_pairs(splits.train), control_pairs(splits.eval))
-    ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
-                                               for lab in (p.base_label, p.source_label)])
-    task_labels = {lab for p in [*splits.train, *splits.eval] for lab in (p.base_label, p.source_label)}
-    unknown = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab in task_labels})
-    unknown_control = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab not in task_labels})
-    if unknown_control:
-        log.warning("%s: control label(s) %s are unknown to %s's tokenizer; the control task (selectivity) is "
-                    "vacuous there", template.name, unknown_control, adapter.name)
-    if unknown:
-        log.warning("%s: label(s) %s are unknown to %s's tokenizer; the task is marked not capable",
-                    template.name, unknown, adapter.name)
-    if multi:
-        log.info("%s: label(s) %s are several tokens; their first token is scored (as the reference)",
-                 template.name, list(multi))
+    ids, unknown = _label_ids(adapter, template, by_cond)
 
     def label_ids(pairs: Sequence[Pair]) -> tuple[Tensor, Tensor]:
         return (torch.tensor([ids[p.base_label] for p in pairs]), torch.tensor([ids[p.source_label] for p in pairs]))
@@ -511,59 +551,10 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
         ok_ev = present(pos_ev, region).nonzero().squeeze(1)
         if len(ok_tr) == 0 or len(ok_ev) == 0:
             continue  # the region is empty on one side of every pair: not a site
-        plan = _SitePlan(layer, region, site, ok_tr, ok_ev)
-        plans.append(plan)
-        X_tr, y_tr = base_tr[site][ok_tr], tr_class[ok_tr]
-        X_ev, y_ev = base_ev[site][ok_ev], ev_class[ok_ev]
-        if config.reliability and len(torch.unique(y_tr)) == 2:
-            t_or = time.perf_counter()
-            plan.oracle = fit_oracle(X_tr, y_tr, config.oracle_probe, seed, device, probe_cache)
-            plan.oracle_acc = plan.oracle.score(X_ev, y_ev)
-            cost["oracle"] = cost.get("oracle", 0.0) + time.perf_counter() - t_or
-        site_seed = seed * 100_003 + 1000 * layer + region + task_seed
-        gbi_probe: list[Any] = []  # the site's interventional probe, trained once for every attack that needs one
-        for run in runs:
-            if run.intervention:
-                if len(torch.unique(y_tr)) < 2:
-                    continue  # every intervention is fitted on the two classes
-                plan.runs.extend(_fit_intervention(run, X_tr, y_tr, base_ev[site][ok_ev], ev_src_class[ok_ev], config,
-                                                   conditions, seed, site_seed, device, gbi_probe, layer, region,
-                                                   probe_cache))
-                continue
-            cls = DIRECTIONS.get(run.name)
-            t_fit = time.perf_counter()
-            if cls.causal:  # trained through the model, on each condition's labels (below, many sites at once)
-                plan.runs.append(_Run(run, True, {c: [None] for c in conditions}))
-                continue
-            if cls.whole_vector:  # the whole-vector swap: no direction
-                plan.runs.append(_Run(run, False, {c: [None] for c in conditions}, edit="vanilla"))
-                continue
-            if cls.chance_baseline:  # several independent draws per site, averaged
-                draws = [build_direction(run.name, run.params, site_seed + 7_919 * k).fit(X_tr).a
-                         for k in range(config.random_draws)]
-                plan.runs.append(_Run(run, False, {c: draws for c in conditions},
-                                      fit_s=time.perf_counter() - t_fit))
-                continue
-            if cls.supervised and len(torch.unique(y_tr)) < 2:
-                continue
-            probe_acc, degenerate = float("nan"), False
-            try:
-                if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
-                    raise ValueError("the train activations at this site are all equal")
-                with warnings.catch_warnings():  # LDA on near-collinear activations: harmless
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    d = build_direction(run.name, run.params, seed).fit(X_tr, y_tr)
-                if hasattr(d, "score"):
-                    probe_acc = d.score(X_ev, y_ev)
-                a = d.a
-            except (ValueError, IndexError, np.linalg.LinAlgError) as err:
-                # Activations that do not vary with the class (e.g. embeddings of a shared word) give no
-                # direction; the DII there has (almost) no effect along any direction, so score a random one and
-                # flag the site.
-                log.debug("%s at layer %d region %d: %s; using a random direction", run.name, layer, region, err)
-                a, degenerate = _fallback_direction(X_tr, site_seed), True
-            plan.runs.append(_Run(run, False, {c: [a] for c in conditions}, probe_acc, degenerate,
-                                  fit_s=time.perf_counter() - t_fit))
+        plans.append(_SitePlan(layer, region, site, ok_tr, ok_ev))
+        _fit_site(plans[-1], runs, base_tr[site][ok_tr], tr_class[ok_tr], base_ev[site][ok_ev], ev_class[ok_ev],
+                  ev_src_class[ok_ev], config, conditions, seed, seed * 100_003 + 1000 * layer + region + task_seed,
+                  device, probe_cache, cost)
 
     # 2. Causal directions: every (site, condition) is its own problem; those sharing their train rows train together.
     _train_causal(adapter, plans, conditions, train_batch, src_tr, tr_target, config, seed, progress, template.name)
@@ -572,9 +563,19 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
     t_ev = time.perf_counter()
     _score(adapter, plans, conditions, eval_batch, base_ev, src_ev, ev_ids, clean_by, ev_src_class, progress,
            template.name, read_layers=config.read_layers, stream=config.stream)
-    eval_s = time.perf_counter() - t_ev
-    n_scored = sum(len(r.dirs[c]) for p in plans for r in p.runs for c in (conditions if r.causal else conditions[:1]))
+    rows = _rows(template, config, plans, conditions, time.perf_counter() - t_ev, cost, directions,
+                 {"task_accuracy": acc, "capable": capable, "unknown_labels": " ".join(unknown)})
+    if timings is not None:
+        timings.update({f"{template.name}/read_s": read_s, **{f"{template.name}/{m}_s": s for m, s in cost.items()},
+                        f"{template.name}/total_s": time.perf_counter() - t_start})
+    return rows
 
+
+def _rows(template: TaskTemplate, config: Config, plans: list[_SitePlan], conditions: list[str], eval_s: float,
+          cost: dict[str, float], directions: dict[str, Tensor] | None, task: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (condition, method run, site): mean odds, IIA, erasure, completeness over the run's directions and
+    the ``task``'s columns; each run's eval time share into ``cost``, every learned direction into ``directions``."""
+    n_scored = sum(len(r.dirs[c]) for p in plans for r in p.runs for c in (conditions if r.causal else conditions[:1]))
     rows: list[dict[str, Any]] = []
     read_layers_of = sorted({p.layer for p in plans})
     for plan in plans:
@@ -583,43 +584,35 @@ def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, 
             n_dirs = sum(len(r.dirs[c]) for c in (conditions if r.causal else conditions[:1]))
             r.eval_s = eval_s * n_dirs / max(1, n_scored)
             cost[label] = cost.get(label, 0.0) + r.fit_s + r.eval_s
-            if directions is not None:
-                for c in (conditions if r.causal else conditions[:1]):
-                    got = [x.detach().float().cpu() for x in r.dirs[c] if x is not None]
-                    if got:
-                        directions[f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"] = \
-                            torch.stack(got).squeeze(0)
+            for c in (conditions if r.causal else conditions[:1]) if directions is not None else ():
+                got = [x.detach().float().cpu() for x in r.dirs[c] if x is not None]
+                if got:
+                    key = f"{template.name}/{c}/{label}/L{plan.layer}/R{plan.region}"
+                    directions[key] = torch.stack(got).squeeze(0)
             for c in conditions:
                 res = r.scored[c]
 
                 def mean(key: str) -> float:  # over the run's directions (the random draws); NaN where it has none
                     vals = [float(x[key].mean()) if isinstance(x[key], Tensor) else x[key] for x in res]
-                    return float(np.mean(vals)) if vals else float("nan")
+                    return float(np.mean(vals)) if vals else NAN
 
                 row = {
                     "cg_task": template.name, "condition": c, "method": label, "layer": plan.layer,
                     "paper_layer": plan.layer - 1, "stream": config.stream,
-                    "region": template.region_names[plan.region], "region_idx": plan.region,
-                    "edit": r.edit,
+                    "region": template.region_names[plan.region], "region_idx": plan.region, "edit": r.edit,
                     "odds": mean("odds"),
-                    "odds_draw_sd": (float(np.std([float(x["odds"].mean()) for x in res])) if len(res) > 1
-                                     else float("nan")),
+                    "odds_draw_sd": float(np.std([float(x["odds"].mean()) for x in res])) if len(res) > 1 else NAN,
                     "iia": mean("iia"), "erasure": mean("erasure"), "erased_fraction": mean("erased_fraction"),
-                    "probe_accuracy": r.probe_acc,
-                    "probe_lam": r.run.params.get("lam", float("nan")), "task_accuracy": acc, "capable": capable,
-                    "unknown_labels": " ".join(unknown),
+                    "probe_accuracy": r.probe_acc, "probe_lam": r.run.params.get("lam", NAN), **task,
                     "oracle_accuracy": plan.oracle_acc, "completeness": mean("completeness"),
-                    "oracle_selectivity": float("nan"),  # no non-targeted property in the templates
+                    "oracle_selectivity": NAN,  # no non-targeted property in the templates
                     "n_train": len(plan.ok_tr), "n_eval": len(plan.ok_ev), "degenerate": r.degenerate,
                     "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
                 }
                 if config.read_layers:  # the oracle at l' >= layer reading the pass edited here (NaN below layer)
                     row.update({f"completeness_l{lr}": float(np.mean([x["read"].get(lr, np.nan) for x in res]))
-                                if res else float("nan") for lr in read_layers_of})
+                                if res else NAN for lr in read_layers_of})
                 rows.append(row)
-    if timings is not None:
-        timings.update({f"{template.name}/read_s": read_s, **{f"{template.name}/{m}_s": s for m, s in cost.items()},
-                        f"{template.name}/total_s": time.perf_counter() - t_start})
     return rows
 
 
@@ -671,12 +664,10 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
            base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor], ev_ids: Tensor,
            clean_by: dict[str, tuple[Tensor, Tensor]], ev_src_class: Tensor, progress: bool, name: str,
            read_layers: bool = False, stream: str = "block") -> None:
-    """Every (site, run, direction or edit) scored on its eval rows: the per-item log odds-ratio, IIA, the erasure of
-    an eraser's edit and, with an oracle, completeness, into each run's ``scored``. Rows of many (site, edit) pairs
-    share a forward (one row per eval item and edit, ``model.batch_size`` rows per pass, length-sorted): a DII's row
-    carries its source vector and direction, an intervention's row its precomputed edited state (a whole-vector
-    replace). With ``read_layers`` every pass also reads each row's region at every layer l′ ≥ the edited layer, and
-    the oracle of (l′, region) — trained on clean states — scores it (``read`` per layer)."""
+    """Every (site, run, direction or edit) scored on its eval rows, into each run's ``scored``: rows of (eval item,
+    its site's edit) in the sites engine's pass (:func:`edited_pass`; a DII's row carries its source vector and
+    direction, an intervention's its edited state), this study's callback scoring the log odds-ratio, IIA, an
+    eraser's erasure and, with ``read_layers``, the clean oracle of (l′ ≥ l, region) on the states read there."""
     # One job per edit to score: the conditions it is scored under (a shared direction: all at once).
     jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]] = []
     for plan in plans:
@@ -720,23 +711,21 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     row_layer = torch.tensor([p.layer for p, _, _, _ in jobs])[job_of_row]
     row_region = torch.tensor([p.region for p, _, _, _ in jobs])[job_of_row]
     row_null = torch.tensor([r.edit == "nullifying" for _, r, _, _ in jobs])[job_of_row]
-    step = adapter.batch_size
     clean = adapter.clean_states(eval_batch, [s.layer for s in site_list],  # each pass resumes at its lowest layer
                                  kv=bool(last_row.any()))
-    for start in track(range(0, len(order), step), f"{name}: edited passes", progress):
-        rows = order[start:start + step]
+    dev = adapter.device
+
+    def edits(rows: Tensor, _: Batch, at: list[Site]) -> dict[Site, Any]:
         jr, items = job_of_row[rows], item_of_row[rows]
-        batch, at = site_batch(eval_batch, items, job_site[jr], site_list)
-        dev = adapter.device
-        low = min(s.layer for s in at)
-        res = clean.take(items, batch.input_ids, batch.attention_mask, adapter.name, dev, [low])
         source = src_all[job_site[jr], items]
         mine = row_edit_t[rows]
         if bool((mine >= 0).any()):
             source[mine >= 0] = edit_store[mine[mine >= 0]]
         edit = rowwise_dii(source.to(dev), job_dir[jr].to(dev), job_whole[jr].to(dev))
-        out = adapter.run(batch.to(dev), read=[s for s in read_sites if s.layer >= low], edits={s: edit for s in at},
-                          readout=CandidateTokens(ev_ids[items]), resume=res)
+        return {s: edit for s in at}
+
+    def score(rows: Tensor, out: Any) -> None:
+        items = item_of_row[rows]
         scores[rows] = out.scores.float().cpu()
         for (k, plan), s in zip(readers, read_sites):
             take = ((row_region[rows] == plan.region) & (row_layer[rows] <= plan.layer)).nonzero().squeeze(1)
@@ -744,10 +733,23 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
                 continue
             p_hat = plan.oracle.predict_proba(out.acts[s][take.to(dev)].float()).float().cpu()
             read_comp[rows[take], k] = completeness(p_hat, ev_src_class[items[take]], row_null[rows][take])
+
+    edited_pass(adapter, eval_batch, item_of_row, site_list, edits, score, row_site=job_site[job_of_row],
+                read=read_sites, readout=lambda items: CandidateTokens(ev_ids[items]), clean=clean, order=order,
+                desc=f"{name}: edited passes", progress=progress)
+    _keep_scores(jobs, scores, read_comp if readers else None, layers, base_ev, src_ev, clean_by, conditions,
+                 ev_src_class)
+
+
+def _keep_scores(jobs: list[tuple[_SitePlan, _Run, Tensor | None, list[str]]], scores: Tensor,
+                 read_comp: Tensor | None, layers: list[int], base_ev: dict[Site, Tensor], src_ev: dict[Site, Tensor],
+                 clean_by: dict[str, tuple[Tensor, Tensor]], conditions: list[str], ev_src_class: Tensor) -> None:
+    """Each job's rows of the edited pass (``scores``; ``read_comp``: read layers' completeness) as its scores under
+    its conditions, into its run's ``scored``, with the oracle's completeness at the site itself."""
     first = 0
     for plan, r, a, conds in jobs:
         n = len(plan.ok_ev)
-        out, read, first = scores[first:first + n], read_comp[first:first + n], first + n
+        out, first = scores[first:first + n], first + n
         comp = float("nan")
         if plan.oracle is not None:
             X_ev, hs_ev = base_ev[plan.site][plan.ok_ev], src_ev[plan.site][plan.ok_ev]
@@ -755,7 +757,8 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
                 X_ev, hs_ev, a.to(X_ev.device, torch.float32))
             comp = float(completeness(plan.oracle.predict_proba(h_new), ev_src_class[plan.ok_ev],
                                       r.edit == "nullifying").mean())
-        by_layer = {lr: float(read[:, k].mean()) for k, lr in enumerate(layers) if lr >= plan.layer} if readers else {}
+        by_layer = {} if read_comp is None else {lr: float(read_comp[first - n:first, k].mean())
+                                                 for k, lr in enumerate(layers) if lr >= plan.layer}
         null = r.edit == "nullifying"
         for k, c in enumerate(conditions):
             if c in conds:

@@ -5,16 +5,13 @@ One job = one intervention at one hyperparameter setting (a sweep runs a grid). 
 edit at layer l is scored by oracles trained on clean states at every read layer l′ ≥ l, reading the states of the same
 edited forward pass (one row per l′); with ``reliability.sites`` the intervention is fitted and applied at several sites
 at once (``mode: simultaneous``, each fitted on clean states) or one after another (``mode: sequential``, each refitted
-on the states the upstream edits produce). Oracle probes and the
-interventional probe shared by gradient attacks are memoised per process and cached on disk (checksummed
-safetensors), keyed by the content of the states and labels they are trained on, every probe setting and the seed,
-so the jobs of a sweep train them once; activations come from the shared cache. The scoring
-itself is the pure :func:`cprobe.metrics.reliability.score_intervention`.
+on the states the upstream edits produce). Fitting at the sites and the edited pass are the sites engine's
+(:mod:`cprobe.tasks.sites`, :func:`cprobe.models.multisite.edited_pass`); the scoring itself is the pure
+:func:`cprobe.metrics.reliability.score_intervention`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -33,7 +30,7 @@ from cprobe.data.registry import check_properties, load_dataset, minimal_pairs, 
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
-from cprobe.interventions import INTERVENTIONS, Intervention, apply, fit_intervention, needs_goal
+from cprobe.interventions import INTERVENTIONS, Intervention, apply, needs_goal
 from cprobe.interventions.direction import Through
 from cprobe.io import write_parquet
 from cprobe.job import JobContext
@@ -43,22 +40,21 @@ from cprobe.metrics.reliability import counterfactual_targets, oracle_informativ
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
+from cprobe.models.multisite import edited_pass
 from cprobe.models.readouts import CandidateTokens, Vocabulary
 from cprobe.models.resume import at_last
 from cprobe.models.sites import Site
 import cprobe.plots as plots
 from cprobe.plots import new_figure, save
 from cprobe.probes import Probe
-from cprobe.probes.grid import fit_cached, fit_key
+from cprobe.probes.grid import PROBE_FITS
 from cprobe.records import Derived, RecordSpec, canonical, item_rows
 from cprobe.results import write_table
+from cprobe.tasks.sites import SiteFits, fit_sites
 
 log = logging.getLogger("cprobe")
 
 USES = Uses(groups=SHARED_GROUPS)
-
-_MEMO: dict[str, Probe] = {}
-_PROBE_CACHE_VERSION = 4  # 3: checksummed files; 4: keyed by the training data's content (probes/grid.fit_key)
 
 
 @dataclass(frozen=True)
@@ -205,45 +201,18 @@ def read_layers(spec: Any, edited: Sequence[int], n_layers: int) -> list[int]:
     return out
 
 
-def _memo_probe(key: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor,
-                cache_dir: Path | None = None) -> tuple[Probe, str]:
-    """Fit ``probe`` on (X, y) once: per process, and on disk when ``cache_dir`` is set (every method's sweep is its
-    own process, so the disk copy saves refitting the oracles 8 times).
-
-    Both caches are keyed by what determines the fit — the training states and labels by content, every probe
-    setting and the seed (:func:`cprobe.probes.grid.fit_key`) — so a fit is never served for other data; on disk
-    through the file-locked probe-fit cache (:func:`cprobe.probes.grid.fit_cached`). ``key`` names the fit's role
-    (which oracle, or the interventional probe, on which states): the in-process memo adds it, so two roles never
-    share one probe object. Returns (probe, where it came from: "fit", "memory" or "disk").
-    """
-    k = json.dumps({**key, "v": _PROBE_CACHE_VERSION}, sort_keys=True, default=str) + fit_key(probe, X, y)  # type: ignore[arg-type]
-    if k in _MEMO:
-        return _MEMO[k], "memory"
-    probe, source = fit_cached(probe, X, y, cache_dir=cache_dir)
-    _MEMO[k] = probe
-    return probe, "disk" if source == "cache" else "fit"
-
-
-def _acts_key(adapter: ModelAdapter, data: Any, layer: int, position: str, seed: int, split: Any) -> dict[str, Any]:
-    """What a probe fitted on clean states at (layer, position) depends on (the memo / disk-cache key's base)."""
-    return {"acts": [adapter.name, fingerprint(adapter), str(adapter.dtype), data.fingerprint(), layer, position],
-            "seed": seed, "split": split}
-
-
 def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], labels: Mapping[str, Tensor],
-                   splits: Mapping[str, Any], X: Tensor, memo_base: Mapping[str, Any], probe_dir: Path | None,
-                   dev: str, where: str) -> tuple[dict[str, Probe], dict[str, str], dict[str, Any]]:
+                   splits: Mapping[str, Any], X: Tensor, role: Mapping[str, Any], fits: SiteFits,
+                   dev: str, where: str) -> tuple[dict[str, Probe], dict[str, Any]]:
     """One oracle per property on the oracle split's clean states ``X`` (rows where it is defined), scored on the test
-    split: (oracles, where each came from, their accuracies / majority rates / informative flags)."""
+    split: (oracles, their accuracies / majority rates / informative flags); where each came from in ``fits``."""
     oracles: dict[str, Probe] = {}
-    sources: dict[str, str] = {}
     info: dict[str, Any] = {}
     te = splits["test"]
     pc = ctx.cfg["probe"][config.oracle_probe]
     for p in values:
         idx = splits["oracle"][labels[p][splits["oracle"]].numpy() >= 0]
-        oracles[p], sources[f"oracle_{p}"] = _memo_probe(
-            {**memo_base, "oracle": p, "probe": pc}, ctx.probe(pc), X[idx].to(dev), labels[p][idx].to(dev), probe_dir)
+        oracles[p] = fits.probe(f"oracle_{p}", role, ctx.probe(pc), X[idx].to(dev), labels[p][idx].to(dev))
         ok = labels[p][te] >= 0
         acc = oracles[p].score(X[te][ok], labels[p][te][ok])
         majority = majority_baseline(labels[p][idx], labels[p][te][ok])
@@ -252,28 +221,7 @@ def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], 
         if not informative:
             ctx.warn(f"the {p} oracle is at chance on {where} (accuracy {acc:.3f} vs majority {majority:.3f}): "
                      f"{'completeness' if p == config.target else 'selectivity'} is not meaningful")
-    return oracles, sources, info
-
-
-def _fit_intervention(ctx: JobContext, config: Config, icfg: Mapping[str, Any], X_fit: Tensor, z_fit: Tensor,
-                      memo_base: Mapping[str, Any], probe_dir: Path | None, dev: str, sources: dict[str, str],
-                      oracles: Sequence[Probe], tag: str = "", through: Any = None) -> Intervention:
-    """A fresh intervention fitted on (X_fit, z_fit) — the intervention split's states at its site — by its
-    capabilities (:func:`cprobe.interventions.base.fit_intervention`): one that attacks a probe is given an
-    interventional probe trained there (its own object, never an oracle); one trained through the model
-    (``needs_model``: DAS) gets ``through()``, its minimal-pair training (:func:`minimal_pair_training`)."""
-    method: Intervention = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
-
-    def interventional_probe() -> Probe:
-        pc = ctx.cfg["probe"][config.interventional_probe]
-        probe, sources[f"interventional{tag}"] = _memo_probe(
-            {**memo_base, "interventional": config.target, "probe": pc}, ctx.probe(pc), X_fit.to(dev),
-            z_fit.to(dev), probe_dir)
-        assert all(probe is not o for o in oracles)
-        return probe
-
-    fit_intervention(method, X_fit.to(dev), z_fit.to(dev), probe=interventional_probe, through=through)
-    return method
+    return oracles, info
 
 
 def run(ctx: JobContext, config: Config) -> TaskResult:
@@ -355,176 +303,183 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
     return splits, values, labels
 
 
-def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites: Sequence[Site],
-              clean: Mapping[Site, Tensor], fit: Any, mode: str, progress: bool = False) -> dict[Site, Intervention]:
-    """Fit one intervention per site, in the order given (by layer): ``fit(site, X, upstream)`` gets the fitting
-    items' states at the site — the clean ones (``simultaneous``: every site fitted on unedited states), or
-    (``sequential``) the states read at the site in one forward pass with the edits fitted so far applied upstream
-    (``upstream`` names them), so each eraser removes what is left after the ones before it.
-
-    With two refits or more, the refit passes resume at the first site's layer (``compute.resume``,
-    :mod:`cprobe.models.resume`): the fitting items' clean states there are computed once (blocks 1 … l₁, one
-    layer's (N, T, d) states) and every refit runs blocks l₁+1 … l_k only; with one refit that would cost as much as
-    the full pass, which then runs."""
-    fitted: dict[Site, Intervention] = {}
-    refits = len(sites) - 1 if mode == "sequential" else 0
-    clean_at = None
-    low = min(s.layer for s in sites)
-    if refits >= 2 and adapter.can_resume and low >= 1:
-        clean_at = adapter.clean_states(formatter.encode(items, adapter).batch(torch.arange(len(items))), [low])
-    for s in sites:
-        if mode == "sequential" and fitted:
-            X = adapter.map(items, formatter, read=[s], edits={u: Apply(m) for u, m in fitted.items()},
-                            desc=f"refit at layer {s.layer}" if progress else None, resume=clean_at).acts[s]
-            fitted[s] = fit(s, X, list(fitted))
-        else:
-            fitted[s] = fit(s, clean[s], [])
-    return fitted
-
-
 def _site_name(s: Site, position: str) -> str:
     return str(s.layer) if s.position == position else f"{s.layer}@{s.position}"
+
+
+@dataclass
+class _Scene:
+    """What every step of one job reads: the job, its model, the states at every position, labels and splits."""
+
+    ctx: JobContext
+    config: Config
+    adapter: ModelAdapter
+    exs: dict[str, Any]  # position -> its extraction
+    position: str
+    splits: dict[str, Any]
+    values: dict[str, list]
+    labels: dict[str, Tensor]
+    dev: str
+    cache_dir: Path | None
+
+    @property
+    def data(self) -> Any:
+        return self.exs[self.position].dataset
+
+    def role(self, layer: int, position: str) -> dict[str, Any]:
+        a = self.adapter  # what a probe fitted on clean states at (layer, position) depends on beyond its data
+        return {"acts": [a.name, fingerprint(a), str(a.dtype), self.data.fingerprint(), layer, position],
+                "seed": self.ctx.seed, "split": self.ctx.cfg["split"]}
+
+
+@dataclass
+class _Edited:
+    """The scored test rows (``rows`` of the test split, items, goals), their edited states per read layer, the task
+    accuracies before and after, timings."""
+
+    rows: Tensor
+    items: Any
+    z_goal: Tensor | None
+    states: dict[int, Tensor]
+    acc_before: float | None
+    acc_after: float | None
+    t_apply: float
+    t_task: float
+
+
+def _scene(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
+           reads: list[int]) -> _Scene:
+    position = ctx.cfg["position"]
+    by_pos: dict[str, set[int]] = {position: set(reads)}
+    for s in sites:
+        by_pos.setdefault(s.position, set()).add(s.layer)
+    exs = {pos: extract(adapter, ds, sorted(ls), pos, ctx.cache, progress=ctx.progress) for pos, ls in by_pos.items()}
+    for reason, n in exs[position].dropped.items():
+        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
+    splits, values, labels = _labels(ctx.cfg, config, exs[position].dataset, ctx.seed)
+    return _Scene(ctx, config, adapter, exs, position, splits, values, labels,
+                  str(resolve_device(ctx.device or "auto")), ctx.cache_dir(PROBE_FITS) if config.cache_probes else None)
+
+
+def _fit(sc: _Scene, sites: list[Site], oracles: Sequence[Probe], fits: SiteFits) -> dict[Site, Intervention]:
+    """The intervention at each site (:func:`cprobe.tasks.sites.fit_sites`)."""
+    ctx, config, data, inter = sc.ctx, sc.config, sc.data, sc.splits["intervention"]
+    icfg = {k: v for k, v in ctx.cfg["intervention"].items() if k != "hparam"}
+    z_inter = sc.labels[config.target][inter]
+
+    def fit_at(s: Site, X_fit: Tensor, upstream: Sequence[Site]) -> Intervention:
+        role = sc.role(s.layer, s.position)
+        if upstream:  # refitted on edited states: its interventional probe (if any) is keyed by the edits too
+            role = {**role, "after": [[u.layer, u.position] for u in upstream], "intervention": icfg}
+        through = None if upstream else (lambda: minimal_pair_training(
+            sc.adapter, data, sc.exs[s.position], inter, s.layer, s.position, config.target, ctx.cfg["dataset"],
+            ctx.data_root, ctx.progress))
+        method = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
+        return fits.fit(method, X_fit.to(sc.dev), z_inter.to(sc.dev), role,
+                        lambda: ctx.probe(ctx.cfg["probe"][config.interventional_probe]), through,
+                        "" if len(sites) == 1 else f"@{_site_name(s, sc.position)}", oracles)
+
+    fmt = AgreementFormatter(tuple(dict.fromkeys([sc.position, *(s.position for s in sites)])))
+    return fit_sites(sc.adapter, [data.examples[i] for i in inter], fmt, sites,
+                     {s: sc.exs[s.position].acts[s.layer].float()[inter] for s in sites}, fit_at, config.mode,
+                     progress=ctx.progress)
+
+
+def _edit(sc: _Scene, sites: list[Site], fitted: Mapping[Site, Intervention], reads: list[int]) -> _Edited:
+    """One forward over the scored test items (:func:`cprobe.models.multisite.edited_pass`): every site edited,
+    every read layer read, the task output scored."""
+    t0 = time.perf_counter()
+    ex, te, target = sc.exs[sc.position], sc.splits["test"], sc.config.target
+    if needs_goal(next(iter(fitted.values()))):
+        rows, z_goal = counterfactual_targets(sc.labels[target][te], len(sc.values[target]))
+    else:
+        rows, z_goal = torch.arange(len(te)), None
+    items = te[rows.numpy()]
+    edits: dict[Site, EditSpec] = {s: Apply(m, z_goal) for s, m in fitted.items()}
+    if len(sites) == 1:  # one site: the transform of its extracted states, written (Replace)
+        (s,) = sites
+        X_site = sc.exs[s.position].acts[s.layer].float()[items].to(sc.dev)
+        edits = {s: Replace(apply(fitted[s], X_site, None if z_goal is None else z_goal.to(sc.dev)).float().cpu())}
+    t_apply, t0 = time.perf_counter() - t0, time.perf_counter()
+    readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
+    fmt = AgreementFormatter(tuple(dict.fromkeys([sc.position, *(s.position for s in sites)])))
+    n, read = len(items), [Site(l, sc.position) for l in reads]
+    batch = fmt.encode([sc.data.examples[i] for i in items], sc.adapter).batch(torch.arange(n))
+    states = {l: torch.zeros(n, sc.adapter.hidden_size) for l in reads}
+    scores = torch.zeros(n, 0 if readout is None else ex.candidates.shape[1])
+
+    def score(r: Tensor, out: Any) -> None:
+        for s in read:
+            states[s.layer][r] = out.acts[s].float().cpu()
+        if readout is not None:
+            scores[r] = out.scores.float().cpu()
+
+    edited_pass(sc.adapter, batch, torch.arange(n), sites, lambda r, sub, at: {
+        s: e.bind(sub.rows) for s, e in edits.items()}, score, read=read, readout=lambda _: readout,
+        clean=cached_clean_states(sc.adapter, batch, min(s.layer for s in sites), sc.ctx.cache),
+        progress=sc.ctx.progress)
+    acc = (None, None) if readout is None else (task_accuracy(ex.scores[items]), task_accuracy(scores))
+    return _Edited(rows, items, z_goal, states, *acc, t_apply, time.perf_counter() - t0)
 
 
 def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
                t_job: float) -> TaskResult:
     """The study's one run path: edit at ``sites`` (one or several) and score the states read at every read layer l′
-    in the same forward pass, with oracles trained on clean states at l′. One row per l′; ΔTask from the same pass's
-    output. A plain job (no ``read_layers``, no ``sites``: one site, read where it is edited) scores the edited
-    states themselves and keeps its row's shape (no ``read_layer``/``sites``/``mode``; the fit's diagnostics)."""
-    cfg = ctx.cfg
-    plain = config.read_layers is None and config.sites is None
-    position = cfg["position"]
-    seed = ctx.seed
-    edited = [s.layer for s in sites]
-    reads = read_layers(config.read_layers, edited, adapter.n_layers)
-    by_pos: dict[str, set[int]] = {position: set(reads)}
-    for s in sites:
-        by_pos.setdefault(s.position, set()).add(s.layer)
-    exs = {pos: extract(adapter, ds, sorted(ls), pos, ctx.cache, progress=ctx.progress) for pos, ls in by_pos.items()}
-    ex = exs[position]
-    for reason, n in ex.dropped.items():
-        ctx.warn(f"dropped {n} of {len(ds)} items: {reason}")
-    data = ex.dataset
-    target, others = config.target, list(config.others)
-    splits, values, labels = _labels(cfg, config, data, seed)
-    te, inter = splits["test"], splits["intervention"]
-    dev = str(resolve_device(ctx.device or "auto"))
-    probe_dir = ctx.cache_dir("probes") if config.cache_probes else None
-    fmt = AgreementFormatter(tuple(dict.fromkeys([position, *(s.position for s in sites)])))
-
+    in the same forward pass, with oracles trained on clean states at l′. One row per l′ (one schema, whatever the
+    job edits and reads); ΔTask from the same pass's output."""
+    cfg, position = ctx.cfg, ctx.cfg["position"]
+    reads = read_layers(config.read_layers, [s.layer for s in sites], adapter.n_layers)
+    sc = _scene(ctx, config, adapter, ds, sites, reads)
+    ex, data, target, others = sc.exs[position], sc.data, config.target, list(config.others)
+    te, inter, labels = sc.splits["test"], sc.splits["intervention"], sc.labels
     # Oracles at every read layer, on clean states (the same cache keys as a job edited at that layer).
     t0 = time.perf_counter()
-    oracles: dict[int, dict[str, Probe]] = {}
-    o_sources: dict[int, dict[str, str]] = {}
-    o_info: dict[int, dict[str, Any]] = {}
-    for l in reads:
-        oracles[l], o_sources[l], o_info[l] = _train_oracles(
-            ctx, config, values, labels, splits, ex.acts[l].float(),
-            _acts_key(adapter, data, l, position, seed, cfg["split"]), probe_dir, dev, f"{adapter.name} layer {l}")
-    all_oracles = [o for per in oracles.values() for o in per.values()]
-    t_oracle = time.perf_counter() - t0
-
-    # The intervention at each site: on clean states (simultaneous), or site by site on the states the upstream
-    # edits produce (sequential: one forward over the intervention split per site).
-    icfg = dict(cfg["intervention"])
-    hparam = icfg.pop("hparam", None)
-    name = icfg["name"]
-    z_inter = labels[target][inter]
-    t0 = time.perf_counter()
-    sources: dict[str, str] = {}
-
-    def fit_at(s: Site, X_fit: Tensor, upstream: Sequence[Site]) -> Intervention:
-        key = _acts_key(adapter, data, s.layer, s.position, seed, cfg["split"])
-        if upstream:  # refitted on edited states: its interventional probe (if any) is keyed by the edits too
-            key = {**key, "after": [[u.layer, u.position] for u in upstream], "intervention": icfg}
-        tag = "" if len(sites) == 1 else f"@{_site_name(s, position)}"
-        through = None if upstream else (lambda: minimal_pair_training(
-            adapter, data, exs[s.position], inter, s.layer, s.position, target, cfg["dataset"], ctx.data_root,
-            ctx.progress))
-        return _fit_intervention(ctx, config, icfg, X_fit, z_inter, key, probe_dir, dev, sources, all_oracles, tag,
-                                 through)
-
-    fitted = fit_sites(adapter, [data.examples[i] for i in inter], fmt, sites,
-                       {s: exs[s.position].acts[s.layer].float()[inter] for s in sites}, fit_at, config.mode,
-                       progress=ctx.progress)
+    o_fits = {l: SiteFits(sc.cache_dir) for l in reads}
+    got = {l: _train_oracles(ctx, config, sc.values, labels, sc.splits, ex.acts[l].float(), sc.role(l, position),
+                             o_fits[l], sc.dev, f"{adapter.name} layer {l}") for l in reads}
+    oracles, o_info = {l: g[0] for l, g in got.items()}, {l: g[1] for l, g in got.items()}
+    t_oracle, t0 = time.perf_counter() - t0, time.perf_counter()
+    fits = SiteFits(sc.cache_dir)
+    fitted = _fit(sc, sites, [o for per in oracles.values() for o in per.values()], fits)
     t_fit = time.perf_counter() - t0
-    kind = next(iter(fitted.values())).kind
-
-    # One forward over the scored test items: every site edited, every read layer read, the task output scored.
-    t0 = time.perf_counter()
-    z_te = labels[target][te]
-    if needs_goal(next(iter(fitted.values()))):
-        rows, z_goal = counterfactual_targets(z_te, len(values[target]))
-    else:
-        rows, z_goal = torch.arange(len(te)), None
-    items = te[rows.numpy()]
-    edits: dict[Site, EditSpec]
-    if len(sites) == 1:  # the one-site edit as the states the plain study scores (Replace of the transform)
-        (s,) = sites
-        X_site = exs[s.position].acts[s.layer].float()[items].to(dev)
-        X_new = apply(fitted[s], X_site, None if z_goal is None else z_goal.to(dev)).float().cpu()
-        edits = {s: Replace(X_new)}
-    else:
-        edits = {s: Apply(m, z_goal) for s, m in fitted.items()}
-    t_apply = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    readout = CandidateTokens(ex.candidates[items]) if ex.scores is not None else None
-    acc_before = acc_after = out = None
-    if not plain or readout is not None:  # a plain job reads nothing back: it scores X_new, the states written
-        scored = [data.examples[i] for i in items]
-        low = min(edited) if plain else min(*edited, *reads)  # the pass resumes at its lowest edited or read layer
-        clean = cached_clean_states(adapter, fmt.encode(scored, adapter).batch(torch.arange(len(scored))), low,
-                                    ctx.cache)
-        out = adapter.map(scored, fmt, read=[] if plain else [Site(l, position) for l in reads],
-                          edits=edits, readout=readout, resume=clean,
-                          desc=("write-back" if plain else "edited pass") if ctx.progress else None)
-    if readout is not None:
-        acc_before, acc_after = task_accuracy(ex.scores[items]), task_accuracy(out.scores)
-    t_task = time.perf_counter() - t0
-
+    ed = _edit(sc, sites, fitted, reads)
+    icfg = cfg["intervention"]
+    name, hparam, m = icfg["name"], icfg.get("hparam"), fitted[sites[0]]
     hval = icfg.get(hparam) if hparam else None
-    deepest = max(edited)
     site_names = ",".join(_site_name(s, position) for s in sites)
     rows_out = []
     per_layer: dict[int, dict[str, Tensor]] = {}
     for l in reads:
-        X_orig = ex.acts[l].float()[items]
-        X_edit = X_new if plain else out.acts[Site(l, position)].float()
+        X_orig, X_edit = ex.acts[l].float()[ed.items], ed.states[l]
         per_layer[l] = {}
-        scores = score_intervention(oracles[l], target, others, X_orig, X_edit, z_goal,
-                                    {p: labels[p][te][rows] >= 0 for p in others}, acc_before, acc_after,
+        scores = score_intervention(oracles[l], target, others, X_orig, X_edit, ed.z_goal,
+                                    {p: labels[p][te][ed.rows] >= 0 for p in others}, ed.acc_before, ed.acc_after,
                                     per_layer[l])
-        scores.update(edit_metrics(outside_metrics(cfg, "edit"), X_orig, X_edit, z_te[rows], z_goal, per_layer[l]))
-        edited_acc = {}
-        for p in (target, *others):
-            ok = labels[p][items] >= 0
-            edited_acc[f"oracle_acc_edited_{p}"] = oracles[l][p].score(X_edit[ok], labels[p][items][ok])
-        where = {"position": position, "target": target} if plain else {
-            "read_layer": l, "sites": site_names, "target": target,
-            "mode": config.mode if len(sites) > 1 else "single", "position": position}
-        m = fitted[sites[0]]
+        scores.update(edit_metrics(outside_metrics(cfg, "edit"), X_orig, X_edit, labels[target][te][ed.rows],
+                                   ed.z_goal, per_layer[l]))
+        edited_acc = {f"oracle_acc_edited_{p}": oracles[l][p].score(X_edit[labels[p][ed.items] >= 0],
+                                                                    labels[p][ed.items][labels[p][ed.items] >= 0])
+                      for p in (target, *others)}
         rows_out.append({
-            "model": adapter.name, "dataset": data.name, "dataset_source": data.source, "layer": deepest, **where,
-            "method": name, "kind": kind, "hparam": hparam,
-            "hparam_value": None if hval is None else float(hval), **scores, **({} if plain else edited_acc),
-            "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
+            "model": adapter.name, "dataset": data.name, "dataset_source": data.source,
+            "layer": max(s.layer for s in sites), "read_layer": l, "sites": site_names, "target": target,
+            "mode": config.mode if len(sites) > 1 else "single", "position": position, "method": name,
+            "kind": m.kind, "hparam": hparam, "hparam_value": None if hval is None else float(hval), **scores,
+            **edited_acc, "selectivity_valid": all(o_info[l][f"oracle_informative_{p}"] for p in others),
             **o_info[l], "oracle_probe": config.oracle_probe,
-            "n_test": len(te), "n_scored": len(rows), "n_oracle": len(splits["oracle"]), "n_intervention": len(inter),
-            "device": str(dev),
-            "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_sources[l], **sources}.items()),
+            "n_test": len(te), "n_scored": len(ed.rows), "n_oracle": len(sc.splits["oracle"]),
+            "n_intervention": len(inter), "device": sc.dev,
+            "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_fits[l].sources, **fits.sources}.items()),
             "method_source": INTERVENTIONS.provenance(name).text,
-            **({f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
-               if plain else {}),
-            "oracle_s": t_oracle, "fit_s": t_fit,
-            **({"apply_s": t_apply, "task_s": t_task} if plain else {"apply_s": t_apply + t_task}),
+            **{f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)},
+            "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": ed.t_apply, "task_s": ed.t_task,
             "job_s": time.perf_counter() - t_job,
         })
         log.info("%s%s sites %s (%s) read at %d: C=%.3f S=%.3f R=%.3f acc(%s)=%.3f ΔTask=%s", name,
                  f" {hparam}={hval}" if hparam else "", site_names, config.mode, l, scores["completeness"],
                  scores["selectivity"], scores["reliability"], target, edited_acc[f"oracle_acc_edited_{target}"],
                  scores.get("delta_task_acc"))
-    per = _write_items(ctx.out_dir / ITEMS_FILE, items, z_goal, per_layer[reads[0]] if plain else per_layer)
+    per = _write_items(ctx.out_dir / ITEMS_FILE, ed.items, ed.z_goal, per_layer)
     return TaskResult(pd.DataFrame(rows_out), per)
 
 
@@ -578,8 +533,8 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
     best = table1(table)
     if not best.empty:
         write_table(best, out_dir / "table1")
-    if "read_layer" in table.columns:  # downstream read layers / multi-site rows
-        rl = read_layer_table(table)
+    if "read_layer" in table.columns and ((table["read_layer"] != table["layer"]) | (table["mode"] != "single")).any():
+        rl = read_layer_table(table)  # some job reads downstream or edits several sites
         if not rl.empty:
             write_table(rl, out_dir / "read_layers")
         read_layer_heatmap(table, out_dir / "fig_read_layers.png")
@@ -716,17 +671,13 @@ ITEMS_FILE = "reliability_items.parquet"
 """Per scored test row (and goal value): its completeness and selectivity, the items of C and S."""
 
 
-def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None,
-                 per_item: dict[str, Tensor] | dict[int, dict[str, Tensor]]) -> pd.DataFrame:
-    """``per_item``: the per-row scores, or per read layer l′ (then the file has a ``read_layer`` column); returns
-    the frame written (the records' per-item values)."""
+def _write_items(path: Path, test_rows: Any, z_goal: Tensor | None, per_item: dict[int, dict[str, Tensor]]
+                 ) -> pd.DataFrame:
+    """``per_item``: the per-row scores per read layer l′; returns the frame written (the records' per-item values)."""
     items = [str(int(i)) for i in test_rows] if z_goal is None else \
         [f"{int(i)}>{int(z)}" for i, z in zip(test_rows, z_goal.tolist())]
-    if all(isinstance(k, int) for k in per_item):
-        frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
-                           for l, part in per_item.items()], ignore_index=True)  # type: ignore[union-attr]
-    else:
-        frame = pd.DataFrame({"item": items, **{k: v.numpy() for k, v in per_item.items()}})  # type: ignore[union-attr]
+    frame = pd.concat([pd.DataFrame({"read_layer": l, "item": items, **{k: v.numpy() for k, v in part.items()}})
+                       for l, part in per_item.items()], ignore_index=True)
     write_parquet(frame, path)
     return frame
 
@@ -743,11 +694,10 @@ def _record_items(table: pd.DataFrame, records: pd.DataFrame, per: pd.DataFrame 
     metric, sl = records["metric"], records["slice"]
     whole = records[(sl == "{}") & metric.isin(["oracle_completeness", "oracle_selectivity", *outside])]
     by_prop = {p: records[(metric == "oracle_selectivity") & (sl == canonical({"property": p}))] for p in props}
-    groups = [(None, per)] if "read_layer" not in per.columns else list(per.groupby("read_layer"))
     parts = []
-    for l, g in groups:
+    for l, g in per.groupby("read_layer"):
         def at(r: pd.DataFrame) -> pd.DataFrame:
-            return r if l is None else r[r["read_layer"] == l]
+            return r[r["read_layer"] == l]
 
         parts.append(item_rows(at(whole), {"oracle_completeness": g["completeness"].to_numpy(),
                                            "oracle_selectivity": g["selectivity"].to_numpy(),
