@@ -24,6 +24,9 @@ CG_LAYERS=${CG_LAYERS:-blocks}   # blocks = every layer 1..L
 CG_TRAIN=${CG_TRAIN:-50}         # pairs (the paper: 200)
 CG_EVAL=${CG_EVAL:-25}           # pairs (the paper: 50)
 REL_LAYER=${REL_LAYER:-9}
+REL_SENTENCES=${REL_SENTENCES:-1000}  # sentences generated from the agreement grammar (the study's default: 3000)
+REL_EPS=${REL_EPS:-0.1,1,10}     # the gradient attacks' L∞ budgets (the tiny BERT's default is 0.1)
+RLACE_STEPS=${RLACE_STEPS:-3000} # R-LACE's cap (the reference's is 75000)
 ML_TASKS=${ML_TASKS:-simple_agrmt,sent_comp,vp_coord,prep_anim,prep_inanim,subj_rel,obj_rel_across_anim,obj_rel_across_inanim,obj_rel_no_comp_across_anim,obj_rel_no_comp_across_inanim,obj_rel_within_anim,obj_rel_within_inanim,obj_rel_no_comp_within_anim,obj_rel_no_comp_within_inanim}
 ML_MAX=${ML_MAX:-400}            # sentences per task (a stratified sample; the smallest tasks have fewer)
 mkdir -p "$OUT"
@@ -49,10 +52,12 @@ if want causalgym; then
     "causalgym.n_train=$CG_TRAIN" "causalgym.n_eval=$CG_EVAL" "hydra.run.dir=$OUT/causalgym"
 fi
 if want reliability; then
-  timed reliability run -m +experiment=sva_tiny_reliability "model=$MODEL" "$@" "layers=$REL_LAYER" \
-    intervention=inlp,rlace,leace,alterrep,mean_diff "hydra.sweep.dir=$OUT/reliability"
-  timed reliability_gbi run -m +experiment=sva_tiny_reliability "model=$MODEL" "$@" "layers=$REL_LAYER" \
-    intervention=fgsm,pgd,autoattack intervention.eps=0.1,1,10 "hydra.sweep.dir=$OUT/reliability_gbi"
+  rel=(+experiment=sva_tiny_reliability "model=$MODEL" "$@" "layers=$REL_LAYER" "dataset.grammar.n_sentences=$REL_SENTENCES")
+  timed reliability run -m "${rel[@]}" intervention=inlp,leace,alterrep,mean_diff "hydra.sweep.dir=$OUT/reliability"
+  timed reliability_rlace run "${rel[@]}" intervention=rlace "intervention.max_steps=$RLACE_STEPS" \
+    "hydra.run.dir=$OUT/reliability_rlace"
+  timed reliability_gbi run -m "${rel[@]}" intervention=fgsm,pgd,autoattack "intervention.eps=$REL_EPS" \
+    "hydra.sweep.dir=$OUT/reliability_gbi"
 fi
 if want resume; then
   small=(+experiment=causalgym "model=$MODEL" "$@" 'causalgym.tasks=[agr_sv_num_pp]' 'layers=[3,9]'
