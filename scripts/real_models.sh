@@ -52,11 +52,12 @@ if want causalgym; then
     "causalgym.n_train=$CG_TRAIN" "causalgym.n_eval=$CG_EVAL" "hydra.run.dir=$OUT/causalgym"
 fi
 if want reliability; then
+  # ++: the key is set in each job, whose intervention has it (the sweep's master config has the default one)
   rel=(+experiment=sva_tiny_reliability "model=$MODEL" "$@" "layers=$REL_LAYER" "dataset.grammar.n_sentences=$REL_SENTENCES")
   timed reliability run -m "${rel[@]}" intervention=inlp,leace,alterrep,mean_diff "hydra.sweep.dir=$OUT/reliability"
   timed reliability_rlace run "${rel[@]}" intervention=rlace "intervention.max_steps=$RLACE_STEPS" \
     "hydra.run.dir=$OUT/reliability_rlace"
-  timed reliability_gbi run -m "${rel[@]}" intervention=fgsm,pgd,autoattack "intervention.eps=$REL_EPS" \
+  timed reliability_gbi run -m "${rel[@]}" intervention=fgsm,pgd,autoattack "++intervention.eps=$REL_EPS" \
     "hydra.sweep.dir=$OUT/reliability_gbi"
 fi
 if want resume; then
