@@ -208,7 +208,8 @@ def explain_error(e: BaseException) -> str | None:
 
             name = key.split(".")[2]
             return f"unknown config key {key!r}: the launcher chosen has no `{name}`; {who_reads(name)}"
-        return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one; "
-                "`cprobe run +experiment=NAME --cfg job` lists the keys")
+        return (f"unknown config key {key!r}: `{key}=...` changes an existing key, `+{key}=...` adds one, "
+                f"`++{key}=...` sets it either way (in a sweep over a group, each job's own option: `-m "
+                f"intervention=fgsm,pgd ++intervention.eps=1`); `cprobe run +experiment=NAME --cfg job` lists the keys")
     lines = [l.strip() for l in text.split("Config search path:")[0].splitlines() if l.strip()]
     return "; ".join(lines)

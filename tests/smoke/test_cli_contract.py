@@ -169,7 +169,8 @@ def test_unknown_experiment_is_one_line():
     (["model=nope"], "error: unknown model 'nope'; choose from ['bert_base_uncased', "),
     (["+sweep=nope"], "error: unknown sweep 'nope'; choose from ['causalgym_interventions', 'causalgym_methods', "),
     (["hydra/launcher=nope"], "error: unknown hydra/launcher 'nope'; choose from ['basic', "),
-    (["nope=1"], "error: unknown config key 'nope': `nope=...` changes an existing key, `+nope=...` adds one"),
+    (["nope=1"], "error: unknown config key 'nope': `nope=...` changes an existing key, `+nope=...` adds one, "
+                 "`++nope=...` sets it either way"),
 ])
 def test_unknown_option_is_one_short_line_with_the_valid_options(args, expected):
     """Hydra's own message ran to 300-700 characters with its config search path."""
