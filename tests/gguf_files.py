@@ -5,6 +5,7 @@ Q8_0 so that the file is a quantised one as a real GGUF is."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,22 @@ def _quantised(writer, name: str, a: np.ndarray, quantise: bool) -> None:
         writer.add_tensor(name, a.astype(np.float32))
 
 
+def _writer(path: Path, arch: str, eps: float) -> Any:
+    """A GGUF writer for ``arch`` with the shape every tiny test model shares (3 layers of width D)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny {arch}")
+    w.add_context_length(64)
+    w.add_embedding_length(D)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FF)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV)
+    w.add_layer_norm_rms_eps(eps)
+    return w
+
+
 def write_llama(path: Path, seed: int = 0, bos: str = "<|im_start|>", chat: bool = True) -> Path:
     """A 3-layer Llama GGUF with a byte-level BPE tokenizer whose BOS is ``bos`` (SmolLM2's layout by default: the
     chat turn marker as BOS, ``<|im_end|>`` as EOS, ``<|endoftext|>`` the document separator)."""
@@ -67,15 +84,7 @@ def write_llama(path: Path, seed: int = 0, bos: str = "<|im_start|>", chat: bool
     rng = np.random.default_rng(seed)
     tokens, merges = _bpe_vocab()
     V = len(tokens)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny llama")
-    w.add_context_length(64)
-    w.add_embedding_length(D)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV)
-    w.add_layer_norm_rms_eps(1e-5)
+    w = _writer(path, "llama", 1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
@@ -121,17 +130,9 @@ def write_gemma3(path: Path, seed: int = 0, window: int = 8) -> Path:
     rng = np.random.default_rng(seed)
     tokens = _sp_vocab()
     V = len(tokens)
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_name("tiny gemma3")
-    w.add_context_length(64)
-    w.add_embedding_length(D)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV)
+    w = _writer(path, "gemma3", 1e-6)
     w.add_key_length(HEAD_DIM)
     w.add_value_length(HEAD_DIM)
-    w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(1e6)
     w.add_sliding_window(window)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
