@@ -76,6 +76,25 @@ def _writer(path: Path, arch: str, eps: float) -> Any:
     return w
 
 
+def _weights(w: Any, rng: np.random.Generator, V: int, norms: tuple[tuple[str, int], ...]) -> Any:
+    """The embeddings, each block's attention and gated-MLP matrices (quantised to Q8_0) and its ``norms`` (name,
+    width), and the final norm, drawn from ``rng``; returns the draw for what a model adds (its head)."""
+    def r(*shape: int) -> np.ndarray:
+        return rng.normal(0, 0.2, shape)
+
+    w.add_tensor("token_embd.weight", r(V, D).astype(np.float32))
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        for name, shape in (("attn_q", (HEADS * HEAD_DIM, D)), ("attn_k", (KV * HEAD_DIM, D)),
+                            ("attn_v", (KV * HEAD_DIM, D)), ("attn_output", (D, HEADS * HEAD_DIM)),
+                            ("ffn_gate", (FF, D)), ("ffn_up", (FF, D)), ("ffn_down", (D, FF))):
+            _quantised(w, f"{b}{name}.weight", r(*shape), True)
+        for norm, n in norms:
+            w.add_tensor(f"{b}{norm}.weight", (1 + r(n)).astype(np.float32))
+    w.add_tensor("output_norm.weight", (1 + r(D)).astype(np.float32))
+    return r
+
+
 def write_llama(path: Path, seed: int = 0, bos: str = "<|im_start|>", chat: bool = True) -> Path:
     """A 3-layer Llama GGUF with a byte-level BPE tokenizer whose BOS is ``bos`` (SmolLM2's layout by default: the
     chat turn marker as BOS, ``<|im_end|>`` as EOS, ``<|endoftext|>`` the document separator)."""
@@ -101,22 +120,7 @@ def write_llama(path: Path, seed: int = 0, bos: str = "<|im_start|>", chat: bool
         w.add_chat_template("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
                             "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}")
 
-    def r(*shape: int) -> np.ndarray:
-        return rng.normal(0, 0.2, shape)
-
-    w.add_tensor("token_embd.weight", r(V, D).astype(np.float32))
-    for i in range(LAYERS):
-        b = f"blk.{i}."
-        _quantised(w, b + "attn_q.weight", r(HEADS * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_k.weight", r(KV * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_v.weight", r(KV * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_output.weight", r(D, HEADS * HEAD_DIM), True)
-        _quantised(w, b + "ffn_gate.weight", r(FF, D), True)
-        _quantised(w, b + "ffn_up.weight", r(FF, D), True)
-        _quantised(w, b + "ffn_down.weight", r(D, FF), True)
-        w.add_tensor(b + "attn_norm.weight", (1 + r(D)).astype(np.float32))
-        w.add_tensor(b + "ffn_norm.weight", (1 + r(D)).astype(np.float32))
-    w.add_tensor("output_norm.weight", (1 + r(D)).astype(np.float32))
+    r = _weights(w, rng, V, (("attn_norm", D), ("ffn_norm", D)))
     _quantised(w, "output.weight", r(V, D), True)
     _write(w)
     return path
@@ -148,23 +152,8 @@ def write_gemma3(path: Path, seed: int = 0, window: int = 8) -> Path:
     w.add_add_bos_token(True)
     w.add_add_space_prefix(False)
 
-    def r(*shape: int) -> np.ndarray:
-        return rng.normal(0, 0.2, shape)
-
-    w.add_tensor("token_embd.weight", r(V, D).astype(np.float32))
-    for i in range(LAYERS):
-        b = f"blk.{i}."
-        _quantised(w, b + "attn_q.weight", r(HEADS * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_k.weight", r(KV * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_v.weight", r(KV * HEAD_DIM, D), True)
-        _quantised(w, b + "attn_output.weight", r(D, HEADS * HEAD_DIM), True)
-        _quantised(w, b + "ffn_gate.weight", r(FF, D), True)
-        _quantised(w, b + "ffn_up.weight", r(FF, D), True)
-        _quantised(w, b + "ffn_down.weight", r(D, FF), True)
-        for norm, n in (("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM), ("attn_norm", D),
-                        ("post_attention_norm", D), ("ffn_norm", D), ("post_ffw_norm", D)):
-            w.add_tensor(f"{b}{norm}.weight", (1 + r(n)).astype(np.float32))
-    w.add_tensor("output_norm.weight", (1 + r(D)).astype(np.float32))
+    _weights(w, rng, V, (("attn_q_norm", HEAD_DIM), ("attn_k_norm", HEAD_DIM), ("attn_norm", D),
+                         ("post_attention_norm", D), ("ffn_norm", D), ("post_ffw_norm", D)))
     _write(w)
     return path
 
