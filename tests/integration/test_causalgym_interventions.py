@@ -20,6 +20,7 @@ from cprobe.models.edits import Replace
 from cprobe.models.formatters import RegionFormatter
 from cprobe.tasks import causalgym as cg_task
 from cprobe.tasks import causalgym_engine as engine
+from cprobe.tasks import causalgym_settings as settings
 from cprobe.tasks.causalgym_engine import run_gym_task, site_of
 from tests.integration.test_causalgym_task import ORACLE, Side, _settings, adapter, template  # noqa: F401
 
@@ -30,7 +31,7 @@ FAST = {"rlace": {"rank": 1, "max_steps": 50, "eval_every": 25}, "autoattack": {
 @pytest.fixture(scope="module")
 def table(adapter, template) -> pd.DataFrame:  # noqa: F811
     s = _settings(methods=["mean", "random", *INTERVENTION_NAMES], layers=[1, 2], reliability=True,
-                  oracle_probe=ORACLE, read_layers=True, interventions={**engine.DEFAULT_INTERVENTIONS, **FAST})
+                  oracle_probe=ORACLE, read_layers=True, interventions={**settings.DEFAULT_INTERVENTIONS, **FAST})
     return pd.DataFrame(run_gym_task(adapter, template, *s))
 
 
@@ -183,7 +184,7 @@ def test_bad_methods_and_intervention_settings_are_one_line_errors(kw, needle):
 
 def test_a_setting_given_in_the_config_replaces_only_that_key():
     config = cg_task.Config(methods=["pgd"], interventions={"pgd": {"eps": 0.25}})
-    assert config.intervention_params("pgd") == {**engine.DEFAULT_INTERVENTIONS["pgd"], "eps": 0.25}
+    assert config.intervention_params("pgd") == {**settings.DEFAULT_INTERVENTIONS["pgd"], "eps": 0.25}
 
 
 def test_a_bad_interventional_probe_fails_validation_before_any_model_loads(tmp_path):

@@ -450,7 +450,8 @@ def test_the_experiment_yaml_states_the_task_defaults():
 
 
 def test_capable_needs_accuracy_and_known_labels():
-    from cprobe.tasks.causalgym_engine import CAPABLE_ACCURACY, is_capable
+    from cprobe.tasks.causalgym_engine import is_capable
+    from cprobe.tasks.causalgym_settings import CAPABLE_ACCURACY
 
     assert is_capable(CAPABLE_ACCURACY, []) and is_capable(1.0, ())
     assert not is_capable(CAPABLE_ACCURACY - 1e-9, [])

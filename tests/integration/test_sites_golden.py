@@ -89,13 +89,13 @@ def reliability_table(name: str, root: Path, resume: bool = False) -> pd.DataFra
 
 def causalgym_table(adapter, template) -> pd.DataFrame:  # noqa: F811
     from cprobe.job import seed_everything
-    from cprobe.tasks import causalgym_engine as engine
+    from cprobe.tasks import causalgym_settings as settings
     from cprobe.tasks.causalgym_engine import run_gym_task
 
     seed_everything(5)
     s = _settings(methods=["mean", "random", "das", "vanilla", "leace", "mean_diff", "pgd", "rlace"], layers=[1, 2],
                   reliability=True, oracle_probe=ORACLE, read_layers=True,
-                  interventions={**engine.DEFAULT_INTERVENTIONS, **FAST})
+                  interventions={**settings.DEFAULT_INTERVENTIONS, **FAST})
     with threads(THREADS):
         return _frame(pd.DataFrame(run_gym_task(adapter, template, *s, seed=5)))
 

@@ -258,6 +258,37 @@ def test_oom_halves_the_batch_remembers_the_size_and_persists_it(tmp_path):
     batching.forget_limits()
 
 
+def test_the_edited_pass_halves_a_chunk_on_oom_and_scores_every_row_once():
+    from cprobe.models.edits import Replace
+    from cprobe.models.multisite import edited_pass
+
+    batching.forget_limits()
+    ex, fmt = _examples(24), AgreementFormatter()
+
+    def edited(ad):
+        batch = fmt.encode(ex, ad).batch(torch.arange(len(ex)))
+        site, seen = Site(1), torch.zeros(len(ex), dtype=torch.long)
+        states = torch.zeros(len(ex), ad.hidden_size)
+        spec = Replace(torch.randn(len(ex), ad.hidden_size, generator=torch.Generator().manual_seed(0)))
+
+        def score(rows, out):
+            seen[rows] += 1
+            states[rows] = out.acts[Site(2)]
+        edited_pass(ad, batch, torch.arange(len(ex)), [site], lambda r, sub, at: {site: spec.bind(sub.rows)}, score,
+                    read=[Site(2)])
+        return states, seen
+
+    ref, _ = edited(_adapter("bert", batch_size=24))
+    ad, calls = _adapter("bert", batch_size=24), []
+    _inject_oom(ad, 100, calls)
+    out, seen = edited(ad)
+    assert seen.eq(1).all()  # each row scored once, none lost in the halving
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)  # float32 batch-composition noise only
+    assert calls[0] > 100 and max(calls[1:]) <= calls[0] // 2 + calls[0] % 2
+    assert (ad.token_cap() or 10**9) <= 100
+    batching.forget_limits()
+
+
 def test_a_single_row_that_does_not_fit_is_a_clear_error():
     batching.forget_limits()
     ad, calls = _adapter("bert", batch_size=4), []

@@ -495,7 +495,8 @@ class ModelAdapter(Resuming):
                     raise
                 oom = True
             if oom:  # outside the except block: the traceback's tensors are freed before retrying
-                self._backoff(p, work)
+                half = self.backoff(len(p), int(p.input_ids.shape[1]))
+                work[:0] = [p.select(torch.arange(half)), p.select(torch.arange(half, len(p)))]
                 continue
             if cuda:
                 while len(pending) > 1:  # the previous batch's copy has had this batch's forward to finish
@@ -509,18 +510,19 @@ class ModelAdapter(Resuming):
         event.synchronize()
         return Chunk(w, rows, {s: host[:, j] for j, s in enumerate(read)} if host is not None else {}, sc)
 
-    def _backoff(self, p: Batch, work: list[Batch]) -> None:
+    def backoff(self, rows: int, width: int) -> int:
+        """After a device out-of-memory error on ``rows`` rows × ``width`` tokens: remember half that size for this
+        model and device and return the rows of the first half to retry (a clear error when one row does not fit)."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        width = int(p.input_ids.shape[1])
-        if len(p) == 1:
+        if rows == 1:
             raise ConfigError(f"one sequence of {width} tokens does not fit in the memory of {self.device} for "
                               f"{self.name}; lower model.max_length, use model.dtype=bfloat16 or a larger device")
-        half = len(p) // 2
+        half = rows // 2
         self.limits.set(self.limit_key(), half * width)
         log.warning("out of memory on %s with %d rows x %d tokens; retrying in halves (this size is remembered "
-                    "for %s)", self.device, len(p), width, self.name)
-        work[:0] = [p.select(torch.arange(half)), p.select(torch.arange(half, len(p)))]
+                    "for %s)", self.device, rows, width, self.name)
+        return half
 
     def _head_only(self, read: Sequence[Site], edits: Mapping[Site, EditSpec], readout: Readout | None,
                    formatter: Formatter) -> bool:

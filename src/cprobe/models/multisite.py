@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from cprobe.models.adapter import ModelAdapter, RunOutput
-from cprobe.models.batching import plan_batches
+from cprobe.models.batching import is_oom, plan_batches
 from cprobe.models.edits import Edit, dii
 from cprobe.models.readouts import NextToken, Readout
 from cprobe.models.resume import CleanStates, Resume
@@ -46,24 +46,36 @@ def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Seque
     """The one edited pass over rows of (item, {site: edit}): row r is item ``items[r]`` of ``batch``, edited at
     ``sites[row_site[r]]`` (one site per row: :func:`site_batch`) or, with no ``row_site``, at every site at once.
     Chunks of ``model.batch_size`` rows in ``order`` (else the length-sorted batches of :func:`plan_batches`, with the
-    token cap) resume from ``clean`` at their lowest edited layer (:mod:`cprobe.models.resume`), read the ``read``
+    token cap; a device out-of-memory error halves a chunk and retries, the size remembered) resume from ``clean`` at their lowest edited layer (:mod:`cprobe.models.resume`), read the ``read``
     sites at or above it and score ``readout(items)``; ``edits(rows, chunk, its sites)`` gives a chunk's edits and
     ``score(rows, output)`` is the study's metric (TransformerLens' ``patching_metric`` habit: ``models/`` never
     imports ``metrics/``)."""
     chunks = (plan_batches(batch.attention_mask[items].sum(1), adapter.batch_size, adapter.token_cap())
               if order is None else list(order.split(adapter.batch_size)))
     dev = adapter.device
-    for rows in track(chunks, desc or "edited pass", progress):
-        if row_site is None:
-            sub, at = batch.select(items[rows]), list(sites)
-        else:
-            sub, at = site_batch(batch, items[rows], row_site[rows], sites)
-        low = min(s.layer for s in at)
-        res = None if clean is None else clean.take(items[rows], sub.input_ids, sub.attention_mask, adapter.name, dev,
-                                                    [low])
-        out = adapter.run(sub.to(dev), read=[s for s in read if s.layer >= low], edits=edits(rows, sub, at),
-                          readout=None if readout is None else readout(items[rows]), resume=res)
-        score(rows, out)
+    for chunk in track(chunks, desc or "edited pass", progress):
+        work = [chunk]
+        while work:  # a device out-of-memory error halves the chunk and retries (adapter.backoff)
+            rows = work.pop(0)
+            if row_site is None:
+                sub, at = batch.select(items[rows]), list(sites)
+            else:
+                sub, at = site_batch(batch, items[rows], row_site[rows], sites)
+            low = min(s.layer for s in at)
+            try:
+                res = None if clean is None else clean.take(items[rows], sub.input_ids, sub.attention_mask,
+                                                            adapter.name, dev, [low])
+                out = adapter.run(sub.to(dev), read=[s for s in read if s.layer >= low], edits=edits(rows, sub, at),
+                                  readout=None if readout is None else readout(items[rows]), resume=res)
+            except Exception as e:  # noqa: BLE001 - only an out-of-memory error is handled here
+                if not is_oom(e):
+                    raise
+                out = None
+            if out is None:  # outside the except block: the traceback's tensors are freed before retrying
+                half = adapter.backoff(len(rows), int(sub.input_ids.shape[1]))
+                work[:0] = [rows[:half], rows[half:]]
+                continue
+            score(rows, out)
 
 
 def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:

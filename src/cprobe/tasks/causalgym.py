@@ -42,9 +42,10 @@ from cprobe.paths import safe_name
 from cprobe.plots import new_figure, save
 from cprobe.results import write_table
 from cprobe.tasks import Uses
-from cprobe.tasks.causalgym_engine import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
-                                           PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
-                                           is_intervention, resolve_regions, run_gym_task)
+from cprobe.tasks.causalgym_engine import run_gym_task
+from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
+                                             PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
+                                             is_intervention, method_runs, resolve_regions)
 from cprobe.records import Derived, RecordSpec, const
 
 log = logging.getLogger("cprobe")
@@ -144,7 +145,6 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
 def method_sources(config: Config) -> dict[str, str]:
     """Row label -> where its method came from (built-in, a plugin's package and version, an import path): each
     run's label (``probe0``), and ``<label>_dir`` for an intervention's direction."""
-    from cprobe.tasks.causalgym_engine import method_runs
 
     out = {}
     for run in method_runs(config):
