@@ -130,7 +130,8 @@ def from_fact_world(data: FactData, attributes: Sequence[str] | None = None) -> 
     rels = list(data.relations) if attributes is None else list(attributes)
     unknown = [r for r in rels if r not in data.relations]
     if unknown:
-        raise DataError(f"relation(s) {unknown} of ravel.attributes are not in {data.name}; it has {list(data.relations)}")
+        raise DataError(f"relation(s) {unknown} of ravel.attributes are not in {data.name}; it has "
+                        f"{list(data.relations)}")
     by: dict[str, dict[str, str]] = {}
     names: dict[str, str] = {}
     for f in data.facts:

@@ -76,7 +76,7 @@ class Config:
     das: dict = field(default_factory=lambda: dict(DEFAULT_DAS))
     probe_lam: float = 1.0  # the λ of a method tuned per model (per_model_lambda: the probe direction)
     random_draws: int = 3
-    interventions: dict = field(default_factory=lambda: {"rlace": {"rank": 1, "max_steps": 1000}})
+    interventions: dict = field(default_factory=lambda: {"rlace": {"rank": 1, "max_steps": 500}})
     interventional_probe: dict = field(default_factory=lambda: {"name": "linear", "lrs": [0.01], "epochs": 20})
     pair_seed: int = 0  # the entity split and the sampled pairs (+ the job seed)
 
