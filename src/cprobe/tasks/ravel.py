@@ -259,7 +259,9 @@ def _prompts(adapter: Any, data: Any, attrs: Sequence[str], ids: Mapping[str, Ma
             row = [ids[a][x] for x in values[a]]
             for t, text in enumerate(data.templates[a]):
                 items.append(prompt_item(e, a, t, text))
-                ent.append(i), att.append(j), tem.append(t)
+                ent.append(i)
+                att.append(j)
+                tem.append(t)
                 cand.append(row + [row[0]] * (k - len(row)))
                 cval.append(list(range(len(row))) + [0] * (k - len(row)))
                 gold.append(values[a].index(v))
@@ -302,11 +304,13 @@ def _pairs(P: _Prompts, value: np.ndarray, a: int, pool: np.ndarray, n: int, rng
         taken = 0
         for b in rng.permutation(bases):
             e = P.entity[b]
+            if value[e, a] < 0:
+                continue  # e's A is unknown (RAVEL's empty value): nothing to move
             ok = src_ok & (value[P.entity, a] != value[e, a]) & (P.entity != e)
             if q == a:
                 ok &= P.template == P.template[b]
             else:
-                ok &= value[P.entity, q] != value[e, q]
+                ok &= (value[P.entity, q] != value[e, q]) & (value[P.entity, q] >= 0)
             choices = np.flatnonzero(ok)
             if len(choices) == 0:
                 continue
@@ -407,12 +411,13 @@ def _fit_jobs(config: Config, P: _Prompts, value: np.ndarray, attrs: Sequence[st
 
 
 def _train_causal(config: Config, adapter: Any, P: _Prompts, value: np.ndarray, attrs: Sequence[str],
-                  layers: Sequence[int], fit_pool: np.ndarray, seed: int, rng: np.random.Generator,
+                  layers: Sequence[int], fit_pool: np.ndarray, V: Sequence[int], seed: int, rng: np.random.Generator,
                   ids: Sequence[Sequence[int]]) -> list[_Job]:
     """Every causal method (DAS) per targeted attribute, at every layer at once (one batched pass,
     :class:`~cprobe.models.multisite.SitesForward`): trained on pairs of the fitting entities with the interchange
     objective on A (the target: the source's A value token), and, with ``mdas_weight``, multi-task (also pairs
-    querying each B ≠ A, the target the base's B value token, those rows weighted by ``mdas_weight``)."""
+    querying each B ≠ A, the target the base's B value token, those rows weighted by ``mdas_weight``). ``ids[a][v]``:
+    the token of value v of attribute a; ``V[a]``: its number of values."""
     from cprobe.models.formatters import RegionFormatter
     from cprobe.models.multisite import SitesForward
     from cprobe.models.sites import Site
@@ -440,17 +445,15 @@ def _train_causal(config: Config, adapter: Any, P: _Prompts, value: np.ndarray, 
                                  torch.tensor([ids[q][v] for q, v in zip(pairs.queried[order], pairs.base_q[order])]))
             weight = torch.where(is_cause, 1.0, float(w or 1.0))
             train = fmt([P.items[i] for i in base], adapter, torch.arange(len(base)))
+            clean = adapter.clean_states(train, [min(layers)])  # every step resumes at the lowest layer
+            h = torch.stack([P.acts[l][src] for l in layers]).to(adapter.device)
+            n, K = len(base), len(layers)
             for name in causal:
                 das = DIRECTIONS.build({"name": name, **_params(config, name)}, seed=seed)
-                n = len(base)
-                clean = adapter.clean_states(train, [min(layers)])
                 forward = SitesForward(adapter, train, torch.arange(n), sites, das.windows(n), clean)
-                h = torch.stack([P.acts[l][src] for l in layers]).to(adapter.device)
-                K = len(layers)
                 found = das.fit_many(forward, h, target[None].repeat(K, 1), weight=weight[None].repeat(K, 1)).cpu()
-                V = int(value[:, a].max()) + 1
                 for k, layer in enumerate(layers):
-                    jobs.append(_Job(prefix + name, "direction", a, layer, found[k].expand(V, V, -1).clone()))
+                    jobs.append(_Job(prefix + name, "direction", a, layer, found[k].expand(V[a], V[a], -1).clone()))
     return jobs
 
 
@@ -578,7 +581,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                      ctx.cache_dir(PROBE_FITS))
     ctx.timings["fit_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    jobs += _train_causal(config, adapter, P, value, attrs, layers, fit_pool, seed, rng,
+    jobs += _train_causal(config, adapter, P, value, attrs, layers, fit_pool, V, seed, rng,
                           [[ids[a][v] for v in values[a]] for a in attrs])
     ctx.timings["train_causal_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
