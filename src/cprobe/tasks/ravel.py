@@ -590,6 +590,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     table = pd.DataFrame(acc_rows + _rows(jobs, preds, pairs, attrs))
     table["model"], table["dataset"], table["position"] = adapter.name, data.name, POSITION
     table["n_fit_entities"], table["n_eval_entities"] = len(fit_pool), len(eval_pool)
+    sources = {m: (INTERVENTIONS if is_intervention(m) else DIRECTIONS).provenance(m).text for m in config.methods}
+    sources.update({f"m{m}": sources[m] for m in config.methods if not is_intervention(m) and DIRECTIONS.get(m).causal})
+    table["method_source"] = [sources.get(m, "") for m in table["method"]]  # a plugin's package and version
     for col in ("draws", "degenerate", "n_candidates"):
         table[col] = table[col].fillna(0).astype(int) if col in table else 0
     return table
