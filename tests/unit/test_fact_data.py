@@ -209,25 +209,3 @@ def test_corpus_skews_follow_zipf_and_differ_by_skew_seed():
     assert any(a != b for a, b in favourite.values())  # each corpus prefers its own prompts
     flat = sample_corpus(d, CorpusSpec(sentences=20000, gamma=1.0, prompt_skew=0.0, fact_skew=0.0))
     assert flat.prompt_counts.sum(0).min() / flat.prompt_counts.sum(0).max() > 0.85  # no skew: uniform
-
-
-def test_two_word_names_share_their_words_and_keep_the_old_worlds_key():
-    """``name_words: 2``: every mention is "first last", all distinct, every word shared by several entities (so a
-    model must read both); the tiny models' vocabulary holds the words. ``name_words: 1`` leaves the world and its
-    cache key as they were before the key existed."""
-    from dataclasses import asdict
-
-    keys = FactWorldKeys(n_relations=2, n_entities=30, facts_per_relation=30, max_aliases=1, name_words=2)
-    world = generate_world(keys).world
-    mentions = [m for e in world.entities for m in e]
-    assert all(len(m.split()) == 2 for m in mentions) and len(set(mentions)) == len(mentions)
-    for i in (0, 1):
-        words = [m.split()[i] for m in mentions]
-        assert len(set(words)) <= int(np.ceil(np.sqrt(len(mentions)))) + 2 < len(mentions)  # the pools: shared
-        assert set(words) <= set(world.words())
-    assert keys.key()["name_words"] == 2
-    one = FactWorldKeys()
-    assert one.key() == {k: v for k, v in asdict(one).items() if k != "name_words"}
-    assert generate_world(one).world.entities == generate_world(FactWorldKeys(name_words=1)).world.entities
-    with pytest.raises(ConfigError, match="dataset.name_words must be 1 or 2"):
-        generate_world(FactWorldKeys(name_words=3))

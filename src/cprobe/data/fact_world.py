@@ -66,15 +66,6 @@ class FactWorldKeys:
     object_skew: float = 1.0  # Zipf exponent of a relation's object prior
     filler_words: int = 300
     world_seed: int = 0  # the world (every job seed probes the same world)
-    name_words: int = 1  # words per mention: 2 = a first and a last word, each shared by several entities
-
-    def key(self) -> dict[str, Any]:
-        """The world's part of a trained model's cache key: every key, ``name_words`` only when not 1 (the keys
-        before it existed, so the models trained then keep their entries)."""
-        out = asdict(self)
-        if self.name_words == 1:
-            del out["name_words"]
-        return out
 
 
 def check_world_keys(k: FactWorldKeys) -> None:
@@ -89,8 +80,6 @@ def check_world_keys(k: FactWorldKeys) -> None:
                           f"({k.n_entities}): a relation's subjects are distinct entities")
     if not 0 <= k.max_aliases <= 4:
         raise ConfigError(f"dataset.max_aliases must be in [0, 4] (at most 5 mentions), got {k.max_aliases}")
-    if k.name_words not in (1, 2):
-        raise ConfigError(f"dataset.name_words must be 1 or 2, got {k.name_words}")
     if k.object_skew < 0 or k.filler_words < 10:
         raise ConfigError("dataset.object_skew must be >= 0 and dataset.filler_words >= 10")
 
@@ -109,8 +98,7 @@ class World:
 
     def words(self) -> list[str]:
         """Every word any corpus of this world can hold (the tiny models' vocabulary)."""
-        ws = set(_FUNCTION) | set(self.filler) | set(self.relation_words)
-        ws |= {w for e in self.entities for m in e for w in m.split()}
+        ws = set(_FUNCTION) | set(self.filler) | set(self.relation_words) | {m for e in self.entities for m in e}
         ws |= {o for objs in self.objects.values() for o in objs}
         return sorted(ws)
 
@@ -137,22 +125,6 @@ def zipf(n: int, exponent: float) -> np.ndarray:
     return w / w.sum()
 
 
-def _compound_names(keys: FactWorldKeys, rng: np.random.Generator, names: _Names) -> tuple[tuple[str, ...], ...]:
-    """Per entity, mentions of two words each ("first last"), all distinct, drawn from two pools of about
-    √(mentions) + 2 words, so every word is shared by several entities: a model must read both words to tell an
-    entity (as "New York" / "New Delhi"), which builds the entity's representation at its last word."""
-    counts = [1 + int(rng.integers(0, keys.max_aliases + 1)) for _ in range(keys.n_entities)]
-    size = int(np.ceil(np.sqrt(sum(counts)))) + 2
-    firsts, lasts = [names() for _ in range(size)], [names() for _ in range(size)]
-    pairs = rng.permutation(size * size)[: sum(counts)]
-    mentions = [f"{firsts[int(p) // size]} {lasts[int(p) % size]}" for p in pairs]
-    out, at = [], 0
-    for c in counts:
-        out.append(tuple(mentions[at:at + c]))
-        at += c
-    return tuple(out)
-
-
 def generate_world(keys: FactWorldKeys, name: str = "fact_world") -> FactData:
     """The world's relations, prompts and facts (``FactData.world`` holds the rest)."""
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
@@ -161,11 +133,8 @@ def generate_world(keys: FactWorldKeys, name: str = "fact_world") -> FactData:
     seed = keys.world_seed
     rng = np.random.default_rng([seed, 7])
     names = _Names(rng, set(_FUNCTION) | set(ENGLISH_STOP_WORDS))
-    if keys.name_words == 1:
-        entities = tuple(tuple(names() for _ in range(1 + int(rng.integers(0, keys.max_aliases + 1))))
-                         for _ in range(keys.n_entities))
-    else:
-        entities = _compound_names(keys, rng, names)
+    entities = tuple(tuple(names() for _ in range(1 + int(rng.integers(0, keys.max_aliases + 1))))
+                     for _ in range(keys.n_entities))
     relations: dict[str, Relation] = {}
     relation_words: list[str] = []
     objects: dict[str, tuple[str, ...]] = {}

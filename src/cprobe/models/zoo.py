@@ -10,6 +10,7 @@ an ordinary local checkpoint read through the one model entry point.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ def fact_model_dir(m: Mapping[str, Any], data: Any, cache_root: Path, progress: 
     spec, train = fact_settings(m)
     spec = corpus or spec
     world = data.world
-    key = {"world": world.keys.key(), "corpus": spec.key()}
+    key = {"world": asdict(world.keys), "corpus": spec.key()}
 
     def sentences() -> tuple[list[str], list[int]]:
         c = sample_corpus(data, spec)
