@@ -612,21 +612,30 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
             g = g.sort_values("layer")
             ax.plot(g["layer"], g["value"], marker="o", label=method)
         ax.set(title=metric, xlabel="layer (0 = embeddings)", ylabel="share of edits", ylim=(-0.02, 1.02))
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     attrs = sorted(set(table.loc[table["kind"] == "accuracy", "attribute"]))
+    per = table[(table["kind"] == "summary") & (table["attribute"] != "all") & (table["metric"] == "cause")]
     plots.caption(fig, "RAVEL: Cause, Isolate and their mean by layer (mean over attributes)", property=attrs,
-                  model=table["model"], data=table.get("dataset", "?"), n=plots.values(part["n"]),
-                  seed=table.get("seed"))
+                  model=table["model"], data=table.get("dataset", "?"),
+                  n=f"{plots.values(per['n'])} pairs per attribute", seed=table.get("seed"))
     plots.save(fig, out_dir / "ravel_by_layer.png")
 
 
 # ----------------------------------------------------------------------------------------------- records
+def _record_items(table: pd.DataFrame, records: pd.DataFrame, values: pd.DataFrame | None) -> pd.DataFrame:
+    from cprobe.records import breakdown_items
+
+    return breakdown_items(records, ["cause", "isolate", "disentangle"], "attribute")
+
+
 RECORDS = RecordSpec(
     dataset="dataset", model="model", layer=Derived(lambda t: t["layer"].where(t["layer"] >= 0)),
     read_layer=Derived(lambda t: t["layer"].where(t["layer"] >= 0)), position=const(POSITION), method="method",
     family="family", slice=("kind", "attribute", "queried"),
     slice_defaults={"kind": "summary", "attribute": "all", "queried": "all"}, metric="metric", value="value", n="n",
-    breakdowns=("kind", "attribute", "queried"))
+    breakdowns=("kind", "attribute", "queried"), items=_record_items)
 """Per method × layer × attribute (× queried attribute): Cause, Isolate, disentanglement; the mean over attributes
-is the whole (the leaderboard's cell); the model's accuracy per attribute (``kind: accuracy``)."""
+is the whole (the leaderboard's cell, the attributes its items, as CausalGym's tasks); the model's accuracy per
+attribute (``kind: accuracy``)."""
