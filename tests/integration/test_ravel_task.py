@@ -98,3 +98,31 @@ def test_a_ravel_file_with_a_one_valued_attribute_is_one_line(tmp_path):
     r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
                 f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path)
     cli.assert_refused(r, "attribute 'Continent' has 1 value ('Europe') among its entities", tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_ravel_files_run_end_to_end_on_any_causal_lm(tmp_path):
+    """``dataset=ravel`` on the tiny agreement GPT-NeoX, its words as entities and values. It knows no such facts
+    (on this CPU its answer follows the template, not the entity, so no Cause pair passes RAVEL's filter): whatever
+    passes, a score is NaN exactly where no pair did, and the records are valid."""
+    from cprobe.data.grammar import NOUNS
+
+    nouns = [sg for sg, _ in NOUNS[:24]]
+    entities = {n: {"mood": ["happy", "tired"][i % 2], "fate": ["left", "won"][(i // 2) % 2]}
+                for i, n in enumerate(nouns)}
+    prompts = {"mood": ["the %s is", "the %s that is"], "fate": ["the %s was", "the %s that was"]}
+    base = write_ravel(tmp_path, entities, prompts)
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
+                "layers=[0,1]", "ravel.methods=[mean,vanilla]", "ravel.mdas_weight=null", f"paths.output_root={out}",
+                f"hydra.run.dir={out / 'job'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = pd.read_parquet(out / "job" / "metrics.parquet")
+    acc = t[t["kind"] == "accuracy"].set_index("attribute")
+    assert sorted(acc.index) == ["fate", "mood"] and (acc["n"] == 48).all()  # 24 entities × 2 templates
+    assert set(t["method"]) == {"", "mean", "vanilla"}  # no DAS listed, so no MDAS either
+    sc = scores(t)
+    assert len(sc) == 2 * 2 * 2 * 2 and (sc["n"] <= sc["n_candidates"]).all()  # methods × layers × A × Q
+    assert (sc["value"].isna() == (sc["n"] == 0)).all()
+    recs = pd.read_parquet(out / "job" / "records.parquet")
+    assert R.problems(recs) == [] and {"cause", "isolate", "task_accuracy"} <= set(recs["metric"])
