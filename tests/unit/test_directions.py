@@ -330,3 +330,5 @@ def test_das_weighs_each_rows_loss():
     assert float(das.losses_[0, 0]) == pytest.approx(float(nll.mean()), rel=1e-6)
     das.fit_many(forward, h, target)
     assert float(das.losses_[0, 0]) == pytest.approx(float(nll.mean()), rel=1e-6)
+    with pytest.raises(ValueError, match=r"weight must be shaped as target \(1, 3\), got \(3,\)"):
+        das.fit_many(forward, h, target, weight=torch.ones(3))

@@ -103,6 +103,8 @@ class DAS(Direction):
         if h_source.ndim != 3 or target.shape != h_source.shape[:2]:
             raise ValueError(f"expected h_source (K, n, d) and target (K, n), got {tuple(h_source.shape)} and "
                              f"{tuple(target.shape)}")
+        if weight is not None and weight.shape != target.shape:
+            raise ValueError(f"weight must be shaped as target {tuple(target.shape)}, got {tuple(weight.shape)}")
         K, n, d = h_source.shape
         device = h_source.device
         h_source = h_source.detach().float()
