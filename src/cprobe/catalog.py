@@ -35,6 +35,11 @@ DATA_FILES = {
         "lama/TREx/<relation>.jsonl (subject aliases from Wikidata in `sub_mentions`); prompt paraphrases (ParaRel / "
         "c-box/causalEval) -> lama/prompts/<relation>.jsonl, one {\"pattern\": ...} a line (docs/prompt_bias.md)",
     ),
+    "ravel/ravel_city_entity_attributes.json": (
+        "ravel",
+        "RAVEL (Huang et al. 2024): explanare/ravel data/ravel_<entity_type>_entity_attributes.json + "
+        "ravel_<entity_type>_attribute_to_prompts.json -> ravel/ (dataset.entity_type picks the pair; docs/ravel.md)",
+    ),
     "causalgym/templates/syntaxgym.json": (
         "causalgym", "Arora et al. (2024): aryamanarora/causalgym data/templates/syntaxgym.json",
     ),

@@ -71,7 +71,7 @@ def test_lama_without_relations_is_refused_before_any_model_loads(relations, mes
 
 def test_a_zoo_is_refused_by_other_tasks(tmp_path):
     r = cli.run("run", "+experiment=sva_tiny", "model=fact_zoo", f"paths.output_root={tmp_path}", cwd=tmp_path)
-    cli.assert_refused(r, "is a model zoo (a set of models); only task(s) ['prompt_bias'] read one", tmp_path)
+    cli.assert_refused(r, "is a model zoo (a set of models); only task(s) ['prompt_bias', 'ravel'] read one", tmp_path)
 
 
 @pytest.mark.slow

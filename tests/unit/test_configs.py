@@ -103,8 +103,11 @@ def test_every_option_of_every_group_composes_and_validates(group, name, tmp_pat
     override = f"+{group}={name}" if group == "debug" else f"{group}={name}"
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         base = "sva_tiny" if (group, name) == ("split", "probing") else "sva_tiny_reliability"  # the task it serves
-        if group == "model" and "source: zoo" in (REPO / "conf" / "model" / f"{name}.yaml").read_text():
+        text = (REPO / "conf" / "model" / f"{name}.yaml").read_text() if group == "model" else ""
+        if "source: zoo" in text:
             base = "lama_bias"  # model sets are read by the prompt-bias study only
+        elif "\nsource: fact_world" in text:
+            base = "ravel"  # a fact-world member alone: the RAVEL study trains and reads it
         extra = ["prompt_bias.disparity.base=[]"] if base == "lama_bias" and "fact" not in name else []
         if (group, name) == ("dataset", "generic"):  # the reliability study needs z_e too: name its column
             extra.append("+dataset.properties.z_e=attractor_number")

@@ -310,3 +310,25 @@ def test_vectorised_householder_is_torchs_orthogonal_parametrisation() -> None:
             rotate.parametrizations.weight.original.copy_(X[k][:, None])
         torch.testing.assert_close(direction()[k], rotate.weight[:, 0].detach(), atol=1e-6, rtol=0)
         assert float(direction()[k].detach().norm()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_das_weighs_each_rows_loss():
+    """``fit_many(weight=)``: a step's loss is the weighted mean of its rows' cross-entropies (multi-task DAS's Cause
+    and Isolate rows); ones are the plain mean."""
+    logits = torch.tensor([[[0.0, 0.0]], [[2.0, 0.0]], [[0.0, 1.0]]]).transpose(0, 1)  # (K=1, b=3, 2 classes)
+
+    def forward(rows, h, a):  # the scores ignore the direction: only the loss is under test
+        return logits[:, rows] + 0 * a.sum()
+
+    target = torch.tensor([[0, 1, 1]])
+    nll = -torch.log_softmax(logits, -1)[0, torch.arange(3), target[0]]  # ln 2, 2 + ln(1 + e^-2), ln(1 + e^-1)
+    h = torch.zeros(1, 3, 4)
+    das = DAS(batch_size=3, epochs=1, seed=0)
+    das.fit_many(forward, h, target, weight=torch.tensor([[1.0, 0.0, 3.0]]))
+    assert float(das.losses_[0, 0]) == pytest.approx(float((nll[0] + 3 * nll[2]) / 4), rel=1e-6)  # float32 sums
+    das.fit_many(forward, h, target, weight=torch.ones(1, 3))
+    assert float(das.losses_[0, 0]) == pytest.approx(float(nll.mean()), rel=1e-6)
+    das.fit_many(forward, h, target)
+    assert float(das.losses_[0, 0]) == pytest.approx(float(nll.mean()), rel=1e-6)
+    with pytest.raises(ValueError, match=r"weight must be shaped as target \(1, 3\), got \(3,\)"):
+        das.fit_many(forward, h, target, weight=torch.ones(3))

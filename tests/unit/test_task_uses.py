@@ -44,7 +44,7 @@ def test_every_task_declares_what_it_uses():
     assert "intervention" in task_uses("reliability").groups and "intervention" not in task_uses("cebab").groups
     from cprobe.tasks import tasks_with
 
-    assert tasks_with("model_sets") == ["prompt_bias"]
+    assert tasks_with("model_sets") == ["prompt_bias", "ravel"]
 
 
 @pytest.mark.parametrize(("overrides", "needle"), [
@@ -91,7 +91,8 @@ def test_unknown_causalgym_method_lists_the_valid_names():
 
 def test_a_model_set_needs_a_task_that_declares_it_reads_one():
     with pytest.raises(ConfigError, match=r"model 'fact_zoo' is a model zoo \(a set of models\); only task\(s\) "
-                                          r"\['prompt_bias'\] read one; pick a single model for task 'causalgym'"):
+                                          r"\['prompt_bias', 'ravel'\] read one; pick a single model for task "
+                                          r"'causalgym'"):
         prepare("+experiment=causalgym", "model=fact_zoo")
     prepare("+experiment=lama_bias", "+debug=smoke")
 

@@ -28,6 +28,7 @@ from cprobe.data.lama import FactData, LamaKeys, load_lama
 from cprobe.data.lgd import load_lgd
 from cprobe.data.liberty import LibertyKeys, load_liberty
 from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
+from cprobe.data.ravel import RavelKeys, load_ravel
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
 
@@ -256,6 +257,7 @@ def _combined(cfg: CombinedKeys, root: Path, name: str) -> Dataset:
 register("cebab", CebabKeys)(load_cebab)  # type: ignore[arg-type]  # the text studies' data, not a Dataset
 register("liberty", LibertyKeys)(load_liberty)  # type: ignore[arg-type]
 register("lama", LamaKeys)(load_lama)  # type: ignore[arg-type]
+register("ravel", RavelKeys)(load_ravel)  # type: ignore[arg-type]
 
 
 @register("fact_world", FactWorldKeys)

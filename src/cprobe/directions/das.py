@@ -89,22 +89,27 @@ class DAS(Direction):
         return self
 
     def fit_many(self, forward: BatchForward, h_source: Tensor, target: Tensor,
-                 callback: Callable[[int, Tensor], None] | None = None) -> Tensor:
+                 callback: Callable[[int, Tensor], None] | None = None, weight: Tensor | None = None) -> Tensor:
         """Train K independent directions, one per site, in one batched pass; returns them (K, d), unit rows.
 
         ``h_source`` (K, n, d) holds each site's source vectors of the n train items, ``target`` (K, n) each
         site's source-label ids (e.g. the task's and the control's labels at one site are two of the K). Every
         site starts from the same seeded direction and follows the schedule of :meth:`fit`; site k's result
         equals ``fit`` on site k alone up to floating-point summation order. ``losses_`` (steps, K) stays on
-        the device; ``callback(step, A)`` receives the (K, d) directions after each step.
+        the device; ``callback(step, A)`` receives the (K, d) directions after each step. ``weight`` (K, n), when
+        given, weighs each row's cross-entropy (a step's loss is the weighted mean of its rows': multi-task DAS's
+        Cause and Isolate rows, ``cprobe.tasks.ravel``); None is the plain mean.
         """
         if h_source.ndim != 3 or target.shape != h_source.shape[:2]:
             raise ValueError(f"expected h_source (K, n, d) and target (K, n), got {tuple(h_source.shape)} and "
                              f"{tuple(target.shape)}")
+        if weight is not None and weight.shape != target.shape:
+            raise ValueError(f"weight must be shaped as target {tuple(target.shape)}, got {tuple(weight.shape)}")
         K, n, d = h_source.shape
         device = h_source.device
         h_source = h_source.detach().float()
         target = target.to(device)
+        weight = None if weight is None else weight.to(device, torch.float32)
         direction, params = self._parametrise(K, d, device)
         total = self.steps(n)
         warm = self.warmup * total
@@ -117,7 +122,12 @@ class DAS(Direction):
             start, stop = windows[step % len(windows)]
             scores = forward(slice(start, stop), h_source[:, start:stop], direction())
             logp = torch.log_softmax(scores.float(), -1)
-            per_site = -logp.gather(2, target[:, start:stop, None]).squeeze(2).mean(1)  # (K,)
+            nll = -logp.gather(2, target[:, start:stop, None]).squeeze(2)  # (K, b)
+            if weight is None:
+                per_site = nll.mean(1)  # (K,)
+            else:
+                w = weight[:, start:stop]
+                per_site = (nll * w).sum(1) / w.sum(1).clamp_min(1e-12)
             optimizer.zero_grad()
             per_site.sum().backward()  # each direction gets its own site's gradient
             optimizer.step()

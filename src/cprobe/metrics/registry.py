@@ -72,6 +72,7 @@ ARORA = "Arora et al. (2024), CausalGym"
 CEBAB = "Abraham et al. (2022), CEBaB"
 LIBERTY = "Toker et al. (2026), LIBERTy"
 CAO = "Cao et al. (2022)"
+HUANG = "Huang et al. (2024), RAVEL"
 
 _ENTRIES = [
     # ------------------------------------------------------------------ shared
@@ -79,7 +80,7 @@ _ENTRIES = [
            "The model's own accuracy on the study's items without any intervention (agreement: the correct verb form "
            "scored above the wrong one; CausalGym: the base label preferred over the source label).",
            HIGHER, (0, 1), f"{CANBY} §5 (Task Acc before); {ARORA} §4 (capable tasks: ≥ 0.9)",
-           ("probing", "reliability", "causalgym")),
+           ("probing", "reliability", "causalgym", "ravel")),
     Metric("accuracy", "classifier accuracy",
            "Share of test items a classifier (the explained model, or a concept classifier) labels correctly.",
            HIGHER, (0, 1), f"{CEBAB} Table 8; {LIBERTY} §5", ("cebab", "liberty")),
@@ -138,6 +139,17 @@ _ENTRIES = [
            "At one site (layer, region): the log odds-ratio of the source label over the base label after the "
            "interchange intervention along the direction, relative to before, averaged over the eval pairs.",
            HIGHER, (None, None), f"{ARORA} §5.1 (eq. 18)", ("causalgym",), unit="log odds"),
+    Metric("cause", "Cause",
+           "RAVEL: the share of interchanges on an entity's representation targeting attribute A, on prompts querying "
+           "A, after which the model outputs the source entity's value of A.", HIGHER, (0, 1), f"{HUANG} §3",
+           ("ravel",), headline=True),
+    Metric("isolate", "Isolate",
+           "RAVEL: the share of interchanges targeting attribute A, on prompts querying another attribute B, after "
+           "which the model still outputs the base entity's value of B (the mean over B in a summary).", HIGHER,
+           (0, 1), f"{HUANG} §3", ("ravel",), headline=True),
+    Metric("disentangle", "disentanglement",
+           "RAVEL's disentanglement score: the mean of Cause and Isolate.", HIGHER, (0, 1), f"{HUANG} §3",
+           ("ravel",), headline=True),
     Metric("iia", "IIA",
            "Interchange intervention accuracy at a site: the share of eval pairs whose intervened output prefers the "
            "source's label.", HIGHER, (0, 1), f"{ARORA} §5.1; Geiger et al. (2022)", ("causalgym",)),
