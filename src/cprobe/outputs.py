@@ -139,6 +139,7 @@ class Collected:
     studies: list[str]
     results: dict[str, Path] = field(default_factory=dict)  # study -> results.csv
     leaderboard: Path | None = None
+    yardsticks: Path | None = None
     report: Path | None = None
     skipped: list[str] = field(default_factory=list)
 
@@ -281,6 +282,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         shutil.rmtree(stage, ignore_errors=True)
     ownership.note_outputs(directory, [*written, "report.html"])
     out.leaderboard = directory / f"{LEADERBOARD}.csv"
+    out.yardsticks = directory / f"{YARDSTICKS}.md"
     out.report = write_report(directory)
     log.info("collected %d job(s) of %s into %s (%s)", len(jobs), ", ".join(out.studies), directory,
              ", ".join(str(p.relative_to(directory)) for p in out.results.values()))

@@ -22,7 +22,8 @@ data, never from a study's name:
   both kinds, several positions or λ labels that resolve alike), the row shows one of them in all that study's
   columns: the best on the study's deciding metric (:func:`deciding_metric`: the headline metric declared
   ``decides``, else its first headline metric with a direction, in the registry's order), ties to the first. The
-  ``<study>: which`` column names it and how many there were.
+  ``<study>: which`` column names it (its label where that is not the method's name, its edit kind, position and
+  setting; the sweep's overrides that set it apart where there were several) and how many there were.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _which(config: dict, method: str, n: int, metric: str | None) -> str:
     parts = [config["method"] if config["method"] != method else "",
              config["family"] if config["family"] in ("counterfactual", "nullifying") else "",
              "" if _blank(config["position"]) else f"at {config['position']}", _kv(config["setting"]),
-             "" if _blank(config["variant"]) else str(config["variant"])]
+             "" if _blank(config["variant"]) or n == 1 else str(config["variant"])]
     text = " ".join(p for p in parts if p)
     if n > 1 and metric:
         text = f"{text} (best {METRICS[metric].title} of {n})".strip()
