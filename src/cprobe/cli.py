@@ -242,7 +242,8 @@ def _list_metrics() -> None:
         typer.secho(f"{study}:", bold=True)
         for m in ms:
             unit = f", {m.unit}" if m.unit else ""
-            head = "  [leaderboard]" if m.headline else ""
+            head = ("  [leaderboard; ranks the study's settings in yardsticks]" if m.decides
+                    else "  [leaderboard]" if m.headline else "")
             better = {"higher": "higher is better", "lower": "lower is better"}.get(m.direction, "no better direction")
             typer.echo(f"  {m.name:<26} {better}, range {m.range_text}{unit}{head}")
             typer.echo(f"      {m.definition}")
