@@ -21,7 +21,8 @@ data, never from a study's name:
 - **Which setting.** Where one method ran in a study at several configurations for one row (reliability's ε grid,
   both kinds, several positions or λ labels that resolve alike), the row shows one of them in all that study's
   columns: the best on the study's deciding metric (:func:`deciding_metric`: the headline metric declared
-  ``decides``, else its first headline metric with a direction, in the registry's order), ties to the first. The
+  ``decides``, else its first headline metric with a direction, in the registry's order; averaged over the slices
+  where it has several), ties to the first. The
   ``<study>: which`` column names it (its label where that is not the method's name, its edit kind, position and
   setting; the sweep's overrides that set it apart where there were several) and how many there were.
 """
@@ -34,7 +35,7 @@ from functools import cache
 import numpy as np
 import pandas as pd
 
-from cprobe.leaderboard import _kv, cell_text
+from cprobe.leaderboard import _blank, _kv, cell_text
 from cprobe.metrics.registry import HIGHER, LOWER, METRICS
 
 ARROW = {HIGHER: " ↑", LOWER: " ↓"}
@@ -97,10 +98,6 @@ def deciding_metric(metrics: Sequence[str]) -> str | None:
     return (declared or ranked or [None])[0]
 
 
-def _blank(v) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or str(v) in ("", "{}", "<NA>", "nan")
-
-
 def _which(config: dict, method: str, n: int, metric: str | None) -> str:
     """What the ``<study>: which`` column says of the chosen configuration."""
     parts = [config["method"] if config["method"] != method else "",
@@ -138,11 +135,8 @@ def yardsticks(board: pd.DataFrame) -> pd.DataFrame:
                                                                 sort=False, dropna=False):
         g = g.assign(_config=g.groupby(list(CONFIG), sort=False, dropna=False).ngroup())
         decide = deciding_metric(g["metric"].unique())
-        ranks = g[g["metric"] == decide]
-        best = 0
-        if len(ranks) and decide is not None:
-            score = ranks["mean"].to_numpy(dtype="float64") * (-1 if METRICS[decide].direction == HIGHER else 1)
-            best = int(ranks["_config"].iloc[int(np.argmin(np.where(np.isnan(score), np.inf, score)))])
+        score = g[g["metric"] == decide].groupby("_config")["mean"].mean().dropna()  # over the slices
+        best = 0 if score.empty else int(score.idxmax() if METRICS[decide].direction == HIGHER else score.idxmin())
         chosen = g[g["_config"] == best]
         key = (model, None if pd.isna(layer) else int(layer), method)
         row = cells.setdefault(key, {})

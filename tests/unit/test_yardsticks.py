@@ -117,6 +117,14 @@ def test_a_slice_is_a_column_and_nothing_on_a_yardstick_is_an_empty_table():
     assert list(t.columns) == ["model", "layer", "method", "detect: completeness ↑ (a) [concept=food]",
                                "detect: completeness ↑ (a) [concept=price]", "detect: completeness ↑ (b) [concept=food]"]
     assert t.iloc[0].tolist() == ["m", 1, "mean", "0.900", "0.700", "0.800"]
+    # two poolings (a setting): the one with the better mean over the concepts, 0.75 > 0.7, though the other has the
+    # best single concept (0.9)
+    rows = [{"study": "detect", "method": "mean", "family": "direction", "layer": 1, "read_layer": 1,
+             "setting": f'{{"pooling":"{p}"}}', "slice": f'{{"concept":"{k}"}}', "metric": "oracle_completeness",
+             "value": v} for p, k, v in (("max", "food", 0.9), ("max", "price", 0.5), ("avg", "food", 0.8),
+                                         ("avg", "price", 0.7))]
+    t = yardsticks(leaderboard(records(rows)))
+    assert t.iloc[0].tolist() == ["m", 1, "mean", "0.800", "0.700", "pooling=avg (best completeness of 2)"]
     empty = yardsticks(leaderboard(records([THREE_STUDIES[-1]])))
     assert empty.empty and "No method on a yardstick" in markdown(empty)
 
