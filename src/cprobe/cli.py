@@ -162,8 +162,8 @@ def _outside_options(group: str) -> list[tuple[str, str]]:
 
 
 @app.command(help="Aggregate any mix of runs and sweeps below a directory: each study's table and paper tables "
-             "(rebuilt from the jobs' records), one leaderboard with bootstrap intervals, records.parquet and "
-             "report.html.")
+             "(rebuilt from the jobs' records), one leaderboard with bootstrap intervals, the studies' yardsticks side "
+             "by side (yardsticks.md), records.parquet and report.html.")
 def collect(
     directory: Annotated[Path, typer.Argument(help="Run or sweep output directory (e.g. outputs/sweeps/NAME/latest), "
                                               "or any directory of them.")],
@@ -177,6 +177,7 @@ def collect(
         for study, path in out.results.items():
             typer.echo(f"wrote {path}" + (f" ({study})" if len(out.results) > 1 else ""))
         typer.echo(f"wrote {out.leaderboard}")
+        typer.echo(f"wrote {out.yardsticks}")
         typer.echo(f"wrote {out.report} ({out.jobs} job(s): {', '.join(out.studies)})")
 
 
@@ -241,7 +242,8 @@ def _list_metrics() -> None:
         typer.secho(f"{study}:", bold=True)
         for m in ms:
             unit = f", {m.unit}" if m.unit else ""
-            head = "  [leaderboard]" if m.headline else ""
+            head = ("  [leaderboard; ranks the study's settings in yardsticks]" if m.decides
+                    else "  [leaderboard]" if m.headline else "")
             better = {"higher": "higher is better", "lower": "lower is better"}.get(m.direction, "no better direction")
             typer.echo(f"  {m.name:<26} {better}, range {m.range_text}{unit}{head}")
             typer.echo(f"      {m.definition}")

@@ -10,8 +10,10 @@ A job dir after :func:`finish_job`::
     leaderboard.{csv,parquet,md}                    headline metrics with bootstrap intervals (cprobe.leaderboard)
     environment.json  report.html                   versions and machine; the self-contained page (cprobe.report)
 
-A collected directory holds the same at its root (``results.*`` = the jobs' tables concatenated); when it mixes
-studies, each study's ``results.*``, paper tables and figures go to ``<dir>/<study>/``.
+A collected directory holds the same at its root (``results.*`` = the jobs' tables concatenated), and
+``yardsticks.{csv,md}``: every study's headline metrics side by side per model, layer and method
+(:mod:`cprobe.yardsticks`); when it mixes studies, each study's ``results.*``, paper tables and figures go to
+``<dir>/<study>/``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from cprobe.paths import relative
 log = logging.getLogger("cprobe")
 
 LEADERBOARD = "leaderboard"
+YARDSTICKS = "yardsticks"
 
 
 def spec_of(study: str) -> R.RecordSpec | None:
@@ -84,6 +87,18 @@ def write_leaderboard(board: pd.DataFrame, directory: Path) -> None:
     atomic_write_bytes(directory / f"{LEADERBOARD}.md", markdown(board).encode())
 
 
+def write_yardsticks(board: pd.DataFrame, directory: Path) -> None:
+    """``yardsticks.{csv,md}``: the studies' headline metrics side by side per model, layer and method
+    (:mod:`cprobe.yardsticks`)."""
+    from cprobe.io import atomic_write_bytes
+    from cprobe.yardsticks import markdown, yardsticks
+
+    table = yardsticks(board)
+    kinds = sorted(set(board["ci"])) if len(board) else []
+    atomic_write_bytes(directory / f"{YARDSTICKS}.csv", table.to_csv(index=False).encode())
+    atomic_write_bytes(directory / f"{YARDSTICKS}.md", markdown(table, kinds).encode())
+
+
 def finish_job(study: str, metrics: pd.DataFrame, out_dir: Path, cfg: Mapping[str, Any],
                sources: Any = None, values: pd.DataFrame | None = None,
                models: Mapping[str, Any] | None = None) -> pd.DataFrame:
@@ -124,6 +139,7 @@ class Collected:
     studies: list[str]
     results: dict[str, Path] = field(default_factory=dict)  # study -> results.csv
     leaderboard: Path | None = None
+    yardsticks: Path | None = None
     report: Path | None = None
     skipped: list[str] = field(default_factory=list)
 
@@ -198,7 +214,8 @@ def variants(jobs: list[Path], ids: Mapping[Path, set[str]]) -> dict[str, str]:
 
 def collect(directory: Path, partial: bool = False) -> Collected:
     """Aggregate every finished job below ``directory`` (any mix of studies, runs and sweeps) from their records:
-    each study's ``results.*`` and paper tables, one leaderboard, ``records.parquet`` and ``report.html``.
+    each study's ``results.*`` and paper tables, one leaderboard, the yardsticks table, ``records.parquet`` and
+    ``report.html``.
 
     Unfinished or failed jobs are named in the error; with ``partial`` they are skipped with a warning.
     """
@@ -255,6 +272,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
             names.update(variants(study_jobs, ids))
         board = leaderboard(records, items, breakdowns(tables), names)
         write_leaderboard(board, stage)
+        write_yardsticks(board, stage)
         written = sorted(str(p.relative_to(stage)) for p in stage.rglob("*") if p.is_file())
         ownership.check_overwrite(directory, [*written, "report.html"], "cprobe collect")
         for name in written:
@@ -264,6 +282,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
         shutil.rmtree(stage, ignore_errors=True)
     ownership.note_outputs(directory, [*written, "report.html"])
     out.leaderboard = directory / f"{LEADERBOARD}.csv"
+    out.yardsticks = directory / f"{YARDSTICKS}.md"
     out.report = write_report(directory)
     log.info("collected %d job(s) of %s into %s (%s)", len(jobs), ", ".join(out.studies), directory,
              ", ".join(str(p.relative_to(directory)) for p in out.results.values()))

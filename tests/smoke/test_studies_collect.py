@@ -150,3 +150,29 @@ def test_collect_over_every_study_writes_one_leaderboard(study_runs):
     first = (root / "leaderboard.csv").read_bytes()
     collect(root)
     assert (root / "leaderboard.csv").read_bytes() == first
+
+
+def test_collect_puts_the_yardsticks_side_by_side(study_runs):
+    """`cprobe collect` over every study writes yardsticks.{csv,md}: each cell is the leaderboard's cell of its study,
+    method and model (the same text), the studies without a method on a yardstick (probe accuracies, evaluation
+    settings) are left out, and the report has the section."""
+    from cprobe.leaderboard import cell_text
+    from cprobe.yardsticks import method_of
+
+    root = next(iter(study_runs.values())).parent
+    collect(root)
+    yard = pd.read_csv(root / "yardsticks.csv", dtype=str, keep_default_na=False)
+    assert "# Yardsticks side by side" in (root / "yardsticks.md").read_text()
+    studies = {c.split(":")[0] for c in yard.columns[3:]}
+    assert {"reliability", "causalgym", "cebab", "liberty"} <= studies and not studies & {"probing", "prompt_bias"}
+    board = pd.read_csv(root / "leaderboard.csv", keep_default_na=False)
+    odds = board[(board["study"] == "causalgym") & (board["metric"] == "overall_odds")]
+    assert len(odds) == 4
+    for rec in odds.itertuples():  # CausalGym's overall odds: over layers, so the row has no layer
+        row = yard[(yard["model"] == rec.model) & (yard["method"] == method_of(rec.method, rec.family))]
+        assert row["layer"].tolist() == [""]
+        assert row["causalgym: overall odds-ratio ↑"].item() == cell_text(
+            rec.mean, *(float(x) if x != "" else float("nan") for x in (rec.ci_low, rec.ci_high)))
+    pgd = yard[yard["method"] == "pgd"]
+    assert pgd["layer"].tolist() == ["4"] and pgd["reliability: which"].item().startswith("counterfactual at target")
+    assert "Yardsticks side by side" in (root / "report.html").read_text()

@@ -102,6 +102,8 @@ def test_list_metrics_shows_every_metric_with_its_direction_and_reference():
         assert re.search(rf"^  {name} +", r.output, re.MULTILINE), name
         assert m.reference in r.output
     assert "lower is better" in r.output and "[leaderboard]" in r.output
+    assert re.search(r"^  reliability .*\[leaderboard; ranks the study's settings in yardsticks\]$", r.output,
+                     re.MULTILINE)
 
 
 def test_a_failing_sweep_report_fails_the_sweep_in_one_line(tmp_path, monkeypatch):

@@ -37,7 +37,9 @@ HIGHER, LOWER, NEITHER = "higher", "lower", "neither"
 class Metric:
     """One metric. ``direction``: which way is better (``neither`` for diagnostics and effect sizes, where neither
     is); ``range``: (low, high), ``None`` for an open end; ``headline``: a leaderboard column (a study's main
-    comparison), not a diagnostic; ``unit``: what the number counts in (``""`` for a plain fraction or score)."""
+    comparison), not a diagnostic; ``unit``: what the number counts in (``""`` for a plain fraction or score);
+    ``decides``: a headline metric that is its study's overall score, which the yardsticks table ranks a method's
+    settings by (:mod:`cprobe.yardsticks`; at most one per study)."""
 
     name: str
     title: str
@@ -48,6 +50,7 @@ class Metric:
     studies: tuple[str, ...] = ()
     headline: bool = False
     unit: str = ""
+    decides: bool = False
     inputs: str | None = None
     """Outside metrics: what ``fn`` reads (a key of :data:`INPUTS`); None for the studies' own metrics."""
     fn: Callable[..., Any] | None = None
@@ -112,7 +115,7 @@ _ENTRIES = [
            HIGHER, (0, 1), f"{CANBY} eq. 3", ("reliability", "causalgym"), headline=True),
     Metric("reliability", "reliability",
            "Harmonic mean of oracle completeness and oracle selectivity (an F1 of the two).",
-           HIGHER, (0, 1), f"{CANBY} §3 (reliability), Table 1", ("reliability",), headline=True),
+           HIGHER, (0, 1), f"{CANBY} §3 (reliability), Table 1", ("reliability",), headline=True, decides=True),
     Metric("intervened_task_accuracy", "task accuracy after",
            "The model's task accuracy when the intervened states are written back at the layer and the forward pass "
            "continues (counterfactual: the same items with the goal value).",
@@ -158,7 +161,7 @@ _ENTRIES = [
     Metric("overall_odds", "overall odds-ratio",
            "Eq. 19: the mean over layers of the max over regions of AvgOdds (per task; slice {} is the mean over "
            "tasks, Table 1).", HIGHER, (None, None), f"{ARORA} eq. 19, Table 1", ("causalgym",), headline=True,
-           unit="log odds"),
+           unit="log odds", decides=True),
     Metric("control_selectivity", "selectivity (control)",
            "Overall odds of the per-site difference task − control (the dog/give control task with the same inputs "
            "and arbitrary labels): how specific the direction is to the task's feature.",
@@ -232,7 +235,7 @@ _ENTRIES = [
       for d, label, rng in (("l2", "L2", (0, None)), ("cosine", "cosine", (0, 2)), ("normdiff", "difference of norms",
                                                                                    (0, None)))],
     Metric("ed", "ED", "The paper's reported error distance: the mean of ed_l2, ed_cosine and ed_normdiff.", LOWER,
-           (0, None), f"{LIBERTY} Def. 3, Tables 1/15", ("liberty",), headline=True),
+           (0, None), f"{LIBERTY} Def. 3, Tables 1/15", ("liberty",), headline=True, decides=True),
     Metric("of", "OF", "Local order-faithfulness: over ordered pairs of changes sharing an example, the share of "
            "entries where the estimate orders the two effects as the truth does.", HIGHER, (0, 1),
            f"{LIBERTY} Def. 4, Tables 1/15", ("liberty",), headline=True),
@@ -318,6 +321,8 @@ def metric_problems(m: Any) -> list[str]:
             out.append(f"range {m.range} is empty (low must be below high)")
     except (TypeError, ValueError):
         out.append(f"range must be (low, high) with None for an open end, got {m.range!r}")
+    if m.decides and not m.headline:
+        out.append("decides (the study's overall score) needs headline=True")
     if m.inputs is not None or m.fn is not None:
         if m.inputs not in INPUTS:
             out.append(f"inputs must be one of {sorted(INPUTS)}, got {m.inputs!r}")

@@ -1,6 +1,7 @@
 """Render ``report.html`` from the files of a run or a collected directory (nothing else is read).
 
-Sections: overview (status, studies, records), leaderboard (``leaderboard.parquet``, per study), tables (every table
+Sections: overview (status, studies, records), leaderboard (``leaderboard.parquet``, per study), yardsticks (a
+collected directory's ``yardsticks.csv``: the studies side by side per model, layer and method), tables (every table
 the study wrote, ``<name>.parquet``; long ones cut to :data:`MAX_ROWS` rows with a note), figures (every ``*.png``,
 embedded as base64 ``data:`` URIs), jobs (collected directories: state, time, overrides, a link to each job's own
 page), config (``.hydra/config.yaml``, overrides; a sweep's ``multirun.yaml``), environment, timings, warnings.
@@ -149,6 +150,19 @@ def _leaderboard(d: Path) -> str:
     for name, t in wide(board).items():
         parts.append(table_html(t, caption=name))
     return "".join(parts)
+
+
+def _yardsticks(d: Path) -> str:
+    """``yardsticks.csv`` of a collected directory (:mod:`cprobe.yardsticks`), or ``""`` where there is none."""
+    try:
+        t = pd.read_csv(d / "yardsticks.csv", dtype=str, keep_default_na=False)
+    except (OSError, ValueError):  # none written (a job), or not a table
+        return ""
+    return ('<p class="note">Each study\'s headline metrics per model, layer and method (a direction used as an '
+            "intervention or an explainer on its direction's row); mean over seeds [95% interval]. A study summarised "
+            "over layers stands on every layer row of its method; where a method ran at several settings, the one best "
+            "on the study's deciding metric, named in <code>&lt;study&gt;: which</code>. yardsticks.csv</p>"
+            + table_html(t, caption="yardsticks"))
 
 
 def _records_overview(d: Path) -> str:
@@ -309,6 +323,9 @@ def render(directory: Path) -> str:
                     ("state", (status or {}).get("state")), ("rows", (status or {}).get("rows")),
                     ("error", (status or {}).get("error"))]) + _records_overview(d) + _methods_overview(d)
     sections = [("overview", "Overview", overview), ("leaderboard", "Leaderboard", _leaderboard(d))]
+    yard = _yardsticks(d)
+    if yard:
+        sections.append(("yardsticks", "Yardsticks side by side", yard))
     search = None if job else read_json(d / "search.json")
     if search:
         sections.append(("search", "Search", _search(search)))
