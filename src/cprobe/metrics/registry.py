@@ -152,7 +152,7 @@ _ENTRIES = [
            (0, 1), f"{HUANG} §3", ("ravel",), headline=True),
     Metric("disentangle", "disentanglement",
            "RAVEL's disentanglement score: the mean of Cause and Isolate.", HIGHER, (0, 1), f"{HUANG} §3",
-           ("ravel",), headline=True),
+           ("ravel",), headline=True, decides=True),
     Metric("iia", "IIA",
            "Interchange intervention accuracy at a site: the share of eval pairs whose intervened output prefers the "
            "source's label.", HIGHER, (0, 1), f"{ARORA} §5.1; Geiger et al. (2022)", ("causalgym",)),
