@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -136,3 +137,15 @@ def test_any_registered_direction_is_scored_through_its_capabilities():
     rows = ax.score_concept({0: H}, torch.ones(30, 3, dtype=torch.bool), y, torch.arange(20), torch.arange(20, 30),
                             ax.Config(methods=[name], poolings=["max"]), seed=0)
     assert [(r["method"], r["auroc"]) for r in rows] == [(name, 1.0)]
+
+
+def test_a_method_that_finds_no_direction_gets_nan_and_says_why():
+    """Equal states at a layer: the class means coincide, DiffMean has no direction (the others still score)."""
+    H = torch.zeros(20, 2, 4)
+    y = torch.arange(20) % 2
+    rows = ax.score_concept({0: H}, torch.ones(20, 2, dtype=torch.bool), y, torch.arange(12), torch.arange(12, 20),
+                            ax.Config(methods=["mean", "random"], poolings=["max"]), seed=0)
+    mean, rnd = rows
+    assert np.isnan(mean["auroc"]) and mean["draws"] == 0 and mean["note"] == "no direction: direction has zero or " \
+        "non-finite norm"
+    assert rnd["auroc"] == 0.5 and rnd["note"] == ""  # every score ties

@@ -219,7 +219,8 @@ def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int) -> list[
 def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Tensor, test: Tensor, cfg: Config,
                   seed: int) -> list[dict[str, Any]]:
     """Rows (layer, method, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts, scored on the
-    ``test`` texts (row indices into ``states``)."""
+    ``test`` texts (row indices into ``states``). A method that finds no direction at a layer (e.g. LDA's weights not
+    finite on near-collinear states) gets NaN there and says why in ``note``."""
     rows = []
     tok_train = mask[train]
     y_tok = y[train][:, None].expand_as(tok_train)[tok_train]
@@ -227,14 +228,18 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
         X = H[train][tok_train]
         for name in cfg.methods:
             values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
-            for a in directions(name, cfg, X, y_tok, seed):
+            try:
+                found, note = directions(name, cfg, X, y_tok, seed), ""
+            except (ValueError, IndexError, np.linalg.LinAlgError) as err:
+                found, note = [], f"no direction: {err}"
+            for a in found:
                 s_tok = X.double() @ a.double()
                 a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
                 s = token_scores(H[test], mask[test], a)
                 for p in cfg.poolings:
                     values[p].append(auroc(pool(s, mask[test], p), y[test]))
-            rows += [{"layer": layer, "method": name, "pooling": p, "auroc": float(np.mean(v)), "draws": len(v)}
-                     for p, v in values.items()]
+            rows += [{"layer": layer, "method": name, "pooling": p, "auroc": float(np.mean(v)) if v else float("nan"),
+                      "draws": len(v), "note": note} for p, v in values.items()]
     return rows
 
 
@@ -263,6 +268,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                 "n_test": len(held), "n_test_positive": int((y[held] == 1).sum()),
                 "n_train_tokens": int(mask[train].sum())}
         for row in score_concept(states, mask, y, train, held, config, ctx.seed):
+            if row["note"] and row["pooling"] == config.poolings[0]:
+                ctx.warn(f"{spec}, layer {row['layer']}, {row['method']}: {row['note']} (AUROC NaN)")
             rows.append({**base, **row, "method_source": DIRECTIONS.provenance(row["method"]).text})
     ctx.timings["score_s"] = time.perf_counter() - t0
     return pd.DataFrame(rows)
