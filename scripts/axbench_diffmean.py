@@ -7,7 +7,7 @@ and fits, and per layer:
 - cos(DiffMean, probe direction);
 - the share of ‖μ₊ − μ₋‖² (token-level class means) in its 5 largest dimensions;
 - the largest per-dimension standard deviation over the median one (outlier dimensions);
-- the max-pooled AUROC of DiffMean, of the probe, and of DiffMean fitted and scored on per-dimension standardised states.
+- the max-pooled AUROC of DiffMean, of the probe, and of DiffMean fitted and scored on standardised dimensions.
 
     python scripts/axbench_diffmean.py                       # gemma3_270m, layers 6 9 15
     python scripts/axbench_diffmean.py --model tiny_neox_sva --layers 2 4 --max-examples 3000
