@@ -22,7 +22,7 @@ from tests.conftest import make_word_tokenizer
 def test_concepts_are_name_value_or_name_not_value():
     assert ax.parse_concept("z_c=pl") == ("z_c", "pl", True)
     assert ax.parse_concept("fever!=Absent") == ("fever", "Absent", False)
-    for bad in ("z_c", "=pl", "z_c=", "a=b=c"):
+    for bad in ("z_c", "=pl", "z_c=", "a=b=c", "a=b!=c"):
         with pytest.raises(ConfigError, match="is not name=value or name!=value"):
             ax.parse_concept(bad)
 

@@ -19,7 +19,6 @@ model on minimal pairs) and a ``whole_vector`` one (no direction) are refused at
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,8 +43,6 @@ from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
 
-log = logging.getLogger("cprobe")
-
 USES = Uses(groups=("model", "dataset", "layers"))
 
 
@@ -54,7 +51,7 @@ class Config:
     """The ``axbench:`` node."""
 
     concepts: list[str] = field(default_factory=lambda: ["z_c=pl"])  # name=value (positive) or name!=value
-    methods: list[str] = field(default_factory=lambda: ["mean", "probe", "pca", "lda", "random"])
+    methods: list[str] = field(default_factory=lambda: ["mean", "probe", "pca", "lda", "kmeans", "random"])
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # constructor settings per method
     poolings: list[str] = field(default_factory=lambda: list(POOLINGS))
     max_tokens: int = 64  # tokens read per text (its first ones)
@@ -68,7 +65,7 @@ def parse_concept(spec: str) -> tuple[str, str, bool]:
     """``name=value`` → (name, value, True: the value is the positive class); ``name!=value`` → (…, False)."""
     negate = "!=" in spec
     name, _, value = spec.partition("!=" if negate else "=")
-    if not name or not value or "=" in value:
+    if not name or not value or "=" in value or "=" in name:
         raise ConfigError(f"axbench.concepts: {spec!r} is not name=value or name!=value (e.g. z_c=pl, food=Positive, "
                           "fever!=Absent)")
     return name.strip(), value.strip(), not negate
@@ -201,7 +198,7 @@ def token_states(ctx: JobContext, adapter: Any, items: list[TextItem], layers: l
     sites = [Site(l, f"token:{j}") for l in layers for j in range(T)]
     acts, _, _ = extract_sites(adapter, items, fingerprint(items), dataset, TokensFormatter(T), sites, None,
                                ctx.cache, ctx.progress, desc=f"tokens of {dataset}")
-    states = {l: torch.stack([acts[Site(l, f"token:{j}")] for j in range(T)], 1).float() for l in layers}
+    states = {l: torch.stack([acts.pop(Site(l, f"token:{j}")) for j in range(T)], 1).float() for l in layers}
     mask = torch.arange(T)[None, :] < counts.clamp(max=T)[:, None]
     return states, mask, int((counts > T).sum())
 
