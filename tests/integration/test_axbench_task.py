@@ -23,6 +23,7 @@ def job(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.numeric  # AUROC bounds through the tiny model trained on this CPU's kernels
 def test_every_method_layer_and_pooling_gets_an_auroc(job):
     t = pd.read_parquet(job / "metrics.parquet")
     assert set(t["method"]) == {"mean", "probe", "pca", "lda", "kmeans", "random"}
