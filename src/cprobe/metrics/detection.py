@@ -1,4 +1,4 @@
-"""Concept detection (AxBench, Wu et al. 2025, §4.1): a direction's per-token concept score, pooled over a text's
+"""Concept detection (AxBench, Wu et al. 2025): a direction's per-token concept score, pooled over a text's
 tokens, ranked by the AUROC of held-out texts with the concept against texts without it.
 
 Pure functions of tensors: the per-token score is the projection ``h_t · a`` (:func:`token_scores`), a text's score

@@ -180,7 +180,7 @@ _ENTRIES = [
            "Area under the ROC curve of a direction's concept score on held-out texts, texts with the concept (slice) "
            "against texts without it; a text's score pools the projections of its tokens' states on the direction "
            "(setting pooling: max over tokens as AxBench, mean, or the last token). 0.5 is chance.",
-           HIGHER, (0, 1), f"{AXBENCH} §4.1 (concept detection), Fig. 3", ("axbench",), headline=True),
+           HIGHER, (0, 1), f"{AXBENCH} (concept detection: ROC AUC)", ("axbench",), headline=True),
     # ------------------------------------------------------------------ CEBaB (Abraham et al.)
     *[Metric(f"icace_error_{d}", f"ICaCE-Error ({d})",
              f"Mean over evaluation edit pairs of the {label} between the true individual causal concept effect "

@@ -1,4 +1,4 @@
-"""AxBench's concept-detection yardstick (Wu et al. 2025, §4.1) for every registered direction method.
+"""AxBench's concept-detection yardstick (Wu et al. 2025) for every registered direction method.
 
 Per concept, layer and method: the direction is fitted on the token states of the training texts (every token of a
 text labelled by its text's class, as AxBench's DiffMean), oriented toward the concept, and each held-out text is
