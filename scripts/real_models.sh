@@ -12,12 +12,14 @@
 #   reliability  Canby et al.'s study with z_c = subject number at the verb position, the eight interventions
 #                (the gradient attacks at three budgets), at REL_LAYER
 #   resume       one small CausalGym run three ways: full forwards, resumed, resumed + the key/value step
+#   axbench      AxBench's concept detection of subject number by every direction method (AUROC, docs/axbench.md),
+#                on AX_SENTENCES grammar sentences at AX_LAYERS
 # Outputs go under OUT (default outputs/real_models/MODEL); each command's wall time is appended to OUT/times.tsv.
 set -euo pipefail
 MODEL=${1:?usage: scripts/real_models.sh MODEL (gemma3_270m | smollm2_135m | a model=local run: local model.path=...)}
 shift
 OUT=${OUT:-outputs/real_models/$MODEL}
-PARTS=${PARTS:-agreement,causalgym,reliability,resume}
+PARTS=${PARTS:-agreement,causalgym,reliability,resume,axbench}
 CPROBE=${CPROBE:-cprobe}
 CG_TASKS=${CG_TASKS:-[agr_sv_num_pp,agr_sv_num_subj-relc,agr_sv_num_obj-relc,agr_refl_num_pp,agr_refl_num_subj-relc,agr_refl_num_obj-relc,agr_gender]}
 CG_LAYERS=${CG_LAYERS:-blocks}   # blocks = every layer 1..L
@@ -28,6 +30,8 @@ REL_SENTENCES=${REL_SENTENCES:-1000}  # sentences generated from the agreement g
 REL_EPS=${REL_EPS:-0.1,1,10}     # the gradient attacks' L∞ budgets (the tiny BERT's default is 0.1)
 RLACE_STEPS=${RLACE_STEPS:-3000} # R-LACE's cap (the reference's is 75000)
 ML_TASKS=${ML_TASKS:-simple_agrmt,sent_comp,vp_coord,prep_anim,prep_inanim,subj_rel,obj_rel_across_anim,obj_rel_across_inanim,obj_rel_no_comp_across_anim,obj_rel_no_comp_across_inanim,obj_rel_within_anim,obj_rel_within_inanim,obj_rel_no_comp_within_anim,obj_rel_no_comp_within_inanim}
+AX_LAYERS=${AX_LAYERS:-all}
+AX_SENTENCES=${AX_SENTENCES:-1500}
 ML_MAX=${ML_MAX:-400}            # sentences per task (a stratified sample; the smallest tasks have fewer)
 mkdir -p "$OUT"
 
@@ -67,5 +71,9 @@ if want resume; then
   timed resume_off run "${small[@]}" compute.resume=false "hydra.run.dir=$OUT/resume_off"
   timed resume_on_no_kv run "${small[@]}" compute.kv_resume=false "hydra.run.dir=$OUT/resume_no_kv"
   timed resume_on run "${small[@]}" "hydra.run.dir=$OUT/resume_on"
+fi
+if want axbench; then
+  timed axbench run +experiment=axbench_detect "model=$MODEL" "$@" "layers=$AX_LAYERS" \
+    "+dataset.max_examples=$AX_SENTENCES" "hydra.run.dir=$OUT/axbench"
 fi
 echo "wall times: $OUT/times.tsv" >&2

@@ -7,7 +7,7 @@ as written, in one working directory, at smoke size (``CPROBE_SMOKE=1``), with a
 
 The README's study commands ARE the study runs: :func:`study_lines` picks, per study, the plainest single-job
 `cprobe run +experiment=NAME` line of the README (no sweep, no other model, data, logger or compute), and the session
-fixture ``readme_study_runs`` (``tests/conftest.py``) runs those six lines once, in the README's working directory and
+fixture ``readme_study_runs`` (``tests/conftest.py``) runs those eight lines once, in the README's working directory and
 cache. The README test asserts on those results instead of rerunning them, and the tests that read a study's outputs
 (``study_runs``: the records, ``cprobe collect`` over all studies, the HTML reports in a browser) read those runs.
 """
@@ -27,9 +27,10 @@ from tests import cli
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 EXAMPLE_SRC = REPO / "examples" / "cprobe-plugin-example" / "src"
-STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias")
+STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "axbench", "ravel")
 EXPERIMENTS = {"probing": "sva_tiny", "reliability": "sva_tiny_reliability", "causalgym": "causalgym",
-               "cebab": "cebab", "liberty": "liberty_cv", "prompt_bias": "lama_bias"}
+               "cebab": "cebab", "liberty": "liberty_cv", "prompt_bias": "lama_bias", "axbench": "axbench_detect",
+               "ravel": "ravel_tiny"}
 """Each study's experiment: its README line is that experiment's plainest run."""
 LAUNCHED = ("cprobe version", "cprobe list")
 """README lines run as a real process (``cli.launch``): the installed console script, start-up and exit code."""

@@ -65,7 +65,8 @@ def test_every_study_has_its_readme_line():
         "reliability": "cprobe run +experiment=sva_tiny_reliability intervention=pgd intervention.eps=0.5",
         "causalgym": "cprobe run +experiment=causalgym 'causalgym.tasks=[agr_sv_num_pp]'",
         "cebab": "cprobe run +experiment=cebab", "liberty": "cprobe run +experiment=liberty_cv",
-        "prompt_bias": "cprobe run +experiment=lama_bias"}
+        "prompt_bias": "cprobe run +experiment=lama_bias", "axbench": "cprobe run +experiment=axbench_detect",
+        "ravel": "cprobe run +experiment=ravel_tiny"}
 
 
 @pytest.mark.parametrize("command,needs", COMMANDS, ids=[c for c, _ in COMMANDS])

@@ -42,7 +42,7 @@ def test_every_command_of_the_script_composes_every_job(tmp_path, model, setting
     import cprobe.pipeline  # noqa: F401  (the config resolvers)
 
     commands = _commands(tmp_path, model, settings)
-    assert [c[0] for c in commands] == ["run"] * len(commands) and len(commands) == 8, commands
+    assert [c[0] for c in commands] == ["run"] * len(commands) and len(commands) == 9, commands
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(REPO / "conf")))
     for argv in commands:
         multirun = "-m" in argv

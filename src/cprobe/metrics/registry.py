@@ -74,6 +74,7 @@ CANBY = "Canby et al. (2024)"
 ARORA = "Arora et al. (2024), CausalGym"
 CEBAB = "Abraham et al. (2022), CEBaB"
 LIBERTY = "Toker et al. (2026), LIBERTy"
+AXBENCH = "Wu et al. (2025), AxBench"
 CAO = "Cao et al. (2022)"
 HUANG = "Huang et al. (2024), RAVEL"
 
@@ -189,6 +190,12 @@ _ENTRIES = [
     Metric("direction_probe_accuracy", "direction probe accuracy",
            "Held-out accuracy of the classifier a supervised direction method fits at a site (probe, LDA).",
            NEITHER, (0, 1), f"{ARORA} §3", ("causalgym",)),
+    # ------------------------------------------------------------------ AxBench (Wu et al.)
+    Metric("detection_auroc", "detection AUROC",
+           "Area under the ROC curve of a direction's concept score on held-out texts, texts with the concept (slice) "
+           "against texts without it; a text's score pools the projections of its tokens' states on the direction "
+           "(setting pooling: max over tokens as AxBench, mean, or the last token). 0.5 is chance.",
+           HIGHER, (0, 1), f"{AXBENCH} (concept detection: ROC AUC)", ("axbench",), headline=True),
     # ------------------------------------------------------------------ CEBaB (Abraham et al.)
     *[Metric(f"icace_error_{d}", f"ICaCE-Error ({d})",
              f"Mean over evaluation edit pairs of the {label} between the true individual causal concept effect "

@@ -10,7 +10,9 @@ formatter and nothing else changes:
   positions ``region:r`` (last token of region r, −1 when the region is empty) and ``last``;
 - :class:`ClozeFormatter` (cloze TextItems with ``[Y]``): a masked LM sees the mask at ``[Y]``, a causal LM the
   prompt up to ``[Y]``; positions ``object`` (where the object is predicted), ``subject`` and ``last``;
-- :class:`ClassificationFormatter` (plain TextItems): positions ``cls`` (token 0) and ``last``.
+- :class:`ClassificationFormatter` (plain TextItems): positions ``cls`` (token 0) and ``last``;
+- :class:`TokensFormatter` (plain TextItems): positions ``token:j``, the j-th of the text's own tokens (special and
+  start tokens left out), −1 past its end — every token's state, for scores pooled over a text (AxBench).
 
 Tokens are aligned to words/regions through the fast tokenizer's character offsets: a token belongs to the
 region holding its last character; special and padding tokens (empty offsets) belong to none.
@@ -311,3 +313,43 @@ class ClassificationFormatter(Formatter):
         mask = enc["attention_mask"]
         pos = {"cls": torch.zeros(len(items), dtype=torch.long), "last": mask.sum(1) - 1}
         return Encoded.from_padded(enc["input_ids"], mask, pos, _pad_id(adapter), self.pred_position)
+
+
+class TokensFormatter(Formatter):
+    """Plain texts read at every one of their own tokens: position ``token:j`` is the j-th token that covers text
+    (special and start tokens, with empty offsets, are not counted), −1 past the text's end or beyond ``n_tokens``."""
+
+    name = "tokens"
+
+    def __init__(self, n_tokens: int) -> None:
+        if n_tokens < 1:
+            raise ConfigError(f"n_tokens must be >= 1, got {n_tokens}")
+        self.n_tokens = n_tokens
+
+    def spec(self) -> dict[str, Any]:
+        return {"formatter": self.name, "n_tokens": self.n_tokens}
+
+    def length(self, item: TextItem) -> int:
+        return len(item.text)
+
+    @staticmethod
+    def content(adapter: ModelLike, texts: list[str]) -> tuple[dict[str, Tensor], Tensor]:
+        """(the tokenizer's batch, (n, T) which tokens cover text)."""
+        enc = _tokenize(adapter, texts)
+        off = enc["offset_mapping"]
+        return enc, enc["attention_mask"].bool() & (off[..., 1] > off[..., 0])
+
+    @classmethod
+    def counts(cls, items: Sequence[TextItem], adapter: ModelLike) -> Tensor:
+        """(n,) how many of its own tokens each text has (what ``n_tokens`` would need to read them all)."""
+        return torch.cat([cls.content(adapter, [it.text for it in items[i: i + cls.chunk]])[1].sum(1)
+                          for i in range(0, len(items), cls.chunk)]) if items else torch.zeros(0, dtype=torch.long)
+
+    def _encode(self, items: Sequence[TextItem], adapter: ModelLike) -> Encoded:
+        enc, real = self.content(adapter, [it.text for it in items])
+        rank = real.long().cumsum(1) - 1
+        pos = {}
+        for j in range(self.n_tokens):
+            hit = real & (rank == j)
+            pos[f"token:{j}"] = torch.where(hit.any(1), hit.long().argmax(1), -1)
+        return Encoded.from_padded(enc["input_ids"], enc["attention_mask"], pos, _pad_id(adapter), self.pred_position)

@@ -1,0 +1,303 @@
+"""AxBench's concept-detection yardstick (Wu et al. 2025) for every registered direction method.
+
+Per concept, layer and method: the direction is fitted on the token states of the training texts (every token of a
+text labelled by its text's class, as AxBench's DiffMean), oriented toward the concept, and each held-out text is
+scored by projecting its tokens' states on it and pooling them (``max`` as AxBench; ``mean``; the ``last`` token);
+the AUROC of those scores, texts with the concept against texts without, is the table's value.
+
+Concepts come from any dataset: an agreement dataset's properties (subject number ``z_c`` of the grammar; the text
+is what the agreement studies feed the model: the prefix before the verb for a causal LM, the sentence with the verb
+masked for an MLM), or the concepts of a text dataset with splits (CEBaB's aspects, LIBERTy's SCM variables). A
+concept is ``name=value`` (the value is the positive class, every other value of the concept negative) or
+``name!=value`` (the reverse: any value but it is positive); texts whose concept has no value (CEBaB's unannotated
+aspects, "no majority") take no part.
+
+Methods run by their declared capabilities (:mod:`cprobe.directions.base`): a ``supervised`` one needs both classes
+in training, a ``chance_baseline`` is averaged over ``random_draws`` draws; a ``causal`` one (DAS, trained through the
+model on minimal pairs) and a ``whole_vector`` one (no direction) are refused at validation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+import cprobe.plots as plots
+from cprobe.data.base import NONE, Dataset, Example
+from cprobe.data.items import TextItem, fingerprint
+from cprobe.data.registry import check_properties, load_dataset
+from cprobe.directions import DIRECTIONS
+from cprobe.errors import ConfigError, DataError
+from cprobe.extract import extract_sites, resolve_layers
+from cprobe.job import JobContext
+from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
+from cprobe.models.formatters import AgreementFormatter, TokensFormatter
+from cprobe.models.sites import Site
+from cprobe.records import Derived, RecordSpec, const
+from cprobe.tasks import Uses
+
+USES = Uses(groups=("model", "dataset", "layers"))
+
+
+@dataclass(frozen=True)
+class Config:
+    """The ``axbench:`` node."""
+
+    concepts: list[str] = field(default_factory=lambda: ["z_c=pl"])  # name=value (positive) or name!=value
+    methods: list[str] = field(default_factory=lambda: ["mean", "probe", "pca", "lda", "kmeans", "random"])
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # constructor settings per method
+    poolings: list[str] = field(default_factory=lambda: list(POOLINGS))
+    max_tokens: int = 64  # tokens read per text (its first ones)
+    test_share: float = 0.3  # a dataset without splits: the held-out share (seeded)
+    eval_split: str = "test"  # a dataset with splits: the held-out one (the training one is `train`)
+    max_test: int | None = None  # subsample the held-out texts (seeded)
+    random_draws: int = 5  # a chance baseline's independent draws, averaged
+
+
+def parse_concept(spec: str) -> tuple[str, str, bool]:
+    """``name=value`` → (name, value, True: the value is the positive class); ``name!=value`` → (…, False)."""
+    negate = "!=" in spec
+    name, _, value = spec.partition("!=" if negate else "=")
+    if not name or not value or "=" in value or "=" in name:
+        raise ConfigError(f"axbench.concepts: {spec!r} is not name=value or name!=value (e.g. z_c=pl, food=Positive, "
+                          "fever!=Absent)")
+    return name.strip(), value.strip(), not negate
+
+
+def refusal(name: str) -> str | None:
+    """Why direction method ``name`` cannot be scored here (by its declared capabilities), or None."""
+    cls = DIRECTIONS.get(name)
+    if cls.causal:
+        return (f"direction method {name!r} is trained through the model on minimal pairs (causal); axbench scores "
+                "directions fitted on activations — score it with CausalGym or the reliability study")
+    if cls.whole_vector:
+        return f"direction method {name!r} learns no direction (whole_vector); it has no concept score"
+    return None
+
+
+def validate(job: Any) -> None:
+    cfg: Config = job.task_cfg
+    if not cfg.concepts or not cfg.methods or not cfg.poolings:
+        raise ConfigError("axbench.concepts, axbench.methods and axbench.poolings must each list at least one")
+    concepts = [parse_concept(c) for c in cfg.concepts]
+    if len(set(cfg.concepts)) != len(cfg.concepts):
+        raise ConfigError(f"axbench.concepts lists a concept twice: {cfg.concepts}")
+    for m in cfg.methods:
+        why = refusal(m)
+        if why:
+            raise ConfigError(why)
+    unknown = sorted(set(cfg.params) - set(cfg.methods))
+    if unknown:
+        raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
+    for m in cfg.methods:
+        DIRECTIONS.build({"name": m, **cfg.params.get(m, {})}, seed=0)  # a bad setting: one line, now
+    bad = [p for p in cfg.poolings if p not in POOLINGS]
+    if bad:
+        raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
+    if cfg.max_tokens < 1 or cfg.random_draws < 1 or (cfg.max_test is not None and cfg.max_test < 2):
+        raise ConfigError("axbench.max_tokens and axbench.random_draws must be >= 1, axbench.max_test >= 2 or null")
+    if not 0 < cfg.test_share < 1:
+        raise ConfigError(f"axbench.test_share must lie in (0, 1), got {cfg.test_share}")
+    check_properties(job.keys.dataset, [name for name, _, _ in concepts], "axbench.concepts")
+    if job.data_root is not None:  # the data's own checks, before any model loads
+        checked_labels(split(load_dataset(job.keys.dataset, job.data_root), cfg, job.keys.seed), cfg.concepts)
+
+
+# ----------------------------------------------------------------------------------------------- texts and labels
+@dataclass(frozen=True)
+class Split:
+    """A dataset's training and held-out units (agreement :class:`Example`s or :class:`TextItem`s), in order."""
+
+    name: str
+    train: list[Any]
+    test: list[Any]
+    held_out: str  # what the held-out split is, for messages
+
+
+def split(data: Any, cfg: Config, seed: int) -> Split:
+    """Training and held-out units of a loaded dataset: an agreement :class:`Dataset` split by ``test_share``
+    (seeded), a text dataset's ``train`` split and its ``eval_split``; ``max_test`` subsamples the held-out ones."""
+    if isinstance(data, Dataset):
+        order = np.random.default_rng([seed, 46]).permutation(len(data))
+        n_test = max(1, round(cfg.test_share * len(data)))
+        train, test = sorted(order[n_test:].tolist()), sorted(order[:n_test].tolist())
+        out = Split(data.name, [data.examples[i] for i in train], [data.examples[i] for i in test],
+                    f"held-out (test_share={cfg.test_share})")
+    else:
+        splits = getattr(data, "splits", None)
+        if not isinstance(splits, dict) or "train" not in splits or cfg.eval_split not in splits:
+            have = sorted(splits) if isinstance(splits, dict) else "none"
+            raise ConfigError(f"axbench needs the dataset's `train` split and axbench.eval_split={cfg.eval_split!r}; "
+                              f"{getattr(data, 'name', 'it')} has splits {have}")
+        out = Split(data.name, list(splits["train"]), list(splits[cfg.eval_split]), f"held-out ({cfg.eval_split})")
+    if cfg.max_test is not None and len(out.test) > cfg.max_test:
+        keep = sorted(np.random.default_rng([seed, 47]).choice(len(out.test), cfg.max_test, replace=False).tolist())
+        out = Split(out.name, out.train, [out.test[i] for i in keep], out.held_out)
+    return out
+
+
+def concepts_of(unit: Any) -> dict[str, str]:
+    """A unit's concept values: an agreement example's properties, a text's concepts."""
+    return dict(unit.props if isinstance(unit, Example) else unit.concepts)
+
+
+def labels(units: list[Any], spec: str) -> Tensor:
+    """(n,) 1 where the unit has the concept, 0 where it has another value, −1 where it has none (unannotated, "no
+    majority", the grammar's "none")."""
+    name, value, positive = parse_concept(spec)
+    out = []
+    for u in units:
+        v = concepts_of(u).get(name)
+        out.append(-1 if v in (None, "", NONE, "no majority") else int((v == value) == positive))
+    return torch.tensor(out, dtype=torch.long)
+
+
+def checked_labels(sp: Split, specs: list[str]) -> dict[str, Tensor]:
+    """{concept: (n_train + n_test,) labels}; one line when a concept is unknown or a split lacks one of its classes
+    (AUROC and the supervised fits need both)."""
+    have = sorted({k for u in sp.train + sp.test for k in concepts_of(u)})
+    out = {}
+    for spec in specs:
+        name = parse_concept(spec)[0]
+        if name not in have:
+            raise ConfigError(f"axbench.concepts: unknown concept {name!r}; the texts of {sp.name} have {have}")
+        y_tr, y_te = labels(sp.train, spec), labels(sp.test, spec)
+        for where, y in (("training", y_tr), (sp.held_out, y_te)):
+            n_pos, n_neg = int((y == 1).sum()), int((y == 0).sum())
+            if n_pos == 0 or n_neg == 0:
+                raise DataError(f"concept {spec!r} has one class in the {where} split of {sp.name} ({n_pos} text(s) "
+                                f"with it, {n_neg} without); AUROC needs both: choose another value, split or dataset")
+        out[spec] = torch.cat([y_tr, y_te])
+    return out
+
+
+def model_texts(units: list[Any], adapter: Any) -> list[TextItem]:
+    """The texts the model reads: a text unit as it is; an agreement example as the agreement studies feed it (the
+    prefix before the verb for a causal LM, the sentence with the verb masked for an MLM)."""
+    return [TextItem(u.id, " ".join(AgreementFormatter.words(u, adapter)[0])) if isinstance(u, Example) else u
+            for u in units]
+
+
+# ----------------------------------------------------------------------------------------------- token states
+def token_states(ctx: JobContext, adapter: Any, items: list[TextItem], layers: list[int], max_tokens: int,
+                 dataset: str) -> tuple[dict[int, Tensor], Tensor, int]:
+    """({layer: (n, T, d) states of each text's first T tokens}, (n, T) real-token mask, texts truncated), read by the
+    activation cache's extraction at the sites ``token:j``; T = the longest text's tokens, at most ``max_tokens``."""
+    counts = TokensFormatter.counts(items, adapter)
+    empty = [it.id for it, c in zip(items, counts.tolist()) if c == 0]
+    if empty:
+        raise DataError(f"{len(empty)} text(s) of {dataset} have no token, e.g. {empty[0]!r}")
+    T = min(max_tokens, int(counts.max()))
+    sites = [Site(l, f"token:{j}") for l in layers for j in range(T)]
+    acts, _, _ = extract_sites(adapter, items, fingerprint(items), dataset, TokensFormatter(T), sites, None,
+                               ctx.cache, ctx.progress, desc=f"tokens of {dataset}")
+    states = {l: torch.stack([acts.pop(Site(l, f"token:{j}")) for j in range(T)], 1).float() for l in layers}
+    mask = torch.arange(T)[None, :] < counts.clamp(max=T)[:, None]
+    return states, mask, int((counts > T).sum())
+
+
+# ----------------------------------------------------------------------------------------------- directions
+def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int) -> list[Tensor]:
+    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) with labels ``y``: several
+    seeded draws for a chance baseline (by its capability), one otherwise."""
+    params = cfg.params.get(name, {})
+    draws = cfg.random_draws if DIRECTIONS.get(name).chance_baseline else 1
+    return [DIRECTIONS.build({"name": name, **params}, seed=seed + 7_919 * k).fit(X, y).a.float().cpu()
+            for k in range(draws)]
+
+
+def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Tensor, test: Tensor, cfg: Config,
+                  seed: int) -> list[dict[str, Any]]:
+    """Rows (layer, method, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts, scored on the
+    ``test`` texts (row indices into ``states``). A method that finds no direction at a layer (e.g. LDA's weights not
+    finite on near-collinear states) gets NaN there and says why in ``note``."""
+    rows = []
+    tok_train = mask[train]
+    y_tok = y[train][:, None].expand_as(tok_train)[tok_train]
+    for layer, H in states.items():
+        X = H[train][tok_train]
+        for name in cfg.methods:
+            values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
+            try:
+                found, note = directions(name, cfg, X, y_tok, seed), ""
+            except (ValueError, IndexError, np.linalg.LinAlgError) as err:
+                found, note = [], f"no direction: {err}"
+            for a in found:
+                s_tok = X.double() @ a.double()
+                a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
+                s = token_scores(H[test], mask[test], a)
+                for p in cfg.poolings:
+                    values[p].append(auroc(pool(s, mask[test], p), y[test]))
+            rows += [{"layer": layer, "method": name, "pooling": p, "auroc": float(np.mean(v)) if v else float("nan"),
+                      "draws": len(v), "note": note} for p, v in values.items()]
+    return rows
+
+
+def run(ctx: JobContext, config: Config) -> pd.DataFrame:
+    cfg = ctx.cfg
+    data = load_dataset(cfg["dataset"], ctx.data_root)
+    for note in getattr(data, "notes", ()):
+        ctx.warn(note)
+    sp = split(data, config, ctx.seed)
+    y_all = checked_labels(sp, list(config.concepts))
+    adapter = ctx.adapter(cfg["model"])
+    layers = resolve_layers(cfg["layers"], adapter.n_layers)
+    items = model_texts(sp.train + sp.test, adapter)
+    t0 = time.perf_counter()
+    states, mask, truncated = token_states(ctx, adapter, items, layers, config.max_tokens, sp.name)
+    ctx.timings["extract_s"] = time.perf_counter() - t0
+    if truncated:
+        ctx.warn(f"{truncated} of {len(items)} texts are longer than axbench.max_tokens={config.max_tokens}: "
+                 "scored on their first tokens")
+    n_train = len(sp.train)
+    rows, t0 = [], time.perf_counter()
+    for spec, y in y_all.items():
+        train = torch.nonzero(y[:n_train] >= 0)[:, 0]
+        held = n_train + torch.nonzero(y[n_train:] >= 0)[:, 0]
+        base = {"model": adapter.name, "dataset": sp.name, "concept": spec, "n_train": len(train),
+                "n_test": len(held), "n_test_positive": int((y[held] == 1).sum()),
+                "n_train_tokens": int(mask[train].sum())}
+        for row in score_concept(states, mask, y, train, held, config, ctx.seed):
+            if row["note"] and row["pooling"] == config.poolings[0]:
+                ctx.warn(f"{spec}, layer {row['layer']}, {row['method']}: {row['note']} (AUROC NaN)")
+            rows.append({**base, **row, "method_source": DIRECTIONS.provenance(row["method"]).text})
+    ctx.timings["score_s"] = time.perf_counter() - t0
+    return pd.DataFrame(rows)
+
+
+def report(table: pd.DataFrame, out_dir: Path) -> None:
+    """PNG: AUROC by layer, one panel per concept, a line per method (AxBench's max pooling where run)."""
+    pooling = "max" if "max" in set(table["pooling"]) else str(table["pooling"].iloc[0])
+    part = table[table["pooling"] == pooling]
+    concepts = sorted(part["concept"].unique())
+    fig, axes = plots.new_figure(len(concepts))
+    for ax, concept in zip(axes, concepts):
+        one = part[part["concept"] == concept]
+        for (model, method), g in one.groupby(["model", "method"]):
+            g = g.groupby("layer", as_index=False)["auroc"].mean()
+            ax.plot(g["layer"], g["auroc"], marker="o", label=f"{model} · {method}")
+        ax.axhline(0.5, color="k", ls="--", lw=1)
+        ax.set(title=f"{concept} (n_test = {plots.values(one['n_test'])})", xlabel="layer (0 = embeddings)",
+               ylabel="detection AUROC", ylim=(0, 1.02))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    plots.caption(fig, f"Concept detection AUROC by layer ({pooling} over tokens; dashed: chance)", property=concepts,
+                  model=table["model"], data=table["dataset"], n=plots.values(part["n_test"]) + " held-out texts",
+                  seed=table.get("seed"))
+    plots.save(fig, out_dir / "auroc_by_layer.png")
+
+
+# ----------------------------------------------------------------------------------------------- records
+RECORDS = RecordSpec(
+    dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position=const("tokens"),
+    method="method", family=const("direction"), setting=("pooling",), slice=("concept",),
+    metrics={"auroc": "detection_auroc"}, n={"*": "n_test"})
+"""The table's rows as records (:mod:`cprobe.records`): AUROC per concept (slice) × method × layer × pooling."""
