@@ -1,6 +1,6 @@
 """SAEs (cprobe.sae): the TopK activation, encode/decode, the latent edit that keeps the error term, FVU / L0 / dead
 fraction, SAELens folders and their one-line refusals, the selection rules, the cache, the ``sae`` direction and
-intervention on a hand-made SAE, and training that recovers a planted sparse dictionary."""
+``sae_latents`` intervention on a hand-made SAE, and training that recovers a planted sparse dictionary."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def hand_sae(**kw) -> SAE:
 
 def write_folder(path, sae: SAE, **cfg) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    save_file({"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}, str(path / saelens.WEIGHTS))
+    tensors = {"W_enc": sae.W_enc, "b_enc": sae.b_enc, "W_dec": sae.W_dec, "b_dec": sae.b_dec}
+    save_file(tensors, str(path / saelens.WEIGHTS))
     (path / saelens.CFG).write_text(json.dumps({"d_in": sae.d_in, "d_sae": sae.d_sae, "architecture": "standard",
                                                 "activation_fn_str": "relu", "apply_b_dec_to_input": True,
                                                 "normalize_activations": "none", **cfg}))
@@ -103,7 +104,8 @@ def test_measure_on_the_hand_sae():
 # ------------------------------------------------------------------------------------ SAELens folders
 def test_saelens_folder_loads_and_round_trips(tmp_path):
     sae = hand_sae(b_dec=torch.tensor([0.5, -0.5]))
-    write_folder(tmp_path / "a", sae, metadata={"model_name": "google/gemma-3-270m", "hook_name": "blocks.5.hook_resid_post"})
+    write_folder(tmp_path / "a", sae,
+                 metadata={"model_name": "google/gemma-3-270m", "hook_name": "blocks.5.hook_resid_post"})
     got = saelens.load(tmp_path / "a")
     assert got.activation == "relu" and got.model_name == "google/gemma-3-270m" and got.hook_name.startswith("blocks.5")
     assert torch.equal(got.W_dec, sae.W_dec) and torch.equal(got.b_dec, sae.b_dec)
@@ -151,7 +153,7 @@ def test_hook_layers():
 
 def test_intervention_refuses_a_folder_of_the_wrong_width(tmp_path):
     write_folder(tmp_path, hand_sae())
-    iv = INTERVENTIONS.build({"name": "sae", "path": str(tmp_path)}, seed=0)
+    iv = INTERVENTIONS.build({"name": "sae_latents", "path": str(tmp_path)}, seed=0)
     with pytest.raises(ConfigError, match="width 2, but the states here have width 5"):
         iv.fit(torch.randn(10, 5), torch.arange(10) % 2)
 
@@ -161,7 +163,8 @@ def test_mean_diff_scores_by_hand():
     F = torch.tensor([[1.0, 0.0], [0.0, 0.0], [3.0, 1.0], [1.0, 1.0]])
     z = torch.tensor([0, 0, 1, 1])
     # μ₀ = [0.5, 0], μ₁ = [2, 1]
-    assert torch.equal(select.scores("mean_diff", hand_sae(), torch.zeros(4, 2), F, z), torch.tensor([1.5, 1.0]).double())
+    got = select.scores("mean_diff", hand_sae(), torch.zeros(4, 2), F, z)
+    assert torch.equal(got, torch.tensor([1.5, 1.0]).double())
     assert select.top(torch.tensor([1.0, 3.0, 3.0, 2.0]), 3).tolist() == [1, 2, 3]  # ties to the lower index
     F3 = torch.tensor([[3.0], [0.0], [0.0]])
     # three classes, one row each: class 0 vs the rest 3 − 0 = 3; class 1 and 2: 0 − 1.5 → max |·| = 3
@@ -203,13 +206,13 @@ def test_sae_intervention_formulas(tmp_path):
     write_folder(tmp_path, hand_sae())
     X = torch.tensor([[2.0, 1.0], [3.0, 0.0], [-1.0, 1.0], [-2.0, 0.0]])
     z = torch.tensor([1, 1, 0, 0])
-    cf = INTERVENTIONS.build({"name": "sae", "path": str(tmp_path), "latents": 2}, seed=0).fit(X, z)
+    cf = INTERVENTIONS.build({"name": "sae_latents", "path": str(tmp_path), "latents": 2}, seed=0).fit(X, z)
     assert cf.latents_.tolist() == [0, 2] and torch.equal(cf.targets_, torch.tensor([[0.0, 1.5], [2.5, 0.0]]))
     # row [2, 1] to class 0: f_S = [2, 0] → [0, 1.5]: x + (−2)·[1, 0] + 1.5·[−1, 0] = [−1.5, 1]
     assert torch.allclose(cf.transform(X[:1], torch.tensor([0])), torch.tensor([[-1.5, 1.0]]))
     at_target = torch.tensor([[2.5, 7.0]])  # its latents 0 and 2 are already class 1's means [2.5, 0]
     assert torch.equal(cf.transform(at_target, torch.tensor([1])), at_target)
-    null = INTERVENTIONS.build({"name": "sae", "path": str(tmp_path), "latents": 2, "kind": "nullifying"},
+    null = INTERVENTIONS.build({"name": "sae_latents", "path": str(tmp_path), "latents": 2, "kind": "nullifying"},
                                seed=0).fit(X, z)
     # f_S zeroed: x − 2·[1, 0] = [0, 1] and x − 2·[−1, 0]·… for row −2: f₂ = 2 → x − 2·[−1, 0] = [0, 0]
     assert torch.allclose(null.transform(X[[0, 3]]), torch.tensor([[0.0, 1.0], [0.0, 0.0]]))
@@ -219,13 +222,13 @@ def test_sae_intervention_formulas(tmp_path):
 
 def test_unknown_and_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="unknown key"):
-        INTERVENTIONS.build({"name": "sae", "width": 3})
+        INTERVENTIONS.build({"name": "sae_latents", "width": 3})
     with pytest.raises(ConfigError, match="select must be one of"):
         DIRECTIONS.build({"name": "sae", "select": "max"})
     with pytest.raises(ConfigError, match="architecture"):
-        INTERVENTIONS.build({"name": "sae", "architecture": "gated"})
+        INTERVENTIONS.build({"name": "sae_latents", "architecture": "gated"})
     with pytest.raises(ConfigError, match="kind must be"):
-        INTERVENTIONS.build({"name": "sae", "kind": "both"})
+        INTERVENTIONS.build({"name": "sae_latents", "kind": "both"})
 
 
 # ------------------------------------------------------------------------------------ training and the cache

@@ -3,4 +3,5 @@
 from cprobe.directions import das, kmeans, lda, mean_diff, pca, probe, random, sae, vanilla
 from cprobe.directions.base import DIRECTIONS, Direction, unit
 
-__all__ = ["DIRECTIONS", "Direction", "das", "kmeans", "lda", "mean_diff", "pca", "probe", "random", "sae", "unit", "vanilla"]
+__all__ = ["DIRECTIONS", "Direction", "das", "kmeans", "lda", "mean_diff", "pca", "probe", "random", "sae", "unit",
+           "vanilla"]

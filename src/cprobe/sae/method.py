@@ -1,6 +1,6 @@
 """What the SAE methods share: where their SAE comes from and which of its latents carry the property.
 
-The settings (the ``sae`` direction's and the ``sae`` intervention's, docs/sae.md):
+The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, docs/sae.md):
 
 - ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`); with ``model`` and ``layer``
   set, it is refused in one line when it records another model or hook point, and always when its width is not the

@@ -1,5 +1,5 @@
-"""SAE latents as an intervention (``sae``): edit the property's latents and keep the SAE's error term, so that only
-those features move (:meth:`cprobe.sae.dictionary.SAE.edit`).
+"""SAE latents as an intervention (``sae_latents``): edit the property's latents and keep the SAE's error term, so
+that only those features move (:meth:`cprobe.sae.dictionary.SAE.edit`).
 
 With S the ``latents`` latents selected by ``select`` (:mod:`cprobe.sae.select`) on the fitting rows and f = the SAE's
 latents of a row x:
@@ -9,14 +9,14 @@ latents of a row x:
   over the fitting rows of class c (the target class's mean activation).
 
 A row whose selected latents are already at their new values is returned exactly. (The ``sae`` direction is the
-one-vector form, also as ``sae_direction``.) Where the SAE comes from, and every setting: :mod:`cprobe.sae.method`, docs/sae.md.
+one-vector form, also as ``sae_direction``.) Where the SAE comes from, and every setting: :mod:`cprobe.sae.method`,
+docs/sae.md.
 """
 
 from __future__ import annotations
 
 from typing import Self
 
-import torch
 from torch import Tensor
 
 from cprobe.errors import ConfigError
@@ -25,7 +25,7 @@ from cprobe.sae.method import SAEMethod
 from cprobe.stats import class_means
 
 
-@INTERVENTIONS.register("sae")
+@INTERVENTIONS.register("sae_latents")
 class SAEIntervention(SAEMethod, Intervention):
     """The property's SAE latents zeroed or set to the target class's mean (module doc). After ``fit``: ``targets_``
     (k, m) float32, the class means of the selected latents, besides :mod:`cprobe.sae.method`'s attributes."""
@@ -35,7 +35,7 @@ class SAEIntervention(SAEMethod, Intervention):
 
     def __init__(self, kind: str = "counterfactual", **settings: object) -> None:
         if kind not in ("counterfactual", "nullifying"):
-            raise ConfigError(f"intervention 'sae': kind must be counterfactual or nullifying, got {kind!r}")
+            raise ConfigError(f"intervention 'sae_latents': kind must be counterfactual or nullifying, got {kind!r}")
         self.kind = kind  # type: ignore[misc]
         super().__init__(**settings)  # type: ignore[arg-type]
 
@@ -50,6 +50,6 @@ class SAEIntervention(SAEMethod, Intervention):
         S = self.latents_.to(X.device)
         if self.kind == "nullifying":
             return self.sae_.edit(Xf, S, None).to(X.dtype)
-        z_target = check_targets("sae", z_target, self.n_classes)
+        z_target = check_targets("sae_latents", z_target, self.n_classes)
         return self.sae_.edit(Xf, S, self.targets_.to(X.device)[z_target.to(X.device).long()]).to(X.dtype)
 
