@@ -31,7 +31,7 @@ def test_causalgym_scores_the_sae_as_a_direction_and_as_an_intervention(adapter,
 @pytest.mark.slow
 def test_the_reliability_study_runs_both_sae_interventions(tmp_path):
     r = cli.run("run", "-m", "+experiment=sva_tiny_reliability", "intervention=sae_latents,sae_direction",
-                "intervention.latents=2", "--smoke", f"hydra.sweep.dir={tmp_path}", "progress=false", cwd=REPO)
+                "++intervention.latents=2", "--smoke", f"hydra.sweep.dir={tmp_path}", "progress=false", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     t = pd.read_csv(tmp_path / "results.csv")
     assert sorted(t["method"]) == ["sae_direction", "sae_latents"]
@@ -40,7 +40,7 @@ def test_the_reliability_study_runs_both_sae_interventions(tmp_path):
 
 
 def _explainer_settings(study: str) -> list[str]:
-    return [f"{study}.explainer.{name}.{k}={v}" for name in ("via_sae_latents", "via_sae_direction")
+    return [f"++{study}.explainer.{name}.{k}={v}" for name in ("via_sae_latents", "via_sae_direction")
             for k, v in SMALL.items()]
 
 
