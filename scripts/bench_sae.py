@@ -7,7 +7,8 @@
 ``synthetic``: states drawn from a planted sparse dictionary (4,096 unit atoms, 16 active per row with exponential
 magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports how many planted atoms the SAE
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
-``gemma3_270m`` over the offline CausalGym corpus' sentences, blocks above the layer skipped. Run it with
+``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, blocks above the
+layer skipped. Run it with
 ``OMP_NUM_THREADS`` set to the cores it may use.
 """
 
@@ -40,18 +41,20 @@ def planted(n: int, d: int, atoms: int, active: int, seed: int = 0) -> tuple[tor
 
 def gemma_states(layer: int, tokens: int) -> torch.Tensor:
     from cprobe.api import load_model
-    from cprobe.data.causalgym_corpus import sentences  # the offline corpus
+    from cprobe.paths import data_dir
 
     adapter = load_model("gemma3_270m")
-    model, tok = adapter.model, adapter.tokenizer
+    model, tok = adapter.model, adapter.tok
     model.model.layers = model.model.layers[:layer]  # nothing above the layer is needed
+    texts = dict.fromkeys(r["description"] for f in sorted((data_dir() / "cebab").glob("*.json"))
+                          for r in json.loads(f.read_text()) if r.get("description"))
     out, got = [], 0
-    with torch.no_grad():
-        for text in sentences():
-            ids = tok(text, return_tensors="pt").input_ids[:, :128]
+    with torch.inference_mode():
+        for text in texts:
+            ids = tok(text, return_tensors="pt").input_ids[:, :256]
             h = model.model(input_ids=ids, output_hidden_states=True).hidden_states[layer][0]
-            out.append(h.float())
-            got += len(h)
+            out.append(h[1:].float())  # every token but the start token
+            got += len(h) - 1
             if got >= tokens:
                 break
     return torch.cat(out)[:tokens]
