@@ -9,7 +9,8 @@ magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports h
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
 ``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, blocks above the
 layer skipped. Run it with
-``OMP_NUM_THREADS`` set to the cores it may use.
+``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
+also counts waiting for a core).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main() -> None:
     ap.add_argument("--out")
     a = ap.parse_args()
     D = None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if a.mode == "synthetic":
         X, D = planted(a.n, a.d, a.d_sae, 16)
     elif a.mode == "states":
@@ -86,12 +87,14 @@ def main() -> None:
         if a.out:
             from safetensors.torch import save_file
             save_file({"states": X.contiguous()}, a.out)
-    t_data = time.perf_counter() - t0
+    t_data, c_data = time.perf_counter() - t0, time.process_time() - c0
     s = TrainSettings(architecture="topk", d_sae=a.d_sae, k=a.k, epochs=a.epochs, batch_size=a.batch_size)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sae = train(minibatches(X, s.batch_size, s.seed), X.shape[1], s)
-    t_train = time.perf_counter() - t0
-    report = {"states": list(X.shape), "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
+    t_train, c_train = time.perf_counter() - t0, time.process_time() - c0
+    report = {"states": list(X.shape), "data_seconds": round(t_data, 1),
+              "data_cpu_seconds": round(c_data, 1), "train_seconds": round(t_train, 1),
+              "train_cpu_seconds": round(c_train, 1),
               "threads": torch.get_num_threads(), **{k: round(v, 4) for k, v in measure(sae, X).items()},
               "settings": s.as_dict()}
     if D is not None:
