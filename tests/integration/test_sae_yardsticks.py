@@ -1,12 +1,19 @@
 """SAE methods on every yardstick with no study changed: the ``sae`` direction and the ``sae_latents`` intervention in
 CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), both SAE interventions in the reliability study
-(the tiny BERT), and ``via_sae_latents`` / ``via_sae_direction`` in CEBaB and LIBERTy (their tests' tiny worlds)."""
+(the tiny BERT), and ``via_sae_latents`` / ``via_sae_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and
+the LM loss an SAE adds spliced into a model (cprobe.sae.splice)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
+from cprobe.data.items import TextItem
+from cprobe.models.formatters import RegionFormatter
+from cprobe.models.sites import Site
+from cprobe.sae.dictionary import SAE
+from cprobe.sae.splice import loss_added
 from cprobe.tasks.causalgym_engine import run_gym_task
 from tests import cli
 from tests.cli import REPO
@@ -69,3 +76,20 @@ def test_liberty_estimates_effects_through_the_sae_methods(liberty_world, tmp_pa
     ed = pd.read_parquet(f).query("kind == 'ed'")
     assert {"via_sae_latents", "via_sae_direction"} <= set(ed["explainer"])
     assert ed["value"].notna().all()
+
+
+# ------------------------------------------------------------------------------------ spliced into a model
+def test_the_loss_added_is_zero_for_an_exact_sae_and_positive_for_a_lossy_one(adapter):  # noqa: F811
+    model = adapter
+    items = [TextItem(f"t{i}", t, regions=(t,)) for i, t in enumerate(["the author is", "the guards near the guard"])]
+    d = model.model.config.hidden_size
+    eye = torch.eye(d)
+    # f = [relu(x), relu(−x)] and x̂ = relu(x) − relu(−x) = x exactly
+    exact = SAE(W_enc=torch.cat([eye, -eye], 1), b_enc=torch.zeros(2 * d), W_dec=torch.cat([eye, -eye], 0),
+                b_dec=torch.zeros(d), activation="relu")
+    site = Site(1, "last")
+    # the spliced pass sees the same state values: equal up to float rounding in the KL's sum
+    assert loss_added(model, items, RegionFormatter(), site, exact) == pytest.approx(0.0, abs=1e-9)
+    lossy = SAE(W_enc=exact.W_enc, b_enc=exact.b_enc, W_dec=torch.zeros(2 * d, d), b_dec=torch.zeros(d),
+                activation="relu")  # reconstructs every state as 0
+    assert loss_added(model, items, RegionFormatter(), site, lossy) > 1e-4

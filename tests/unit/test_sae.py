@@ -272,3 +272,4 @@ def test_trained_sae_is_cached_by_content(tmp_path):
     assert store.key(X, s) != store.key(X2, s)
     entry = tmp_path / "sae" / store.key(X, s)
     assert saelens.load(entry).k == 1 and (entry / "checksums.json").is_file()  # a loadable SAELens folder
+
