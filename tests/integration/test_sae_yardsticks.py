@@ -93,3 +93,15 @@ def test_the_loss_added_is_zero_for_an_exact_sae_and_positive_for_a_lossy_one(ad
     lossy = SAE(W_enc=exact.W_enc, b_enc=exact.b_enc, W_dec=torch.zeros(2 * d, d), b_dec=torch.zeros(d),
                 activation="relu")  # reconstructs every state as 0
     assert loss_added(model, items, RegionFormatter(), site, lossy) > 1e-4
+
+
+def test_an_sae_of_another_model_is_refused_before_the_study_runs(tmp_path):
+    """The job's model name reaches the setting `model` (conf/intervention/sae_latents.yaml): a released SAE recorded
+    for another model is one line, exit 1, nothing under the output root."""
+    from tests.unit.test_sae import hand_sae, write_folder
+
+    write_folder(tmp_path / "sae", hand_sae(), model_name="google/gemma-2-2b", hook_name="blocks.3.hook_resid_post")
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=sva_tiny_reliability", "intervention=sae_latents",
+                f"intervention.path={tmp_path / 'sae'}", f"paths.output_root={out}", cwd=REPO)
+    cli.assert_refused(r, "was trained on model 'google/gemma-2-2b' (cfg.json model_name), not 'tiny_bert_sva'", out)

@@ -134,15 +134,22 @@ def test_saelens_bad_folders_are_one_line(tmp_path, cfg, drop, message):
     assert "\n" not in str(e.value)
 
 
-def test_check_fits_refuses_width_model_and_hook():
-    sae = hand_sae(model_name="google/gemma-3-270m", hook_name="blocks.5.hook_resid_post")
-    saelens.check_fits(sae, 2, "x", model="gemma3_270m", layer=6)  # one name across spellings; layer 6 = blocks.5 post
+def test_width_model_and_hook_are_checked(tmp_path):
+    write_folder(tmp_path, hand_sae(), model_name="google/gemma-3-270m", hook_name="blocks.5.hook_resid_post")
+    cfg = saelens.read_cfg(tmp_path)
+    saelens.check_recorded(cfg, "x", model="gemma3_270m", layer=6)  # one name across spellings; 6 = blocks.5 post
+    saelens.check_width(hand_sae(), 2, "x")
     with pytest.raises(ConfigError, match="width 2, but the states here have width 640"):
-        saelens.check_fits(sae, 640, "x")
+        saelens.check_width(hand_sae(), 640, "x")
     with pytest.raises(ConfigError, match="trained on model 'google/gemma-3-270m'.*not 'tiny_neox_sva'"):
-        saelens.check_fits(sae, 2, "x", model="tiny_neox_sva")
+        saelens.check_recorded(cfg, "x", model="tiny_neox_sva")
     with pytest.raises(ConfigError, match="hook 'blocks.5.hook_resid_post'.*not at layer 3"):
-        saelens.check_fits(sae, 2, "x", layer=3)
+        saelens.check_recorded(cfg, "x", layer=3)
+    # the methods refuse it when they are built (validation), before any states exist
+    with pytest.raises(ConfigError, match="trained on model"):
+        INTERVENTIONS.build({"name": "sae_latents", "path": str(tmp_path), "model": "pythia_70m"})
+    with pytest.raises(ConfigError, match="lacks cfg.json"):
+        DIRECTIONS.build({"name": "sae", "path": str(tmp_path / "nowhere")})
 
 
 def test_hook_layers():

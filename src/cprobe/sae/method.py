@@ -2,9 +2,9 @@
 
 The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, docs/sae.md):
 
-- ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`); with ``model`` and ``layer``
-  set, it is refused in one line when it records another model or hook point, and always when its width is not the
-  states'. Without ``path`` an SAE is trained on the fitting states themselves (the activations at the site, from
+- ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`); refused in one line when it
+  records another model than ``model`` or another hook point than ``layer`` (each when set; checked when the method is
+  built, at validation), and when its width is not the states' (when it is fitted). Without ``path`` an SAE is trained on the fitting states themselves (the activations at the site, from
   the activation cache) with ``architecture`` (``topk`` / ``relu``), ``d_sae``, ``k`` (TopK), ``l1`` (ReLU),
   ``lr`` (null: sparsify's rule), ``epochs``, ``batch_size`` and the method's seed, and kept in the cache (kind
   ``sae``, keyed by the states' content and every setting) unless ``cache: false``.
@@ -40,6 +40,8 @@ class SAEMethod:
         if not (isinstance(latents, int) and latents >= 1):
             raise ConfigError(f"SAE latents must be an integer >= 1, got {latents!r}")
         self.path, self.model, self.layer, self.cache = path, model, layer, bool(cache)
+        if path is not None:  # the folder, its format and what it records, checked before any model loads
+            saelens.check_recorded(saelens.read_cfg(path), f"folder {path}", model=model, layer=layer)
         self.select, self.latents = select, latents
         self.train_settings = TrainSettings(architecture=architecture, d_sae=d_sae, k=k, l1=float(l1),
                                             lr=None if lr is None else float(lr), epochs=epochs,
@@ -62,7 +64,7 @@ class SAEMethod:
             sae, self.quality_ = store.trained(X, self.train_settings, cache_dir() if self.cache else None)
             return sae
         sae = saelens.load(self.path)
-        saelens.check_fits(sae, X.shape[1], f"folder {self.path}", model=self.model, layer=self.layer)
+        saelens.check_width(sae, X.shape[1], f"folder {self.path}")
         self.quality_ = measure(sae, X)
         return sae
 

@@ -7,8 +7,9 @@ the top level or in ``activation_fn_kwargs``), ``apply_b_dec_to_input``, ``norma
 supported) and ``model_name`` / ``hook_name`` (top level, or under ``metadata`` as SAELens 6 writes them). Only a
 local folder is read: no hub. cprobe's own trained SAEs are written the same way (their cache entries load in SAELens).
 
-:func:`check_fits` refuses, in one line, an SAE of the wrong width for the states and one trained on another model or
-at another layer than the one it is used on (a cprobe layer ``k`` is TransformerLens's ``blocks.{k-1}.hook_resid_post``
+:func:`check_recorded` refuses, in one line, an SAE trained on another model or at another layer than the one it is
+used on (from ``cfg.json`` alone, when the method is built: at validation), :func:`check_width` one of the wrong
+width for the states (a cprobe layer ``k`` is TransformerLens's ``blocks.{k-1}.hook_resid_post``
 = ``blocks.{k}.hook_resid_pre``; docs/architecture.md).
 """
 
@@ -27,6 +28,28 @@ CFG, WEIGHTS = "cfg.json", "sae_weights.safetensors"
 TENSORS = ("W_enc", "b_enc", "W_dec", "b_dec")
 
 
+def read_cfg(folder: str | Path) -> dict[str, Any]:
+    """``cfg.json`` of the SAE folder ``folder``, checked without reading the weights: both files present, the
+    architecture one cprobe runs, no input normalisation; ``model_name`` / ``hook_name`` lifted from ``metadata``.
+    A one-line ConfigError otherwise."""
+    folder = Path(folder).expanduser()
+    missing = [n for n in (CFG, WEIGHTS) if not (folder / n).is_file()]
+    if missing:
+        raise ConfigError(f"SAE folder {folder} lacks {' and '.join(missing)} (SAELens format: {CFG} + {WEIGHTS})")
+    try:
+        cfg = json.loads((folder / CFG).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"SAE folder {folder}: cannot read {CFG} ({type(e).__name__}: {e})") from None
+    meta = cfg.get("metadata") or {}
+    cfg["model_name"], cfg["hook_name"] = cfg.get("model_name") or meta.get("model_name"), \
+        cfg.get("hook_name") or meta.get("hook_name")
+    cfg["activation"], cfg["k"] = _activation(cfg, folder)
+    if str(cfg.get("normalize_activations") or "none") != "none":
+        raise ConfigError(f"SAE folder {folder}: normalize_activations={cfg['normalize_activations']!r} is not "
+                          "supported (only 'none')")
+    return cfg
+
+
 def load(folder: str | Path) -> SAE:
     """The SAE in ``folder`` (module doc); a one-line ConfigError for a missing folder or file, an unreadable or
     inconsistent one, or an architecture cprobe does not run."""
@@ -34,28 +57,19 @@ def load(folder: str | Path) -> SAE:
     from safetensors.torch import load_file
 
     folder = Path(folder).expanduser()
-    missing = [n for n in (CFG, WEIGHTS) if not (folder / n).is_file()]
-    if missing:
-        raise ConfigError(f"SAE folder {folder} lacks {' and '.join(missing)} (SAELens format: {CFG} + {WEIGHTS})")
+    cfg = read_cfg(folder)
     try:
-        cfg = json.loads((folder / CFG).read_text())
         tensors = load_file(str(folder / WEIGHTS))
     except (OSError, ValueError, SafetensorError) as e:
-        raise ConfigError(f"SAE folder {folder}: cannot read it ({type(e).__name__}: {e})") from None
+        raise ConfigError(f"SAE folder {folder}: cannot read {WEIGHTS} ({type(e).__name__}: {e})") from None
     if absent := [n for n in TENSORS if n not in tensors]:
         raise ConfigError(f"SAE folder {folder}: {WEIGHTS} lacks {absent}")
-    meta = cfg.get("metadata") or {}
-    activation, k = _activation(cfg, folder)
-    if str(cfg.get("normalize_activations") or "none") != "none":
-        raise ConfigError(f"SAE folder {folder}: normalize_activations={cfg['normalize_activations']!r} is not "
-                          "supported (only 'none')")
     try:
         sae = SAE(W_enc=tensors["W_enc"].float(), b_enc=tensors["b_enc"].float(), W_dec=tensors["W_dec"].float(),
-                  b_dec=tensors["b_dec"].float(), activation=activation, k=k,
+                  b_dec=tensors["b_dec"].float(), activation=cfg["activation"], k=cfg["k"],
                   threshold=tensors["threshold"].float() if "threshold" in tensors else None,
                   apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
-                  model_name=cfg.get("model_name") or meta.get("model_name"),
-                  hook_name=cfg.get("hook_name") or meta.get("hook_name"))
+                  model_name=cfg["model_name"], hook_name=cfg["hook_name"])
     except ValueError as e:
         raise ConfigError(f"SAE folder {folder}: {e}") from None
     for key, have in (("d_in", sae.d_in), ("d_sae", sae.d_sae)):
@@ -111,16 +125,19 @@ def _plain(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.rsplit("/", 1)[-1].lower())
 
 
-def check_fits(sae: SAE, d: int, where: str, model: str | None = None, layer: int | None = None) -> None:
-    """One line when ``sae`` cannot read the states it is given: their width ``d`` is not its ``d_in``, or it
-    records another model than ``model`` or another layer than ``layer`` (each checked when both sides are known)."""
+def check_width(sae: SAE, d: int, where: str) -> None:
+    """One line when ``sae`` cannot read states of width ``d``."""
     if sae.d_in != d:
         raise ConfigError(f"SAE {where} reads states of width {sae.d_in}, but the states here have width {d}: an SAE "
                           "of another width, for another model or layer")
-    if model and sae.model_name and _plain(model) != _plain(sae.model_name):
-        raise ConfigError(f"SAE {where} was trained on model {sae.model_name!r} ({CFG} model_name), not {model!r}")
-    if layer is not None and sae.hook_name:
-        got = hook_layer(sae.hook_name)
-        if got != layer:
-            raise ConfigError(f"SAE {where} was trained at hook {sae.hook_name!r} ({CFG} hook_name), not at layer "
-                              f"{layer} (blocks.{layer - 1}.hook_resid_post)")
+
+
+def check_recorded(cfg: dict[str, Any], where: str, model: str | None = None, layer: int | None = None) -> None:
+    """One line when the SAE whose :func:`read_cfg` is ``cfg`` records another model than ``model`` or another layer
+    than ``layer`` (each checked when both sides are known)."""
+    recorded_model, hook = cfg.get("model_name"), cfg.get("hook_name")
+    if model and recorded_model and _plain(model) != _plain(recorded_model):
+        raise ConfigError(f"SAE {where} was trained on model {recorded_model!r} ({CFG} model_name), not {model!r}")
+    if layer is not None and hook and hook_layer(hook) != layer:
+        raise ConfigError(f"SAE {where} was trained at hook {hook!r} ({CFG} hook_name), not at layer {layer} "
+                          f"(blocks.{layer - 1}.hook_resid_post)")
