@@ -2,13 +2,16 @@
 
     python scripts/bench_sae.py synthetic [--n 100000] [--d 640] [--d-sae 4096] [--k 32] [--epochs 5]
     python scripts/bench_sae.py states FILE.safetensors   # a (n, d) tensor "states", e.g. written by `gemma` below
-    python scripts/bench_sae.py gemma --layer 6 --tokens 100000 --out states.safetensors
+    python scripts/bench_sae.py gemma --layer 6 --tokens 100000 --out states.safetensors --save SAE_DIR
+    python scripts/bench_sae.py splice SAE_DIR --layer 6 --n 200   # the LM loss it adds at the last token
 
 ``synthetic``: states drawn from a planted sparse dictionary (4,096 unit atoms, 16 active per row with exponential
 magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports how many planted atoms the SAE
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
 ``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, blocks above the
-layer skipped. Run it with
+layer skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and measures the LM
+loss it adds spliced into ``gemma3_270m`` at ``--layer`` at the last token of ``--n`` reviews
+(:func:`cprobe.sae.splice.loss_added`: KL to the clean pass). Run it with
 ``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
 also counts waiting for a core).
 """
@@ -42,13 +45,11 @@ def planted(n: int, d: int, atoms: int, active: int, seed: int = 0) -> tuple[tor
 
 def gemma_states(layer: int, tokens: int) -> torch.Tensor:
     from cprobe.api import load_model
-    from cprobe.paths import data_dir
 
     adapter = load_model("gemma3_270m")
     model, tok = adapter.model, adapter.tok
     model.model.layers = model.model.layers[:layer]  # nothing above the layer is needed
-    texts = dict.fromkeys(r["description"] for f in sorted((data_dir() / "cebab").glob("*.json"))
-                          for r in json.loads(f.read_text()) if r.get("description"))
+    texts = reviews()
     out, got = [], 0
     with torch.inference_mode():
         for text in texts:
@@ -61,11 +62,33 @@ def gemma_states(layer: int, tokens: int) -> torch.Tensor:
     return torch.cat(out)[:tokens]
 
 
+def splice(folder: str, layer: int, n: int) -> dict[str, float]:
+    from cprobe.api import load_model
+    from cprobe.data.items import TextItem
+    from cprobe.models.formatters import RegionFormatter
+    from cprobe.models.sites import Site
+    from cprobe.sae import saelens
+    from cprobe.sae.splice import loss_added
+
+    texts = list(reviews())[-n:]  # the last reviews: not the ones the SAE was trained on first
+    items = [TextItem(f"r{i}", t, regions=(t,)) for i, t in enumerate(texts)]
+    t0 = time.perf_counter()
+    kl = loss_added(load_model("gemma3_270m"), items, RegionFormatter(), Site(layer, "last"), saelens.load(folder))
+    return {"loss_added_nats": round(kl, 4), "items": len(items), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def reviews() -> dict[str, None]:
+    from cprobe.paths import data_dir
+
+    return dict.fromkeys(r["description"] for f in sorted((data_dir() / "cebab").glob("*.json"))
+                         for r in json.loads(f.read_text()) if r.get("description"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["synthetic", "states", "gemma"])
+    ap.add_argument("mode", choices=["synthetic", "states", "gemma", "splice"])
     ap.add_argument("file", nargs="?")
-    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--n", type=int, help="synthetic: rows (100,000); splice: reviews (200)")
     ap.add_argument("--d", type=int, default=640)
     ap.add_argument("--d-sae", type=int, default=4096)
     ap.add_argument("--k", type=int, default=32)
@@ -74,11 +97,15 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--out")
+    ap.add_argument("--save")
     a = ap.parse_args()
+    if a.mode == "splice":
+        print(json.dumps(splice(a.file, a.layer, a.n or 200)))
+        return
     D = None
     t0, c0 = time.perf_counter(), time.process_time()
     if a.mode == "synthetic":
-        X, D = planted(a.n, a.d, a.d_sae, 16)
+        X, D = planted(a.n or 100_000, a.d, a.d_sae, 16)
     elif a.mode == "states":
         from safetensors.torch import load_file
         X = load_file(a.file)["states"].float()
@@ -97,6 +124,14 @@ def main() -> None:
               "train_cpu_seconds": round(c_train, 1),
               "threads": torch.get_num_threads(), **{k: round(v, 4) for k, v in measure(sae, X).items()},
               "settings": s.as_dict()}
+    if a.save:
+        from pathlib import Path
+
+        from cprobe.sae import saelens
+
+        Path(a.save).mkdir(parents=True, exist_ok=True)
+        sae.model_name, sae.hook_name = "gemma3_270m", f"blocks.{a.layer - 1}.hook_resid_post"
+        saelens.save(sae, Path(a.save))
     if D is not None:
         W = sae.W_dec / sae.W_dec.norm(dim=1, keepdim=True)
         report["planted_atoms_recovered_cos0.9"] = float(((D @ W.T).max(1).values >= 0.9).float().mean())
