@@ -280,3 +280,17 @@ def test_trained_sae_is_cached_by_content(tmp_path):
     entry = tmp_path / "sae" / store.key(X, s)
     assert saelens.load(entry).k == 1 and (entry / "checksums.json").is_file()  # a loadable SAELens folder
 
+
+
+def test_the_intervention_configs_take_the_jobs_model_and_cache_switch():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.cli import REPO
+
+    for name in ("sae_latents", "sae_direction"):
+        with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", f"intervention={name}",
+                                               "cache.enabled=false"])
+        node = OmegaConf.to_container(cfg, resolve=True)["intervention"]
+        assert (node["model"], node["cache"]) == ("tiny_bert_sva", False)
