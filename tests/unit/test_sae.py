@@ -292,5 +292,5 @@ def test_the_intervention_configs_take_the_jobs_model_and_cache_switch():
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", f"intervention={name}",
                                                "cache.enabled=false"])
-        node = OmegaConf.to_container(cfg, resolve=True)["intervention"]
+        node = OmegaConf.to_container(cfg.intervention, resolve=True)
         assert (node["model"], node["cache"]) == ("tiny_bert_sva", False)
