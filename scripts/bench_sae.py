@@ -9,7 +9,8 @@
 magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports how many planted atoms the SAE
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
 ``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, blocks above the
-layer skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and measures the LM
+layer + 1
+skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and measures the LM
 loss it adds spliced into ``gemma3_270m`` at ``--layer`` at the last token of ``--n`` reviews
 (:func:`cprobe.sae.splice.loss_added`: KL to the clean pass). Run it with
 ``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
@@ -48,7 +49,9 @@ def gemma_states(layer: int, tokens: int) -> torch.Tensor:
 
     adapter = load_model("gemma3_270m")
     model, tok = adapter.model, adapter.tok
-    model.model.layers = model.model.layers[:layer]  # nothing above the layer is needed
+    # blocks 1..layer+1 kept: hidden_states[layer] is then block `layer`'s output (cprobe's Site(layer)), not the final
+    # norm's, which HF applies to the last kept block's output
+    model.model.layers = model.model.layers[:layer + 1]
     texts = reviews()
     out, got = [], 0
     with torch.inference_mode():
