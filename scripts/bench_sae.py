@@ -8,12 +8,10 @@
 ``synthetic``: states drawn from a planted sparse dictionary (4,096 unit atoms, 16 active per row with exponential
 magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports how many planted atoms the SAE
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
-``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, blocks above the
-layer + 1
-skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and measures the LM
-loss it adds spliced into ``gemma3_270m`` at ``--layer`` at the last token of ``--n`` reviews
-(:func:`cprobe.sae.splice.loss_added`: KL to the clean pass). Run it with
-``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
+``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, the blocks above
+``--layer + 1`` skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and
+measures the LM loss it adds spliced into ``gemma3_270m`` at ``--layer`` at the last token of ``--n`` reviews
+(:func:`cprobe.sae.splice.loss_added`: KL to the clean pass). Run it with ``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
 also counts waiting for a core).
 """
 
