@@ -129,15 +129,18 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
     (tmp_path / "engine" / "batch_limits.json").write_text("{}")
     checked_entry(tmp_path / "gguf" / "a5fd3b", files({"gguf.json": b'{"file": "m.gguf", "file_type": "Q4_K_M"}'}),
                   "a GGUF model")
+    checked_entry(tmp_path / "sae" / "k", files({"quality.json": b'{"fvu": 0.25, "l0": 16.0, "dead_fraction": 0.5}'}),
+                  "an SAE")
+    assert [e[3] for e in cache_entries(tmp_path) if e[0] == "sae"] == ["fvu=0.25, l0=16, dead_fraction=0.5"]
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
     assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "gguf", "models",
-                                            "probe_fits"]
+                                            "probe_fits", "sae"]
     assert clear_cache(tmp_path, "probe_fits") == (1, []) and not list((tmp_path / "probe_fits").iterdir())
-    assert clear_cache(tmp_path) == (6, [])
+    assert clear_cache(tmp_path) == (7, [])
     assert list(cache_entries(tmp_path)) == []
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["activations/" + act.dir.name + ".lock", "cloze/k.lock", "gguf/a5fd3b.lock",
-                    "models/tiny-bert-abc.lock"]  # a job may hold them
+                    "models/tiny-bert-abc.lock", "sae/k.lock"]  # a job may hold them
 
 
 def test_checksummed_tensors_roundtrip_and_reject_unchecked_files(tmp_path):

@@ -14,6 +14,9 @@ import torch
 from cprobe import testing
 from cprobe.testing import SMALL_PROBE, Subject, parametrize_with_checks, run_checks, subjects
 
+SAE_SMALL = {"d_sae": 16, "k": 4, "epochs": 30, "latents": 6, "select": "attribution"}
+"""An SAE on the planted 8-d Gaussian property: one latent carries only part of it (docs/sae.md), six chosen by
+attribution carry it (the direction checks: the sum of their decoder rows is the planted coordinate)."""
 SMALL = {  # required arguments, and budgets small enough for a unit test (rank 1: the erasers' directions are checked)
     ("intervention", "inlp"): {"rank": 1}, ("intervention", "alterrep"): {"rank": 1},
     ("intervention", "rlace"): {"rank": 1, "max_steps": 300, "lr": 0.05},
@@ -22,6 +25,11 @@ SMALL = {  # required arguments, and budgets small enough for a unit test (rank 
     ("intervention", "autoattack"): {"eps": 4.0, "n_queries": 50, "probe": SMALL_PROBE},
     ("intervention", "das"): {"epochs": 1, "batch_size": 16, "lr": 0.1},
     ("direction method", "das"): {"epochs": 1, "batch_size": 16, "lr": 0.1},
+    ("intervention", "sae_latents"): SAE_SMALL,
+    ("intervention", "sae_direction"): SAE_SMALL,
+    ("direction method", "sae"): SAE_SMALL,
+    ("explainer", "via_sae_latents"): SAE_SMALL,
+    ("explainer", "via_sae_direction"): SAE_SMALL,
     ("probe", "linear"): {"lrs": (1e-1,), "epochs": 20},
     ("probe", "mlp"): {"lrs": (1e-2,), "epochs": 10, "widths": (16,), "n_layers": (1,)},
     ("explainer", "conceptshap"): {"epochs": 3, "hidden": 32},

@@ -2,9 +2,9 @@
 
 One adapter, :class:`DirectionIntervention`, registered once per direction method under an intervention name
 (:data:`BRIDGED`: ``das``, ``probe_direction``, ``mean_direction``, ``lda_direction``, ``pca_direction``,
-``kmeans_direction``, ``random_direction`` — ``probe``/``mean``/... alone would read as the probe config group or
-collide with ``mean_diff``). It finds the unit direction ``a`` with the direction method, then edits only the
-coordinate ``aᵀx`` and leaves the orthogonal complement exactly as it was:
+``kmeans_direction``, ``random_direction``, ``sae_direction`` — ``probe``/``mean``/... alone would read as the
+probe config group or collide with ``mean_diff``). It finds the unit direction ``a`` with the direction method,
+then edits only the coordinate ``aᵀx`` and leaves the orthogonal complement exactly as it was:
 
 - ``kind: counterfactual`` (default): ``x′ = x + (t_{z′} − aᵀx) a``, so ``aᵀx′ = t_{z′}``. The target statistic
   ``t_c`` is the **mean of aᵀx over the fitting rows of class c** (the intervention split): the expected value of
@@ -59,6 +59,7 @@ ALONG = ("direction", "covariance")
 BRIDGED: dict[str, str] = {
     "das": "das", "probe_direction": "probe", "mean_direction": "mean", "lda_direction": "lda",
     "pca_direction": "pca", "kmeans_direction": "kmeans", "random_direction": "random",
+    "sae_direction": "sae",
 }
 """Intervention name → direction method (every registered direction that learns a direction)."""
 

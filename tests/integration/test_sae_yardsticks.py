@@ -1,0 +1,107 @@
+"""SAE methods on every yardstick with no study changed: the ``sae`` direction and the ``sae_latents`` intervention in
+CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), both SAE interventions in the reliability study
+(the tiny BERT), and ``via_sae_latents`` / ``via_sae_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and
+the LM loss an SAE adds spliced into a model (cprobe.sae.splice)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from cprobe.data.items import TextItem
+from cprobe.models.formatters import RegionFormatter
+from cprobe.models.sites import Site
+from cprobe.sae.dictionary import SAE
+from cprobe.sae.splice import loss_added
+from cprobe.tasks.causalgym_engine import run_gym_task
+from tests import cli
+from tests.cli import REPO
+from tests.integration.test_causalgym_task import _settings, adapter, template  # noqa: F401
+from tests.integration.test_cebab_task import _tiny as cebab_tiny
+from tests.integration.test_cebab_task import world as cebab_world  # noqa: F401
+from tests.integration.test_liberty_task import _tiny as liberty_tiny
+from tests.integration.test_liberty_task import world as liberty_world  # noqa: F401
+
+SMALL = {"d_sae": 32, "k": 4, "epochs": 10, "latents": 2}  # what a unit budget trains on a few hundred states
+
+
+def test_causalgym_scores_the_sae_as_a_direction_and_as_an_intervention(adapter, template):  # noqa: F811
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(
+        methods=["mean", "sae", "sae_latents"], layers=[1, 2], interventions={"sae_latents": SMALL})))
+    by = {m: rows[rows["method"] == m] for m in ("mean", "sae", "sae_latents")}
+    assert len(by["sae"]) == len(by["mean"]) == len(by["sae_latents"]) > 0  # every site, both conditions
+    assert by["sae"]["odds"].notna().all() and by["sae_latents"]["odds"].notna().all()
+    assert not by["sae_latents"]["odds"].equals(by["sae"]["odds"])  # two different edits
+
+
+@pytest.mark.slow
+def test_the_reliability_study_runs_both_sae_interventions(tmp_path):
+    r = cli.run("run", "-m", "+experiment=sva_tiny_reliability", "intervention=sae_latents,sae_direction",
+                "++intervention.latents=2", "--smoke", f"hydra.sweep.dir={tmp_path}", "progress=false", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = pd.read_csv(tmp_path / "results.csv")
+    assert sorted(t["method"]) == ["sae_direction", "sae_latents"]
+    for col in ("completeness", "selectivity", "reliability"):
+        assert t[col].between(0, 1).all(), t[["method", col]]
+
+
+def _explainer_settings(study: str) -> list[str]:
+    return [f"++{study}.explainer.{name}.{k}={v}" for name in ("via_sae_latents", "via_sae_direction")
+            for k, v in SMALL.items()]
+
+
+@pytest.mark.slow
+def test_cebab_estimates_effects_through_the_sae_methods(cebab_world, tmp_path):  # noqa: F811
+    r = cli.run("run", *cebab_tiny(cebab_world), "cebab.task=2way", "cebab.finetune.epochs=2",
+                "cebab.explainers=[random,via_sae_latents,via_sae_direction]", *_explainer_settings("cebab"),
+                f"paths.output_root={tmp_path}", "progress=false", cwd=tmp_path,
+                env={"CPROBE_DATA_DIR": str(cebab_world[0])})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (f,) = list(tmp_path.rglob("metrics.parquet"))
+    t = pd.read_parquet(f)
+    err = t[(t["kind"] == "icace_error") & (t["aspect"] == "all")]
+    assert {"via_sae_latents", "via_sae_direction"} <= set(err["explainer"])
+    assert err["value"].notna().all()
+
+
+@pytest.mark.slow
+def test_liberty_estimates_effects_through_the_sae_methods(liberty_world, tmp_path):  # noqa: F811
+    r = cli.run("run", *liberty_tiny(liberty_world), "liberty.finetune.epochs=2",
+                "liberty.explainers=[random,via_sae_latents,via_sae_direction]", *_explainer_settings("liberty"),
+                f"paths.output_root={tmp_path}", "progress=false", cwd=tmp_path,
+                env={"CPROBE_DATA_DIR": str(liberty_world[2])})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (f,) = list(tmp_path.rglob("metrics.parquet"))
+    ed = pd.read_parquet(f).query("kind == 'ed'")
+    assert {"via_sae_latents", "via_sae_direction"} <= set(ed["explainer"])
+    assert ed["value"].notna().all()
+
+
+# ------------------------------------------------------------------------------------ spliced into a model
+def test_the_loss_added_is_zero_for_an_exact_sae_and_positive_for_a_lossy_one(adapter):  # noqa: F811
+    model = adapter
+    items = [TextItem(f"t{i}", t, regions=(t,)) for i, t in enumerate(["the author is", "the guards near the guard"])]
+    d = model.model.config.hidden_size
+    eye = torch.eye(d)
+    # f = [relu(x), relu(−x)] and x̂ = relu(x) − relu(−x) = x exactly
+    exact = SAE(W_enc=torch.cat([eye, -eye], 1), b_enc=torch.zeros(2 * d), W_dec=torch.cat([eye, -eye], 0),
+                b_dec=torch.zeros(d), activation="relu")
+    site = Site(1, "last")
+    # the spliced pass sees the same state values: equal up to float rounding in the KL's sum
+    assert loss_added(model, items, RegionFormatter(), site, exact) == pytest.approx(0.0, abs=1e-9)
+    lossy = SAE(W_enc=exact.W_enc, b_enc=exact.b_enc, W_dec=torch.zeros(2 * d, d), b_dec=torch.zeros(d),
+                activation="relu")  # reconstructs every state as 0
+    assert loss_added(model, items, RegionFormatter(), site, lossy) > 1e-4
+
+
+def test_an_sae_of_another_model_is_refused_before_the_study_runs(tmp_path):
+    """The job's model name reaches the setting `model` (conf/intervention/sae_latents.yaml): a released SAE recorded
+    for another model is one line, exit 1, nothing under the output root."""
+    from tests.unit.test_sae import hand_sae, write_folder
+
+    write_folder(tmp_path / "sae", hand_sae(), model_name="google/gemma-2-2b", hook_name="blocks.3.hook_resid_post")
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=sva_tiny_reliability", "intervention=sae_latents",
+                f"intervention.path={tmp_path / 'sae'}", f"paths.output_root={out}", cwd=REPO)
+    cli.assert_refused(r, "was trained on model 'google/gemma-2-2b' (cfg.json model_name), not 'tiny_bert_sva'", out)
