@@ -125,7 +125,7 @@ def test_collect_over_every_study_writes_one_leaderboard(study_runs):
     assert methods["liberty"] >= {"random", "approx", "ft_match"}
     assert {"", "original", "random"} <= methods["prompt_bias"]
     assert methods["axbench"] == {"mean", "probe", "pca", "lda", "kmeans", "random"}
-    assert methods["ravel"] == {"das", "mean", "pca", "random", "vanilla"}
+    assert methods["ravel"] == {"das", "mdas", "mean", "pca", "random", "vanilla"}
     # per model and layer: the probes' rows carry their read layer
     probing = board[board["study"] == "probing"]
     assert sorted(probing["read_layer"].unique()) == [0, 1, 2, 3, 4] and set(probing["metric"]) == {"probe_accuracy"}
