@@ -44,6 +44,10 @@ def test_the_reliability_study_runs_both_sae_interventions(tmp_path):
     assert sorted(t["method"]) == ["sae_direction", "sae_latents"]
     for col in ("completeness", "selectivity", "reliability"):
         assert t[col].between(0, 1).all(), t[["method", col]]
+    # each row reports its SAE's quality on the fitting states; both methods fit the same SAE (cached by content)
+    q = t[["fit_sae_fvu", "fit_sae_l0", "fit_sae_dead_fraction"]]
+    assert q.notna().all().all() and (q["fit_sae_l0"] > 0).all() and (q["fit_sae_l0"] <= 16).all()  # TopK k=16
+    assert q["fit_sae_fvu"].iloc[0] == pytest.approx(q["fit_sae_fvu"].iloc[1], rel=1e-6)
 
 
 def _explainer_settings(study: str) -> list[str]:

@@ -301,6 +301,17 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
     return splits, values, labels
 
 
+def fit_diagnostics(m: Any) -> dict[str, Any]:
+    """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps and convergence, an
+    attack's probe accuracy, and an SAE's quality on its fitting states (``quality_``: FVU, L0, dead-latent fraction;
+    through a direction intervention's fitted direction too)."""
+    out = {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
+    for src in (m, *getattr(m, "directions_", ())[:1]):
+        if getattr(src, "quality_", None):
+            return {**out, **{f"fit_sae_{k}": float(v) for k, v in src.quality_.items() if k != "n"}}
+    return out
+
+
 def _site_name(s: Site, position: str) -> str:
     return str(s.layer) if s.position == position else f"{s.layer}@{s.position}"
 
@@ -469,7 +480,7 @@ def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, 
             "n_intervention": len(inter), "device": sc.dev,
             "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_fits[l].sources, **fits.sources}.items()),
             "method_source": INTERVENTIONS.provenance(name).text,
-            **{f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)},
+            **fit_diagnostics(m),
             "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": ed.t_apply, "task_s": ed.t_task,
             "job_s": time.perf_counter() - t_job,
         })
