@@ -640,10 +640,16 @@ def check_edit_direction(s: Subject) -> None:
         _fail(f"the edit moves states off edit_direction() (residual {float(off.norm()):.3g} of {float(delta.norm()):.3g})")
 
 
+def _kind(s: Subject) -> str | None:
+    """The edit's kind as configured: an instance's ``kind=`` setting (a direction as a nullifying intervention), not
+    the class default."""
+    return getattr(s.build(), "kind", getattr(s.obj, "kind", None))
+
+
 @_check("semantics")
 def check_nullifying_erases(s: Subject) -> None:
     """A nullifying edit leaves a fresh linear probe, trained on edited states, near the majority rate."""
-    if getattr(s.obj, "kind", None) != "nullifying":
+    if _kind(s) != "nullifying":
         raise SkipCheck("counterfactual: see check_counterfactual_sets_target")
     if getattr(s.obj, "chance_baseline", False):
         raise SkipCheck("a chance baseline (chance_baseline) is not expected to remove the property")
@@ -661,7 +667,7 @@ def check_nullifying_erases(s: Subject) -> None:
 @_check("semantics")
 def check_counterfactual_sets_target(s: Subject) -> None:
     """A counterfactual edit makes a fresh probe trained on clean states read the target value."""
-    if getattr(s.obj, "kind", None) != "counterfactual":
+    if _kind(s) != "counterfactual":
         raise SkipCheck("nullifying: see check_nullifying_erases")
     if getattr(s.obj, "chance_baseline", False):
         raise SkipCheck("a chance baseline (chance_baseline) is not expected to set the property")

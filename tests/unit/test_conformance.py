@@ -132,6 +132,16 @@ def test_checks_fail_readably_on_broken_classes():
     assert all(x.status in ("passed", "skipped", "failed") and "\n" not in x.reason for x in inplace + shape + nan)
 
 
+def test_the_semantic_checks_follow_the_configured_kind_not_the_class_default():
+    # a direction as a nullifying intervention: judged as an eraser (the class default is counterfactual)
+    null = run_checks("mean_direction", {"kind": "nullifying"}, family="intervention")
+    assert _status(null, "check_nullifying_erases").status == "passed"
+    assert _status(null, "check_counterfactual_sets_target").status == "skipped"
+    plain = run_checks("mean_direction", family="intervention")
+    assert _status(plain, "check_nullifying_erases").status == "skipped"
+    assert _status(plain, "check_counterfactual_sets_target").status == "passed"
+
+
 def test_expected_failures_are_declared_by_the_caller():
     results = run_checks(WrongShapeEraser, expected_failures={"check_transform_shape_dtype_device": "known: drops a dim"})
     r = _status(results, "check_transform_shape_dtype_device")
