@@ -40,7 +40,32 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
         out.append(quote_list_items(a))
     if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
         out.append("--resolve")
+    if ("-m" in out or "--multirun" in out) and swept("experiment", out) and \
+            not any(a.startswith("hydra.sweep.subdir=") for a in out):
+        out.append(EXPERIMENT_SUBDIR)
     return out, notes
+
+
+EXPERIMENT_SUBDIR = "hydra.sweep.subdir='${cprobe_expdir:${hydra.runtime.choices.experiment},${hydra.job.override_dirname}}'"
+"""A sweep over experiments names each job's folder after its experiment too (folder names leave out the experiment,
+which a run's own directory already names: without it, two experiments' jobs with the same other overrides would
+share one folder)."""
+
+
+def swept(group: str, argv: Sequence[str]) -> bool:
+    """Does an override of ``argv`` sweep ``group`` (``+experiment=a,b``, ``glob(...)``, ``choice(...)``)?"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for a in argv:
+        if "=" not in a or a.startswith("-") or a.lstrip("+~").split("=", 1)[0] != group:
+            continue
+        try:
+            if parser.parse_override(a).is_sweep_override():
+                return True
+        except Exception:  # Hydra reports a malformed override itself
+            continue
+    return False
 
 
 _BARE = re.compile(r"^[\w./\-+\\$%*@?|: ]+$")

@@ -45,7 +45,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
     if not overrides:
         return ""
     items = []
-    for item in overrides.split(","):
+    for item in filter(None, overrides.split(",")):
         k, sep, v = item.partition("=")
         if k.lstrip("+~").split(".")[0] in NOT_IN_DIR_NAMES:  # e.g. logger.mlflow.tracking_uri=...
             continue
@@ -64,6 +64,7 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
 # paths.root_dir: the launch directory, without HydraConfig
 OmegaConf.register_new_resolver("cprobe_cwd", os.getcwd, replace=True)
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
+OmegaConf.register_new_resolver("cprobe_expdir", lambda e, o: dir_suffix(f"experiment={e},{o}"), replace=True)
 OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
 OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{d}" if s and (d := dir_suffix(s)) else "",
                                 replace=True)
@@ -99,6 +100,7 @@ class JobKeys:
     logger: dict | None = field(default_factory=dict)  # experiment trackers (cprobe.trackers); never in the results
     plugins: list[str] = field(default_factory=list)  # modules imported first: they register methods by name
     metrics: list[str] = field(default_factory=list)  # outside metrics computed where the study has their inputs
+    method: str | None = None  # the one method the job scores, set where its task names its methods (choose_method)
 
 
 @dataclass
@@ -141,6 +143,9 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     module = task_module(keys.task)
     uses = task_uses(keys.task)
     check_overrides(keys.task, uses, overrides)
+    if keys.method is not None:
+        cfg = choose_method(cfg, keys.task, uses, overrides)
+        keys = parse(JobKeys, {k: v for k, v in cfg.items() if k not in task_names}, "")
     for other in task_names:  # other tasks' nodes (e.g. +debug=smoke sizes them all) are checked, not used
         if other in cfg and other != keys.task:
             parse(task_module(other).Config, cfg[other], other)
@@ -175,6 +180,56 @@ def check_metrics(refs: Sequence[str], task: str) -> None:
         if task not in studies:
             raise ConfigError(f"metric {ref!r} reads {m.inputs!r} inputs, which task {task!r} does not compute "
                               f"(tasks that do: {list(studies)}); drop it from metrics for this task")
+
+
+def choose_method(cfg: Mapping[str, Any], task: str, uses: Any, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``method=NAME``: the config with the one method this job scores written where its task names its methods
+    (``Uses.methods``), so one sweep line (``-m +experiment=A,B method=das,leace``) scores the same methods in every
+    study. A list key gets ``[NAME]``; the ``intervention`` group gets NAME's node (``conf/intervention/<NAME>.yaml``,
+    else ``{name: NAME}``), a direction method's being the intervention that bridges it (``mean`` →
+    ``mean_direction``). One line for a task that takes no method, a name no registry knows, or a command-line
+    setting of the same key (it would be replaced)."""
+    name = cfg.get("method")
+    if name is None:
+        return dict(cfg)
+    where = uses.methods
+    if where is None:
+        from cprobe.tasks import TASK_MODULES, task_uses
+
+        takers = [t for t in TASK_MODULES.names() if task_uses(t).methods]
+        raise ConfigError(f"task {task!r} does not score a method chosen by name, so `method={name}` would be "
+                          f"ignored; drop it (tasks that take it: {takers})")
+    for item in overrides:
+        key = item.partition("=")[0].lstrip("+~")
+        if key == where or key.startswith(f"{where}."):
+            raise ConfigError(f"`{item}` and `method={name}` both set {where}: method= replaces it; keep one")
+    out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in cfg.items()}
+    if where == "intervention":
+        out["intervention"] = _intervention_node(str(name), out)
+        return out
+    node, _, key = where.partition(".")
+    out[node] = {**(out.get(node) or {}), key: [name]}
+    return out
+
+
+def _intervention_node(name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The intervention config of method ``name`` (its own, or that of the intervention bridging direction ``name``),
+    its interpolations resolved in the job's config ``cfg`` (``model: ${oc.select:model.name,null}``)."""
+    from cprobe.directions import DIRECTIONS
+    from cprobe.interventions import INTERVENTIONS
+    from cprobe.paths import config_dir
+
+    if name not in INTERVENTIONS:
+        bridges = [i for i in INTERVENTIONS.names() if getattr(INTERVENTIONS.get(i), "direction_name", "") == name]
+        if not bridges:
+            known = sorted(set(INTERVENTIONS.names()) | set(DIRECTIONS.names()))
+            raise ConfigError(f"unknown method {name!r} for method=; choose from {known}")
+        name = bridges[0]
+    path = config_dir() / "intervention" / f"{name}.yaml"
+    if not path.is_file():
+        return {"name": name}
+    job = OmegaConf.create({**{k: v for k, v in cfg.items() if k != "intervention"}, "intervention": OmegaConf.load(path)})
+    return OmegaConf.to_container(job.intervention, resolve=True)  # type: ignore[return-value]
 
 
 PRESET_GROUPS = ("experiment", "debug", "sweep", "local", "hydra", "compute", "paths")
@@ -303,7 +358,8 @@ def _run_job(cfg: DictConfig) -> None:
         cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
         data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
         job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
-        plain.pop("logger", None)  # the trackers read it when the job ends (callbacks); results never depend on it
+        # the job's config (method= written in); the trackers read `logger` when the job ends, results never do
+        plain = {k: v for k, v in job.cfg.items() if k != "logger"}
     except CprobeError as e:
         if not multirun and fresh:  # a config error leaves nothing behind: what this process made goes
             made = ownership.MADE.pop(ownership.key(out_dir), None)

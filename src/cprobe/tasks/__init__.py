@@ -43,14 +43,18 @@ def task_result(out: Any) -> TaskResult:
 class Uses:
     """What a task reads besides its own node: the shared config groups / top-level keys (``SHARED_GROUPS``) and its
     capabilities (``CAPABILITIES``). :func:`cprobe.pipeline.prepare` validates only what a task uses and refuses a
-    command-line setting of a group it does not use."""
+    command-line setting of a group it does not use. ``methods`` is where the task names the methods it scores,
+    which the top-level ``method=NAME`` sets (:func:`cprobe.pipeline.choose_method`): ``"intervention"`` (the
+    group: one method per job) or the dotted key of a list (``"causalgym.methods"``); None: it takes no ``method``."""
 
     groups: frozenset[str]
     capabilities: frozenset[str] = frozenset()
+    methods: str | None = None
 
-    def __init__(self, groups: Iterable[str], capabilities: Iterable[str] = ()) -> None:
+    def __init__(self, groups: Iterable[str], capabilities: Iterable[str] = (), methods: str | None = None) -> None:
         object.__setattr__(self, "groups", frozenset(groups))
         object.__setattr__(self, "capabilities", frozenset(capabilities))
+        object.__setattr__(self, "methods", methods)
         bad = sorted(self.groups - set(SHARED_GROUPS))
         if bad:
             raise ValueError(f"unknown config group(s) {bad}; choose from {list(SHARED_GROUPS)}")

@@ -43,7 +43,7 @@ from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
 
-USES = Uses(groups=("model", "dataset", "layers"))
+USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
 
 
 @dataclass(frozen=True)

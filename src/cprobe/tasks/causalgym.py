@@ -50,7 +50,7 @@ from cprobe.records import Derived, RecordSpec, const
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "layers"))
+USES = Uses(groups=("model", "layers"), methods="causalgym.methods")
 """The model and the top-level ``layers``; the pairs come from the templates under ``causalgym:``, the oracle probe
 from ``causalgym.oracle_probe`` (not the ``probe`` group), no dataset, split, intervention or position."""
 

@@ -57,7 +57,8 @@ from cprobe.tasks import Uses
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "dataset", "layers"), capabilities=("model_sets",))  # a fact-world member is trained here
+# a fact-world member is trained here (model_sets)
+USES = Uses(groups=("model", "dataset", "layers"), capabilities=("model_sets",), methods="ravel.methods")
 METHODS = ("das", "probe", "mean", "lda", "pca", "random", "vanilla")
 DEFAULT_DAS = {"lr": 0.01, "batch_size": 8, "epochs": 3, "warmup": 0.1, "parametrization": "orthogonal"}
 POSITION = "entity"  # the edited site: the entity mention's last token

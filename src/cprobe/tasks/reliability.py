@@ -52,7 +52,7 @@ from cprobe.tasks.sites import SiteFits, fit_sites
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=SHARED_GROUPS)
+USES = Uses(groups=SHARED_GROUPS, methods="intervention")
 
 
 @dataclass(frozen=True)
