@@ -323,8 +323,9 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
                 for p in cfg.poolings:
                     values[p].append(auroc(pool(s, mask[test], p), y[test]))
             family = "intervention" if is_intervention(name) else "direction"
-            rows += [{"layer": layer, "method": name, "family": family, "pooling": p, "auroc": float(np.mean(v)) if v else float("nan"),
-                      "draws": len(v), "note": note} for p, v in values.items()]
+            rows += [{"layer": layer, "method": name, "family": family, "pooling": p,
+                      "auroc": float(np.mean(v)) if v else float("nan"), "draws": len(v), "note": note}
+                     for p, v in values.items()]
     return rows
 
 
