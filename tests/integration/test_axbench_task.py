@@ -11,15 +11,24 @@ import pytest
 from tests import cli
 
 RUN = ["run", "+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]"]
+SWEEP = "axbench.methods=[sae,das,leace,probe,mean]"  # the one line that puts every family on every yardstick
+
+
+def _run(root: Path, *extra: str) -> Path:
+    r = cli.run(*RUN, *extra, f"paths.output_root={root}", cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (status,) = root.rglob("status.json")
+    return status.parent
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("axbench")
-    r = cli.run(*RUN, f"paths.output_root={root}", cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (status,) = root.rglob("status.json")
-    return status.parent
+    return _run(tmp_path_factory.mktemp("axbench"))
+
+
+@pytest.fixture(scope="module")
+def sweep_job(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory.mktemp("axbench_sweep"), SWEEP)
 
 
 @pytest.mark.slow
@@ -40,18 +49,54 @@ def test_every_method_layer_and_pooling_gets_an_auroc(job):
     assert (job / "auroc_by_layer.png").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.numeric  # AUROC bounds through the tiny model and DAS trained on this CPU's kernels
+def test_sae_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
+    """DAS, trained through the model on the training texts' minimal pairs at each layer, and LEACE, an intervention
+    whose edit direction is scored, get rows beside the directions; LEACE's records are an intervention's."""
+    t = pd.read_parquet(sweep_job / "metrics.parquet")
+    assert set(t["method"]) == {"sae", "das", "leace", "probe", "mean"} and len(t) == 5 * 3 * 3
+    assert (t["note"] == "").all() and t["auroc"].between(0, 1).all()
+    assert set(t.loc[t["method"] == "leace", "family"]) == {"intervention"}
+    assert set(t.loc[t["method"] != "leace", "family"]) == {"direction"}
+    at = t.set_index(["layer", "method", "pooling"])["auroc"]
+    # DAS is trained to flip the verb from the last prefix token; the tiny model reads subject number there at its
+    # last layer, so the learnt direction separates the classes on that token (measured 1.000 at smoke size, and
+    # 0.982 max-pooled): the bounds leave room for other CPUs' training and DAS's few steps (70 per layer)
+    assert at[(4, "das", "last")] > 0.9 and at[(4, "das", "max")] > 0.8
+    # LEACE's edit direction for a binary concept is the class-mean difference: DiffMean's AUROC, up to a few of the
+    # 64 × 56 held-out pairs (2.8e-4 each) ordered otherwise by float32 rounding
+    assert (at.xs("leace", level="method") - at.xs("mean", level="method")).abs().max() < 1e-3
+    recs = pd.read_parquet(sweep_job / "records.parquet")
+    assert set(zip(recs["method"], recs["family"])) == {("sae", "direction"), ("das", "direction"),
+                                                         ("leace", "intervention"), ("probe", "direction"),
+                                                         ("mean", "direction")}
+
+
 @pytest.mark.parametrize("override, message", [
     ("axbench.test_share=0.001", "concept 'z_c=pl' has one class in the held-out (test_share=0.001) split"),
     ("axbench.concepts=[z_c=dual]", "concept 'z_c=dual' has one class in the training split"),
     ("axbench.concepts=[zz=pl]", "axbench.concepts: unknown property ['zz'] for dataset 'synthetic_sva'"),
     ("axbench.concepts=[z_c]", "'z_c' is not name=value or name!=value"),
-    ("axbench.methods=[das]", "direction method 'das' is trained through the model on minimal pairs (causal)"),
+    ("axbench.methods=[das] axbench.concepts=[z_e=pl]", "direction method 'das' is trained through the model on "
+     "minimal pairs that flip 'z_e': dataset 'synthetic_sva' can emit minimal pairs flipping ['z_c'], not 'z_e'"),
+    ("axbench.methods=[das] model=minilm_l6", "model 'minilm_l6' is 'encoder', with no LM head"),
+    ("axbench.methods=[pgd]", "intervention 'pgd' exposes no direction (exposes_direction is false)"),
     ("axbench.methods=[vanilla]", "direction method 'vanilla' learns no direction (whole_vector)"),
-    ("axbench.methods=[nope]", "unknown direction method 'nope'; choose from"),
+    ("axbench.methods=[nope]", "unknown method 'nope' in axbench.methods; choose from"),
+    ("axbench.methods=[leace] +axbench.params.leace.svd_tol=0", "svd_tol must be > 0"),
     ("axbench.poolings=[min]", "unknown axbench.poolings ['min']; choose from ['max', 'mean', 'last']"),
     ("+axbench.params.probe.lam=-1", "direction method 'probe': probe lam must be > 0, got -1"),
     ("+axbench.params.das.lr=0.1", "axbench.params sets ['das'], which axbench.methods does not list"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
-    r = cli.run(*RUN, override, f"paths.output_root={tmp_path}", cwd=tmp_path)
+    r = cli.run(*RUN, *override.split(), f"paths.output_root={tmp_path}", cwd=tmp_path)
     cli.assert_refused(r, message, tmp_path)
+
+
+def test_das_on_texts_without_minimal_pairs_is_one_line(tmp_path):
+    """CEBaB's reviews have no minimal pairs: DAS is refused before its data or any model loads."""
+    r = cli.run("run", "+experiment=axbench_detect_cebab", "axbench.methods=[mean,das]",
+                f"paths.output_root={tmp_path}", cwd=tmp_path)
+    cli.assert_refused(r, "direction method 'das' is trained through the model on minimal pairs that flip 'food': "
+                          "dataset 'cebab' (type 'cebab') cannot emit minimal pairs", tmp_path)

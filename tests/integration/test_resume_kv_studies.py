@@ -54,7 +54,7 @@ def test_reliability_das_at_a_causal_target_trains_over_the_prefix_cache(tmp_pat
 
     from cprobe.data.registry import load_dataset
     from cprobe.directions.das import DAS
-    from cprobe.tasks.reliability import minimal_pair_training
+    from cprobe.tasks.sites import minimal_pair_training
     from tests.unit.test_resume import _adapter as random_adapter
 
     cfg = {"name": "s", "type": "synthetic", "grammar": {"n_sentences": 40, "seed": 1}, "duplicates": "drop"}

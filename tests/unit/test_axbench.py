@@ -4,19 +4,25 @@ the scoring of planted directions."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from cprobe.data.base import Dataset, Example
 from cprobe.data.items import TextItem
 from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
+from cprobe.interventions import INTERVENTIONS
+from cprobe.metrics.detection import auroc, orient, pool, token_scores
 from cprobe.models.formatters import TokensFormatter
 from cprobe.tasks import axbench as ax
 from tests.conftest import make_word_tokenizer
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_concepts_are_name_value_or_name_not_value():
@@ -77,10 +83,32 @@ def test_a_concept_with_one_class_in_the_held_out_split_is_one_line():
 
 
 def test_methods_are_refused_by_capability_not_by_name():
+    """A direction method is refused only when it learns no direction; an intervention when it trains through the
+    model or exposes no direction (pgd); a name both registries know (das) is the direction."""
     for name in DIRECTIONS.names():
-        cls = DIRECTIONS.get(name)
-        assert (ax.refusal(name) is not None) == (cls.causal or cls.whole_vector), name
-    assert "trained through the model" in ax.refusal("das")
+        assert (ax.refusal(name) is not None) == DIRECTIONS.get(name).whole_vector, name
+    for name in INTERVENTIONS.names():
+        if ax.is_intervention(name):
+            cls = INTERVENTIONS.get(name)
+            assert (ax.refusal(name) is not None) == (cls.needs_model or not cls.exposes_direction), name
+    assert ax.refusal("das") is None and ax.refusal("leace") is None
+    assert ax.refusal("pgd").startswith("intervention 'pgd' exposes no direction (exposes_direction is false)")
+
+
+def test_das_is_refused_without_minimal_pairs_or_an_lm_head():
+    """Checked on the configs alone: CEBaB emits no minimal pairs; the grammar flips z_c but not z_e; an encoder
+    has no LM head to train through."""
+    grammar = {"name": "synthetic_sva", "type": "synthetic", "grammar": {"n_sentences": 10, "seed": 0}}
+    causal_lm, encoder = (yaml.safe_load((CONF / "model" / f"{m}.yaml").read_text())
+                          for m in ("tiny_neox_sva", "minilm_l6"))
+    assert ax.causal_refusal("das", grammar, ["z_c=pl"], causal_lm) is None
+    why = ax.causal_refusal("das", {"name": "cebab"}, ["food=Positive"], causal_lm)
+    assert why.startswith("direction method 'das' is trained through the model on minimal pairs that flip 'food': "
+                          "dataset 'cebab' (type 'cebab') cannot emit minimal pairs")
+    assert ax.causal_refusal("das", grammar, ["z_c=pl"], encoder).endswith("model 'minilm_l6' is 'encoder', with no "
+                                                                          "LM head")
+    assert ax.causal_refusal("das", grammar, ["z_c=pl", "z_e=pl"], causal_lm).endswith(
+        "flip 'z_e': dataset 'synthetic_sva' can emit minimal pairs flipping ['z_c'], not 'z_e'")
 
 
 @pytest.mark.parametrize("kind", ["mlm", "causal"])
@@ -149,3 +177,63 @@ def test_a_method_that_finds_no_direction_gets_nan_and_says_why():
     assert np.isnan(mean["auroc"]) and mean["draws"] == 0 and mean["note"] == "no direction: direction has zero or " \
         "non-finite norm"
     assert rnd["auroc"] == 0.5 and rnd["note"] == ""  # every score ties
+
+
+def _noisy(seed: int, n: int = 80, T: int = 4, d: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Token states where the concept is weak and spread over two dimensions: AUROCs strictly between 0.5 and 1."""
+    g = torch.Generator().manual_seed(seed)
+    H = torch.randn(n, T, d, generator=g)
+    y = torch.arange(n) % 2
+    H[y == 1, :, 0] += 0.4
+    H[y == 1, 2, 1] += 0.8
+    mask = torch.ones(n, T, dtype=torch.bool)
+    mask[::4, 3] = False
+    return H, y, mask
+
+
+def test_an_intervention_is_scored_by_the_projection_on_its_edit_direction():
+    """LEACE in axbench.methods: fitted on the training tokens' states and labels, its ``edit_direction()`` scores
+    the held-out texts exactly as that vector scored directly through the detection metric. For a binary concept
+    LEACE's edit direction is the class-mean difference, so its AUROC is DiffMean's; its family is intervention."""
+    from cprobe.interventions.leace import LEACE
+
+    H, y, mask = _noisy(3)
+    train, test = torch.arange(56), torch.arange(56, 80)
+    cfg = ax.Config(methods=["leace", "mean"], params={"leace": {"constrain_cov_trace": False}})
+    rows = ax.score_concept({1: H}, mask, y, train, test, cfg, seed=0)
+    by = {(r["method"], r["pooling"]): r for r in rows}
+    X, y_tok = H[train][mask[train]], y[train][:, None].expand_as(mask[train])[mask[train]]
+    a = LEACE(constrain_cov_trace=False).fit(X, y_tok).edit_direction()
+    s_tok = X.double() @ a.double()
+    a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
+    s = token_scores(H[test], mask[test], a)
+    for p in ("max", "mean", "last"):
+        want = auroc(pool(s, mask[test], p), y[test])
+        assert 0.55 < want < 1.0  # a score that can tell a wrong direction or pooling apart
+        assert by[("leace", p)]["auroc"] == pytest.approx(want, abs=1e-12)  # the same float64 steps
+        # LEACE's and DiffMean's unit vectors agree to float32 rounding; no two held-out scores are that close
+        assert by[("leace", p)]["auroc"] == pytest.approx(by[("mean", p)]["auroc"], abs=1e-12)
+    assert by[("leace", "max")]["family"] == "intervention" and by[("mean", "max")]["family"] == "direction"
+    assert by[("leace", "max")]["auroc"] != by[("leace", "last")]["auroc"]
+
+
+def test_an_intervention_whose_edit_is_not_one_direction_gets_nan_and_says_why():
+    """INLP removing two normals (rank 2) exposes no single direction: NaN at that layer, the reason in ``note``."""
+    H, y, mask = _noisy(4)
+    cfg = ax.Config(methods=["inlp"], params={"inlp": {"rank": 2}}, poolings=["max"])
+    (row,) = ax.score_concept({0: H}, mask, y, torch.arange(56), torch.arange(56, 80), cfg, seed=0)
+    assert np.isnan(row["auroc"]) and row["draws"] == 0
+    assert row["note"] == "no direction: the fitted inlp edit is not one direction (rank > 1)"
+
+
+def test_a_trained_causal_direction_is_scored_as_given():
+    """A causal direction (DAS) comes trained through the model (``trained``, by method and layer); the study orients
+    and scores it as any other: here the planted e₀, pointing away from the concept, is flipped (AUROC 1)."""
+    g = torch.Generator().manual_seed(5)
+    H = torch.randn(30, 3, 4, generator=g) * 0.1
+    y = torch.arange(30) % 2
+    H[y == 1, 1, 0] += 2.0
+    e0 = -torch.nn.functional.one_hot(torch.tensor(0), 4).float()
+    rows = ax.score_concept({2: H}, torch.ones(30, 3, dtype=torch.bool), y, torch.arange(20), torch.arange(20, 30),
+                            ax.Config(methods=["das"], poolings=["max"]), seed=0, trained={("das", 2): e0})
+    assert [(r["method"], r["family"], r["auroc"]) for r in rows] == [("das", "direction", 1.0)]

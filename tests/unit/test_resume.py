@@ -219,7 +219,7 @@ def test_reliability_das_trains_through_resumed_passes(tmp_path, layer):
 
     from cprobe.data.registry import load_dataset
     from cprobe.directions.das import DAS
-    from cprobe.tasks.reliability import minimal_pair_training
+    from cprobe.tasks.sites import minimal_pair_training
 
     cfg = {"name": "s", "type": "synthetic", "grammar": {"n_sentences": 40, "seed": 1}, "duplicates": "drop"}
     ds = load_dataset(cfg, tmp_path)

@@ -21,6 +21,7 @@ from cprobe.yardsticks import deciding_metric, markdown, method_of, yardsticks
     ("via_leace", "explainer", "leace"),
     ("leace", "explainer", "leace"),  # the home explainer of the same eraser
     ("leace", "nullifying", "leace"),
+    ("leace", "intervention", "leace"),  # AxBench's eraser scored by its edit direction: the same row
     ("probe0", "direction", "probe0"),  # a label no registry knows stays its own
     ("linear", "probe", None),  # a probe's accuracy, an evaluation setting, a classifier: no method on a yardstick
     ("random", "evaluation", None),

@@ -1,4 +1,5 @@
-"""AxBench's concept-detection yardstick (Wu et al. 2025) for every registered direction method.
+"""AxBench's concept-detection yardstick (Wu et al. 2025) for every direction method and every intervention that
+exposes a direction.
 
 Per concept, layer and method: the direction is fitted on the token states of the training texts (every token of a
 text labelled by its text's class, as AxBench's DiffMean), oriented toward the concept, and each held-out text is
@@ -12,9 +13,22 @@ concept is ``name=value`` (the value is the positive class, every other value of
 ``name!=value`` (the reverse: any value but it is positive); texts whose concept has no value (CEBaB's unannotated
 aspects, "no majority") take no part.
 
-Methods run by their declared capabilities (:mod:`cprobe.directions.base`): a ``supervised`` one needs both classes
-in training, a ``chance_baseline`` is averaged over ``random_draws`` draws; a ``causal`` one (DAS, trained through the
-model on minimal pairs) and a ``whole_vector`` one (no direction) are refused at validation.
+Methods run by their declared capabilities, never by their names (:mod:`cprobe.directions.base`,
+:mod:`cprobe.interventions.base`); a name both registries know (``das``) is the direction method:
+
+- a direction fitted on activations: ``supervised`` needs both classes in training, a ``chance_baseline`` is averaged
+  over ``random_draws`` draws, a ``whole_vector`` one (no direction) is refused at validation;
+- a ``causal`` direction (DAS) is trained through the model at each layer, at the agreement target (a causal LM's
+  last prefix token, an MLM's masked verb), on the training texts' minimal pairs that flip the concept's property
+  (:func:`cprobe.tasks.sites.minimal_pair_training`, as the reliability study trains it); a dataset that has none for
+  the property (CEBaB, LIBERTy) or a model without an LM head is refused at validation;
+- an intervention that ``exposes_direction`` (LEACE, R-LACE, INLP, mean_diff, AlterRep) is fitted on the same token
+  states and labels as a direction, and its fitted ``edit_direction()`` is the direction; a fitted edit of more than
+  one direction (rank > 1) gets NaN at that layer with its reason in ``note``; one trained through the model
+  (``needs_model``) or exposing no direction is refused at validation.
+
+Every direction is then oriented and scored alike. The table's ``family`` says which registry ``method`` names
+(``direction`` or ``intervention``), so the records land on the yardsticks row of the same method in other studies.
 """
 
 from __future__ import annotations
@@ -32,18 +46,22 @@ from torch import Tensor
 import cprobe.plots as plots
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.items import TextItem, fingerprint
-from cprobe.data.registry import check_properties, load_dataset
+from cprobe.data.registry import check_properties, load_dataset, pairs_refusal
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.extract import extract_sites, resolve_layers
+from cprobe.extract import extract, extract_sites, resolve_layers
+from cprobe.interventions import INTERVENTIONS, fit_intervention
 from cprobe.job import JobContext
 from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
 from cprobe.models.formatters import AgreementFormatter, TokensFormatter
 from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
+from cprobe.tasks.sites import is_intervention, minimal_pair_training
 
 USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
+CAUSAL_POSITION = "target"
+"""Where a causal direction (DAS) is trained: the agreement target (a causal LM's last prefix token, an MLM's mask)."""
 
 
 @dataclass(frozen=True)
@@ -71,14 +89,41 @@ def parse_concept(spec: str) -> tuple[str, str, bool]:
     return name.strip(), value.strip(), not negate
 
 
+def method_names() -> list[str]:
+    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
+
+
 def refusal(name: str) -> str | None:
-    """Why direction method ``name`` cannot be scored here (by its declared capabilities), or None."""
-    cls = DIRECTIONS.get(name)
-    if cls.causal:
-        return (f"direction method {name!r} is trained through the model on minimal pairs (causal); axbench scores "
-                "directions fitted on activations — score it with CausalGym or the reliability study")
-    if cls.whole_vector:
+    """Why method ``name`` cannot be scored here by its declared capabilities alone, or None: a direction method that
+    learns no direction; an intervention trained through the model, or exposing no direction."""
+    if is_intervention(name):
+        cls = INTERVENTIONS.get(name)
+        if cls.needs_model:
+            return (f"intervention {name!r} is trained through the model (needs_model); axbench fits an intervention "
+                    "on the training texts' token states: list its causal direction method (e.g. das) instead")
+        if not cls.exposes_direction:
+            exposing = [n for n in INTERVENTIONS.names() if INTERVENTIONS.get(n).exposes_direction]
+            return (f"intervention {name!r} exposes no direction (exposes_direction is false), so it gives no concept "
+                    f"score; interventions that do: {exposing}")
+        return None
+    if DIRECTIONS.get(name).whole_vector:
         return f"direction method {name!r} learns no direction (whole_vector); it has no concept score"
+    return None
+
+
+def causal_refusal(name: str, dataset: Any, concepts: list[str], model: Any) -> str | None:
+    """Why the causal direction method ``name`` (DAS) cannot be trained here, or None: a dataset without minimal pairs
+    flipping a concept's property, or a model config without an LM head. Nothing is loaded."""
+    from cprobe.models.load import parse_model_config
+
+    for prop in dict.fromkeys(parse_concept(c)[0] for c in concepts):
+        why = pairs_refusal(dataset or {}, prop)
+        if why:
+            return f"direction method {name!r} is trained through the model on minimal pairs that flip {prop!r}: {why}"
+    mc = parse_model_config(model or {})
+    if mc.kind in ("encoder", "classifier"):
+        return (f"direction method {name!r} is trained through the model's predictions of the verb (causal); model "
+                f"{mc.name!r} is {mc.kind!r}, with no LM head")
     return None
 
 
@@ -90,14 +135,18 @@ def validate(job: Any) -> None:
     if len(set(cfg.concepts)) != len(cfg.concepts):
         raise ConfigError(f"axbench.concepts lists a concept twice: {cfg.concepts}")
     for m in cfg.methods:
-        why = refusal(m)
+        if m not in DIRECTIONS and m not in INTERVENTIONS:
+            raise ConfigError(f"unknown method {m!r} in axbench.methods; choose from {method_names()} (or "
+                              "package.module:Class)")
+        why = refusal(m) or (causal_refusal(m, job.keys.dataset, cfg.concepts, job.keys.model)
+                             if not is_intervention(m) and DIRECTIONS.get(m).causal else None)
         if why:
             raise ConfigError(why)
     unknown = sorted(set(cfg.params) - set(cfg.methods))
     if unknown:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
-    for m in cfg.methods:
-        DIRECTIONS.build({"name": m, **cfg.params.get(m, {})}, seed=0)  # a bad setting: one line, now
+    for m in cfg.methods:  # a bad setting: one line, now
+        (INTERVENTIONS if is_intervention(m) else DIRECTIONS).build({"name": m, **cfg.params.get(m, {})}, seed=0)
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:
         raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
@@ -205,19 +254,56 @@ def token_states(ctx: JobContext, adapter: Any, items: list[TextItem], layers: l
 
 # ----------------------------------------------------------------------------------------------- directions
 def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int) -> list[Tensor]:
-    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) with labels ``y``: several
-    seeded draws for a chance baseline (by its capability), one otherwise."""
+    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) with labels ``y``: an
+    intervention's fitted edit direction (ValueError where the edit is not one direction), several seeded draws for a
+    chance baseline (by its capability), one otherwise."""
     params = cfg.params.get(name, {})
+    if is_intervention(name):
+        method = INTERVENTIONS.build({"name": name, **params}, seed=seed)
+        fit_intervention(method, X, y)
+        a = method.edit_direction()
+        if a is None:
+            raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
+        return [a.float().cpu()]
     draws = cfg.random_draws if DIRECTIONS.get(name).chance_baseline else 1
     return [DIRECTIONS.build({"name": name, **params}, seed=seed + 7_919 * k).fit(X, y).a.float().cpu()
             for k in range(draws)]
 
 
+def causal_directions(ctx: JobContext, config: Config, adapter: Any, data: Any, sp: Split, layers: list[int]
+                      ) -> dict[tuple[str, str, int], Tensor]:
+    """{(concept, method, layer): unit direction} of every causal method (DAS): trained through the model at each
+    layer at the agreement target on the training texts (those with a value of the concept) and their minimal-pair
+    twins flipping the concept's property (:func:`cprobe.tasks.sites.minimal_pair_training`, the reliability study's
+    training), with ``axbench.params.<method>`` as its settings."""
+    causal = [m for m in config.methods if not is_intervention(m) and DIRECTIONS.get(m).causal]
+    if not causal:
+        return {}
+    ex = extract(adapter, Dataset(sp.name, tuple(sp.train), data.properties), layers, CAUSAL_POSITION, ctx.cache,
+                 ctx.progress)
+    for reason, n in ex.dropped.items():
+        ctx.warn(f"{causal}: {n} of {len(sp.train)} training texts left out of the minimal-pair training ({reason})")
+    out = {}
+    for spec in config.concepts:
+        prop = parse_concept(spec)[0]
+        rows = torch.nonzero(labels(list(ex.dataset.examples), spec) >= 0)[:, 0].tolist()
+        for layer in layers:
+            through = minimal_pair_training(adapter, ex.dataset, ex, rows, layer, CAUSAL_POSITION, prop,
+                                            ctx.cfg["dataset"], ctx.data_root, ctx.progress)
+            h, target = through.h_source.to(adapter.device), through.target.to(adapter.device)
+            for name in causal:
+                method = DIRECTIONS.build({"name": name, **config.params.get(name, {})}, seed=ctx.seed)
+                out[spec, name, layer] = method.fit(through.forward, h, target).a.detach().float().cpu()
+    return out
+
+
 def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Tensor, test: Tensor, cfg: Config,
-                  seed: int) -> list[dict[str, Any]]:
-    """Rows (layer, method, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts, scored on the
-    ``test`` texts (row indices into ``states``). A method that finds no direction at a layer (e.g. LDA's weights not
-    finite on near-collinear states) gets NaN there and says why in ``note``."""
+                  seed: int, trained: dict[tuple[str, int], Tensor] | None = None) -> list[dict[str, Any]]:
+    """Rows (layer, method, family, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts,
+    scored on the ``test`` texts (row indices into ``states``); ``trained`` holds the directions found elsewhere
+    ((method, layer) → unit direction: the causal ones). A method that finds no direction at a layer (e.g. LDA's
+    weights not finite on near-collinear states) gets NaN there and says why in ``note``."""
+    trained = trained or {}
     rows = []
     tok_train = mask[train]
     y_tok = y[train][:, None].expand_as(tok_train)[tok_train]
@@ -226,7 +312,8 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
         for name in cfg.methods:
             values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
             try:
-                found, note = directions(name, cfg, X, y_tok, seed), ""
+                found = [trained[name, layer]] if (name, layer) in trained else directions(name, cfg, X, y_tok, seed)
+                note = ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
                 found, note = [], f"no direction: {err}"
             for a in found:
@@ -235,8 +322,10 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
                 s = token_scores(H[test], mask[test], a)
                 for p in cfg.poolings:
                     values[p].append(auroc(pool(s, mask[test], p), y[test]))
-            rows += [{"layer": layer, "method": name, "pooling": p, "auroc": float(np.mean(v)) if v else float("nan"),
-                      "draws": len(v), "note": note} for p, v in values.items()]
+            family = "intervention" if is_intervention(name) else "direction"
+            rows += [{"layer": layer, "method": name, "family": family, "pooling": p,
+                      "auroc": float(np.mean(v)) if v else float("nan"), "draws": len(v), "note": note}
+                     for p, v in values.items()]
     return rows
 
 
@@ -256,6 +345,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     if truncated:
         ctx.warn(f"{truncated} of {len(items)} texts are longer than axbench.max_tokens={config.max_tokens}: "
                  "scored on their first tokens")
+    t0 = time.perf_counter()
+    causal = causal_directions(ctx, config, adapter, data, sp, layers)
+    ctx.timings["train_causal_s"] = time.perf_counter() - t0
     n_train = len(sp.train)
     rows, t0 = [], time.perf_counter()
     for spec, y in y_all.items():
@@ -264,10 +356,12 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         base = {"model": adapter.name, "dataset": sp.name, "concept": spec, "n_train": len(train),
                 "n_test": len(held), "n_test_positive": int((y[held] == 1).sum()),
                 "n_train_tokens": int(mask[train].sum())}
-        for row in score_concept(states, mask, y, train, held, config, ctx.seed):
+        trained = {(m, layer): a for (c, m, layer), a in causal.items() if c == spec}
+        for row in score_concept(states, mask, y, train, held, config, ctx.seed, trained):
             if row["note"] and row["pooling"] == config.poolings[0]:
                 ctx.warn(f"{spec}, layer {row['layer']}, {row['method']}: {row['note']} (AUROC NaN)")
-            rows.append({**base, **row, "method_source": DIRECTIONS.provenance(row["method"]).text})
+            registry = INTERVENTIONS if row["family"] == "intervention" else DIRECTIONS
+            rows.append({**base, **row, "method_source": registry.provenance(row["method"]).text})
     ctx.timings["score_s"] = time.perf_counter() - t0
     return pd.DataFrame(rows)
 
@@ -298,6 +392,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
 # ----------------------------------------------------------------------------------------------- records
 RECORDS = RecordSpec(
     dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position=const("tokens"),
-    method="method", family=const("direction"), setting=("pooling",), slice=("concept",),
-    metrics={"auroc": "detection_auroc"}, n={"*": "n_test"})
-"""The table's rows as records (:mod:`cprobe.records`): AUROC per concept (slice) × method × layer × pooling."""
+    method="method", family=Derived(lambda t: t["family"] if "family" in t else "direction"), setting=("pooling",),
+    slice=("concept",), metrics={"auroc": "detection_auroc"}, n={"*": "n_test"})
+"""The table's rows as records (:mod:`cprobe.records`): AUROC per concept (slice) × method × layer × pooling; the
+family (``direction`` or ``intervention``: a table written before it had the column is all directions)."""

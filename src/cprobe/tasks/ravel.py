@@ -54,6 +54,7 @@ from cprobe.job import JobContext
 from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
+from cprobe.tasks.sites import is_intervention
 
 log = logging.getLogger("cprobe")
 
@@ -113,10 +114,6 @@ class Config:
 
 def method_names() -> list[str]:
     return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
-
-
-def is_intervention(name: str) -> bool:
-    return name not in DIRECTIONS and name in INTERVENTIONS
 
 
 def _params(config: Config, name: str) -> dict[str, Any]:

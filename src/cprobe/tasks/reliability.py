@@ -26,12 +26,11 @@ from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.metrics.registry import compute, outside_metrics
-from cprobe.data.registry import check_properties, load_dataset, minimal_pairs, pairs_refusal
+from cprobe.data.registry import check_properties, load_dataset, pairs_refusal
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
 from cprobe.interventions import INTERVENTIONS, Intervention, apply, needs_goal
-from cprobe.interventions.direction import Through
 from cprobe.io import write_parquet
 from cprobe.job import JobContext
 from cprobe.tasks import SHARED_GROUPS, TaskResult, Uses
@@ -41,14 +40,13 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply, EditSpec, Replace
 from cprobe.models.formatters import AgreementFormatter, check_word_position
 from cprobe.models.multisite import edited_pass
-from cprobe.models.readouts import CandidateTokens, Vocabulary
-from cprobe.models.resume import at_last
+from cprobe.models.readouts import CandidateTokens
 from cprobe.models.sites import Site
 from cprobe.probes import Probe
 from cprobe.probes.grid import PROBE_FITS
 from cprobe.records import Derived, RecordSpec, canonical, item_rows
 from cprobe.tasks.reliability_report import read_layer_heatmap, read_layer_table, report, table1  # noqa: F401
-from cprobe.tasks.sites import SiteFits, fit_sites
+from cprobe.tasks.sites import SiteFits, fit_sites, minimal_pair_training
 
 log = logging.getLogger("cprobe")
 
@@ -248,38 +246,6 @@ def edit_metrics(metrics: Sequence[Any], before: Tensor, after: Tensor, z: Tenso
         per_item[f"{OUTSIDE}{m.name}"] = torch.from_numpy(v)
         out[f"{OUTSIDE}{m.name}"] = float(v[~np.isnan(v)].mean()) if (~np.isnan(v)).any() else float("nan")
     return out
-
-
-def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: int, position: str, prop: str,
-                          dataset_cfg: Mapping[str, Any], data_root: Path, progress: bool = False) -> Any:
-    """What a direction trained through the model (``needs_model``: DAS) fits on, from the items ``rows`` (the
-    intervention split): each base item's minimal-pair twin (the same sentence with only ``prop`` flipped,
-    :func:`cprobe.data.registry.minimal_pairs`) is read at the site; training runs the base items with the site's
-    coordinate along ``a`` interchanged toward the twin's (the 1-D DII) and maximises the log-probability of the
-    twin's correct verb — the base's wrong one — over the whole vocabulary at the target (CausalGym eq. 12)."""
-    if ex.scores is None or ex.candidates is None:
-        raise ConfigError(f"model {adapter.name!r} has no LM head: a direction trained through the model (DAS) needs "
-                          "its predictions")
-    base = [data.examples[i] for i in rows]
-    twins = minimal_pairs(dataset_cfg, data_root, prop, base)
-    wrong = [t.id for b, t in zip(base, twins) if t.correct != b.wrong]
-    if wrong:
-        raise DataError(f"minimal-pair twin of {wrong[0]!r}: its correct verb is not the base's wrong one")
-    fmt = AgreementFormatter((position,))
-    site = Site(layer, position)
-    h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
-    enc = fmt.encode(base, adapter)
-    readout = Vocabulary()
-    everyone = enc.batch(torch.arange(len(base)))
-    # every step resumes at the layer; at a causal LM's last token it runs that token alone over the prefix's cache
-    clean = adapter.clean_states(everyone, [layer], kv=at_last(everyone, [site]))
-
-    def forward(edit: Any, idx: Tensor) -> Tensor:
-        b = enc.batch(idx.cpu())
-        res = clean.take(idx, b.input_ids, b.attention_mask, adapter.name, adapter.device)
-        return adapter.run(b, edits={site: edit}, readout=readout, grad=True, resume=res).scores
-
-    return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())
 
 
 def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int

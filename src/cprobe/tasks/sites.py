@@ -1,6 +1,8 @@
 """The sites engine's plan: fitting at each site, the same for every study (docs/architecture.md, "The sites
 engine"): :func:`memo_probe`, the one probe memo over the ``probe_fits`` cache; :class:`SiteFits`, an intervention
-fitted at a site by its capabilities; :func:`fit_sites`, one per site, simultaneous or sequential."""
+fitted at a site by its capabilities; :func:`fit_sites`, one per site, simultaneous or sequential;
+:func:`minimal_pair_training`, what a direction trained through the model (DAS) fits on at a site (the reliability and
+AxBench studies); :func:`is_intervention`, which registry a study's method name reads from."""
 
 from __future__ import annotations
 
@@ -13,14 +15,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from cprobe.interventions import Intervention, fit_intervention
+from cprobe.data.registry import minimal_pairs
+from cprobe.directions import DIRECTIONS
+from cprobe.errors import ConfigError, DataError
+from cprobe.interventions import INTERVENTIONS, Intervention, fit_intervention
+from cprobe.interventions.direction import Through
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply
+from cprobe.models.formatters import AgreementFormatter
+from cprobe.models.readouts import Vocabulary
+from cprobe.models.resume import at_last
 from cprobe.models.sites import Site
 from cprobe.probes import Probe
 from cprobe.probes.grid import fit_cached, fit_key
 
 _MEMO: dict[str, Probe] = {}
+
+
+def is_intervention(name: str) -> bool:
+    """Whether a study's method ``name`` is an intervention: a name both registries know (``das``) is the direction."""
+    return name not in DIRECTIONS and name in INTERVENTIONS
 
 
 def memo_probe(role: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor, cache_dir: Path | None = None,
@@ -94,3 +108,35 @@ def fit_sites(adapter: ModelAdapter, items: Sequence[Any], formatter: Any, sites
         else:
             fitted[s] = fit(s, clean[s], [])
     return fitted
+
+
+def minimal_pair_training(adapter: Any, data: Any, ex: Any, rows: Any, layer: int, position: str, prop: str,
+                          dataset_cfg: Mapping[str, Any], data_root: Path, progress: bool = False) -> Through:
+    """What a direction trained through the model (``needs_model``: DAS) fits on, from the items ``rows`` (the
+    intervention split): each base item's minimal-pair twin (the same sentence with only ``prop`` flipped,
+    :func:`cprobe.data.registry.minimal_pairs`) is read at the site; training runs the base items with the site's
+    coordinate along ``a`` interchanged toward the twin's (the 1-D DII) and maximises the log-probability of the
+    twin's correct verb — the base's wrong one — over the whole vocabulary at the target (CausalGym eq. 12)."""
+    if ex.scores is None or ex.candidates is None:
+        raise ConfigError(f"model {adapter.name!r} has no LM head: a direction trained through the model (DAS) needs "
+                          "its predictions")
+    base = [data.examples[i] for i in rows]
+    twins = minimal_pairs(dataset_cfg, data_root, prop, base)
+    wrong = [t.id for b, t in zip(base, twins) if t.correct != b.wrong]
+    if wrong:
+        raise DataError(f"minimal-pair twin of {wrong[0]!r}: its correct verb is not the base's wrong one")
+    fmt = AgreementFormatter((position,))
+    site = Site(layer, position)
+    h_source = adapter.map(twins, fmt, read=[site], desc="minimal pairs" if progress else None).acts[site]
+    enc = fmt.encode(base, adapter)
+    readout = Vocabulary()
+    everyone = enc.batch(torch.arange(len(base)))
+    # every step resumes at the layer; at a causal LM's last token it runs that token alone over the prefix's cache
+    clean = adapter.clean_states(everyone, [layer], kv=at_last(everyone, [site]))
+
+    def forward(edit: Any, idx: Tensor) -> Tensor:
+        b = enc.batch(idx.cpu())
+        res = clean.take(idx, b.input_ids, b.attention_mask, adapter.name, adapter.device)
+        return adapter.run(b, edits={site: edit}, readout=readout, grad=True, resume=res).scores
+
+    return Through(forward, h_source, ex.candidates[torch.as_tensor(rows)][:, 1].long())

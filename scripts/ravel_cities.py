@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Write a small RAVEL city file set for real pretrained models (docs/ravel.md, "On a real model").
+
+RAVEL's own files (Huang et al. 2024) are not reachable offline. This writes, in their format, 52 well-known cities of
+Europe, Asia and Africa with three attributes (country, continent, language) and two or three prompt templates per
+attribute, every value one token after a space for Gemma 3 and SmolLM2 (checked by ``tests/unit/test_ravel_cities.py``):
+
+    python scripts/ravel_cities.py DIR            # DIR/ravel_city_entity_attributes.json, ..._attribute_to_prompts.json
+    cprobe run +experiment=ravel dataset=ravel dataset.path=DIR model=gemma3_270m layers=6
+
+The facts are general knowledge written for this check (the country a city is in, its continent, the language most of
+its people speak), not a copy of RAVEL's data. The writer refuses to overwrite files it did not write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+CITIES: dict[str, dict[str, tuple[str, str]]] = {
+    "Europe": {
+        "Paris": ("France", "French"), "Lyon": ("France", "French"), "Marseille": ("France", "French"),
+        "Berlin": ("Germany", "German"), "Munich": ("Germany", "German"), "Hamburg": ("Germany", "German"),
+        "Madrid": ("Spain", "Spanish"), "Barcelona": ("Spain", "Spanish"), "Seville": ("Spain", "Spanish"),
+        "Rome": ("Italy", "Italian"), "Milan": ("Italy", "Italian"), "Naples": ("Italy", "Italian"),
+        "Lisbon": ("Portugal", "Portuguese"), "Porto": ("Portugal", "Portuguese"), "Moscow": ("Russia", "Russian"),
+        "Warsaw": ("Poland", "Polish"), "Krakow": ("Poland", "Polish"), "Athens": ("Greece", "Greek"),
+        "Amsterdam": ("Netherlands", "Dutch"), "Rotterdam": ("Netherlands", "Dutch"), "Vienna": ("Austria", "German"),
+        "Stockholm": ("Sweden", "Swedish"), "Oslo": ("Norway", "Norwegian"), "Helsinki": ("Finland", "Finnish"),
+        "Budapest": ("Hungary", "Hungarian"), "Dublin": ("Ireland", "English"), "London": ("England", "English"),
+        "Manchester": ("England", "English"),
+    },
+    "Asia": {
+        "Tokyo": ("Japan", "Japanese"), "Osaka": ("Japan", "Japanese"), "Kyoto": ("Japan", "Japanese"),
+        "Beijing": ("China", "Chinese"), "Shanghai": ("China", "Chinese"), "Bangkok": ("Thailand", "Thai"),
+        "Jakarta": ("Indonesia", "Indonesian"), "Hanoi": ("Vietnam", "Vietnamese"), "Tehran": ("Iran", "Persian"),
+        "Baghdad": ("Iraq", "Arabic"), "Istanbul": ("Turkey", "Turkish"), "Ankara": ("Turkey", "Turkish"),
+        "Manila": ("Philippines", "Filipino"), "Karachi": ("Pakistan", "Urdu"), "Lahore": ("Pakistan", "Urdu"),
+    },
+    "Africa": {
+        "Cairo": ("Egypt", "Arabic"), "Alexandria": ("Egypt", "Arabic"), "Lagos": ("Nigeria", "English"),
+        "Casablanca": ("Morocco", "Arabic"), "Algiers": ("Algeria", "Arabic"), "Tunis": ("Tunisia", "Arabic"),
+        "Accra": ("Ghana", "English"), "Dakar": ("Senegal", "French"), "Khartoum": ("Sudan", "Arabic"),
+    },
+}
+
+PROMPTS: dict[str, list[str]] = {
+    "country": ["%s is a city in the country of", "%s is located in the country of",
+                "The city of %s is in the country of"],
+    "continent": ["%s is a city on the continent of", "%s is located on the continent of"],
+    "language": ["In %s, most people speak", "The main language spoken in %s is", "People in %s speak"],
+}
+
+
+def entities() -> dict[str, dict[str, str]]:
+    """``{city: {attribute: value}}`` in RAVEL's ``entity_attributes`` shape."""
+    return {city: {"country": country, "continent": continent, "language": language}
+            for continent, cities in CITIES.items() for city, (country, language) in cities.items()}
+
+
+def write(folder: Path, entity_type: str = "city") -> list[Path]:
+    """The two files under ``folder``; a file already there is replaced only if it holds what this writes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for suffix, data in (("entity_attributes", entities()), ("attribute_to_prompts", PROMPTS)):
+        path = folder / f"ravel_{entity_type}_{suffix}.json"
+        text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
+        if path.exists() and path.read_text() != text:
+            raise SystemExit(f"error: {path} exists and holds other data; pick another folder")
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+        out.append(path)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="where the two JSON files go (dataset.path)")
+    for path in write(ap.parse_args().folder):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
