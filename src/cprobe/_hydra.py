@@ -46,7 +46,8 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
     return out, notes
 
 
-EXPERIMENT_SUBDIR = "hydra.sweep.subdir='${cprobe_expdir:${hydra.runtime.choices.experiment},${hydra.job.override_dirname}}'"
+EXPERIMENT_SUBDIR = ("hydra.sweep.subdir='${cprobe_expdir:${oc.select:hydra.runtime.choices.experiment,none},"
+                     "${hydra.job.override_dirname}}'")
 """A sweep over experiments names each job's folder after its experiment too (folder names leave out the experiment,
 which a run's own directory already names: without it, two experiments' jobs with the same other overrides would
 share one folder)."""
