@@ -40,8 +40,7 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
         out.append(quote_list_items(a))
     if resolve and _cfg_kind(out) in ("job", "all") and "--resolve" not in out:
         out.append("--resolve")
-    if ("-m" in out or "--multirun" in out) and swept("experiment", out) and \
-            not any(a.startswith("hydra.sweep.subdir=") for a in out):
+    if swept("experiment", out) and not any(a.startswith("hydra.sweep.subdir=") for a in out):
         out.append(EXPERIMENT_SUBDIR)
     return out, notes
 

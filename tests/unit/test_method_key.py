@@ -82,6 +82,7 @@ def test_a_sweep_over_experiments_names_each_folder_after_its_experiment():
     assert EXPERIMENT_SUBDIR in normalise(["-m", "+experiment=glob(yardsticks_*)", "method=das,mean"])[0]
     assert EXPERIMENT_SUBDIR not in normalise(["-m", "+experiment=sva_tiny", "probe=linear,mlp"])[0]
     assert EXPERIMENT_SUBDIR not in normalise(["+experiment=sva_tiny"])[0]
+    assert EXPERIMENT_SUBDIR in normalise(["+experiment=a,b", "+sweep=x"])[0]  # a preset's hydra.mode: MULTIRUN
     mine = "hydra.sweep.subdir=x"
     assert normalise(["-m", "+experiment=a,b", mine])[0].count(mine) == 1  # the user's own wins
     from cprobe.pipeline import dir_suffix

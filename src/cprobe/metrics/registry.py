@@ -158,7 +158,7 @@ _ENTRIES = [
            "Interchange intervention accuracy at a site: the share of eval pairs whose intervened output prefers the "
            "source's label.", HIGHER, (0, 1), f"{ARORA} §5.1; Geiger et al. (2022)", ("causalgym",)),
     Metric("max_iia", "max IIA", "The largest IIA over the task's sites.", HIGHER, (0, 1), f"{ARORA} §5.1",
-           ("causalgym",)),
+           ("causalgym",), headline=True),
     Metric("overall_odds", "overall odds-ratio",
            "Eq. 19: the mean over layers of the max over regions of AvgOdds (per task; slice {} is the mean over "
            "tasks, Table 1).", HIGHER, (None, None), f"{ARORA} eq. 19, Table 1", ("causalgym",), headline=True,
