@@ -17,7 +17,8 @@ from cprobe.job import JobContext
 from cprobe.pipeline import dir_suffix
 from cprobe.progress import track
 from cprobe.metrics.baselines import majority_baseline
-from cprobe.tasks.probing import fit_and_score, property_labels
+from cprobe.probes.grid import fit_cached_many
+from cprobe.tasks.probing import fit_task, property_labels, score
 
 
 def test_majority_baseline_hand_computed():
@@ -42,7 +43,8 @@ def test_fit_and_score_selects_on_the_validation_split_and_scores_on_test():
     y[3] = -1  # "none": left out everywhere
     splits = {"train": np.arange(0, 10), "val": np.arange(10, 15), "test": np.arange(15, 20)}
     probe = _SpyProbe()
-    row = fit_and_score(probe, X, y, splits)
+    ((fitted, source, seconds),) = fit_cached_many([fit_task(probe, X, y, splits)], None)  # the study's path
+    row = score(fitted, X, y, splits, source, seconds)
     _, ytr, Xva, yva = probe.fit_args
     assert len(ytr) == 9 and Xva is not None and Xva[:, 0].tolist() == [10, 11, 12, 13, 14]
     assert (row["n_train"], row["n_val"], row["n_test"]) == (9, 5, 5)
