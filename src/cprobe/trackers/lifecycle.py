@@ -152,11 +152,6 @@ def _destination(tracker: Any) -> str:
         return "?"
 
 
-def reset() -> None:
-    """Forget which trackers failed in this process (tests)."""
-    _OFF.clear()
-
-
 # ----------------------------------------------------------------------------------------------- state files
 def _active(config: Any) -> list[Any]:
     try:
