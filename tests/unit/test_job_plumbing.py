@@ -127,8 +127,12 @@ def test_corrupt_cached_probe_is_refit(tmp_path):
 
 
 def test_tiny_model_dir_with_a_flipped_bit_is_not_complete(tmp_path):
+    from cprobe.cache import entry_problem
     from cprobe.io import write_manifest
-    from cprobe.models.tiny import _FILES, _is_complete
+    from cprobe.models.tiny import _FILES, _key_problem
+
+    def _is_complete(path, key):  # what ensure_tiny_model's checked entry accepts for ``key``
+        return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
     for name in _FILES:
         (tmp_path / name).write_bytes(b"x" * 32)

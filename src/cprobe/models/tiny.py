@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from cprobe.cache import checked_entry, entry_problem, kind_dir
+from cprobe.cache import checked_entry, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
@@ -432,11 +432,6 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
 def training_report(path: Path) -> dict:
     """The ``training.json`` of a trained tiny model (held-out accuracies, cost, configs)."""
     return json.loads((Path(path) / "training.json").read_text())
-
-
-def _is_complete(path: Path, key: str) -> bool:
-    """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
 
 def _key_problem(path: Path, key: str) -> str | None:
