@@ -137,12 +137,6 @@ def skipped(blocks: nn.ModuleList, layer: int, states: Tensor) -> Iterator[None]
                 b.forward = own
 
 
-def cache_keyword(model: nn.Module) -> str:
-    """The name of a HF causal LM's key/value cache argument (``cache`` since transformers 5.x, before it
-    ``past_key_values``)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
 class KVStore:
     """The clean key/value cache of N items at blocks ``layers``, filled piece by piece from HF ``DynamicCache`` s
     (allocated on the first piece, when heads and head size are known)."""
@@ -253,7 +247,9 @@ class Resuming:
         pass, for comparison."""
         self._kv_family = family_of(cfg).kv_resume
         self._window = sliding_window(cfg)  # sliding-window layers: the one-token step is exact within it only
-        self._cache_kw = cache_keyword(model) if self._kv_family else ""
+        # a HF causal LM's key/value cache argument: ``cache`` since transformers 5.x, before it ``past_key_values``
+        self._cache_kw = "" if not self._kv_family else (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values")
 
     @property
     def can_resume(self) -> bool:
