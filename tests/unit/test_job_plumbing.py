@@ -37,7 +37,7 @@ class _SpyProbe:
         return float((y == 0).double().mean())
 
 
-def test_fit_and_score_selects_on_the_validation_split_and_scores_on_test():
+def test_fitting_and_scoring_selects_on_the_validation_split_and_scores_on_test():
     X = torch.arange(20, dtype=torch.float32)[:, None]
     y = np.array([0, 1] * 10)
     y[3] = -1  # "none": left out everywhere
