@@ -4,7 +4,7 @@ selection, reporting which mutants the tests kill and which survive (file:line).
 
     python scripts/mutation.py --file src/cprobe/leaderboard.py                 # the file's default tests (TESTS)
     python scripts/mutation.py --file src/cprobe/records.py --tests tests/unit/test_records.py
-    python scripts/mutation.py --file src/cprobe/tasks/reliability.py --function read_layers,_run_sites
+    python scripts/mutation.py --file src/cprobe/tasks/reliability.py --function read_layers,run
     python scripts/mutation.py --file src/cprobe/leaderboard.py --lines 60-100 --list   # the mutants, not run
     python scripts/mutation.py --file src/cprobe/leaderboard.py --replace '123:finite.mean()=>np.median(finite)'
 

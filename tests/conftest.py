@@ -61,10 +61,23 @@ def needs_shared(*parts: str):
     return pytest.mark.skipif(not path.exists(), reason=f"needs {path} (the shared data dir; set CPROBE_DATA_DIR)")
 
 
+def read_caption(path: Path) -> dict[str, str] | None:
+    """The caption stored in a PNG written by :func:`cprobe.plots.save` (None when it has none)."""
+    import json
+
+    from PIL import Image
+
+    from cprobe.plots import CAPTION_KEY
+
+    with Image.open(path) as im:
+        raw = dict(getattr(im, "text", {}) or {}).get(CAPTION_KEY)
+    return json.loads(raw) if raw else None
+
+
 def assert_figures_captioned(directory: Path) -> list[Path]:
     """Every PNG under ``directory`` names the property, model, data and n (and the seed) in its title, and
     carries that caption in its metadata. Returns the PNGs checked."""
-    from cprobe.plots import FIELDS, missing_fields, read_caption
+    from cprobe.plots import FIELDS, missing_fields
 
     pngs = sorted(Path(directory).rglob("*.png"))
     for png in pngs:

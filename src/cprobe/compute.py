@@ -249,14 +249,6 @@ def claim_gpu(n_gpus: int, lock_dir: Path | None = None) -> int | None:
     return None
 
 
-def release_gpu() -> None:
-    """Give back this process's GPU claim (tests; a worker's claim ends with the process)."""
-    f = _CLAIM.pop("file", None)
-    _CLAIM.pop("index", None)
-    if f is not None:
-        f.close()
-
-
 def worker_device(device: str, workers: int, job_num: int = 0, n_gpus: int | None = None,
                   lock_dir: Path | None = None) -> str:
     """The device a job of a parallel sweep uses: with several GPUs and several workers, ``cuda``/``auto`` become

@@ -143,10 +143,6 @@ class Collected:
     report: Path | None = None
     skipped: list[str] = field(default_factory=list)
 
-    @property
-    def results_csv(self) -> Path:
-        return next(iter(self.results.values()))
-
 
 def load_job(job: Path) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """A finished job's records and per-item values: its ``records.parquet``, or — a job written before records

@@ -107,13 +107,3 @@ def save(fig, path: Path) -> None:
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight", metadata=meta)
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
-
-
-def read_caption(path: Path) -> dict[str, str] | None:
-    """The caption stored in a PNG written by :func:`save` (None when it has none)."""
-    from PIL import Image
-
-    with Image.open(path) as im:
-        text = dict(getattr(im, "text", {}) or {})
-    raw = text.get(CAPTION_KEY)
-    return json.loads(raw) if raw else None

@@ -141,11 +141,6 @@ class SweepState:
         """One short description per point that is not done."""
         return [p.problem() for p in self.points if p.state != "done"]
 
-    @property
-    def settled(self) -> bool:
-        """Nothing more will happen without a re-run."""
-        return all(p.state in TERMINAL for p in self.points)
-
 
 def _status_state(status: Mapping[str, Any] | None) -> tuple[str, str]:
     if status is None:

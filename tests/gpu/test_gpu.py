@@ -71,7 +71,7 @@ def test_pinned_prefetch_and_one_copy_reads_change_nothing():
 
 
 def test_injected_oom_backs_off_on_the_gpu(tmp_path):
-    batching.forget_limits()
+    batching._LIMITS.clear()
     ex = _examples(48)
     _, ref = _pair("bert", batch_size=48)
     want = ref.map(ex, AgreementFormatter(), read=[Site(2)]).acts[Site(2)]
@@ -81,7 +81,7 @@ def test_injected_oom_backs_off_on_the_gpu(tmp_path):
     got = gpu.map(ex, AgreementFormatter(), read=[Site(2)]).acts[Site(2)]
     torch.testing.assert_close(got, want, atol=ATOL, rtol=RTOL)
     assert gpu.token_cap() <= 100 and "cuda:" in gpu.limit_key()
-    batching.forget_limits()
+    batching._LIMITS.clear()
 
 
 def test_a_real_oom_backs_off():
@@ -91,7 +91,7 @@ def test_a_real_oom_backs_off():
     from cprobe.data.items import TextItem
     from cprobe.models.formatters import ClassificationFormatter
 
-    batching.forget_limits()
+    batching._LIMITS.clear()
     _, tok = make_random_model("gpt_neox")
     torch.manual_seed(0)
     model = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(tok), hidden_size=1024, num_hidden_layers=4,
@@ -110,7 +110,7 @@ def test_a_real_oom_backs_off():
     assert ad.token_cap() is not None  # it did run out, and remembered the size that fits
     one = ad.map(items[:4], ClassificationFormatter(), read=[Site(2, "last")]).acts[Site(2, "last")]
     torch.testing.assert_close(out.acts[Site(2, "last")][:4], one, atol=ATOL, rtol=RTOL)
-    batching.forget_limits()
+    batching._LIMITS.clear()
 
 
 def test_sharded_extraction_on_the_gpu_equals_map(tmp_path):

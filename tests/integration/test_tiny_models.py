@@ -7,15 +7,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-from cprobe.data.base import NONE
+from cprobe.data.base import NONE, Dataset
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError
 from cprobe.models import tiny
-from cprobe.models.tiny import TinyTrainConfig, agreement_accuracy, build_tokenizer, ensure_tiny_model
+from cprobe.models.tiny import TinyTrainConfig, build_tokenizer, ensure_tiny_model
 
 GRAMMAR = GrammarConfig(n_sentences=200, seed=1)
+
+
+def agreement_accuracy(model_dir: Path, examples) -> float:
+    """Fraction of examples where the saved model prefers the correct verb form over the wrong one (the training's own
+    check, :func:`cprobe.models.tiny._preferences`)."""
+    auto = AutoModelForMaskedLM if AutoConfig.from_pretrained(model_dir).model_type == "bert" else AutoModelForCausalLM
+    exs = examples.examples if isinstance(examples, Dataset) else tuple(examples)
+    return float(tiny._preferences(auto.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir), exs)
+                 .float().mean())
+
+
 SMALL = TinyTrainConfig(layers=1, hidden=32, heads=2, intermediate=64, steps=3, batch_size=8, eval_sentences=40)
 AUTO = {"bert": AutoModelForMaskedLM, "neox": AutoModelForCausalLM}
 

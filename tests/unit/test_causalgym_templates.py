@@ -16,7 +16,6 @@ from cprobe.data.causalgym import (
     CONTROL_LABELS,
     TaskTemplate,
     control_pairs,
-    load_task,
     load_templates,
     make_pair_splits,
     label_token_ids,
@@ -127,9 +126,9 @@ def test_missing_file_and_unknown_task(tmp_path: Path) -> None:
         load_templates(tmp_path / "nope.json")
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"toy": SPEC}))
-    assert load_task(path, "toy").name == "toy"
+    assert load_templates(path, 0, ["toy"])["toy"].name == "toy"
     with pytest.raises(DataError, match=r"unknown CausalGym task\(s\) \['agr'\] in t\.json; choose from \['toy'\]"):
-        load_task(path, "agr")
+        load_templates(path, 0, ["agr"])
 
 
 @pytest.fixture(scope="module")
@@ -221,13 +220,13 @@ def test_all_29_benchmark_tasks_load_and_split() -> None:
 @pytest.mark.shared
 def test_sampling_matches_the_reference_implementation() -> None:
     """First pairs of the authors' data.py with seed 42 (train split), copied from running it."""
-    train, _ = make_pair_splits(load_task(SYNTAXGYM, "agr_sv_num_pp"))
+    train, _ = make_pair_splits(load_templates(SYNTAXGYM, 0, ["agr_sv_num_pp"])["agr_sv_num_pp"])
     assert train[0].base == ("The", " ministers", " near", " the", " executive")
     assert train[0].source == ("The", " athlete", " near", " the", " executive")
     assert (train[0].base_label, train[0].source_label) == (" have", " has")
     assert train[1].base == ("The", " authors", " in front of", " the", " secretary")
     assert (train[1].base_label, train[1].source_label) == (" are", " has")
-    gss, _ = make_pair_splits(load_task(SYNTAXGYM, "gss_subord"))
+    gss, _ = make_pair_splits(load_templates(SYNTAXGYM, 0, ["gss_subord"])["gss_subord"])
     assert gss[0].base == ("Since", " the", " scientists", " reviewed the contract")
     assert gss[0].source == ("", "The", " scientists", " reviewed the contract")
     assert (gss[0].base_label, gss[0].source_label) == (" they", ".")
@@ -237,4 +236,4 @@ def test_sampling_matches_the_reference_implementation() -> None:
 @pytest.mark.shared
 def test_unknown_real_task_lists_choices() -> None:
     with pytest.raises(DataError, match="choose from .*agr_gender"):
-        load_task(SYNTAXGYM, "agr_genre")
+        load_templates(SYNTAXGYM, 0, ["agr_genre"])

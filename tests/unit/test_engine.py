@@ -239,7 +239,7 @@ def _inject_oom(ad, max_tokens, calls):
 
 
 def test_oom_halves_the_batch_remembers_the_size_and_persists_it(tmp_path):
-    batching.forget_limits()
+    batching._LIMITS.clear()
     ex = _examples(48)
     ref = _adapter("bert", batch_size=48).map(ex, AgreementFormatter(), read=[Site(2)])
     path = tmp_path / "engine" / "batch_limits.json"
@@ -250,19 +250,19 @@ def test_oom_halves_the_batch_remembers_the_size_and_persists_it(tmp_path):
     assert calls[0] > 100 and max(calls[1:]) <= calls[0] // 2 + calls[0] % 2
     learnt = ad.token_cap()
     assert learnt is not None and learnt <= 100 and path.is_file()
-    batching.forget_limits()  # a new process of the sweep: the limit comes from the cache file
+    batching._LIMITS.clear()  # a new process of the sweep: the limit comes from the cache file
     fresh, calls2 = _adapter("bert", batch_size=48, limits=BatchLimits(path)), []
     _inject_oom(fresh, 100, calls2)
     fresh.map(ex, AgreementFormatter(), read=[Site(2)])
     assert max(calls2) <= learnt  # no failed attempt: it starts at the size that fits
-    batching.forget_limits()
+    batching._LIMITS.clear()
 
 
 def test_the_edited_pass_halves_a_chunk_on_oom_and_scores_every_row_once():
     from cprobe.models.edits import Replace
     from cprobe.models.multisite import edited_pass
 
-    batching.forget_limits()
+    batching._LIMITS.clear()
     ex, fmt = _examples(24), AgreementFormatter()
 
     def edited(ad):
@@ -286,16 +286,16 @@ def test_the_edited_pass_halves_a_chunk_on_oom_and_scores_every_row_once():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)  # float32 batch-composition noise only
     assert calls[0] > 100 and max(calls[1:]) <= calls[0] // 2 + calls[0] % 2
     assert (ad.token_cap() or 10**9) <= 100
-    batching.forget_limits()
+    batching._LIMITS.clear()
 
 
 def test_a_single_row_that_does_not_fit_is_a_clear_error():
-    batching.forget_limits()
+    batching._LIMITS.clear()
     ad, calls = _adapter("bert", batch_size=4), []
     _inject_oom(ad, 1, calls)
     with pytest.raises(ConfigError, match="does not fit in the memory"):
         ad.map(_examples(4), AgreementFormatter(), read=[Site(1)])
-    batching.forget_limits()
+    batching._LIMITS.clear()
 
 
 def test_other_errors_are_not_swallowed():

@@ -184,7 +184,7 @@ def test_collect_aggregates_finished_jobs_with_overrides(tmp_path):
     _job(tmp_path, "probe=a")
     _job(tmp_path, "probe=b")
     out = collect(tmp_path)
-    t = pd.read_csv(out.results_csv)
+    t = pd.read_csv(next(iter(out.results.values())))
     assert len(t) == 4 and set(t["override.probe"]) == {"a", "b"} and set(t["override.experiment"]) == {"x"}
     assert "| probe=a" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "accuracy_by_layer.png").stat().st_size > 1000
@@ -198,7 +198,7 @@ def test_collect_names_unfinished_jobs_and_needs_partial(tmp_path):
     write_status(d, state="running")
     with pytest.raises(CprobeError, match=r"2 job\(s\) not done: probe=b is failed \(boom\); probe=c is running"):
         collect(tmp_path)
-    t = pd.read_csv(collect(tmp_path, partial=True).results_csv)
+    t = pd.read_csv(next(iter(collect(tmp_path, partial=True).results.values())))
     assert set(t["job"]) == {"probe=a"}
     with pytest.raises(CprobeError, match="not a directory"):
         collect(tmp_path / "nope")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from cprobe.plots import caption, new_figure, read_caption, save
-from tests.conftest import assert_figures_captioned
+from cprobe.plots import caption, new_figure, save
+from tests.conftest import assert_figures_captioned, read_caption
 
 
 def test_caption_puts_every_field_in_the_title_and_the_png_metadata(tmp_path):

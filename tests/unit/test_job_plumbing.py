@@ -17,7 +17,8 @@ from cprobe.job import JobContext
 from cprobe.pipeline import dir_suffix
 from cprobe.progress import track
 from cprobe.metrics.baselines import majority_baseline
-from cprobe.tasks.probing import fit_and_score, property_labels
+from cprobe.probes.grid import fit_cached_many
+from cprobe.tasks.probing import fit_task, property_labels, score
 
 
 def test_majority_baseline_hand_computed():
@@ -36,13 +37,14 @@ class _SpyProbe:
         return float((y == 0).double().mean())
 
 
-def test_fit_and_score_selects_on_the_validation_split_and_scores_on_test():
+def test_fitting_and_scoring_selects_on_the_validation_split_and_scores_on_test():
     X = torch.arange(20, dtype=torch.float32)[:, None]
     y = np.array([0, 1] * 10)
     y[3] = -1  # "none": left out everywhere
     splits = {"train": np.arange(0, 10), "val": np.arange(10, 15), "test": np.arange(15, 20)}
     probe = _SpyProbe()
-    row = fit_and_score(probe, X, y, splits)
+    ((fitted, source, seconds),) = fit_cached_many([fit_task(probe, X, y, splits)], None)  # the study's path
+    row = score(fitted, X, y, splits, source, seconds)
     _, ytr, Xva, yva = probe.fit_args
     assert len(ytr) == 9 and Xva is not None and Xva[:, 0].tolist() == [10, 11, 12, 13, 14]
     assert (row["n_train"], row["n_val"], row["n_test"]) == (9, 5, 5)
@@ -125,8 +127,12 @@ def test_corrupt_cached_probe_is_refit(tmp_path):
 
 
 def test_tiny_model_dir_with_a_flipped_bit_is_not_complete(tmp_path):
+    from cprobe.cache import entry_problem
     from cprobe.io import write_manifest
-    from cprobe.models.tiny import _FILES, _is_complete
+    from cprobe.models.tiny import _FILES, _key_problem
+
+    def _is_complete(path, key):  # what ensure_tiny_model's checked entry accepts for ``key``
+        return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
     for name in _FILES:
         (tmp_path / name).write_bytes(b"x" * 32)

@@ -22,7 +22,6 @@ from cprobe.models.sites import Site
 from cprobe.tasks.reliability import (
     Config,
     EditSite,
-    _validate_read_order,
     _validate_sites,
     edit_sites,
     read_layer_heatmap,
@@ -151,7 +150,7 @@ def test_edit_sites_layers_and_positions_as_data():
 ])
 def test_bad_site_settings_are_refused_in_one_line(node, method, match):
     with pytest.raises(ConfigError, match=match) as e:
-        _validate_sites(parse(Config, node, "reliability"), method)
+        _validate_sites(parse(Config, node, "reliability"), method, None)
     assert "\n" not in str(e.value)
 
 
@@ -161,14 +160,14 @@ def test_a_method_trained_through_the_model_is_refused_at_several_sites():
         needs_model = True
 
     with pytest.raises(ConfigError, match="trained through the model at one site"):
-        _validate_sites(parse(Config, {"sites": [2, 3]}, "reliability"), ThroughModel())
-    _validate_sites(parse(Config, {"sites": [2], "read_layers": "all"}, "reliability"), ThroughModel())
+        _validate_sites(parse(Config, {"sites": [2, 3]}, "reliability"), ThroughModel(), None)
+    _validate_sites(parse(Config, {"sites": [2], "read_layers": "all"}, "reliability"), ThroughModel(), None)
 
 
 def test_good_site_settings_pass():
     for node in ({}, {"read_layers": "all"}, {"read_layers": [3, 4]}, {"sites": [2, 3], "mode": "sequential"},
                  {"sites": [{"layer": 1, "position": "word:1"}, 2]}, {"mode": "sequential"}):
-        _validate_sites(parse(Config, node, "reliability"), INLP(rank=2))
+        _validate_sites(parse(Config, node, "reliability"), INLP(rank=2), None)
 
 
 def _rows():
@@ -230,9 +229,9 @@ def test_downstream_rows_become_records_at_their_read_layer():
 
 def test_read_layers_before_the_edit_are_refused_before_the_model_loads():
     with pytest.raises(ConfigError, match=r"layer\(s\) \[1\] come before the edit at layer 2"):
-        _validate_read_order(Config(read_layers=[1, 3]), 2)
+        _validate_sites(Config(read_layers=[1, 3]), LEACE(), 2)
     with pytest.raises(ConfigError, match="come before the edit at layer 2"):
-        _validate_read_order(Config(read_layers=1, sites=[3, 2]), "last")
+        _validate_sites(Config(read_layers=1, sites=[3, 2]), LEACE(), "last")
     for rc, layers in ((Config(read_layers=[2, 3]), 2), (Config(read_layers=[-1]), 2), (Config(read_layers=[1]), "last"),
                        (Config(read_layers="all"), 3), (Config(), 3)):
-        _validate_read_order(rc, layers)  # fine, or only decidable once the model's depth is known
+        _validate_sites(rc, LEACE(), layers)  # fine, or only decidable once the model's depth is known

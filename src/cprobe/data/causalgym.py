@@ -217,11 +217,6 @@ def load_templates(path: str | Path, template_index: int = 0,
     return {name: TaskTemplate.from_spec(name, specs[name], template_index) for name in names}
 
 
-def load_task(path: str | Path, task: str, template_index: int = 0) -> TaskTemplate:
-    """One task of a templates JSON file, with an error listing the valid names."""
-    return load_templates(path, template_index, [task])[task]
-
-
 def sample_pairs(
     template: TaskTemplate,
     n_pairs: int,

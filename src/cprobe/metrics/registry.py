@@ -426,14 +426,6 @@ def _n_items(inputs: Mapping[str, Any]) -> int:
     raise ValueError(f"unknown metric inputs {sorted(inputs)}")
 
 
-def metric_info(name: str) -> Metric:
-    try:
-        return METRICS[name]
-    except KeyError:
-        raise ConfigError(f"unknown metric {name!r}; choose from {sorted(METRICS)} (register it in "
-                          "cprobe/metrics/registry.py)") from None
-
-
 def unregistered(names) -> list[str]:
     """The names in ``names`` that are not registered metrics, sorted."""
     return sorted({str(n) for n in names} - set(METRICS))

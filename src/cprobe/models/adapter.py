@@ -318,7 +318,11 @@ class ModelAdapter(Resuming):
 
         handles = [self._register(points[k][0], points[k][1], make(k)) for k in order]
         scored = batch
-        if self._scores_rows_only(readout, batch):
+        # the head at the scored positions only: a readout that scores one position per row, a head module of its
+        # own, the batch's prediction position named (rows without it keep −1 there, so the readout raises its own
+        # error; nothing is read back from the device)
+        if (self.scored_positions and readout is not None and readout.at_position and self._head is not None
+                and batch.pred is not None and batch.pred in batch.positions):
             # the head sees each row's scored position only: logits (n, 1, V), read at position 0
             pred = batch.pred_positions()
             handles.append(self._head.register_forward_pre_hook(_gather_rows(pred.clamp(min=0)), with_kwargs=True))
@@ -338,13 +342,6 @@ class ModelAdapter(Resuming):
             for h in handles:
                 h.remove()
         return RunOutput({s: acts[s] for s in read}, scores)
-
-    def _scores_rows_only(self, readout: Readout | None, batch: Batch) -> bool:
-        """Whether the head can run at the scored positions only: a readout that scores one position per row, a
-        head module of its own, the batch's prediction position named (rows without it keep −1 there, so the readout
-        raises its own error; nothing is read back from the device)."""
-        return bool(self.scored_positions and readout is not None and readout.at_position and self._head is not None
-                    and batch.pred is not None and batch.pred in batch.positions)
 
     def _depth(self, module: nn.Module, pre: bool) -> int:
         if pre:

@@ -269,8 +269,3 @@ class BatchLimits:
                 atomic_write_bytes(self.path, json.dumps(known, indent=1, sort_keys=True).encode())
         except OSError as e:  # a read-only cache: the limit still holds for this process
             log.debug("could not persist batch limit %s: %s", key, e)
-
-
-def forget_limits() -> None:
-    """Clear the process-wide memory of batch limits (tests)."""
-    _LIMITS.clear()

@@ -70,11 +70,6 @@ class Resume:
     kv: KV = field(default_factory=dict)
     """The rows' clean key/value cache of the blocks above the resume layer (``CleanStates(kv=True)``; empty: none)."""
 
-    def layer_for(self, lowest: int) -> int | None:
-        """The layer to resume at for a pass whose lowest hooked depth is ``lowest``: the deepest layer held at or
-        below it (None: none, the full forward runs)."""
-        return max((l for l in self.states if 1 <= l <= lowest), default=None)
-
 
 class CleanStates:
     """Full-sequence clean states (N, T, d) of N tokenised items at some layers (module doc)."""
@@ -140,12 +135,6 @@ def skipped(blocks: nn.ModuleList, layer: int, states: Tensor) -> Iterator[None]
                 del b.forward
             else:
                 b.forward = own
-
-
-def cache_keyword(model: nn.Module) -> str:
-    """The name of a HF causal LM's key/value cache argument (``cache`` since transformers 5.x, before it
-    ``past_key_values``)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class KVStore:
@@ -258,7 +247,9 @@ class Resuming:
         pass, for comparison."""
         self._kv_family = family_of(cfg).kv_resume
         self._window = sliding_window(cfg)  # sliding-window layers: the one-token step is exact within it only
-        self._cache_kw = cache_keyword(model) if self._kv_family else ""
+        # a HF causal LM's key/value cache argument: ``cache`` since transformers 5.x, before it ``past_key_values``
+        self._cache_kw = "" if not self._kv_family else (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values")
 
     @property
     def can_resume(self) -> bool:
@@ -297,7 +288,8 @@ class Resuming:
             return None
         if resume.model != self.name:
             raise ConfigError(f"clean states of model {resume.model!r} cannot resume a pass of {self.name!r}")
-        layer = resume.layer_for(min(lowest, self.n_layers))
+        # the deepest layer held at or below the pass's lowest hooked depth (none: the full forward runs)
+        layer = max((l for l in resume.states if 1 <= l <= min(lowest, self.n_layers)), default=None)
         if layer is None:
             return None
         states = resume.states[layer]

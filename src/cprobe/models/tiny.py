@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from cprobe.cache import checked_entry, entry_problem, kind_dir
+from cprobe.cache import checked_entry, kind_dir
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
+from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
                           BertForMaskedLM, GPTNeoXConfig, GPTNeoXForCausalLM, PreTrainedModel, PreTrainedTokenizerBase,
                           PreTrainedTokenizerFast)
 
-from cprobe.data.base import NONE, Dataset, Example
+from cprobe.data.base import NONE, Example
 from cprobe.data.grammar import GrammarConfig, generate, vocabulary
 from cprobe.errors import ConfigError, DataError, ModelLoadError
 from cprobe.io import read_json
@@ -208,16 +208,6 @@ def _train_job(job: dict) -> dict:
     return {"train_seconds": round(seconds, 2), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "mkl_cbwr": os.environ.get("MKL_CBWR"), "torch": torch.__version__,
             "transformers": transformers.__version__}
-
-
-def agreement_accuracy(model_dir: Path, examples: Dataset | Sequence[Example]) -> float:
-    """Fraction of examples where the saved model prefers the correct verb form over the wrong one."""
-    config = AutoConfig.from_pretrained(model_dir)
-    auto = AutoModelForMaskedLM if config.model_type == "bert" else AutoModelForCausalLM
-    model = auto.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    exs = examples.examples if isinstance(examples, Dataset) else tuple(examples)
-    return float(_preferences(model, tokenizer, exs).float().mean())
 
 
 # --- tokenizers -------------------------------------------------------------------------------
@@ -442,11 +432,6 @@ def _token_id(tokenizer: PreTrainedTokenizerBase, word: str) -> int:
 def training_report(path: Path) -> dict:
     """The ``training.json`` of a trained tiny model (held-out accuracies, cost, configs)."""
     return json.loads((Path(path) / "training.json").read_text())
-
-
-def _is_complete(path: Path, key: str) -> bool:
-    """True when ``path`` holds a fully written, uncorrupted model for ``key`` (else it is rebuilt)."""
-    return entry_problem(path, lambda p: _key_problem(p, key)) is None
 
 
 def _key_problem(path: Path, key: str) -> str | None:

@@ -159,11 +159,6 @@ def _fallback_direction(X: Tensor, seed: int) -> Tensor:
     return build_direction(name, {}, seed).fit(X).a
 
 
-def _unknown_labels(tok: Any, ids: dict[str, int]) -> list[str]:
-    unk = getattr(tok, "unk_token_id", None)
-    return sorted(lab for lab, i in ids.items() if unk is not None and i == unk)
-
-
 def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[str, Splits]
                ) -> tuple[dict[str, int], list[str]]:
     """Every label's token id (a multi-token label's first, as the reference) and the task's labels unknown to the
@@ -171,8 +166,10 @@ def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[s
     ids, multi = label_token_ids(adapter.tok, [lab for sp in by_cond.values() for p in [*sp.train, *sp.eval]
                                                for lab in (p.base_label, p.source_label)])
     task = {lab for p in [*by_cond["task"].train, *by_cond["task"].eval] for lab in (p.base_label, p.source_label)}
-    unknown = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab in task})
-    unknown_control = _unknown_labels(adapter.tok, {lab: i for lab, i in ids.items() if lab not in task})
+    unk = getattr(adapter.tok, "unk_token_id", None)
+    unknown_all = sorted(lab for lab, i in ids.items() if unk is not None and i == unk)
+    unknown = [lab for lab in unknown_all if lab in task]
+    unknown_control = [lab for lab in unknown_all if lab not in task]
     if unknown_control:
         log.warning("%s: control label(s) %s are unknown to %s's tokenizer; the control task (selectivity) is "
                     "vacuous there", template.name, unknown_control, adapter.name)
@@ -439,9 +436,8 @@ def _score(adapter: ModelAdapter, plans: list[_SitePlan], conditions: list[str],
     if not jobs:
         return
     site_list = list(dict.fromkeys(p.site for p, _, _, _ in jobs))
-    site_index = {s: i for i, s in enumerate(site_list)}
     d = adapter.hidden_size
-    job_site = torch.tensor([site_index[p.site] for p, _, _, _ in jobs])
+    job_site = torch.tensor([site_list.index(p.site) for p, _, _, _ in jobs])
     job_dir = torch.stack([torch.zeros(d) if a is None else a.detach().float().cpu() for _, _, a, _ in jobs])
     job_whole = torch.tensor([a is None for _, _, a, _ in jobs])
     job_of_row = torch.cat([torch.full((len(p.ok_ev),), j) for j, (p, _, _, _) in enumerate(jobs)])

@@ -104,14 +104,6 @@ def score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarra
             "best_params": str(getattr(probe, "best_params", "")), "fit_s": seconds, "probe_source": source}
 
 
-def fit_and_score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarray],
-                  cache_dir: Path | None = None) -> dict[str, Any]:
-    """Fit on the train split and score on test (:func:`fit_task`, :func:`score`); with ``cache_dir`` the fit is
-    read back when it was made before."""
-    ((fitted, source, seconds),) = fit_cached_many([fit_task(probe, X, y, splits)], cache_dir)
-    return score(fitted, X, y, splits, source, seconds)
-
-
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
     adapter = ctx.adapter(cfg["model"])

@@ -97,8 +97,7 @@ def validate(job: Any) -> None:
         if why:
             raise ConfigError(f"intervention {icfg['name']!r} is trained through the model on minimal pairs that "
                               f"flip {rc.target!r}: {why}")
-    _validate_sites(rc, method)
-    _validate_read_order(rc, job.keys.layers)
+    _validate_sites(rc, method, job.keys.layers)
     if rc.target in rc.others:
         raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
     if not rc.others:
@@ -117,8 +116,10 @@ def validate(job: Any) -> None:
                           f"{list(fractions)}")
 
 
-def _validate_sites(rc: Config, method: Intervention) -> None:
-    """The model-independent checks of ``read_layers``, ``sites`` and ``mode`` (before any model loads)."""
+def _validate_sites(rc: Config, method: Intervention, layers_spec: Any) -> None:
+    """The model-independent checks of ``read_layers``, ``sites`` and ``mode`` (before any model loads); read layers
+    before the first edit are refused where no model is needed to tell (non-negative layer numbers; `last` and
+    negative layers are checked once the model's depth is known)."""
     spec = rc.read_layers
     if isinstance(spec, str) and spec != "all":
         raise ConfigError(f"reliability.read_layers={spec!r}: use null (the edited layer), 'all' (every layer from "
@@ -141,12 +142,6 @@ def _validate_sites(rc: Config, method: Intervention) -> None:
     if rc.mode == "sequential" and method.kind != "nullifying":  # with one site both modes are the same edit
         raise ConfigError(f"reliability.mode=sequential refits an eraser on the states the upstream erasures "
                           f"produce; {type(method).__name__} is {method.kind}: use mode=simultaneous")
-
-
-def _validate_read_order(rc: Config, layers_spec: Any) -> None:
-    """Read layers before the first edit, refused before any model loads where no model is needed to tell
-    (non-negative layer numbers; `last` and negative layers are checked once the model's depth is known)."""
-    spec = rc.read_layers
     if spec is None or spec == "all":
         return
     reads = [spec] if isinstance(spec, int) else list(spec)
@@ -218,17 +213,6 @@ def _train_oracles(ctx: JobContext, config: Config, values: Mapping[str, list], 
             ctx.warn(f"the {p} oracle is at chance on {where} (accuracy {acc:.3f} vs majority {majority:.3f}): "
                      f"{'completeness' if p == config.target else 'selectivity'} is not meaningful")
     return oracles, info
-
-
-def run(ctx: JobContext, config: Config) -> TaskResult:
-    t_job = time.perf_counter()
-    cfg = ctx.cfg
-    adapter = ctx.adapter(cfg["model"])
-    ds = load_dataset(cfg["dataset"], ctx.data_root)
-    for note in ds.notes:
-        ctx.warn(note)
-    sites = edit_sites(config, cfg["layers"], cfg["position"], adapter.n_layers)
-    return _run_sites(ctx, config, adapter, ds, sites, t_job)
 
 
 OUTSIDE = "metric_"
@@ -397,12 +381,17 @@ def _edit(sc: _Scene, sites: list[Site], fitted: Mapping[Site, Intervention], re
     return _Edited(rows, items, z_goal, states, *acc, t_apply, time.perf_counter() - t0)
 
 
-def _run_sites(ctx: JobContext, config: Config, adapter: ModelAdapter, ds: Any, sites: list[Site],
-               t_job: float) -> TaskResult:
-    """The study's one run path: edit at ``sites`` (one or several) and score the states read at every read layer l′
-    in the same forward pass, with oracles trained on clean states at l′. One row per l′ (one schema, whatever the
-    job edits and reads); ΔTask from the same pass's output."""
+def run(ctx: JobContext, config: Config) -> TaskResult:
+    """The study's one run path: edit at the job's sites (one or several) and score the states read at every read
+    layer l′ in the same forward pass, with oracles trained on clean states at l′. One row per l′ (one schema, whatever
+    the job edits and reads); ΔTask from the same pass's output."""
+    t_job = time.perf_counter()
     cfg, position = ctx.cfg, ctx.cfg["position"]
+    adapter = ctx.adapter(cfg["model"])
+    ds = load_dataset(cfg["dataset"], ctx.data_root)
+    for note in ds.notes:
+        ctx.warn(note)
+    sites = edit_sites(config, cfg["layers"], position, adapter.n_layers)
     reads = read_layers(config.read_layers, [s.layer for s in sites], adapter.n_layers)
     sc = _scene(ctx, config, adapter, ds, sites, reads)
     ex, data, target, others = sc.exs[position], sc.data, config.target, list(config.others)

@@ -2,7 +2,7 @@
 module per tracker behind :mod:`.base`."""
 
 from cprobe.trackers.lifecycle import (LOCAL, LOGGERS, TRACKERS_FILE, LoggerSpec, check, gather, job_ended, preflight,
-                                       reset, sweep_discarded, sweep_ended, sweep_started, trackers)
+                                       sweep_discarded, sweep_ended, sweep_started, trackers)
 
-__all__ = ["LOCAL", "LOGGERS", "TRACKERS_FILE", "LoggerSpec", "check", "gather", "job_ended", "preflight", "reset",
+__all__ = ["LOCAL", "LOGGERS", "TRACKERS_FILE", "LoggerSpec", "check", "gather", "job_ended", "preflight",
            "sweep_discarded", "sweep_ended", "sweep_started", "trackers"]

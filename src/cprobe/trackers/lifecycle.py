@@ -152,20 +152,7 @@ def _destination(tracker: Any) -> str:
         return "?"
 
 
-def reset() -> None:
-    """Forget which trackers failed in this process (tests)."""
-    _OFF.clear()
-
-
 # ----------------------------------------------------------------------------------------------- state files
-def _read(path: Path) -> dict[str, Any]:
-    return read_json(path) or {}
-
-
-def _write(path: Path, data: Mapping[str, Any]) -> None:
-    write_json(path, data, sort_keys=True)
-
-
 def _active(config: Any) -> list[Any]:
     try:
         node = _node(config)
@@ -198,7 +185,7 @@ def sweep_started(config: Any) -> None:
     if not (active := _active(config)):
         return
     sweep_dir = Path(config.hydra.sweep.dir)
-    state = _read(sweep_dir / TRACKERS_FILE)
+    state = read_json(sweep_dir / TRACKERS_FILE) or {}
     overrides = [str(o) for o in config.hydra.overrides.task]
     name = str(config.get("name", "cprobe"))
     changed = False
@@ -211,7 +198,7 @@ def sweep_started(config: Any) -> None:
             state[t.name] = {"destination": _destination(t), **handle}
             changed = True
     if changed:
-        _write(sweep_dir / TRACKERS_FILE, state)
+        write_json(sweep_dir / TRACKERS_FILE, state, sort_keys=True)
 
 
 def gather(config: Any, out_dir: Path, status: Mapping[str, Any], sweep_dir: Path | None) -> Any:
@@ -255,8 +242,8 @@ def job_ended(config: Any, job_return: Any = None) -> None:
     if not status or status.get("state") not in ("done", "failed"):
         return  # a config error removed the run dir, or another process owns the job
     sweep_dir = Path(config.hydra.sweep.dir) if _multirun(config) else None
-    parents = _read(sweep_dir / TRACKERS_FILE) if sweep_dir is not None else {}
-    logged = _read(out_dir / TRACKERS_FILE)
+    parents = (read_json(sweep_dir / TRACKERS_FILE) or {}) if sweep_dir is not None else {}
+    logged = read_json(out_dir / TRACKERS_FILE) or {}
     job = None
     changed = False
     for t in active:
@@ -273,7 +260,7 @@ def job_ended(config: Any, job_return: Any = None) -> None:
                               **ref}
             changed = True
     if changed:
-        _write(out_dir / TRACKERS_FILE, logged)
+        write_json(out_dir / TRACKERS_FILE, logged, sort_keys=True)
 
 
 def sweep_ended(config: Any, failed: Sequence[str] = ()) -> None:
@@ -283,9 +270,9 @@ def sweep_ended(config: Any, failed: Sequence[str] = ()) -> None:
     from cprobe.trackers.base import SweepLog
 
     sweep_dir = Path(config.hydra.sweep.dir)
-    parents = _read(sweep_dir / TRACKERS_FILE)
+    parents = read_json(sweep_dir / TRACKERS_FILE) or {}
     name = str(config.get("name", "cprobe"))
-    search = _read(sweep_dir / "search.json") or None
+    search = read_json(sweep_dir / "search.json") or None
     sweep = SweepLog(sweep_dir=sweep_dir, run_name=f"{name}/{sweep_dir.name}", experiment=name,
                      overrides=[str(o) for o in config.hydra.overrides.task], failed=list(failed), search=search)
     for t in active:
@@ -297,7 +284,7 @@ def sweep_discarded(config: Any) -> None:
     """Undo :func:`sweep_started` for a sweep refused before any job ran (an invalid search): the parent runs are
     deleted and the sweep root's ``trackers.json`` removed, so the directory can go."""
     sweep_dir = Path(config.hydra.sweep.dir)
-    state = _read(sweep_dir / TRACKERS_FILE)
+    state = read_json(sweep_dir / TRACKERS_FILE) or {}
     if not state or not all(isinstance(v, dict) and "destination" in v for v in state.values()):
         return  # none, or not the file sweep_started writes ({tracker: {destination, ...}}): left alone
     for t in _active(config):
