@@ -88,3 +88,17 @@ def test_a_sweep_over_experiments_names_each_folder_after_its_experiment():
     from cprobe.pipeline import dir_suffix
 
     assert dir_suffix("experiment=ravel,") == "experiment=ravel"  # no override beside the experiment
+
+
+def test_the_real_model_preset_sizes_each_study_and_sweeps_the_five_methods():
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=yardsticks_causalgym", "+sweep=yardsticks_real"],
+                      return_hydra_config=True)
+    assert str(cfg.hydra.sweeper.params.method) == ",".join(METHODS) and str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert (cfg.causalgym.n_train, cfg.causalgym.n_eval, cfg.dataset.max_examples) == (100, 40, 800)
+    job = prepare("+experiment=yardsticks_reliability", "+sweep=yardsticks_real", "method=das")
+    assert job.keys.dataset["max_examples"] == 800 and job.keys.intervention["name"] == "das"
