@@ -23,9 +23,9 @@ def test_sequential_refitting_is_allowed_for_an_eraser_instance_and_refused_for_
     """``reliability.mode=sequential`` refits erasers site by site: a direction intervention built with ``kind:
     nullifying`` is one (its class default is counterfactual); built counterfactual it is refused, naming its kind."""
     rc = parse(Config, {"sites": [2, 3], "mode": "sequential"}, "reliability")
-    _validate_sites(rc, INTERVENTIONS.build({"name": "mean_direction", "kind": "nullifying"}))
+    _validate_sites(rc, INTERVENTIONS.build({"name": "mean_direction", "kind": "nullifying"}), None)
     with pytest.raises(ConfigError, match="is counterfactual: use mode=simultaneous"):
-        _validate_sites(rc, INTERVENTIONS.build({"name": "mean_direction"}))
+        _validate_sites(rc, INTERVENTIONS.build({"name": "mean_direction"}), None)
 
 
 def test_causalgym_accepts_a_nullifying_direction_intervention_and_refuses_a_bad_kind_at_validation():
