@@ -45,8 +45,7 @@ def normalise(argv: Sequence[str], resolve: bool = True) -> tuple[list[str], lis
     return out, notes
 
 
-EXPERIMENT_SUBDIR = ("hydra.sweep.subdir='${cprobe_expdir:${oc.select:hydra.runtime.choices.experiment,none},"
-                     "${hydra.job.override_dirname}}'")
+EXPERIMENT_SUBDIR = "hydra.sweep.subdir='${cprobe_expdir:${hydra.overrides.task},${hydra.job.override_dirname}}'"
 """A sweep over experiments names each job's folder after its experiment too (folder names leave out the experiment,
 which a run's own directory already names: without it, two experiments' jobs with the same other overrides would
 share one folder)."""
@@ -55,6 +54,7 @@ share one folder)."""
 def swept(group: str, argv: Sequence[str]) -> bool:
     """Does an override of ``argv`` sweep ``group`` (``+experiment=a,b``, ``glob(...)``, ``choice(...)``)?"""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
 
     parser = OverridesParser.create()
     for a in argv:
@@ -63,7 +63,7 @@ def swept(group: str, argv: Sequence[str]) -> bool:
         try:
             if parser.parse_override(a).is_sweep_override():
                 return True
-        except Exception:  # Hydra reports a malformed override itself
+        except OverrideParseException:  # Hydra reports a malformed override itself
             continue
     return False
 

@@ -60,11 +60,19 @@ def dir_suffix(overrides: str, limit: int = 100) -> str:
     return name
 
 
+def experiment_dir(task_overrides: Sequence[str], override_dirname: str) -> str:
+    """A job folder's name in a sweep over experiments (``cprobe._hydra.EXPERIMENT_SUBDIR``): ``experiment=<its
+    experiment>`` and the overrides that set it apart, read from the job's own overrides (Hydra's launchers and the
+    SLURM driver's naming both give them)."""
+    exp = next((o.split("=", 1)[1] for o in task_overrides if o.lstrip("+").startswith("experiment=")), "none")
+    return dir_suffix(f"experiment={exp},{override_dirname}")
+
+
 # Resolvers the configs use (registered wherever run_job is unpickled, i.e. in launcher workers too).
 # paths.root_dir: the launch directory, without HydraConfig
 OmegaConf.register_new_resolver("cprobe_cwd", os.getcwd, replace=True)
 OmegaConf.register_new_resolver("cprobe_dirname", dir_suffix, replace=True)
-OmegaConf.register_new_resolver("cprobe_expdir", lambda e, o: dir_suffix(f"experiment={e},{o}"), replace=True)
+OmegaConf.register_new_resolver("cprobe_expdir", lambda t, o: experiment_dir(list(t), o), replace=True)
 OmegaConf.register_new_resolver("cprobe_safe", safe_name, replace=True)  # a config string as one path component
 OmegaConf.register_new_resolver("hydra_dirsuffix", lambda s: f"_{d}" if s and (d := dir_suffix(s)) else "",
                                 replace=True)

@@ -28,6 +28,7 @@ def test_one_sweep_line_scores_the_same_method_on_all_four_yardsticks(tmp_path):
     assert len(grammar) == 1, das[["model", "layer"]]  # one row: the three grammar studies on one model and layer
     for study in ("reliability", "causalgym", "axbench"):
         assert grammar[STUDY_COLUMNS[study]].notna().all(), study
+    assert grammar["causalgym: max IIA ↑"].notna().all()  # IIA: a headline column of its own
     ravel = das[das["model"] == "fact_neox_ravel"]  # RAVEL reads the fact world's model
     assert len(ravel) and ravel[STUDY_COLUMNS["ravel"]].notna().all()
     assert (y["method"] == "mdas").any()  # RAVEL's DAS job also trains multi-task DAS, a row of its own

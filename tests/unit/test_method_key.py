@@ -102,3 +102,29 @@ def test_the_real_model_preset_sizes_each_study_and_sweeps_the_five_methods():
     assert (cfg.causalgym.n_train, cfg.causalgym.n_eval, cfg.dataset.max_examples) == (100, 40, 800)
     job = prepare("+experiment=yardsticks_reliability", "+sweep=yardsticks_real", "method=das")
     assert job.keys.dataset["max_examples"] == 800 and job.keys.intervention["name"] == "das"
+
+
+def test_an_experiment_folder_name_is_read_from_the_jobs_own_overrides():
+    from cprobe.pipeline import experiment_dir
+
+    assert experiment_dir(["+experiment=yardsticks_ravel", "method=das"], "method=das") == \
+        "experiment=yardsticks_ravel,method=das"
+    assert experiment_dir(["experiment=a"], "") == "experiment=a"
+    assert experiment_dir(["method=das"], "method=das") == "experiment=none,method=das"
+
+
+def test_the_slurm_driver_names_an_experiment_sweeps_points_apart(tmp_path):
+    """The SLURM driver names each point from its overrides without composing it: an experiment sweep's points get
+    their own experiment's folder (they would share one, and be refused, if the name came from the primary config)."""
+    from hydra import compose, initialize_config_dir
+
+    from cprobe._hydra import EXPERIMENT_SUBDIR
+    from cprobe.launch.slurm import Driver
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", EXPERIMENT_SUBDIR], return_hydra_config=True)
+    driver = Driver.__new__(Driver)
+    driver.config = cfg
+    points = driver._describe([[f"+experiment={e}", "method=das"] for e in PRESETS], 0, tmp_path)
+    assert [p.name for p in points] == [f"experiment={e},method=das" for e in PRESETS]

@@ -167,10 +167,11 @@ class Driver:
         for i, overrides in enumerate(job_overrides):
             p = Point(first + i, list(overrides), key=packing.group_key(overrides), device=base_device)
             app = [o for o in parser.parse_overrides(list(overrides)) if not o.is_hydra_override()]
-            with open_dict(naming.hydra.job):
+            with open_dict(naming.hydra):
                 naming.hydra.job.override_dirname = get_overrides_dirname(
                     overrides=app, kv_sep=od.kv_sep, item_sep=od.item_sep, exclude_keys=list(od.exclude_keys))
                 naming.hydra.job.num = p.num
+                naming.hydra.overrides.task = list(overrides)  # a name may read them (an experiment sweep's)
             p.name = str(OmegaConf.select(naming, "hydra.sweep.subdir"))
             if (sweep_dir / p.name / "status.json").is_file() or any(
                     packing._head(o) in ("compute", "device", "model") for o in overrides):
