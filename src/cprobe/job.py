@@ -170,6 +170,15 @@ class JobContext:
         log.warning(message)
         self.warnings.append(message)
 
+    def dataset(self) -> Any:
+        """The job's dataset (its ``dataset`` config, files under :attr:`data_root`), each of its notes warned."""
+        from cprobe.data.registry import load_dataset
+
+        data = load_dataset(self.cfg["dataset"], self.data_root)
+        for note in getattr(data, "notes", ()):
+            self.warn(note)
+        return data
+
     def adapter(self, model_cfg: Mapping[str, Any]):
         """Load (or reuse, within this process) the model: consecutive sweep jobs share it.
 

@@ -174,13 +174,13 @@ def cell_text(mean: float, lo: float, hi: float) -> str:
     return f"{number(mean)} [{number(lo, mean)}, {number(hi, mean)}]"
 
 
-def _kv(text: str) -> str:
+def setting_text(text: str) -> str:
     """``{"alpha":1.0,"oracle":"mlp"}`` as ``alpha=1.0 oracle=mlp`` (for reading, not parsing)."""
     d = parse_cell(text)
     return " ".join(f"{k}={v}" for k, v in d.items()) if d else ""
 
 
-def _blank(v) -> bool:
+def is_blank(v) -> bool:
     return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) or str(v) in ("", "{}", "<NA>", "nan")
 
 
@@ -198,10 +198,10 @@ def wide(board: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for (study, dataset), g in board.groupby(["study", "dataset"], sort=False):
         g = g.assign(cell=[cell_text(m, lo, hi) for m, lo, hi in zip(g["mean"], g["ci_low"], g["ci_high"])],
                      column=[f"{m}{arrow.get(d, '')}" for m, d in zip(g["metric"], g["direction"])])
-        outside = "source" in g and any(not _blank(v) and v != "built-in" for v in g["source"])
-        keys = [k for k in ROW if k in g and not all(_blank(v) for v in g[k]) and (k != "source" or outside)]
+        outside = "source" in g and any(not is_blank(v) and v != "built-in" for v in g["source"])
+        keys = [k for k in ROW if k in g and not all(is_blank(v) for v in g[k]) and (k != "source" or outside)]
         keys = keys or ["method"]
-        frame = g.assign(**{k: ["" if _blank(v) else _kv(v) if k in ("setting", "slice") else v for v in g[k]]
+        frame = g.assign(**{k: ["" if is_blank(v) else setting_text(v) if k in ("setting", "slice") else v for v in g[k]]
                             for k in keys})
         t = frame.pivot_table(index=keys, columns="column", values="cell", aggfunc="first", sort=False)
         t = t[list(dict.fromkeys(frame["column"]))].reset_index()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,13 @@ def cache_dir() -> Path:
     """``$CPROBE_CACHE_DIR``, else ``~/.cache/cprobe`` (never under outputs/, so cleaning runs keeps it)."""
     env = os.environ.get("CPROBE_CACHE_DIR")
     return Path(env).expanduser().resolve() if env else Path.home() / ".cache" / "cprobe"
+
+
+def roots(cfg: Mapping[str, Any]) -> tuple[Path, Path]:
+    """A job config's (cache root, data root): its ``paths.cache_dir`` and ``paths.data_dir``, else the defaults."""
+    p = cfg.get("paths") or {}
+    return (Path(p["cache_dir"]) if p.get("cache_dir") else cache_dir(),
+            Path(p["data_dir"]) if p.get("data_dir") else data_dir())
 
 
 _NAME_OK = frozenset("._,=+~@:[]-")

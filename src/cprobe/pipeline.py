@@ -28,7 +28,7 @@ from cprobe.config import parse
 from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
 from cprobe.job import (FAILED, STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers,
                         read_status, seed_everything, this_process, write_status)
-from cprobe.paths import cache_dir, data_dir, safe_name
+from cprobe.paths import roots, safe_name
 
 log = logging.getLogger("cprobe")
 
@@ -223,16 +223,14 @@ def choose_method(cfg: Mapping[str, Any], task: str, uses: Any, overrides: Seque
 def _intervention_node(name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The intervention config of method ``name`` (its own, or that of the intervention bridging direction ``name``),
     its interpolations resolved in the job's config ``cfg`` (``model: ${oc.select:model.name,null}``)."""
-    from cprobe.directions import DIRECTIONS
     from cprobe.interventions import INTERVENTIONS
+    from cprobe.methods import bridge, method_names
     from cprobe.paths import config_dir
 
     if name not in INTERVENTIONS:
-        bridges = [i for i in INTERVENTIONS.names() if getattr(INTERVENTIONS.get(i), "direction_name", "") == name]
-        if not bridges:
-            known = sorted(set(INTERVENTIONS.names()) | set(DIRECTIONS.names()))
-            raise ConfigError(f"unknown method {name!r} for method=; choose from {known}")
-        name = bridges[0]
+        if bridge(name) is None:
+            raise ConfigError(f"unknown method {name!r} for method=; choose from {method_names()}")
+        name = bridge(name)
     path = config_dir() / "intervention" / f"{name}.yaml"
     if not path.is_file():
         return {"name": name}
@@ -363,8 +361,7 @@ def _run_job(cfg: DictConfig) -> None:
     t0 = time.time()
     try:
         plain = _plain(cfg)
-        cache_root = Path(plain["paths"]["cache_dir"]) if plain.get("paths", {}).get("cache_dir") else cache_dir()
-        data_root = Path(plain["paths"]["data_dir"]) if plain.get("paths", {}).get("data_dir") else data_dir()
+        cache_root, data_root = roots(plain)
         job = prepare(plain, cache_root, data_root, overrides=list(hc.overrides.task))
         # the job's config (method= written in); the trackers read `logger` when the job ends, results never do
         plain = {k: v for k, v in job.cfg.items() if k != "logger"}

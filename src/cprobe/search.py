@@ -276,16 +276,14 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
             raise ConfigError(why_not)
     import optuna.distributions as D
 
-    from cprobe.paths import cache_dir, data_dir
+    from cprobe.paths import roots
     from cprobe.pipeline import prepare as prepare_job
 
     sample = [f"{k}={value_text(d.choices[0] if isinstance(d, D.CategoricalDistribution) else d.low)}"
               for k, d in space.items()]
     cfg = _compose(sweeper, fixed + sample)
     plain = _plain_job(cfg)
-    p = plain.get("paths") or {}
-    prepare_job(plain, Path(p["cache_dir"]) if p.get("cache_dir") else cache_dir(),
-                Path(p["data_dir"]) if p.get("data_dir") else data_dir(), overrides=fixed + sample)
+    prepare_job(plain, *roots(plain), overrides=fixed + sample)
     return Search(opts, direction, why, fixed, space, task, Path(sweeper.config.hydra.sweep.dir))
 
 

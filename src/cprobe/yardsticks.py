@@ -5,10 +5,10 @@ over seeds (and items). Output: ``yardsticks.{csv,md}`` of ``cprobe collect``. E
 data, never from a study's name:
 
 - **Which records.** The leaderboard's (headline metrics, whole sets) whose ``family`` names a method family
-  (:data:`FAMILIES`): directions, interventions (the record's family may be an edit kind, ``counterfactual`` /
+  (:data:`cprobe.methods.RECORD_FAMILIES`): directions, interventions (the record's family may be an edit kind, ``counterfactual`` /
   ``nullifying``) and explainers. A probe's accuracy, a classifier's or an evaluation setting's are no method on a
   yardstick. A downstream read (``read_layer`` set and not the edited layer) is left to the leaderboard.
-- **Which method.** :func:`method_of` follows the registries' declared bridges to the method underneath: an
+- **Which method.** :func:`cprobe.methods.method_of` follows the registries' declared bridges to the method underneath: an
   explainer ``via_<intervention>`` declares its intervention (``intervention``), an intervention bridged from a
   direction declares the direction (``direction_name``: ``probe_direction`` → ``probe``). So the reliability study's
   ``probe_direction``, CausalGym's ``probe`` and CEBaB's ``via_probe_direction`` are one row. A label no registry of
@@ -29,65 +29,19 @@ data, never from a study's name:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import cache
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from cprobe.leaderboard import _blank, _kv, cell_text
+from cprobe.leaderboard import cell_text, is_blank, setting_text
+from cprobe.methods import method_of
 from cprobe.metrics.registry import HIGHER, LOWER, METRICS
 
 ARROW = {HIGHER: " ↑", LOWER: " ↓"}
 ROW = ("model", "layer", "method")
 CONFIG = ("method", "family", "position", "setting", "variant", "config_id")
 """What sets one configuration of a method apart within a study's cells of one row."""
-
-
-def _directions():
-    from cprobe.directions import DIRECTIONS
-
-    return DIRECTIONS
-
-
-def _interventions():
-    from cprobe.interventions import INTERVENTIONS
-
-    return INTERVENTIONS
-
-
-def _explainers():
-    from cprobe.explainers import EXPLAINERS
-
-    return EXPLAINERS
-
-
-FAMILIES: dict[str, Callable] = {"direction": _directions, "intervention": _interventions,
-                                 "counterfactual": _interventions, "nullifying": _interventions,
-                                 "explainer": _explainers}
-"""A record's ``family`` → the registry its ``method`` is named in (an intervention's family may be its edit kind)."""
-
-
-@cache
-def method_of(name: str, family: str) -> str | None:
-    """The method underneath a record's method (module doc): None for a family that is no method family; the label
-    itself where its family's registry does not know it."""
-    get = FAMILIES.get(family)
-    if get is None or not name:
-        return None
-    from cprobe.errors import ConfigError
-
-    try:
-        obj = get().get(name)
-    except ConfigError:
-        return name
-    intervention = getattr(obj, "intervention", "")
-    if family == "explainer" and intervention:
-        return method_of(intervention, "intervention")
-    direction = getattr(obj, "direction_name", "")
-    if get is _interventions and direction:
-        return direction
-    return name
 
 
 def deciding_metric(metrics: Sequence[str]) -> str | None:
@@ -102,8 +56,8 @@ def _which(config: dict, method: str, n: int, metric: str | None) -> str:
     """What the ``<study>: which`` column says of the chosen configuration."""
     parts = [config["method"] if config["method"] != method else "",
              config["family"] if config["family"] in ("counterfactual", "nullifying") else "",
-             "" if _blank(config["position"]) else f"at {config['position']}", _kv(config["setting"]),
-             "" if _blank(config["variant"]) or n == 1 else str(config["variant"])]
+             "" if is_blank(config["position"]) else f"at {config['position']}", setting_text(config["setting"]),
+             "" if is_blank(config["variant"]) or n == 1 else str(config["variant"])]
     text = " ".join(p for p in parts if p)
     if n > 1 and metric:
         text = f"{text} (best {METRICS[metric].title} of {n})".strip()
@@ -123,7 +77,7 @@ def yardsticks(board: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(ROW))
     several = b.groupby("study")["dataset"].nunique()
     b = b.assign(column=[f"{s}: {METRICS[m].title}{ARROW.get(d, '')}"
-                         + (f" ({ds})" if several[s] > 1 else "") + ("" if sl == "{}" else f" [{_kv(sl)}]")
+                         + (f" ({ds})" if several[s] > 1 else "") + ("" if sl == "{}" else f" [{setting_text(sl)}]")
                          for s, ds, m, d, sl in zip(b["study"], b["dataset"], b["metric"], b["direction"],
                                                     b["slice"])])
     cells: dict[tuple, dict[str, str]] = {}  # (model, layer or None, method) -> column -> text

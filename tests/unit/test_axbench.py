@@ -17,6 +17,7 @@ from cprobe.data.items import TextItem
 from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError, DataError
 from cprobe.interventions import INTERVENTIONS
+from cprobe.methods import is_intervention
 from cprobe.metrics.detection import auroc, orient, pool, token_scores
 from cprobe.models.formatters import TokensFormatter
 from cprobe.tasks import axbench as ax
@@ -88,7 +89,7 @@ def test_methods_are_refused_by_capability_not_by_name():
     for name in DIRECTIONS.names():
         assert (ax.refusal(name) is not None) == DIRECTIONS.get(name).whole_vector, name
     for name in INTERVENTIONS.names():
-        if ax.is_intervention(name):
+        if is_intervention(name):
             cls = INTERVENTIONS.get(name)
             assert (ax.refusal(name) is not None) == (cls.needs_model or not cls.exposes_direction), name
     assert ax.refusal("das") is None and ax.refusal("leace") is None

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cprobe.data.fact_world import FRAMES, CorpusSpec, FactWorldKeys, check_world_keys, generate_world, sample_corpus
-from cprobe.data.lama import LamaKeys, load_lama, object_last, queries, single_token_filter, single_token_id
+from cprobe.data.lama import LamaKeys, load_lama, object_last, queries, single_token_filter
+from cprobe.models.adapter import ModelAdapter
 from cprobe.errors import ConfigError, DataError
 from cprobe.models.tiny import build_tokenizer
 
@@ -125,13 +126,14 @@ def test_single_token_filter_keeps_the_intersection_of_vocabularies(tmp_path):
     d = load_lama(LamaKeys(path="lama"), tmp_path, "lama")
     a = build_tokenizer("bert", ["Ulm", "Paris", "Woolsthorpe"], 32)
     b = build_tokenizer("neox", ["Ulm", "Paris"], 32)
-    assert single_token_id(a, "Ulm") == a.convert_tokens_to_ids("Ulm")
-    assert single_token_id(b, "Woolsthorpe") is None  # unknown -> UNK -> not in the vocabulary
-    assert single_token_id(a, "New York") is None  # two tokens
-    kept = single_token_filter(d, {"a": a, "b": b})
+    one = ModelAdapter.word_token
+    assert one(a, "Ulm") == a.convert_tokens_to_ids("Ulm")
+    assert one(b, "Woolsthorpe") is None  # unknown -> UNK -> not in the vocabulary
+    assert one(a, "New York") is None  # two tokens
+    kept = single_token_filter(d, {"a": a, "b": b}, one)
     assert sorted(f.object for f in kept.facts) == ["Paris", "Ulm"]
     assert any("1 of 3 facts dropped" in n and "a, b" in n for n in kept.notes)
-    gone = single_token_filter(d, {"c": build_tokenizer("bert", ["Ulm"], 32)})
+    gone = single_token_filter(d, {"c": build_tokenizer("bert", ["Ulm"], 32)}, one)
     assert list(gone.relations) == ["P19"] and any("P36" in n for n in gone.notes)
 
 

@@ -2,8 +2,8 @@
 
 0 base (errors, io, config, paths, ownership: what cprobe may delete, progress, registry, estimator, stats: the shared
 linear statistics, the cache store and its kinds, compute: the hardware) < 1 data < 2 models < 3 methods (probes,
-interventions, directions, explainers, metrics, sae) < 4 core pipeline pieces (extraction, jobs, a sweep read back, the
-SLURM commands, results, records, leaderboard, report, plots, experiment trackers) < 5 studies (tasks, bench) < 6 the
+interventions, directions, explainers, metrics, sae) < 4 core pipeline pieces (the method vocabulary, extraction, jobs,
+a sweep read back, the SLURM commands, results, records, leaderboard, report, plots, experiment trackers) < 5 studies (tasks, bench) < 6 the
 application's pieces (pipeline, outputs, callbacks, catalog, what each launcher reads, running under Hydra,
 the plugin surface) < 7 the entry points (cli, the Python API, the hyperparameter search, the SLURM
 launcher, the package top, which re-exports estimators lazily).
@@ -32,7 +32,7 @@ FLOORS = {
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics", "sae"),
     4: ("extract", "job", "sweep", "slurmctl", "results", "plots", "records", "leaderboard", "report", "trackers",
-        "testing", "yardsticks"),
+        "testing", "yardsticks", "methods"),
     5: ("tasks", "bench"),
     6: ("pipeline", "callbacks", "catalog", "_hydra", "outputs", "launchers", "plugin"),
     7: ("cli", "api", "search", "launch", "__init__"),

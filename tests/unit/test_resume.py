@@ -285,3 +285,25 @@ def test_clean_states_from_the_activation_cache_resume_a_later_job_without_the_b
                                      f"{arch}-other clean states at layer 2 n={len(ex)}"])
     assert cached_clean_states(adapter, batch, 0, cache) is None  # layer 0: nothing to skip
     assert cached_clean_states(adapter, batch, 2, ActivationCache(tmp_path, enabled=False)) is None
+
+
+def test_the_resume_base_declares_what_it_reads_of_the_adapter():
+    """``Resuming`` reads attributes that only the adapter defines: each is declared on it (issue 51), and the
+    adapter defines every one it declares."""
+    import ast
+    import inspect
+
+    from cprobe.models import resume
+
+    src = ast.parse(inspect.getsource(resume.Resuming))
+    own = {n.name for n in ast.walk(src) if isinstance(n, ast.FunctionDef)}
+    own |= {t.attr for n in ast.walk(src) if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    read = {n.attr for n in ast.walk(src)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    declared = set(resume.Resuming.__annotations__)
+    assert read - own - declared == set(), "read but neither set nor declared"
+    assert len(declared) == 13
+    adapter = _adapter("gpt2")
+    assert all(hasattr(adapter, name) for name in declared)

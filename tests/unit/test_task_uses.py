@@ -81,7 +81,7 @@ def test_unknown_causalgym_method_lists_the_valid_names():
     intervention is a method (issue 22)."""
     with pytest.raises(ConfigError) as err:
         prepare("+experiment=causalgym", "causalgym.methods=[nope]")
-    from cprobe.tasks.causalgym_settings import method_names
+    from cprobe.methods import method_names
 
     msg = str(err.value)
     assert f"unknown method 'nope' in causalgym.methods; choose from {method_names()}" in msg and "Registry" not in msg

@@ -288,22 +288,12 @@ def load_lama(keys: LamaKeys, root: Path, name: str) -> FactData:
 
 
 # --------------------------------------------------------------------------------- the vocabulary filter
-def single_token_id(tokenizer: Any, word: str) -> int | None:
-    """The token id of ``word`` as it follows a space in running text, or None when it is not one token.
-
-    A space-prefixed encoding covers WordPiece (``" Paris"`` → ``Paris``), byte-level BPE (``Ġparis``) and word-level
-    vocabularies alike; an unknown word maps to the UNK token, which counts as not in the vocabulary.
-    """
-    ids = tokenizer(" " + word, add_special_tokens=False)["input_ids"]
-    if len(ids) != 1 or ids[0] == tokenizer.unk_token_id:
-        return None
-    return int(ids[0])
-
-
-def single_token_filter(data: FactData, tokenizers: Mapping[str, Any]) -> FactData:
-    """Keep the facts whose object is one token in *every* tokenizer (the intersection vocabulary, as the paper)."""
+def single_token_filter(data: FactData, tokenizers: Mapping[str, Any], token_of: Callable[[Any, str], int | None]
+                        ) -> FactData:
+    """Keep the facts whose object is one token in *every* tokenizer (the intersection vocabulary, as the paper), by
+    the rule ``token_of(tokenizer, word)`` (the adapter's: :meth:`cprobe.models.adapter.ModelAdapter.word_token`)."""
     objects = sorted({f.object for f in data.facts})
-    ok = {o for o in objects if all(single_token_id(t, o) is not None for t in tokenizers.values())}
+    ok = {o for o in objects if all(token_of(t, o) is not None for t in tokenizers.values())}
     if not ok:
         raise DataError(f"no fact's object is a single token in every probed model's vocabulary ({', '.join(tokenizers)}"
                         f"; e.g. {objects[:3]}): probe models that share a vocabulary with the facts")

@@ -203,12 +203,20 @@ class ModelAdapter(Resuming):
         return sorted(set(layers))
 
     # ----------------------------------------------------------------- tokenization
+    @staticmethod
+    def word_token(tokenizer: Any, word: str) -> int | None:
+        """The one rule for "one word, one token": the token id of ``word`` as it follows a space in running text,
+        or None when it is not one token. A space-prefixed encoding covers WordPiece (``" Paris"`` → ``Paris``),
+        byte-level BPE (``Ġparis``) and word-level vocabularies alike; an unknown word maps to the UNK token, which
+        counts as not in the vocabulary."""
+        ids = tokenizer.encode(" " + word, add_special_tokens=False)
+        return int(ids[0]) if len(ids) == 1 and ids[0] != getattr(tokenizer, "unk_token_id", None) else None
+
     def candidate_id(self, word: str) -> int | None:
-        """Token id of ``word`` as the next/masked word, or None when it is not a single token."""
+        """Token id of ``word`` as the next/masked word (:meth:`word_token`), or None when it is not a single token."""
         key = ("candidate", word)
         if key not in self._tokenizer_memo():
-            ids = self.tok.encode(" " + word, add_special_tokens=False)
-            self._memo[key] = ids[0] if len(ids) == 1 else None
+            self._memo[key] = self.word_token(self.tok, word)
         return self._memo[key]
 
     def _tokenizer_memo(self) -> dict[Any, Any]:

@@ -229,8 +229,22 @@ class StopForward(Exception):
 
 class Resuming:
     """The resume machinery of :class:`~cprobe.models.adapter.ModelAdapter` (its base): the switches, whether a
-    pass can resume, where it resumes, and the clean states it resumes from. It reads the adapter's model, blocks,
-    sizes, device, dtype, batch size and hooks (``_register``, ``check_layers``, ``token_cap``)."""
+    pass can resume, where it resumes, and the clean states it resumes from. What it reads of the adapter is declared
+    below; the adapter defines each."""
+
+    name: str
+    kind: str
+    model: nn.Module
+    n_layers: int
+    hidden_size: int
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int
+    _main: torch.device | None  # a device map's main device (None: one device)
+    _blocks: Sequence[nn.Module]
+    _register: Callable[[nn.Module, bool, Callable[[Tensor], Tensor]], Any]  # a forward (pre-)hook patching a tensor
+    check_layers: Callable[[Sequence[int]], list[int]]
+    token_cap: Callable[..., int | None]
 
     def _init_resume(self, cfg: Any, model: nn.Module) -> None:
         self.resume = True

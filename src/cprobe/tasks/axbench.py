@@ -47,19 +47,21 @@ import cprobe.plots as plots
 from cprobe.data.base import NONE, Dataset, Example
 from cprobe.data.items import TextItem, fingerprint
 from cprobe.data.registry import check_properties, load_dataset, pairs_refusal
-from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, extract_sites, resolve_layers
-from cprobe.interventions import INTERVENTIONS, fit_intervention
+from cprobe import methods
 from cprobe.job import JobContext
+from cprobe.methods import Needs, build, declares, family, provenance, unit_directions
 from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
 from cprobe.models.formatters import AgreementFormatter, TokensFormatter
 from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
-from cprobe.tasks.sites import is_intervention, minimal_pair_training
+from cprobe.tasks.sites import minimal_pair_training
 
 USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
+NEEDS = Needs(direction=True)
+"""A concept score is a projection on a direction: no whole-vector swap, no intervention exposing none."""
 CAUSAL_POSITION = "target"
 """Where a causal direction (DAS) is trained: the agreement target (a causal LM's last prefix token, an MLM's mask)."""
 
@@ -89,26 +91,10 @@ def parse_concept(spec: str) -> tuple[str, str, bool]:
     return name.strip(), value.strip(), not negate
 
 
-def method_names() -> list[str]:
-    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
-
-
 def refusal(name: str) -> str | None:
-    """Why method ``name`` cannot be scored here by its declared capabilities alone, or None: a direction method that
-    learns no direction; an intervention trained through the model, or exposing no direction."""
-    if is_intervention(name):
-        cls = INTERVENTIONS.get(name)
-        if cls.needs_model:
-            return (f"intervention {name!r} is trained through the model (needs_model); axbench fits an intervention "
-                    "on the training texts' token states: list its causal direction method (e.g. das) instead")
-        if not cls.exposes_direction:
-            exposing = [n for n in INTERVENTIONS.names() if INTERVENTIONS.get(n).exposes_direction]
-            return (f"intervention {name!r} exposes no direction (exposes_direction is false), so it gives no concept "
-                    f"score; interventions that do: {exposing}")
-        return None
-    if DIRECTIONS.get(name).whole_vector:
-        return f"direction method {name!r} learns no direction (whole_vector); it has no concept score"
-    return None
+    """Why method ``name`` cannot be scored here by its declared capabilities alone, or None (a concept score is a
+    direction's: :func:`cprobe.methods.refusal`)."""
+    return methods.refusal(name, "axbench.methods", NEEDS)
 
 
 def causal_refusal(name: str, dataset: Any, concepts: list[str], model: Any) -> str | None:
@@ -129,24 +115,21 @@ def causal_refusal(name: str, dataset: Any, concepts: list[str], model: Any) -> 
 
 def validate(job: Any) -> None:
     cfg: Config = job.task_cfg
-    if not cfg.concepts or not cfg.methods or not cfg.poolings:
-        raise ConfigError("axbench.concepts, axbench.methods and axbench.poolings must each list at least one")
+    if not cfg.concepts or not cfg.poolings:
+        raise ConfigError("axbench.concepts and axbench.poolings must each list at least one")
     concepts = [parse_concept(c) for c in cfg.concepts]
     if len(set(cfg.concepts)) != len(cfg.concepts):
         raise ConfigError(f"axbench.concepts lists a concept twice: {cfg.concepts}")
-    for m in cfg.methods:
-        if m not in DIRECTIONS and m not in INTERVENTIONS:
-            raise ConfigError(f"unknown method {m!r} in axbench.methods; choose from {method_names()} (or "
-                              "package.module:Class)")
-        why = refusal(m) or (causal_refusal(m, job.keys.dataset, cfg.concepts, job.keys.model)
-                             if not is_intervention(m) and DIRECTIONS.get(m).causal else None)
-        if why:
-            raise ConfigError(why)
+    methods.check(cfg.methods, "axbench.methods", NEEDS)
+    why = next((w for m in cfg.methods if declares(m, "causal")
+                and (w := causal_refusal(m, job.keys.dataset, cfg.concepts, job.keys.model))), None)
+    if why:
+        raise ConfigError(why)
     unknown = sorted(set(cfg.params) - set(cfg.methods))
     if unknown:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
     for m in cfg.methods:  # a bad setting: one line, now
-        (INTERVENTIONS if is_intervention(m) else DIRECTIONS).build({"name": m, **cfg.params.get(m, {})}, seed=0)
+        build(m, cfg.params.get(m, {}), seed=0)
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:
         raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
@@ -253,30 +236,13 @@ def token_states(ctx: JobContext, adapter: Any, items: list[TextItem], layers: l
 
 
 # ----------------------------------------------------------------------------------------------- directions
-def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int) -> list[Tensor]:
-    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) with labels ``y``: an
-    intervention's fitted edit direction (ValueError where the edit is not one direction), several seeded draws for a
-    chance baseline (by its capability), one otherwise."""
-    params = cfg.params.get(name, {})
-    if is_intervention(name):
-        method = INTERVENTIONS.build({"name": name, **params}, seed=seed)
-        fit_intervention(method, X, y)
-        a = method.edit_direction()
-        if a is None:
-            raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
-        return [a.float().cpu()]
-    draws = cfg.random_draws if DIRECTIONS.get(name).chance_baseline else 1
-    return [DIRECTIONS.build({"name": name, **params}, seed=seed + 7_919 * k).fit(X, y).a.float().cpu()
-            for k in range(draws)]
-
-
 def causal_directions(ctx: JobContext, config: Config, adapter: Any, data: Any, sp: Split, layers: list[int]
                       ) -> dict[tuple[str, str, int], Tensor]:
     """{(concept, method, layer): unit direction} of every causal method (DAS): trained through the model at each
     layer at the agreement target on the training texts (those with a value of the concept) and their minimal-pair
     twins flipping the concept's property (:func:`cprobe.tasks.sites.minimal_pair_training`, the reliability study's
     training), with ``axbench.params.<method>`` as its settings."""
-    causal = [m for m in config.methods if not is_intervention(m) and DIRECTIONS.get(m).causal]
+    causal = [m for m in config.methods if declares(m, "causal")]
     if not causal:
         return {}
     ex = extract(adapter, Dataset(sp.name, tuple(sp.train), data.properties), layers, CAUSAL_POSITION, ctx.cache,
@@ -292,7 +258,7 @@ def causal_directions(ctx: JobContext, config: Config, adapter: Any, data: Any, 
                                             ctx.cfg["dataset"], ctx.data_root, ctx.progress)
             h, target = through.h_source.to(adapter.device), through.target.to(adapter.device)
             for name in causal:
-                method = DIRECTIONS.build({"name": name, **config.params.get(name, {})}, seed=ctx.seed)
+                method = build(name, config.params.get(name, {}), ctx.seed)
                 out[spec, name, layer] = method.fit(through.forward, h, target).a.detach().float().cpu()
     return out
 
@@ -312,7 +278,9 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
         for name in cfg.methods:
             values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
             try:
-                found = [trained[name, layer]] if (name, layer) in trained else directions(name, cfg, X, y_tok, seed)
+                found = ([trained[name, layer]] if (name, layer) in trained else
+                         [a.float().cpu() for a in unit_directions(name, cfg.params.get(name, {}), X, y_tok, seed,
+                                                                   cfg.random_draws)])
                 note = ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
                 found, note = [], f"no direction: {err}"
@@ -322,8 +290,7 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
                 s = token_scores(H[test], mask[test], a)
                 for p in cfg.poolings:
                     values[p].append(auroc(pool(s, mask[test], p), y[test]))
-            family = "intervention" if is_intervention(name) else "direction"
-            rows += [{"layer": layer, "method": name, "family": family, "pooling": p,
+            rows += [{"layer": layer, "method": name, "family": family(name), "pooling": p,
                       "auroc": float(np.mean(v)) if v else float("nan"), "draws": len(v), "note": note}
                      for p, v in values.items()]
     return rows
@@ -331,9 +298,7 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
-    data = load_dataset(cfg["dataset"], ctx.data_root)
-    for note in getattr(data, "notes", ()):
-        ctx.warn(note)
+    data = ctx.dataset()
     sp = split(data, config, ctx.seed)
     y_all = checked_labels(sp, list(config.concepts))
     adapter = ctx.adapter(cfg["model"])
@@ -360,8 +325,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
         for row in score_concept(states, mask, y, train, held, config, ctx.seed, trained):
             if row["note"] and row["pooling"] == config.poolings[0]:
                 ctx.warn(f"{spec}, layer {row['layer']}, {row['method']}: {row['note']} (AUROC NaN)")
-            registry = INTERVENTIONS if row["family"] == "intervention" else DIRECTIONS
-            rows.append({**base, **row, "method_source": registry.provenance(row["method"]).text})
+            rows.append({**base, **row, "method_source": provenance(row["method"])})
     ctx.timings["score_s"] = time.perf_counter() - t0
     return pd.DataFrame(rows)
 

@@ -31,7 +31,7 @@ import torch
 
 from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
-from cprobe.interventions import INTERVENTIONS
+from cprobe.methods import declares, provenance
 from cprobe.errors import ConfigError, DataError
 from cprobe.io import atomic_write_bytes, parquet_bytes, read_json
 from cprobe.job import JobContext, config_hash
@@ -45,7 +45,7 @@ from cprobe.tasks import Uses
 from cprobe.tasks.causalgym_engine import run_gym_task
 from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, DEFAULT_ORACLE, METHODS, PAPER_DAS, PAPER_PROBE_LAM,
                                              PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
-                                             is_intervention, method_runs, resolve_regions)
+                                             method_runs, resolve_regions)
 from cprobe.records import Derived, RecordSpec, const
 
 log = logging.getLogger("cprobe")
@@ -85,7 +85,7 @@ def validate(job: Any) -> None:
     config.resolve(job.cfg.get("model") or {})
     if config.reliability:
         PROBES.build(config.oracle_probe, seed=0)
-    if any(is_intervention(m) and INTERVENTIONS.get(m).needs_probe for m in config.methods):
+    if any(declares(m, "needs_probe") for m in config.methods):
         try:
             PROBES.build(config.interventional_probe or config.oracle_probe, seed=0)
         except ConfigError as e:
@@ -148,8 +148,7 @@ def method_sources(config: Config) -> dict[str, str]:
 
     out = {}
     for run in method_runs(config):
-        reg = INTERVENTIONS if run.intervention else DIRECTIONS
-        out[run.label] = reg.provenance(run.name).text
+        out[run.label] = provenance(run.name)
         if run.intervention:
             out[f"{run.label}_dir"] = out[run.label]
     return out

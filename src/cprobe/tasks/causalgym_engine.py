@@ -53,8 +53,8 @@ from cprobe.models.readouts import CandidateTokens
 from cprobe.models.resume import at_last
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import Progress, track
-from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, CONDITIONS, Config, MethodRun, build_direction,
-                                             build_intervention, method_runs, resolve_regions)
+from cprobe.methods import build, fallback_direction, unit_directions
+from cprobe.tasks.causalgym_settings import CAPABLE_ACCURACY, CONDITIONS, Config, MethodRun, method_runs, resolve_regions
 from cprobe.tasks.sites import SiteFits
 
 log = logging.getLogger("cprobe")
@@ -122,7 +122,7 @@ def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev:
     a: Tensor | None = None
     degenerate = False
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
-    inter = build_intervention(run.name, run.params, seed=seed, device=device)
+    inter = build(run.name, run.params, seed, device)
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")
@@ -144,19 +144,13 @@ def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev:
                 edited=edited)]
     if cls.exposes_direction and config.intervention_directions:
         if a is None and degenerate:
-            a = _fallback_direction(X_tr, site_seed)
+            a = fallback_direction(X_tr.shape[-1], site_seed)
         if a is None:
             log.info("%s at layer %d region %d edits more than one direction: its %s_dir row there is NaN",
                      run.label, layer, region, run.label)
         out.append(_Run(MethodRun(f"{run.label}_dir", run.name, run.params, intervention=True), False,
                         {c: [] if a is None else [a] for c in conditions}, degenerate=degenerate))
     return out
-
-
-def _fallback_direction(X: Tensor, seed: int) -> Tensor:
-    """A chance-level direction for a site where a method finds none (the registry's first chance baseline)."""
-    name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
-    return build_direction(name, {}, seed).fit(X).a
 
 
 def _label_ids(adapter: ModelAdapter, template: TaskTemplate, by_cond: Mapping[str, Splits]
@@ -207,8 +201,7 @@ def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor
         elif cls.whole_vector:  # the whole-vector swap: no direction
             plan.runs.append(_Run(run, False, {c: [None] for c in conditions}, edit="vanilla"))
         elif cls.chance_baseline:  # several independent draws per site, averaged
-            draws = [build_direction(run.name, run.params, site_seed + 7_919 * k).fit(X_tr).a
-                     for k in range(config.random_draws)]
+            draws = unit_directions(run.name, run.params, X_tr, y_tr, seed, config.random_draws, site_seed)
             plan.runs.append(_Run(run, False, {c: draws for c in conditions}, fit_s=time.perf_counter() - t_fit))
         elif not cls.supervised or len(torch.unique(y_tr)) == 2:
             probe_acc, degenerate = float("nan"), False
@@ -217,7 +210,7 @@ def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor
                     raise ValueError("the train activations at this site are all equal")
                 with warnings.catch_warnings():  # LDA on near-collinear activations: harmless
                     warnings.simplefilter("ignore", RuntimeWarning)
-                    d = build_direction(run.name, run.params, seed).fit(X_tr, y_tr)
+                    d = build(run.name, run.params, seed).fit(X_tr, y_tr)
                 if hasattr(d, "score"):
                     probe_acc = d.score(X_ev, y_ev)
                 a = d.a
@@ -226,7 +219,7 @@ def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor
                 # direction; the DII there has (almost) no effect along any direction, so score a random one and
                 # flag the site.
                 log.debug("%s at layer %d region %d: %s; using a random direction", run.name, layer, region, err)
-                a, degenerate = _fallback_direction(X_tr, site_seed), True
+                a, degenerate = fallback_direction(X_tr.shape[-1], site_seed), True
             plan.runs.append(_Run(run, False, {c: [a] for c in conditions}, probe_acc, degenerate,
                                   fit_s=time.perf_counter() - t_fit))
 
@@ -402,7 +395,7 @@ def _train_causal(adapter: ModelAdapter, plans: list[_SitePlan], conditions: lis
             part = group[start:start + per_pass]
             plan0, run0, _ = part[0]
             t0 = time.perf_counter()
-            das = build_direction(run0.run.name, run0.run.params, seed)
+            das = build(run0.run.name, run0.run.params, seed)
             rows = plan0.ok_tr
             forward = SitesForward(adapter, train_batch, rows, [p.site for p, _, _ in part], das.windows(len(rows)),
                                    clean)

@@ -15,6 +15,7 @@ from cprobe.data.causalgym_corpus import DEFAULT_TEMPLATES
 from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError
 from cprobe.interventions import INTERVENTIONS
+from cprobe.methods import build, check, declares, is_intervention
 from cprobe.models.sites import STREAMS
 
 METHODS = ("das", "probe", "mean", "lda", "pca", "kmeans", "random")
@@ -96,22 +97,13 @@ class Config:
     read_layers: bool = False  # oracles at every layer l' >= l read the forward pass edited at l
 
     def __post_init__(self) -> None:
-        if not self.methods:
-            raise ValueError(f"causalgym.methods is empty; choose from {method_names()}")
-        for m in self.methods:
-            if m not in DIRECTIONS and m not in INTERVENTIONS:
-                raise ValueError(f"unknown method {m!r} in causalgym.methods; choose from {method_names()}")
-            if is_intervention(m) and getattr(INTERVENTIONS.get(m), "needs_model", False):
-                raise ValueError(f"intervention {m!r} trains through the model (needs_model); CausalGym trains such a "
-                                 "method itself: list its direction method instead (e.g. das)")
+        check(self.methods, "causalgym.methods")
         unknown = sorted(k for k in self.interventions or {} if k not in INTERVENTIONS)
         if unknown:
             raise ValueError(f"unknown intervention {unknown[0]!r} in causalgym.interventions; choose from "
                              f"{INTERVENTIONS.all_names()}")
         if self.read_layers and not self.reliability:
             raise ValueError("causalgym.read_layers needs causalgym.reliability=true (its oracles are the readers)")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"causalgym.methods lists a method twice: {list(self.methods)}")
         if self.n_train < 1 or self.n_eval < 1:
             raise ValueError("causalgym.n_train and causalgym.n_eval must be >= 1")
         if self.random_draws < 1:
@@ -146,7 +138,7 @@ class Config:
         lam = self.probe_lam if self.probe_lam is not None else per.probe_lam
         if lam is None:
             lam = PAPER_PROBE_LAMS.get(str(model.get("name")))
-        takes = [m for m in self.methods if not is_intervention(m) and DIRECTIONS.get(m).per_model_lambda]
+        takes = [m for m in self.methods if declares(m, "per_model_lambda")]
         if lam is None and takes:
             raise ConfigError(
                 f"no probe λ for model {model.get('name')!r}: the paper tunes it per model (known: "
@@ -157,12 +149,12 @@ class Config:
         for m in self.methods:
             if is_intervention(m):  # built once here, so a bad setting fails before any model loads
                 try:
-                    build_intervention(m, self.intervention_params(m), seed=0)
+                    build(m, self.intervention_params(m), seed=0)
                 except ConfigError as e:
                     raise ConfigError(f"bad causalgym.interventions.{m}: {e}") from None
-            elif DIRECTIONS.get(m).causal:  # the `das` settings configure the causal method(s)
+            elif declares(m, "causal"):  # the `das` settings configure the causal method(s)
                 try:
-                    DIRECTIONS.build({"name": m, **das}, seed=0)
+                    build(m, das, seed=0)
                 except ConfigError as e:
                     raise ConfigError(f"bad causalgym.das: {e}") from None
         return dataclasses.replace(self, probe_lam=lams, das=DASKeys(**das))
@@ -170,22 +162,6 @@ class Config:
     def intervention_params(self, name: str) -> dict[str, Any]:
         """The constructor settings of intervention ``name``: the defaults, then ``causalgym.interventions.<name>``."""
         return {**DEFAULT_INTERVENTIONS.get(name, {}), **dict((self.interventions or {}).get(name) or {})}
-
-
-def method_names() -> list[str]:
-    """Every name ``causalgym.methods`` accepts: the direction methods and the interventions (installed plugins'
-    too; any package.module:Class of either family as well)."""
-    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
-
-
-def is_intervention(name: str) -> bool:
-    """A method of ``causalgym.methods`` that runs as an intervention (a name that is both runs as the direction)."""
-    return name not in DIRECTIONS and name in INTERVENTIONS
-
-
-def build_intervention(name: str, params: Mapping[str, Any], seed: int, device: str | None = None):
-    """One intervention from the registry's factory (``seed``/``device`` reach constructors that take them)."""
-    return INTERVENTIONS.build({"name": name, **params}, seed=seed, device=device)
 
 
 def check_regions_spec(spec: Any) -> None:
@@ -247,8 +223,3 @@ def method_runs(config: Config) -> list[MethodRun]:
         else:
             out.append(MethodRun(name, name, {}))
     return out
-
-
-def build_direction(name: str, params: Mapping[str, Any], seed: int):
-    """One direction method from the registry's factory (``seed`` reaches constructors that take one)."""
-    return DIRECTIONS.build({"name": name, **params}, seed=seed)

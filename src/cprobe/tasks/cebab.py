@@ -128,16 +128,13 @@ def study(data: CebabData, config: Config) -> EffectStudy:
 
 
 def run(ctx: JobContext, config: Config) -> TaskResult:
-    from cprobe.data.registry import load_dataset
     from cprobe.job import config_hash
 
     cfg = ctx.cfg
-    data = load_dataset(cfg["dataset"], ctx.data_root)
+    data = ctx.dataset()
     if not isinstance(data, CebabData):
         raise ConfigError("the cebab task needs dataset=cebab")
     k = TASKS[config.task]
-    for note in data.notes:
-        ctx.warn(note)
     spec = study(data, config)
     res = run_effects(ctx, spec, config)
 

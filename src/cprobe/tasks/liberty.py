@@ -92,7 +92,6 @@ def validate(job: Any) -> None:
     from cprobe.data.liberty import LibertyKeys
     from cprobe.data.registry import split_config
     from cprobe.data.scm import SCM
-    from cprobe.paths import data_dir
 
     cfg: Config = job.task_cfg
     ds = job.keys.dataset or {}
@@ -103,14 +102,12 @@ def validate(job: Any) -> None:
     assert isinstance(keys, LibertyKeys)
     scm = SCM.load(keys.scm)
     if keys.texts:  # the user's file: it must exist (it is read and checked against the SCM when the job starts)
-        configured = (job.cfg.get("paths") or {}).get("data_dir")
-        root = Path(configured) if configured else data_dir()
         path = Path(keys.texts).expanduser()
-        if not path.is_absolute() and not path.exists():
-            path = root / path
-        if not path.is_file():
+        if not path.is_absolute() and not path.exists() and job.data_root is not None:
+            path = job.data_root / path
+        if job.data_root is not None and not path.is_file():
             raise ConfigError(f"dataset.texts: {keys.texts} not found (relative paths: the current directory, then "
-                              f"the data dir {root})")
+                              f"the data dir {job.data_root})")
     else:  # the text node: known, and its phrase bank complete; the benchmark big enough to score on
         from cprobe.data.realiser import build_realiser
 
@@ -176,16 +173,13 @@ def study(data: Any, config: Config) -> EffectStudy:
 
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     from cprobe.data.liberty import LibertyData
-    from cprobe.data.registry import load_dataset
     from cprobe.data.scm import true_effects
     from cprobe.job import config_hash
 
     cfg = ctx.cfg
-    data = load_dataset(cfg["dataset"], ctx.data_root)
+    data = ctx.dataset()
     if not isinstance(data, LibertyData):
         raise ConfigError("the liberty task needs a LIBERTy dataset (dataset=liberty_cv|...)")
-    for note in data.notes:
-        ctx.warn(note)
     why, warnings = size_problems({k: len(data.splits[k]) for k in ("explainer", "test", "train")})
     if why:  # a file of the user's own texts (generated benchmarks are checked in validation)
         raise DataError(why)

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
-from cprobe.data.registry import check_properties, load_dataset
+from cprobe.data.registry import check_properties
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
@@ -107,9 +107,7 @@ def score(probe: Probe, X: Tensor, y: np.ndarray, splits: Mapping[str, np.ndarra
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     cfg = ctx.cfg
     adapter = ctx.adapter(cfg["model"])
-    ds = load_dataset(cfg["dataset"], ctx.data_root)
-    for note in ds.notes:
-        ctx.warn(note)
+    ds = ctx.dataset()
     layers = resolve_layers(cfg["layers"], adapter.n_layers)
     ex = extract(adapter, ds, layers, cfg["position"], ctx.cache, progress=ctx.progress)
     for reason, n in ex.dropped.items():

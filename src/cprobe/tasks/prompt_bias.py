@@ -165,14 +165,11 @@ def validate(job: Any) -> None:
         raise ConfigError("the prompt_bias task needs a fact dataset (dataset=fact_world or dataset=lama)")
     _, _, keys = split_config(ds)
     n_relations = None
-    if kind == "lama":
+    if kind == "lama" and job.data_root is not None:
         from cprobe.data.lama import read_relations
-        from cprobe.paths import data_dir
 
-        configured = (job.cfg.get("paths") or {}).get("data_dir")
-        root = Path(configured) if configured else data_dir()
         try:
-            records = read_relations(keys, root)
+            records = read_relations(keys, job.data_root)
         except DataError as e:
             raise ConfigError(str(e)) from None
         kept = [r for r in records if r.get("type") not in keys.drop_types
@@ -223,12 +220,12 @@ def validate(job: Any) -> None:
 def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     from cprobe.data.items import fingerprint
     from cprobe.data.lama import FactData, object_last, queries, single_token_filter
-    from cprobe.data.registry import load_dataset
+    from cprobe.models.adapter import ModelAdapter
     from cprobe.models.load import load_tokenizer
     from cprobe.models.zoo import fact_model_dir, members, resolved
 
     cfg = ctx.cfg
-    data = load_dataset(cfg["dataset"], ctx.data_root)
+    data = ctx.dataset()
     if not isinstance(data, FactData):
         raise ConfigError("the prompt_bias task needs a fact dataset (dataset=fact_world or dataset=lama)")
     ms = with_zoo_overrides(members(cfg["model"], config.models), config.zoo)
@@ -253,7 +250,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     tokenizers = {f"{v}/{m['name']}" if v != MAIN else m["name"]: load_tokenizer(m, ctx.cache_root, ctx.progress,
                                                                                  ctx.data_root)
                   for v, vms in probed.items() for m in vms}
-    data = single_token_filter(data, tokenizers)
+    data = single_token_filter(data, tokenizers, ModelAdapter.word_token)
     for note in data.notes:
         ctx.warn(note)
     if any(m.get("kind") == "causal" for m in probed[MAIN]):

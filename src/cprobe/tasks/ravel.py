@@ -47,14 +47,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions import INTERVENTIONS
 from cprobe.job import JobContext
+from cprobe.methods import (Needs, build, check, declares, fallback_direction, family, is_intervention, provenance,
+                            unit_directions)
 from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.tasks import Uses
-from cprobe.tasks.sites import is_intervention
 
 log = logging.getLogger("cprobe")
 
@@ -83,19 +82,7 @@ class Config:
     pair_seed: int = 0  # the entity split and the sampled pairs (+ the job seed)
 
     def __post_init__(self) -> None:
-        if not self.methods:
-            raise ValueError(f"ravel.methods is empty; choose from {method_names()}")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError(f"ravel.methods lists a method twice: {list(self.methods)}")
-        for m in self.methods:
-            if m not in DIRECTIONS and m not in INTERVENTIONS:
-                raise ValueError(f"unknown method {m!r} in ravel.methods; choose from {method_names()}")
-            if is_intervention(m):
-                cls = INTERVENTIONS.get(m)
-                if cls.needs_model or not cls.exposes_direction:
-                    raise ValueError(f"intervention {m!r} cannot run in ravel.methods: the interchange swaps a "
-                                     "subspace, so it needs an intervention that exposes its direction "
-                                     "(exposes_direction, e.g. rlace) and is fitted on states (not needs_model)")
+        check(self.methods, "ravel.methods", Needs(direction=True, whole_vector=True))  # the interchange's subspace
         if not 0 < self.fit_share < 1:
             raise ValueError(f"ravel.fit_share must be in (0, 1), got {self.fit_share}")
         if self.n_pairs < 1 or self.n_train < 1 or self.random_draws < 1:
@@ -112,19 +99,14 @@ class Config:
                              "every attribute of the data)")
 
 
-def method_names() -> list[str]:
-    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
-
-
 def _params(config: Config, name: str) -> dict[str, Any]:
     """A method's constructor settings by its capabilities: the causal one's ``das`` budget, the λ of one tuned per
     model, an intervention's ``interventions.<name>``."""
     if is_intervention(name):
         return dict((config.interventions or {}).get(name) or {})
-    cls = DIRECTIONS.get(name)
-    if cls.causal:
+    if declares(name, "causal"):
         return {**DEFAULT_DAS, **config.das}
-    return {"lam": config.probe_lam} if cls.per_model_lambda else {}
+    return {"lam": config.probe_lam} if declares(name, "per_model_lambda") else {}
 
 
 def validate(job: Any) -> None:
@@ -148,19 +130,17 @@ def validate(job: Any) -> None:
         raise ConfigError(f"the ravel task reads a causal LM's next token; model {mc.name!r} is {mc.kind!r}")
     for m in cfg.methods:  # a bad setting fails before any model loads
         try:
-            (INTERVENTIONS if is_intervention(m) else DIRECTIONS).build({"name": m, **_params(cfg, m)}, seed=0)
+            build(m, _params(cfg, m), seed=0)
         except ConfigError as e:
             raise ConfigError(f"bad settings for ravel method {m!r}: {e}") from None
     if kind == "ravel":
-        from cprobe.data.ravel import load_ravel
-        from cprobe.paths import data_dir
+        if job.data_root is not None:  # the files' own checks, where there is data to read
+            from cprobe.data.ravel import load_ravel
 
-        configured = (job.cfg.get("paths") or {}).get("data_dir")
-        try:
-            data = load_ravel(keys, Path(configured) if configured else data_dir())
-        except DataError as e:
-            raise ConfigError(str(e)) from None
-        _attributes(data, cfg)
+            try:
+                _attributes(load_ravel(keys, job.data_root), cfg)
+            except DataError as e:
+                raise ConfigError(str(e)) from None
     else:
         from cprobe.data.fact_world import check_world_keys
 
@@ -200,10 +180,9 @@ def _load(ctx: JobContext, config: Config) -> tuple[Any, dict[str, Any]]:
     """(RavelData, the model config to load): a fact-world member trained on the job's world first."""
     from cprobe.data.lama import FactData
     from cprobe.data.ravel import from_fact_world
-    from cprobe.data.registry import load_dataset
 
     cfg = ctx.cfg
-    data = load_dataset(cfg["dataset"], ctx.data_root)
+    data = ctx.dataset()
     model = dict(cfg["model"])
     if isinstance(data, FactData):
         if model.get("source") == "fact_world":
@@ -223,11 +202,11 @@ def _load(ctx: JobContext, config: Config) -> tuple[Any, dict[str, Any]]:
 def _value_ids(data: Any, attrs: Sequence[str], tok: Any, ctx: JobContext) -> dict[str, dict[str, int]]:
     """Each attribute's values that are one token (as they follow a space), with their ids; attributes left with
     fewer than two such values are refused."""
-    from cprobe.data.lama import single_token_id
+    from cprobe.models.adapter import ModelAdapter
 
     out = {}
     for a in attrs:
-        ids = {v: single_token_id(tok, v) for v in data.values(a)}
+        ids = {v: ModelAdapter.word_token(tok, v) for v in data.values(a)}
         multi = sorted(v for v, i in ids.items() if i is None)
         if multi:
             ctx.warn(f"attribute {a!r}: {len(multi)} of {len(ids)} values are not one token (e.g. {multi[:3]}); "
@@ -335,34 +314,30 @@ class _Job:
     degenerate: int = 0
 
 
-def _fallback(d: int, seed: int) -> Tensor:
-    """A chance-level direction where a method finds none (the registry's first chance baseline)."""
-    name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
-    return DIRECTIONS.build({"name": name}, seed=seed).fit(torch.zeros(2, d)).a
-
-
-def _pairwise(fit: Any, X: Tensor, y: Tensor, V: int, seed: int) -> tuple[Tensor, int]:
-    """A (V, V, d) table: ``fit(X, z)`` on the states of each pair of values (z = 1 for the second), a unit direction
-    (symmetric); a pair that cannot be fitted (a value without states, a failed fit) gets a chance direction."""
+def _pairwise(fit: Any, X: Tensor, y: Tensor, V: int, n: int, seed: int) -> tuple[list[Tensor], int]:
+    """``n`` (V, V, d) tables (a chance baseline's draws; else one): ``fit(X, z)`` on the states of each pair of values
+    (z = 1 for the second) gives ``n`` unit directions (symmetric); a pair that cannot be fitted (a value without
+    states, a failed fit) gets a chance direction, counted in the second value."""
     d = X.shape[1]
-    table = torch.zeros(V, V, d)
+    tables = torch.zeros(n, V, V, d)
     bad = 0
     for i in range(V):
         for j in range(i + 1, V):
             rows = (y == i) | (y == j)
-            a = None
+            found = None
             if bool((y == i).any()) and bool((y == j).any()):
                 try:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
-                        a = fit(X[rows].float(), (y[rows] == j).long())
+                        found = fit(X[rows].float(), (y[rows] == j).long())
                 except (ValueError, IndexError, np.linalg.LinAlgError, torch.linalg.LinAlgError, DataError) as err:
                     log.debug("value pair (%d, %d): %s; a chance direction instead", i, j, err)
-            if a is None:
-                a, bad = _fallback(d, seed + 31 * i + j), bad + 1
-            a = a.detach().float().cpu().flatten()
-            table[i, j] = table[j, i] = a / a.norm().clamp_min(1e-12)
-    return table, bad
+            if found is None:
+                found, bad = [fallback_direction(d, seed + 31 * i + j)] * n, bad + 1
+            for k, a in enumerate(found):
+                a = a.detach().float().cpu().flatten()
+                tables[k, i, j] = tables[k, j, i] = a / a.norm().clamp_min(1e-12)
+    return list(tables), bad
 
 
 def _fit_jobs(config: Config, P: _Prompts, value: np.ndarray, attrs: Sequence[str], layers: Sequence[int],
@@ -380,31 +355,22 @@ def _fit_jobs(config: Config, P: _Prompts, value: np.ndarray, attrs: Sequence[st
             site_seed = seed * 100_003 + 1000 * layer + a
             fits = SiteFits(probe_cache, memo={})
             for name in config.methods:
-                params = _params(config, name)
-                if is_intervention(name):
-                    def fit(Xp: Tensor, z: Tensor, name: str = name, params: dict = params) -> Tensor | None:
-                        inter = INTERVENTIONS.build({"name": name, **params}, seed=seed, device=device)
-                        fits.fit(inter, Xp.to(device or Xp.device), z.to(device or Xp.device),
-                                 {"attribute": attrs[a], "layer": layer},
-                                 lambda: PROBES.build(config.interventional_probe, seed=seed + 1, device=device))
-                        return inter.edit_direction()
-                    table, bad = _pairwise(fit, X, y, V[a], site_seed)
-                    jobs.append(_Job(name, "intervention", a, layer, table, bad))
-                    continue
-                cls = DIRECTIONS.get(name)
-                if cls.causal:
+                if declares(name, "causal"):
                     continue  # trained through the model: _train_causal
-                if cls.whole_vector:
+                if declares(name, "whole_vector"):
                     jobs.append(_Job(name, "direction", a, layer, None))
                     continue
-                draws = config.random_draws if cls.chance_baseline else 1
-                for k in range(draws):
-                    s = site_seed + 7_919 * k if cls.chance_baseline else seed
+                n = config.random_draws if declares(name, "chance_baseline") else 1
 
-                    def fit(Xp: Tensor, z: Tensor, name: str = name, params: dict = params, s: int = s) -> Tensor:
-                        return DIRECTIONS.build({"name": name, **params}, seed=s).fit(Xp, z).a
-                    table, bad = _pairwise(fit, X, y, V[a], site_seed)
-                    jobs.append(_Job(name, "direction", a, layer, table, bad))
+                def fit(Xp: Tensor, z: Tensor, name: str = name) -> list[Tensor]:
+                    if is_intervention(name):  # fitted where the job runs; a direction method on the CPU states
+                        Xp, z = Xp.to(device or Xp.device), z.to(device or Xp.device)
+                    probe = lambda: fits.probe("interventional", {"attribute": attrs[a], "layer": layer},  # noqa: E731
+                                               PROBES.build(config.interventional_probe, seed=seed + 1, device=device),
+                                               Xp, z)
+                    return unit_directions(name, _params(config, name), Xp, z, seed, n, site_seed, device, probe)
+                tables, bad = _pairwise(fit, X, y, V[a], n, site_seed)
+                jobs += [_Job(name, family(name), a, layer, t, bad) for t in tables]
     return jobs
 
 
@@ -420,7 +386,7 @@ def _train_causal(config: Config, adapter: Any, P: _Prompts, value: np.ndarray, 
     from cprobe.models.multisite import SitesForward
     from cprobe.models.sites import Site
 
-    causal = [m for m in config.methods if not is_intervention(m) and DIRECTIONS.get(m).causal]
+    causal = [m for m in config.methods if declares(m, "causal")]
     if not causal:
         return []
     jobs = []
@@ -447,7 +413,7 @@ def _train_causal(config: Config, adapter: Any, P: _Prompts, value: np.ndarray, 
             h = torch.stack([P.acts[l][src] for l in layers]).to(adapter.device)
             n, K = len(base), len(layers)
             for name in causal:
-                das = DIRECTIONS.build({"name": name, **_params(config, name)}, seed=seed)
+                das = build(name, _params(config, name), seed)
                 forward = SitesForward(adapter, train, torch.arange(n), sites, das.windows(n), clean)
                 found = das.fit_many(forward, h, target[None].repeat(K, 1), weight=weight[None].repeat(K, 1)).cpu()
                 for k, layer in enumerate(layers):
@@ -514,13 +480,13 @@ def _rows(jobs: list[_Job], preds: list[np.ndarray], pairs: Mapping[int, _Pairs]
     for j, job in enumerate(jobs):
         groups.setdefault((job.label, job.family, job.a, job.layer), []).append(j)
     rows = []
-    for (label, family, a, layer), js in groups.items():
+    for (label, fam, a, layer), js in groups.items():
         p = pairs[a]
         pred = np.concatenate([preds[j] for j in js])
         q = np.tile(p.queried, len(js))
         wanted_cause = np.tile(p.src_a, len(js))
         wanted_iso = np.tile(p.base_q, len(js))
-        common = {"method": label, "family": family, "layer": layer, "attribute": attrs[a], "draws": len(js),
+        common = {"method": label, "family": fam, "layer": layer, "attribute": attrs[a], "draws": len(js),
                   "degenerate": sum(jobs[j].degenerate for j in js)}
         by = {}
         for qi, qname in enumerate(attrs):
@@ -536,8 +502,8 @@ def _rows(jobs: list[_Job], preds: list[np.ndarray], pairs: Mapping[int, _Pairs]
                          "n": int(len(p.base))})
     summary = pd.DataFrame([r for r in rows if r["kind"] == "summary"])
     if len(summary):
-        for (label, family, layer, metric), g in summary.groupby(["method", "family", "layer", "metric"], sort=False):
-            rows.append({"method": label, "family": family, "layer": int(layer), "attribute": "all", "kind": "summary",
+        for (label, fam, layer, metric), g in summary.groupby(["method", "family", "layer", "metric"], sort=False):
+            rows.append({"method": label, "family": fam, "layer": int(layer), "attribute": "all", "kind": "summary",
                          "queried": "all", "metric": metric, "value": float(g["value"].mean()), "n": int(g["n"].sum()),
                          "draws": int(g["draws"].max()), "degenerate": int(g["degenerate"].sum())})
     return rows
@@ -588,8 +554,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     table = pd.DataFrame(acc_rows + _rows(jobs, preds, pairs, attrs))
     table["model"], table["dataset"], table["position"] = adapter.name, data.name, POSITION
     table["n_fit_entities"], table["n_eval_entities"] = len(fit_pool), len(eval_pool)
-    sources = {m: (INTERVENTIONS if is_intervention(m) else DIRECTIONS).provenance(m).text for m in config.methods}
-    sources.update({f"m{m}": sources[m] for m in config.methods if not is_intervention(m) and DIRECTIONS.get(m).causal})
+    sources = {m: provenance(m) for m in config.methods}
+    sources.update({f"m{m}": sources[m] for m in config.methods if declares(m, "causal")})
     table["method_source"] = [sources.get(m, "") for m in table["method"]]  # a plugin's package and version
     for col in ("draws", "degenerate", "n_candidates"):
         table[col] = table[col].fillna(0).astype(int) if col in table else 0

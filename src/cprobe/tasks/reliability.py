@@ -26,7 +26,7 @@ from torch import Tensor
 
 from cprobe.metrics.baselines import majority_baseline
 from cprobe.metrics.registry import compute, outside_metrics
-from cprobe.data.registry import check_properties, load_dataset, pairs_refusal
+from cprobe.data.registry import check_properties, pairs_refusal
 from cprobe.data.splits import make_splits
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import cached_clean_states, check_layers_spec, extract, resolve_layers, task_accuracy
@@ -388,9 +388,7 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
     t_job = time.perf_counter()
     cfg, position = ctx.cfg, ctx.cfg["position"]
     adapter = ctx.adapter(cfg["model"])
-    ds = load_dataset(cfg["dataset"], ctx.data_root)
-    for note in ds.notes:
-        ctx.warn(note)
+    ds = ctx.dataset()
     sites = edit_sites(config, cfg["layers"], position, adapter.n_layers)
     reads = read_layers(config.read_layers, [s.layer for s in sites], adapter.n_layers)
     sc = _scene(ctx, config, adapter, ds, sites, reads)

@@ -2,7 +2,7 @@
 engine"): :func:`memo_probe`, the one probe memo over the ``probe_fits`` cache; :class:`SiteFits`, an intervention
 fitted at a site by its capabilities; :func:`fit_sites`, one per site, simultaneous or sequential;
 :func:`minimal_pair_training`, what a direction trained through the model (DAS) fits on at a site (the reliability and
-AxBench studies); :func:`is_intervention`, which registry a study's method name reads from."""
+AxBench studies). What a method name is: :mod:`cprobe.methods`."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ import torch
 from torch import Tensor
 
 from cprobe.data.registry import minimal_pairs
-from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
-from cprobe.interventions import INTERVENTIONS, Intervention, fit_intervention
+from cprobe.interventions import Intervention, fit_intervention
 from cprobe.interventions.direction import Through
 from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Apply
@@ -30,11 +29,6 @@ from cprobe.probes import Probe
 from cprobe.probes.grid import fit_cached, fit_key
 
 _MEMO: dict[str, Probe] = {}
-
-
-def is_intervention(name: str) -> bool:
-    """Whether a study's method ``name`` is an intervention: a name both registries know (``das``) is the direction."""
-    return name not in DIRECTIONS and name in INTERVENTIONS
 
 
 def memo_probe(role: Mapping[str, Any], probe: Probe, X: Tensor, y: Tensor, cache_dir: Path | None = None,

@@ -1,0 +1,177 @@
+"""The method vocabulary: what a study's method name is (docs/architecture.md, "The method vocabulary").
+
+A study names its methods in one list (``causalgym.methods``, ``ravel.methods``, ``axbench.methods``; ``method=`` on
+the command line writes it); every answer about such a name is here, read from the registries' declared capabilities
+and bridges, never from the name itself:
+
+- which registry and family it reads (:func:`is_intervention`: a name both registries know, ``das``, is the
+  direction), every name a list accepts (:func:`method_names`), where it came from (:func:`provenance`);
+- the bridges: the intervention that applies a direction (:func:`bridge`), and the method underneath a record's
+  method and family (:func:`method_of`, the yardsticks' rows);
+- whether it may run in a study (:func:`check`, one wording per capability: unknown, listed twice, trained through the
+  model, exposing no direction, a whole-vector swap);
+- building it for a run (:func:`build`), its chance draws (:func:`draws`, :func:`draw_seed`), the fallback where a
+  method fits nothing (:func:`fallback_direction`) and its unit directions (:func:`unit_directions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from torch import Tensor
+
+from cprobe.directions import DIRECTIONS
+from cprobe.errors import ConfigError
+from cprobe.explainers import EXPLAINERS
+from cprobe.interventions import INTERVENTIONS, fit_intervention
+
+DRAW_STRIDE = 7_919
+"""Draw k of a chance baseline is seeded ``seed + DRAW_STRIDE * k`` (a prime: draws of nearby sites never meet)."""
+
+
+class MethodError(ConfigError, ValueError):
+    """A method a study cannot run (a ValueError too, so a settings dataclass raising it reads as a bad value)."""
+
+
+def is_intervention(name: str) -> bool:
+    """Whether method ``name`` reads the intervention registry: a name both registries know (``das``) is the
+    direction."""
+    return name not in DIRECTIONS and name in INTERVENTIONS
+
+
+def registry(name: str) -> Any:
+    return INTERVENTIONS if is_intervention(name) else DIRECTIONS
+
+
+def family(name: str) -> str:
+    """A study's method's record family: ``intervention`` or ``direction``."""
+    return "intervention" if is_intervention(name) else "direction"
+
+
+def declares(name: str, capability: str) -> bool:
+    """Whether method ``name``'s class declares ``capability`` (``causal``, ``needs_probe``, ``chance_baseline``, …)
+    in the registry it reads."""
+    return bool(getattr(registry(name).get(name), capability, False))
+
+
+def method_names() -> list[str]:
+    """Every name a study's method list accepts: the direction methods and the interventions (installed plugins' too;
+    any ``package.module:Class`` of either family as well)."""
+    return sorted(set(DIRECTIONS.all_names()) | set(INTERVENTIONS.all_names()))
+
+
+def provenance(name: str) -> str:
+    """Where method ``name`` came from (built-in, a plugin's package and version, an import path)."""
+    return registry(name).provenance(name).text
+
+
+def bridge(direction: str) -> str | None:
+    """The intervention that applies direction method ``direction`` (it declares it as its ``direction_name``), or
+    None."""
+    return next((i for i in INTERVENTIONS.names() if getattr(INTERVENTIONS.get(i), "direction_name", "") == direction),
+                None)
+
+
+RECORD_FAMILIES = {"direction": DIRECTIONS, "intervention": INTERVENTIONS, "counterfactual": INTERVENTIONS,
+                   "nullifying": INTERVENTIONS, "explainer": EXPLAINERS}
+"""A record's ``family`` → the registry its ``method`` is named in (an intervention's family may be its edit kind)."""
+
+
+@cache
+def method_of(name: str, record_family: str) -> str | None:
+    """The method underneath a record's method: an explainer's intervention, an intervention's direction (the
+    declared bridges, followed to the end); None for a family that is no method family; the label itself where its
+    family's registry does not know it (``probe0`` of a λ grid, ``<name>_dir``)."""
+    reg = RECORD_FAMILIES.get(record_family)
+    if reg is None or not name:
+        return None
+    try:
+        obj = reg.get(name)
+    except ConfigError:
+        return name
+    if reg is EXPLAINERS and getattr(obj, "intervention", ""):
+        return method_of(obj.intervention, "intervention")
+    return (getattr(obj, "direction_name", "") or name) if reg is INTERVENTIONS else name
+
+
+# ----------------------------------------------------------------------------------------------- may it run here
+@dataclass(frozen=True)
+class Needs:
+    """What a study asks of every method in its list. An intervention trained through the model (``needs_model``) is
+    never one: a study trains a causal direction itself (the bridge's direction method)."""
+
+    direction: bool = False  # a unit direction: no intervention exposing none, no whole-vector swap ...
+    whole_vector: bool = False  # ... unless the whole-vector swap is welcome beside them (RAVEL's vanilla)
+
+
+def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
+    """Why ``name`` cannot run in the list ``key``, or None (one wording per capability)."""
+    if name not in DIRECTIONS and name not in INTERVENTIONS:
+        return f"unknown method {name!r} in {key}; choose from {method_names()} (or package.module:Class)"
+    cls = registry(name).get(name)
+    if is_intervention(name) and cls.needs_model:
+        instead = getattr(cls, "direction_name", "") or "das"
+        return (f"intervention {name!r} trains through the model (needs_model); {key} fits an intervention on states "
+                f"and trains a causal direction itself, so intervention {name!r} cannot run in {key}: list its "
+                f"direction method instead (e.g. {instead})")
+    if needs.direction and is_intervention(name) and not cls.exposes_direction:
+        exposing = [n for n in INTERVENTIONS.names() if INTERVENTIONS.get(n).exposes_direction]
+        return (f"intervention {name!r} exposes no direction (exposes_direction is false); {key} scores a direction, "
+                f"so intervention {name!r} cannot run in {key}: interventions that do: {exposing}")
+    if needs.direction and not needs.whole_vector and not is_intervention(name) and cls.whole_vector:
+        return (f"direction method {name!r} learns no direction (whole_vector); {key} scores a direction, so direction "
+                f"method {name!r} cannot run in {key}")
+    return None
+
+
+def check(methods: Sequence[str], key: str, needs: Needs = Needs()) -> None:
+    """A study's method list, whole: not empty, no name twice, each one able to run (:func:`refusal`). Raises
+    :class:`MethodError` with one line."""
+    if not methods:
+        raise MethodError(f"{key} is empty; choose from {method_names()}")
+    if len(set(methods)) != len(methods):
+        raise MethodError(f"{key} lists a method twice: {list(methods)}")
+    why = next((w for m in methods if (w := refusal(m, key, needs))), None)
+    if why:
+        raise MethodError(why)
+
+
+# ----------------------------------------------------------------------------------------------- a method for a run
+def build(name: str, params: Mapping[str, Any], seed: int, device: Any = None) -> Any:
+    """Method ``name`` from its registry's one factory (``seed``/``device`` reach constructors that take them)."""
+    return registry(name).build({"name": name, **params}, seed=seed, device=device)
+
+
+def draw_seed(seed: int, k: int) -> int:
+    return seed + DRAW_STRIDE * k
+
+
+def fallback_direction(d: int, seed: int) -> Tensor:
+    """A chance-level unit direction of dimension ``d`` where a method finds none (the registry's first chance
+    baseline; its draw depends on ``d`` and ``seed`` only)."""
+    import torch
+
+    name = next(n for n in DIRECTIONS.names() if DIRECTIONS.get(n).chance_baseline)
+    return DIRECTIONS.build({"name": name}, seed=seed).fit(torch.zeros(2, d)).a
+
+
+def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
+                    site_seed: int | None = None, device: Any = None, probe: Any = None) -> list[Tensor]:
+    """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y``: a direction method's ``a`` (a chance
+    baseline's :func:`draws` seeded :func:`draw_seed` from ``site_seed``, default ``seed``), or an intervention's
+    fitted ``edit_direction()`` (``probe``: a callable giving its interventional probe where it ``needs_probe``).
+    ValueError where a fitted edit is not one direction."""
+    if not is_intervention(name):
+        if not DIRECTIONS.get(name).chance_baseline:
+            return [build(name, params, seed).fit(X, y).a]
+        base = seed if site_seed is None else site_seed
+        return [build(name, params, draw_seed(base, k)).fit(X, y).a for k in range(n_draws)]
+    method = build(name, params, seed, device)
+    fit_intervention(method, X, y, probe=probe)
+    a = method.edit_direction()
+    if a is None:
+        raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
+    return [a]
