@@ -109,3 +109,24 @@ def test_an_sae_of_another_model_is_refused_before_the_study_runs(tmp_path):
     r = cli.run("run", "+experiment=sva_tiny_reliability", "intervention=sae_latents",
                 f"intervention.path={tmp_path / 'sae'}", f"paths.output_root={out}", cwd=REPO)
     cli.assert_refused(r, "was trained on model 'google/gemma-2-2b' (cfg.json model_name), not 'tiny_bert_sva'", out)
+
+
+SAELENS = REPO / "tests" / "data" / "saelens"  # folders SAELens itself wrote (README there)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # the reliability study at layer 4 with SAELens's SAE of blocks.2.hook_resid_post (layer 3)
+    (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'standard'}",
+      "layers=4"], "was trained at hook 'blocks.2.hook_resid_post' (cfg.json hook_name), not at layer 4"),
+    # one folder per layer (a pattern: quoted for Hydra), with none for layer 2
+    (["+experiment=sva_tiny_reliability", "intervention=sae_direction", "layers=2",
+      f"intervention.path='{SAELENS / 'layers' / 'layer_{layer}'}'"], "layers/layer_2 lacks cfg.json"),
+    # a multi-layer AxBench run: the study's model is checked at every layer, not only the width
+    (["+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]", "axbench.methods=[sae]",
+      f"+axbench.params.sae.path={SAELENS / 'standard'}"],
+     "was trained on model 'tiny_bert_sva' (cfg.json model_name), not 'tiny_neox_sva'"),
+])
+def test_an_saelens_folder_for_another_site_is_refused_before_the_study_runs(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = cli.run("run", *args, f"paths.output_root={out}", cwd=REPO)
+    cli.assert_refused(r, message, out)

@@ -56,6 +56,7 @@ from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
 from cprobe.models.formatters import AgreementFormatter, TokensFormatter
 from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import at_site, check_sites
 from cprobe.tasks import Uses
 from cprobe.tasks.sites import is_intervention, minimal_pair_training
 
@@ -147,6 +148,8 @@ def validate(job: Any) -> None:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
     for m in cfg.methods:  # a bad setting: one line, now
         (INTERVENTIONS if is_intervention(m) else DIRECTIONS).build({"name": m, **cfg.params.get(m, {})}, seed=0)
+        check_sites((INTERVENTIONS if is_intervention(m) else DIRECTIONS).get(m), cfg.params.get(m, {}),
+                    job.keys.layers, (job.keys.model or {}).get("name"))
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:
         raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
@@ -253,11 +256,12 @@ def token_states(ctx: JobContext, adapter: Any, items: list[TextItem], layers: l
 
 
 # ----------------------------------------------------------------------------------------------- directions
-def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int) -> list[Tensor]:
-    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) with labels ``y``: an
-    intervention's fitted edit direction (ValueError where the edit is not one direction), several seeded draws for a
-    chance baseline (by its capability), one otherwise."""
-    params = cfg.params.get(name, {})
+def directions(name: str, cfg: Config, X: Tensor, y: Tensor, seed: int, layer: int) -> list[Tensor]:
+    """The fitted unit direction(s) of method ``name`` on token states ``X`` (N, d) of layer ``layer`` with labels
+    ``y``: an intervention's fitted edit direction (ValueError where the edit is not one direction), several seeded
+    draws for a chance baseline (by its capability), one otherwise."""
+    params = at_site((INTERVENTIONS if is_intervention(name) else DIRECTIONS).get(name), cfg.params.get(name, {}),
+                     layer)
     if is_intervention(name):
         method = INTERVENTIONS.build({"name": name, **params}, seed=seed)
         fit_intervention(method, X, y)
@@ -312,7 +316,8 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
         for name in cfg.methods:
             values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
             try:
-                found = [trained[name, layer]] if (name, layer) in trained else directions(name, cfg, X, y_tok, seed)
+                found = [trained[name, layer]] if (name, layer) in trained else directions(name, cfg, X, y_tok, seed,
+                                                                                           layer)
                 note = ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
                 found, note = [], f"no direction: {err}"

@@ -53,6 +53,7 @@ from cprobe.models.readouts import CandidateTokens
 from cprobe.models.resume import at_last
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import Progress, track
+from cprobe.sae.method import at_site
 from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, CONDITIONS, Config, MethodRun, build_direction,
                                              build_intervention, method_runs, resolve_regions)
 from cprobe.tasks.sites import SiteFits
@@ -122,7 +123,7 @@ def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev:
     a: Tensor | None = None
     degenerate = False
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
-    inter = build_intervention(run.name, run.params, seed=seed, device=device)
+    inter = build_intervention(run.name, at_site(cls, run.params, layer), seed=seed, device=device)
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")

@@ -53,6 +53,7 @@ from cprobe.interventions import INTERVENTIONS
 from cprobe.job import JobContext
 from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import at_site, check_sites
 from cprobe.tasks import Uses
 from cprobe.tasks.sites import is_intervention
 
@@ -149,6 +150,8 @@ def validate(job: Any) -> None:
     for m in cfg.methods:  # a bad setting fails before any model loads
         try:
             (INTERVENTIONS if is_intervention(m) else DIRECTIONS).build({"name": m, **_params(cfg, m)}, seed=0)
+            check_sites((INTERVENTIONS if is_intervention(m) else DIRECTIONS).get(m), _params(cfg, m),
+                        job.keys.layers, mc.name)
         except ConfigError as e:
             raise ConfigError(f"bad settings for ravel method {m!r}: {e}") from None
     if kind == "ravel":
@@ -380,7 +383,8 @@ def _fit_jobs(config: Config, P: _Prompts, value: np.ndarray, attrs: Sequence[st
             site_seed = seed * 100_003 + 1000 * layer + a
             fits = SiteFits(probe_cache, memo={})
             for name in config.methods:
-                params = _params(config, name)
+                params = at_site((INTERVENTIONS if is_intervention(name) else DIRECTIONS).get(name),
+                                 _params(config, name), layer)
                 if is_intervention(name):
                     def fit(Xp: Tensor, z: Tensor, name: str = name, params: dict = params) -> Tensor | None:
                         inter = INTERVENTIONS.build({"name": name, **params}, seed=seed, device=device)
