@@ -130,3 +130,26 @@ def test_an_saelens_folder_for_another_site_is_refused_before_the_study_runs(tmp
     out = tmp_path / "out"
     r = cli.run("run", *args, f"paths.output_root={out}", cwd=REPO)
     cli.assert_refused(r, message, out)
+
+
+def test_causalgym_loads_one_saelens_folder_per_layer_and_refuses_one_at_every_layer(adapter, template,  # noqa: F811
+                                                                                     tmp_path):
+    """The issue's case: a multi-layer CausalGym run. Each layer reads its own folder (``{layer}``) and runs; one
+    folder recorded at layer 1 is refused at layer 2 (before, only its width was checked there)."""
+    from cprobe.errors import ConfigError
+    from cprobe.sae import saelens
+
+    d, g = adapter.hidden_size, torch.Generator().manual_seed(0)
+    for layer in (1, 2):
+        (tmp_path / f"layer_{layer}").mkdir()
+        saelens.save(SAE(W_enc=torch.randn(d, 16, generator=g), b_enc=torch.zeros(16), W_dec=torch.randn(16, d,
+                         generator=g), b_dec=torch.zeros(d), activation="topk", k=4, model_name="toy",
+                         hook_name=saelens.layer_hook(layer)), tmp_path / f"layer_{layer}")
+    pattern = {"sae_latents": {"path": str(tmp_path / "layer_{layer}"), "latents": 2}}
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["sae_latents"], layers=[1, 2],
+                                                                   interventions=pattern)))
+    assert sorted(set(rows["layer"])) == [1, 2] and rows["odds"].notna().all()
+    assert not rows["degenerate"].any()  # every site's SAE was loaded and fitted (a refusal there is degenerate)
+    one = {"sae_latents": {"path": str(tmp_path / "layer_1")}}
+    with pytest.raises(ConfigError, match=r"hook 'blocks.0.hook_resid_post' \(cfg.json hook_name\), not at layer 2"):
+        run_gym_task(adapter, template, *_settings(methods=["sae_latents"], layers=[1, 2], interventions=one))
