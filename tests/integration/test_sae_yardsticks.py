@@ -118,6 +118,9 @@ SAELENS = REPO / "tests" / "data" / "saelens"  # folders SAELens itself wrote (R
     # the reliability study at layer 4 with SAELens's SAE of blocks.2.hook_resid_post (layer 3)
     (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'standard'}",
       "layers=4"], "was trained at hook 'blocks.2.hook_resid_post' (cfg.json hook_name), not at layer 4"),
+    # an SAE of another hook than the residual stream
+    (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'mlp_out'}",
+      "layers=3"], "was trained at hook 'blocks.2.hook_mlp_out' (cfg.json hook_name), not at layer 3"),
     # one folder per layer (a pattern: quoted for Hydra), with none for layer 2
     (["+experiment=sva_tiny_reliability", "intervention=sae_direction", "layers=2",
       f"intervention.path='{SAELENS / 'layers' / 'layer_{layer}'}'"], "layers/layer_2 lacks cfg.json"),
