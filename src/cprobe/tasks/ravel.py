@@ -50,9 +50,10 @@ from torch import Tensor
 from cprobe.errors import ConfigError, DataError
 from cprobe.job import JobContext
 from cprobe.methods import (Needs, build, check, declares, fallback_direction, family, is_intervention, provenance,
-                            unit_directions)
+                            registry, unit_directions)
 from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import check_sites
 from cprobe.tasks import Uses
 
 log = logging.getLogger("cprobe")
@@ -131,6 +132,7 @@ def validate(job: Any) -> None:
     for m in cfg.methods:  # a bad setting fails before any model loads
         try:
             build(m, _params(cfg, m), seed=0)
+            check_sites(registry(m).get(m), _params(cfg, m), job.keys.layers, mc.name)
         except ConfigError as e:
             raise ConfigError(f"bad settings for ravel method {m!r}: {e}") from None
     if kind == "ravel":
@@ -368,7 +370,7 @@ def _fit_jobs(config: Config, P: _Prompts, value: np.ndarray, attrs: Sequence[st
                     probe = lambda: fits.probe("interventional", {"attribute": attrs[a], "layer": layer},  # noqa: E731
                                                PROBES.build(config.interventional_probe, seed=seed + 1, device=device),
                                                Xp, z)
-                    return unit_directions(name, _params(config, name), Xp, z, seed, n, site_seed, device, probe)
+                    return unit_directions(name, _params(config, name), Xp, z, seed, n, site_seed, device, probe, layer)
                 tables, bad = _pairwise(fit, X, y, V[a], n, site_seed)
                 jobs += [_Job(name, family(name), a, layer, t, bad) for t in tables]
     return jobs
