@@ -87,12 +87,14 @@ def test_lda_closed_form_hand_computed_2d() -> None:
     assert lda.score(torch.tensor([[1.0, 1.0], [2.0, 3.0], [1.5, 1.9], [1.5, 2.1]]), torch.tensor([0, 1, 0, 1])) == 1.0
 
 
-@pytest.mark.parametrize("n,d,collinear", [(300, 8, False), (40, 64, False), (25, 64, False), (300, 8, True)])
+@pytest.mark.parametrize("n,d,collinear", [(300, 8, False), (40, 64, False), (25, 64, False), (300, 8, True),
+                                            (25, 64, True)])
 def test_lda_closed_form_equals_scikit_learns(n: int, d: int, collinear: bool) -> None:
     """The reference's LDA (SVD solver): the same weight (cosine > 1 − 1e-6; the same scale), intercept, decisions and
     accuracy, with unequal priors, on full-rank (n > d) and rank-deficient (n ≤ d: the pseudo-inverse) data; and where
     the solver's truncation decides (``collinear``): a feature that is another plus 1e-3 noise (singular value above
-    ``tol``: kept), one that is another plus 1e-5 noise (below: dropped) and a constant feature (its deviation 0)."""
+    ``tol``: kept), one that is another plus 1e-5 noise (below: dropped) and a constant feature (its deviation 0); with
+    n ≤ d (the Gram of the rows), a row that is another of its class plus 1e-3 noise (kept) and one plus 1e-5 (dropped)."""
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
     from cprobe.directions.lda import lda_weight
@@ -102,10 +104,14 @@ def test_lda_closed_form_equals_scikit_learns(n: int, d: int, collinear: bool) -
     y = (torch.rand(n, generator=g) < 0.4).long()
     y[:2] = torch.tensor([0, 1])
     X = torch.randn(n, d, generator=g) @ mix + y[:, None].float() * torch.randn(d, generator=g)
-    if collinear:
+    if collinear and n > d:
         X[:, 1] = X[:, 0] + 1e-3 * torch.randn(n, generator=g)
         X[:, 2] = X[:, 3] + 1e-5 * torch.randn(n, generator=g)
         X[:, 4] = 2.0
+    elif collinear:
+        y[3], y[5] = y[2], y[4]
+        X[3] = X[2] + 1e-3 * torch.randn(d, generator=g)
+        X[5] = X[4] + 1e-5 * torch.randn(d, generator=g)
     ref = LinearDiscriminantAnalysis(n_components=1).fit(X.double().numpy(), y.numpy())
     w, b, _ = lda_weight(X, y)
     coef = torch.from_numpy(ref.coef_[0])
