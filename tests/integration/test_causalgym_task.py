@@ -806,7 +806,8 @@ def test_the_oracle_probe_is_built_with_the_jobs_seed_and_device(adapter, templa
 def test_the_chance_baselines_draws_are_rows_of_one_edited_pass(adapter, template, monkeypatch):
     """The random baseline's draws are rows of the task's one edited pass, not a pass each: one ``edited_pass`` call
     whose rows are (draws + the other method) × the eval pairs, in ⌈rows / batch_size⌉ forwards; and the first draw's
-    rows score what the same direction scores as the only draw (draw k's seed does not depend on the number of draws)."""
+    rows score what the same direction scores as the only draw (draw k's seed does not depend on the number of
+    draws)."""
     import cprobe.tasks.causalgym_engine as eng
 
     real_pass, real_keep, real_run = eng.edited_pass, eng._keep_scores, adapter.run

@@ -94,7 +94,8 @@ def test_lda_closed_form_equals_scikit_learns(n: int, d: int, collinear: bool) -
     accuracy, with unequal priors, on full-rank (n > d) and rank-deficient (n ≤ d: the pseudo-inverse) data; and where
     the solver's truncation decides (``collinear``): a feature that is another plus 1e-3 noise (singular value above
     ``tol``: kept), one that is another plus 1e-5 noise (below: dropped) and a constant feature (its deviation 0); with
-    n ≤ d (the Gram of the rows), a row that is another of its class plus 1e-3 noise (kept) and one plus 1e-5 (dropped)."""
+    n ≤ d (the Gram of the rows), a row that is another of its class plus 1e-3 noise (kept), one plus 1e-5
+    (dropped)."""
     from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 
     from cprobe.directions.lda import lda_weight

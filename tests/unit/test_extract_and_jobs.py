@@ -110,7 +110,8 @@ def test_extract_uses_cache_second_time_and_scores_are_the_verb_forms_logits(tmp
     torch.testing.assert_close(a.acts[3], b.acts[3])
     torch.testing.assert_close(a.scores, b.scores)
     # the (correct, wrong) verb forms' logits, from those rows of the head: their difference is the log-probabilities'
-    logp = ad.map(a.dataset.examples, AgreementFormatter(), readout=CandidateTokens(a.candidates, normalise=True)).scores
+    logp = ad.map(a.dataset.examples, AgreementFormatter(),
+                  readout=CandidateTokens(a.candidates, normalise=True)).scores
     assert (logp < 0).all() and not torch.allclose(a.scores, logp, atol=1e-2)
     torch.testing.assert_close(a.scores[:, 0] - a.scores[:, 1], logp[:, 0] - logp[:, 1], atol=1e-5, rtol=1e-5)
 

@@ -220,5 +220,6 @@ def test_readout_kinds_and_cache_specs():
     assert c.token_ids(batch_rows).tolist() == [[1, 2]] and n.token_ids(batch_rows) is None
     assert c.spec() != n.spec() and n.spec() == {"readout": "candidates", "k": 2}  # log-probs: the old cache key
     v = Verbaliser([3, 4])
-    assert v.token_ids(batch_rows).tolist() == [[3, 4]] and Verbaliser([3, 4], normalise=True).token_ids(batch_rows) is None
+    assert v.token_ids(batch_rows).tolist() == [[3, 4]]
+    assert Verbaliser([3, 4], normalise=True).token_ids(batch_rows) is None
     assert v.spec() != Verbaliser([3, 4], normalise=True).spec()

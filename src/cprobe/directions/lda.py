@@ -1,11 +1,12 @@
 """Linear discriminant analysis (CausalGym eq. 16): ``a ∝ Σ⁻¹(μ₁ − μ₀)`` with shared covariance, in closed form.
 
-The reference fits scikit-learn's ``LinearDiscriminantAnalysis`` (SVD solver, no shrinkage, ``tol = 1e-4``, priors
-the class shares). For two classes its weight is ``w = Σ⁺(μ₁ − μ₀)``, Σ the pooled within-class covariance (each class
-centred on its mean, divided by n, as scikit-learn ≥ 1.x divides) and Σ⁺ its pseudo-inverse as that solver forms it: in coordinates standardised
-by the within-class standard deviations, keeping the singular values of the scaled, centred data above ``tol``. (Its
-second SVD, of the two class means, has rank 1 and cancels: ``coef_ = Σ⁺(μ₁ − μ₀)`` exactly.) That is computed here
-directly, in float64 on the CPU as the reference does, from the eigendecomposition of the smaller Gram matrix of the
+The reference fits scikit-learn's ``LinearDiscriminantAnalysis`` (SVD solver, no shrinkage, ``tol = 1e-4``, priors the
+class shares). For two classes its weight is ``w = Σ⁺(μ₁ − μ₀)``, Σ the pooled within-class covariance (each class
+centred on its mean, divided by n as scikit-learn's solver divides; older releases divided by n − 2, which scales w
+but not its direction) and Σ⁺ its pseudo-inverse as that solver forms it: in coordinates standardised by the
+within-class standard deviations, keeping the singular values of the scaled, centred data above ``tol``. (Its second
+SVD, of the two class means, has rank 1 and cancels: ``coef_ = Σ⁺(μ₁ − μ₀)`` exactly.) That is computed here directly,
+in float64 on the CPU as the reference does, from the eigendecomposition of the smaller Gram matrix of the
 standardised data (n × n when n ≤ d: CausalGym's 40–200 training pairs against Gemma's d = 640), without importing
 scikit-learn; the decision rule is the reference's, ``x·w + b > 0`` with ``b = −w·x̄ − ½ (π₀ − π₁) Δ·w + log(π₁/π₀)``
 (x̄ = π₀μ₀ + π₁μ₁). Tested against scikit-learn (``tests/unit/test_directions.py``).
