@@ -70,6 +70,63 @@ def test_lda_is_inverse_shared_covariance_times_mean_difference() -> None:
     assert abs(float(MeanDirection().fit(X, y).a.double() @ torch.from_numpy(expected))) < 0.99
 
 
+def test_lda_closed_form_hand_computed_2d() -> None:
+    """Class 0: (0, 0), (2, 2) (μ₀ = (1, 1)); class 1: (1, 3), (3, 3) (μ₁ = (2, 3)). Within-class scatter
+    [[4, 2], [2, 2]], Σ = scatter / n = [[1, .5], [.5, .5]], Σ⁻¹ = [[2, −2], [−2, 4]], Δ = (1, 2), w = Σ⁻¹Δ = (−2, 6);
+    equal priors: b = −w·x̄ = −w·(1.5, 2) = −9, so the decision x·w + b is −4 at μ₀, +4 at μ₁, 0 halfway."""
+    from cprobe.directions.lda import lda_weight
+
+    X = torch.tensor([[0.0, 0.0], [2.0, 2.0], [1.0, 3.0], [3.0, 3.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    w, b, classes = lda_weight(X, y)
+    torch.testing.assert_close(w, torch.tensor([-2.0, 6.0], dtype=torch.float64))
+    assert b == pytest.approx(-9.0) and classes.tolist() == [0, 1]
+    lda = LDA().fit(X, y)
+    torch.testing.assert_close(lda.a, torch.tensor([-1.0, 3.0]) / 10**0.5)
+    # just below and above halfway, (1.5, 2 ∓ 0.1): decisions ∓0.6
+    assert lda.score(torch.tensor([[1.0, 1.0], [2.0, 3.0], [1.5, 1.9], [1.5, 2.1]]), torch.tensor([0, 1, 0, 1])) == 1.0
+
+
+@pytest.mark.parametrize("n,d,collinear", [(300, 8, False), (40, 64, False), (25, 64, False), (300, 8, True),
+                                            (25, 64, True)])
+def test_lda_closed_form_equals_scikit_learns(n: int, d: int, collinear: bool) -> None:
+    """The reference's LDA (SVD solver): the same weight (cosine > 1 − 1e-6; the same scale), intercept, decisions and
+    accuracy, with unequal priors, on full-rank (n > d) and rank-deficient (n ≤ d: the pseudo-inverse) data; and where
+    the solver's truncation decides (``collinear``): a feature that is another plus 1e-3 noise (singular value above
+    ``tol``: kept), one that is another plus 1e-5 noise (below: dropped) and a constant feature (its deviation 0); with
+    n ≤ d (the Gram of the rows), a row that is another of its class plus 1e-3 noise (kept), one plus 1e-5
+    (dropped)."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from cprobe.directions.lda import lda_weight
+
+    g = torch.Generator().manual_seed(n + d)
+    mix = torch.randn(d, d, generator=g) / d**0.5 + torch.eye(d)
+    y = (torch.rand(n, generator=g) < 0.4).long()
+    y[:2] = torch.tensor([0, 1])
+    X = torch.randn(n, d, generator=g) @ mix + y[:, None].float() * torch.randn(d, generator=g)
+    if collinear and n > d:
+        X[:, 1] = X[:, 0] + 1e-3 * torch.randn(n, generator=g)
+        X[:, 2] = X[:, 3] + 1e-5 * torch.randn(n, generator=g)
+        X[:, 4] = 2.0
+    elif collinear:
+        y[3], y[5] = y[2], y[4]
+        X[3] = X[2] + 1e-3 * torch.randn(d, generator=g)
+        X[5] = X[4] + 1e-5 * torch.randn(d, generator=g)
+    ref = LinearDiscriminantAnalysis(n_components=1).fit(X.double().numpy(), y.numpy())
+    w, b, _ = lda_weight(X, y)
+    coef = torch.from_numpy(ref.coef_[0])
+    assert float(w @ coef / (w.norm() * coef.norm())) > 1 - 1e-6
+    torch.testing.assert_close(w, coef, rtol=1e-6, atol=1e-9 * float(coef.abs().max()))
+    assert b == pytest.approx(float(ref.intercept_[0]), rel=1e-6, abs=1e-9)
+    X_new = torch.randn(200, d, generator=g) @ mix
+    y_new = (torch.arange(200) % 2)
+    lda = LDA().fit(X, y)
+    torch.testing.assert_close(X_new.double() @ w + b, torch.from_numpy(ref.decision_function(X_new.double().numpy())),
+                               rtol=1e-6, atol=1e-8)
+    assert lda.score(X_new, y_new) == pytest.approx(ref.score(X_new.double().numpy(), y_new.numpy()))
+
+
 def test_probe_scores_and_accepts_lambda() -> None:
     X, y, _ = _planted()
     probe = DIRECTIONS.get("probe")(lam=10.0).fit(X, y)
