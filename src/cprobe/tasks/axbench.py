@@ -128,8 +128,8 @@ def validate(job: Any) -> None:
     unknown = sorted(set(cfg.params) - set(cfg.methods))
     if unknown:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
-    for m in cfg.methods:  # a bad setting: one line, now
-        build(m, cfg.params.get(m, {}), seed=0)
+    for m in cfg.methods:  # a bad setting: one line, now; a concept score reads one direction
+        methods.one_direction(build(m, cfg.params.get(m, {}), seed=0), m, f"axbench.params.{m}")
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:
         raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
