@@ -3,9 +3,10 @@
 DAS learns ``a`` so that the 1-D DII at the site makes the frozen model predict the source
 label: ``min_a −Σ log p_{f←f*_a}(y_s | b, s)``. It is the only method trained on the causal
 objective. With ``k > 1`` it learns an orthonormal basis R (d, k) (pyvene's ``LowRankRotateLayer(d, k)``) and
-interchanges the subspace, ``h + R Rᵀ (s − h)`` (:class:`cprobe.models.featurizers.Subspace`); ``k = 1`` is the DII. The model stays outside this module: ``fit`` receives a differentiable
-``forward(edit, batch_idx)`` that runs the base inputs ``batch_idx`` with the site vector
-replaced by ``edit(h_base_rows)`` and returns next-token log-probs (or logits) ``(n, V)``.
+interchanges the subspace, ``h + R Rᵀ (s − h)`` (:class:`cprobe.models.featurizers.Subspace`); ``k = 1`` is the
+DII. The model stays outside this module: ``fit`` receives a differentiable ``forward(edit, batch_idx)`` that runs
+the base inputs ``batch_idx`` with the site vector replaced by ``edit(h_base_rows)`` and returns next-token log-probs
+(or logits) ``(n, V)``.
 
 Sites are independent problems (separate parameters, the model frozen), so :meth:`DAS.fit_many` trains K of
 them in one batched pass: each step runs the step's base rows once per site (K copies in one forward), the
@@ -35,7 +36,8 @@ Forward = Callable[[Edit, Tensor], Tensor]
 BatchForward = Callable[[slice, Tensor, Tensor], Tensor]
 """``forward(rows, h_source, a) -> (K, b, V)``: the train base rows ``rows`` (a slice of b rows) run once per site k,
 with the DII at site k toward the source rows ``h_source[k]`` (K, b, d) along ``a[k]`` (K, d), or the interchange of
-the span of the orthonormal columns of ``a[k]`` (K, d, k) where DAS's ``k > 1``; differentiable in ``a``. Rows come as a slice of plain ints, so a forward needs no index tensor read back."""
+the span of the orthonormal columns of ``a[k]`` (K, d, k) where DAS's ``k > 1``; differentiable in ``a``. Rows come
+as a slice of plain ints, so a forward needs no index tensor read back."""
 
 
 @DIRECTIONS.register("das")
@@ -223,7 +225,7 @@ class DAS(Direction):
 
     def _householder_k(self, K: int, d: int, base: Tensor, device: torch.device
                        ) -> tuple[Callable[[], Tensor], list[Tensor]]:
-        """torch's orthogonal (Householder) map of K (d, k) matrices X under the shared base: ``bases() -> (K, d, k)``."""
+        """torch's orthogonal (Householder) map of K (d, k) matrices X under the shared base: ``bases()`` (K, d, k)."""
         X = torch.zeros(K, d, self.k, device=device)
         X.diagonal(dim1=-2, dim2=-1).fill_(-1.0)
         X = torch.nn.Parameter(X)
