@@ -9,7 +9,8 @@ for a Pythia-70m-shaped one, ``--device cuda`` on a GPU.
 k-dimensional DAS (issue 52): the batched pass at k = 1 against the same pass of the code before ``k`` existed
 (``--before``, a git revision: its ``directions/das.py`` and ``models/multisite.py`` loaded beside today's, in this
 process, alternated ``--repeats`` times, best of each): the time ratio (target ≈ 1.0) and max |Δa| (the 1-D path is
-unchanged: 0). Then each ``--k`` > 1, its time over k = 1's.
+unchanged: 0). Then each ``--k`` > 1, its time over k = 1's. On the CPU the times are this process's CPU time
+(``--wall`` for wall-clock), so a busy shared machine does not skew the ratios; on a GPU, wall-clock.
 
     python scripts/bench_das.py [--shape tiny|pythia-14m|pythia-70m] [--pairs 40] [--device cpu|cuda]
     python scripts/bench_das.py --skip-one --layers 2 --k 2 8   # only the k checks
@@ -62,6 +63,8 @@ def main() -> None:
     p.add_argument("--before", default="4832a1e", help="the revision before k-dimensional DAS ('' to skip)")
     p.add_argument("--repeats", type=int, default=3, help="alternated timings of k = 1, now and before (best of)")
     p.add_argument("--k", type=int, nargs="*", default=[2, 8], help="subspace dimensions timed against k = 1")
+    p.add_argument("--wall", action="store_true", help="wall-clock time on the CPU (default: this process's CPU time, "
+                   "steady on a shared machine)")
     args = p.parse_args()
 
     template = TaskTemplate.from_spec("bench_agr", SPEC)
@@ -110,12 +113,14 @@ def main() -> None:
         H = torch.stack([acts[s] for s, _ in jobs]).to(args.device)
         return das.fit_many(forward, H, torch.stack([t for _, t in jobs]))
 
+    clock = time.perf_counter if str(args.device).startswith("cuda") or args.wall else time.process_time
+
     def timed(fn) -> tuple[float, torch.Tensor]:
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         a = fn()
         sync()
-        return time.perf_counter() - t0, a.detach().float().cpu()
+        return clock() - t0, a.detach().float().cpu()
 
     if not args.skip_one:
         t_one, a_one = timed(one_at_a_time)
