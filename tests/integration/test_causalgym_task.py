@@ -434,6 +434,10 @@ def test_das_parametrization_is_a_config_key_checked_before_the_run():
     assert das()["parametrization"] == "orthogonal" and das(parametrization="normalize")["parametrization"] == "normalize"
     with pytest.raises(ConfigError, match="parametrization"):
         das(parametrization="cayley")
+    from cprobe.config import parse
+
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['k'\] under causalgym.das"):  # the paper's DII is 1-D
+        parse(cg_task.Config, {"das": {"k": 2}}, "causalgym")
 
 
 def test_the_experiment_yaml_states_the_task_defaults():
