@@ -23,10 +23,11 @@ from typing import Any
 
 from torch import Tensor
 
-from cprobe.directions import DIRECTIONS
+from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS
 from cprobe.interventions import INTERVENTIONS, fit_intervention
+from cprobe.registry import did_you_mean
 
 DRAW_STRIDE = 7_919
 """Draw k of a chance baseline is seeded ``seed + DRAW_STRIDE * k`` (a prime: draws of nearby sites never meet)."""
@@ -110,7 +111,8 @@ class Needs:
 def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
     """Why ``name`` cannot run in the list ``key``, or None (one wording per capability)."""
     if name not in DIRECTIONS and name not in INTERVENTIONS:
-        return f"unknown method {name!r} in {key}; choose from {method_names()} (or package.module:Class)"
+        return (f"unknown method {name!r} in {key}{did_you_mean(name, method_names())}; choose from {method_names()} "
+                "(or package.module:Class)")
     cls = registry(name).get(name)
     if is_intervention(name) and cls.needs_model:
         instead = getattr(cls, "direction_name", "") or "das"
@@ -158,20 +160,39 @@ def fallback_direction(d: int, seed: int) -> Tensor:
     return DIRECTIONS.build({"name": name}, seed=seed).fit(torch.zeros(2, d)).a
 
 
-def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
-                    site_seed: int | None = None, device: Any = None, probe: Any = None) -> list[Tensor]:
-    """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y``: a direction method's ``a`` (a chance
-    baseline's :func:`draws` seeded :func:`draw_seed` from ``site_seed``, default ``seed``), or an intervention's
-    fitted ``edit_direction()`` (``probe``: a callable giving its interventional probe where it ``needs_probe``).
-    ValueError where a fitted edit is not one direction."""
+def fitted(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
+           site_seed: int | None = None, device: Any = None, probe: Any = None, texts: Tensor | None = None
+           ) -> list[Any]:
+    """Method ``name`` fitted on states ``X`` with labels ``y``: a direction method (a chance baseline's :func:`draws`
+    seeded :func:`draw_seed` from ``site_seed``, default ``seed``; one that ``fits_on_texts`` also gets ``texts``, each
+    row's text id, where given), or an intervention (``probe``: a callable giving its interventional probe where it
+    ``needs_probe``). One fitted object per draw."""
     if not is_intervention(name):
+        by_text = {"texts": texts} if texts is not None and declares(name, "fits_on_texts") else {}
         if not DIRECTIONS.get(name).chance_baseline:
-            return [build(name, params, seed).fit(X, y).a]
+            return [build(name, params, seed).fit(X, y, **by_text)]
         base = seed if site_seed is None else site_seed
-        return [build(name, params, draw_seed(base, k)).fit(X, y).a for k in range(n_draws)]
+        return [build(name, params, draw_seed(base, k)).fit(X, y, **by_text) for k in range(n_draws)]
     method = build(name, params, seed, device)
     fit_intervention(method, X, y, probe=probe)
+    return [method]
+
+
+def direction_of(method: Any) -> Tensor:
+    """The unit direction of a fitted method: a direction method's ``a``, an intervention's ``edit_direction()``
+    (ValueError where the fitted edit is not one direction)."""
+    if isinstance(method, Direction):
+        return method.a
     a = method.edit_direction()
     if a is None:
-        raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
-    return [a]
+        raise ValueError(f"the fitted {type(method).__name__} edit is not one direction (rank > 1)")
+    return a
+
+
+def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
+                    site_seed: int | None = None, device: Any = None, probe: Any = None,
+                    texts: Tensor | None = None) -> list[Tensor]:
+    """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y`` (:func:`fitted`, then
+    :func:`direction_of`): a direction method's ``a`` per draw, or an intervention's fitted ``edit_direction()``.
+    ValueError where a fitted edit is not one direction."""
+    return [direction_of(m) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe, texts)]

@@ -29,14 +29,17 @@ from cprobe.sae.train import TrainSettings
 
 
 class SAEMethod:
-    """The shared settings and fitting steps of the SAE methods (module doc)."""
+    """The shared settings and fitting steps of the SAE methods (module doc). ``RULES``: the ``select`` values a
+    method takes (AxBench's SAE takes :data:`cprobe.sae.select.TEXT_RULES`)."""
+
+    RULES: tuple[str, ...] = selection.RULES
 
     def __init__(self, path: str | None = None, architecture: str = "topk", d_sae: int = 512, k: int = 16,
                  l1: float = 1.0, lr: float | None = None, epochs: int = 20, batch_size: int = 256,
                  select: str = "mean_diff", latents: int = 1, model: str | None = None, layer: int | None = None,
                  cache: bool = True, seed: int = 0) -> None:
-        if select not in selection.RULES:
-            raise ConfigError(f"SAE select must be one of {list(selection.RULES)}, got {select!r}")
+        if select not in self.RULES:
+            raise ConfigError(f"unknown SAE select {select!r}; choose from {list(self.RULES)}")
         if not (isinstance(latents, int) and latents >= 1):
             raise ConfigError(f"SAE latents must be an integer >= 1, got {latents!r}")
         self.path, self.model, self.layer, self.cache = path, model, layer, bool(cache)
@@ -46,6 +49,16 @@ class SAEMethod:
         self.train_settings = TrainSettings(architecture=architecture, d_sae=d_sae, k=k, l1=float(l1),
                                             lr=None if lr is None else float(lr), epochs=epochs,
                                             batch_size=batch_size, seed=seed)
+
+    def check_states(self, d: int) -> None:
+        """One line, before any state is read, when the loaded SAE (``path``) cannot read states of width ``d``: its
+        ``cfg.json``'s ``d_in`` (the weights are checked again when fitted). A trained SAE fits any width."""
+        if self.path is None:
+            return
+        d_in = saelens.read_cfg(self.path).get("d_in")
+        if d_in is not None and int(d_in) != d:
+            raise ConfigError(f"SAE folder {self.path} reads states of width {d_in}, but the states here have width "
+                              f"{d}: an SAE of another width, for another model or layer")
 
     def fit_latents(self, X: Tensor, z: Tensor) -> Tensor:
         """Obtain the SAE for the states ``X`` (n, d), select the property's latents from the class ids ``z``;

@@ -1,4 +1,4 @@
-"""An SAE's decoder direction for a property (``sae``): the latents that best separate the classes, by a selection
+"""An SAE's decoder direction for a property (``sae_decoder``; as an intervention ``sae_decoder_direction``): the latents that best separate the classes, by a selection
 rule (:mod:`cprobe.sae.select`), mapped onto one unit vector.
 
 ``a ∝ Σ_{j∈S} (μ₁,j − μ₀,j) W_dec,j`` over the ``latents`` selected latents S: the move of the SAE's reconstruction
@@ -18,7 +18,7 @@ from cprobe.sae.method import SAEMethod
 from cprobe.sae.select import one_vs_rest
 
 
-@DIRECTIONS.register("sae")
+@DIRECTIONS.register("sae_decoder")
 class SAEDirection(SAEMethod, Direction):
     """The decoder direction of the property's SAE latents (module doc)."""
 
