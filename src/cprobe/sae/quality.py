@@ -75,7 +75,7 @@ def sae_of(fitted: Any) -> SAE | None:
     """The SAE a fitted method runs on: its own (``sae_``: the SAE methods), or that of the first direction method a
     bridged intervention fitted (``directions_``: ``sae_decoder_direction``); None for a method without one."""
     for src in (fitted, *list(getattr(fitted, "directions_", ()) or ())[:1]):
-        sae = getattr(src, "__dict__", {}).get("sae_")
+        sae = getattr(src, "sae_", None)  # unfitted: NotFittedError is an AttributeError, so None
         if isinstance(sae, SAE):
             return sae
     return None
