@@ -10,8 +10,9 @@ and bridges, never from the name itself:
   method and family (:func:`method_of`, the yardsticks' rows);
 - whether it may run in a study (:func:`check`, one wording per capability: unknown, listed twice, trained through the
   model, exposing no direction, a whole-vector swap);
-- building it for a run (:func:`build`), its chance draws (:func:`draws`, :func:`draw_seed`), the fallback where a
-  method fits nothing (:func:`fallback_direction`) and its unit directions (:func:`unit_directions`).
+- building it for a run (:func:`build`), fitting it on states (:func:`fitted`: a chance baseline's draws, each row's
+  text for a direction that ``fits_on_texts``), its chance draws (:func:`draw_seed`), the fallback where a method
+  fits nothing (:func:`fallback_direction`) and its unit directions (:func:`direction_of`, :func:`unit_directions`).
 """
 
 from __future__ import annotations
@@ -178,14 +179,14 @@ def fitted(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int
     return [method]
 
 
-def direction_of(method: Any) -> Tensor:
-    """The unit direction of a fitted method: a direction method's ``a``, an intervention's ``edit_direction()``
-    (ValueError where the fitted edit is not one direction)."""
+def direction_of(method: Any, name: str = "") -> Tensor:
+    """The unit direction of a fitted method (named ``name`` in messages): a direction method's ``a``, an
+    intervention's ``edit_direction()`` (ValueError where the fitted edit is not one direction)."""
     if isinstance(method, Direction):
         return method.a
     a = method.edit_direction()
     if a is None:
-        raise ValueError(f"the fitted {type(method).__name__} edit is not one direction (rank > 1)")
+        raise ValueError(f"the fitted {name or type(method).__name__} edit is not one direction (rank > 1)")
     return a
 
 
@@ -195,4 +196,4 @@ def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, 
     """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y`` (:func:`fitted`, then
     :func:`direction_of`): a direction method's ``a`` per draw, or an intervention's fitted ``edit_direction()``.
     ValueError where a fitted edit is not one direction."""
-    return [direction_of(m) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe, texts)]
+    return [direction_of(m, name) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe, texts)]

@@ -265,19 +265,19 @@ def causal_directions(ctx: JobContext, config: Config, adapter: Any, data: Any, 
     return out
 
 
-def token_scorer(fit: Any, X: Tensor, y_tok: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+def token_scorer(fit: Any, X: Tensor, y_tok: Tensor, name: str = "") -> Callable[[Tensor, Tensor], Tensor]:
     """How one fitted method scores the tokens of texts, ``(H (n, T, d), mask (n, T)) -> (n, T)`` (padding 0): the
     method's own token scores where it declares ``scores_tokens`` (AxBench's SAE: its latent's activation, not
     oriented: a latent is chosen for firing on the concept); otherwise the projection on its direction (a tensor, a
     direction method's ``a``, an intervention's edit direction), oriented so that the training positives' tokens
-    ``X`` (labels ``y_tok``) score higher."""
+    ``X`` (labels ``y_tok``) score higher. ``name``: the method's, for messages."""
     if getattr(fit, "scores_tokens", False):
         def own(H: Tensor, mask: Tensor) -> Tensor:
             out = torch.zeros(mask.shape, dtype=torch.float64)
             out[mask] = fit.token_scores(H[mask])
             return out
         return own
-    a = (fit if isinstance(fit, Tensor) else direction_of(fit)).float().cpu()
+    a = (fit if isinstance(fit, Tensor) else direction_of(fit, name)).float().cpu()
     s_tok = X.double() @ a.double()
     a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
     return lambda H, mask: token_scores(H, mask, a)
@@ -304,7 +304,7 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
             try:
                 fits = ([trained[name, layer]] if (name, layer) in trained else
                         fitted(name, cfg.params.get(name, {}), X, y_tok, seed, cfg.random_draws, texts=texts))
-                scorers, note = [token_scorer(f, X, y_tok) for f in fits], ""
+                scorers, note = [token_scorer(f, X, y_tok, name) for f in fits], ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
                 scorers, note = [], f"no direction: {err}"
             for score in scorers:
