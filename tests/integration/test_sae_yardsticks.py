@@ -1,7 +1,8 @@
-"""SAE methods on every yardstick with no study changed: the ``sae`` direction and the ``sae_latents`` intervention in
-CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), both SAE interventions in the reliability study
-(the tiny BERT), and ``via_sae_latents`` / ``via_sae_decoder_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and
-the LM loss an SAE adds spliced into a model (cprobe.sae.splice)."""
+"""SAE methods on every yardstick with no study changed: the ``sae_decoder`` and ``sae_axbench`` directions and the
+``sae_latents`` intervention in CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), two SAE
+interventions in the reliability study (the tiny BERT), each row with its SAE's quality on held-out states, and
+``via_sae_latents`` / ``via_sae_decoder_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and the LM loss an
+SAE adds spliced into a model (cprobe.sae.splice)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ def test_cebab_estimates_effects_through_the_sae_methods(cebab_world, tmp_path):
 @pytest.mark.slow
 def test_liberty_estimates_effects_through_the_sae_methods(liberty_world, tmp_path):  # noqa: F811
     r = cli.run("run", *liberty_tiny(liberty_world), "liberty.finetune.epochs=2",
-                "liberty.explainers=[random,via_sae_latents,via_sae_decoder_direction]", *_explainer_settings("liberty"),
+                "liberty.explainers=[random,via_sae_latents,via_sae_decoder_direction]",
+                *_explainer_settings("liberty"),
                 f"paths.output_root={tmp_path}", "progress=false", cwd=tmp_path,
                 env={"CPROBE_DATA_DIR": str(liberty_world[2])})
     assert r.returncode == 0, r.stderr[-3000:]

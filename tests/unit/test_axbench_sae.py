@@ -143,7 +143,7 @@ def test_the_axbench_study_scores_the_latents_activation_not_a_projection(tmp_pa
         mask[i, :len(rows)] = True
     y = torch.tensor([lab for lab, _ in texts])
     cfg = Config(methods=["sae_axbench", "sae_decoder"], poolings=["max"],
-                 params={"sae_axbench": {"path": str(tmp_path / "sae")}, "sae_decoder": {"path": str(tmp_path / "sae")}})
+                 params={m: {"path": str(tmp_path / "sae")} for m in ("sae_axbench", "sae_decoder")})
     rows = {r["method"]: r for r in score_concept({3: H}, mask, y, torch.arange(4), torch.arange(4, 8), cfg, 0)}
     assert rows["sae_axbench"]["auroc"] == pytest.approx(0.75)
     assert rows["sae_decoder"]["auroc"] == pytest.approx(1.0)  # the same latent's decoder row, as a projection

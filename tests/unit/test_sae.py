@@ -1,5 +1,5 @@
 """SAEs (cprobe.sae): the TopK activation, encode/decode, the latent edit that keeps the error term, FVU / L0 / dead
-fraction, SAELens folders and their one-line refusals, the selection rules, the cache, the ``sae`` direction and
+fraction, SAELens folders and their one-line refusals, the selection rules, the cache, the ``sae_decoder`` direction and
 ``sae_latents`` intervention on a hand-made SAE, and training that recovers a planted sparse dictionary."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What the SAE methods share: where their SAE comes from and which of its latents carry the property.
 
-The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, docs/sae.md):
+The settings (of every SAE method: ``sae_decoder``, ``sae_latents``, ``sae_axbench``, ``sae_diffmean``; docs/sae.md):
 
 - ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`); refused in one line when it
   records another model than ``model`` or another hook point than ``layer`` (each when set; checked when the method is
@@ -8,7 +8,8 @@ The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, do
   the activation cache) with ``architecture`` (``topk`` / ``relu``), ``d_sae``, ``k`` (TopK), ``l1`` (ReLU),
   ``lr`` (null: sparsify's rule), ``epochs``, ``batch_size`` and the method's seed, and kept in the cache (kind
   ``sae``, keyed by the states' content and every setting) unless ``cache: false``.
-- ``select``: the rule that scores latents (:data:`cprobe.sae.select.RULES`); ``latents``: how many are used.
+- ``select``: the rule that scores latents (:data:`cprobe.sae.select.RULES`; AxBench's SAE: ``TEXT_RULES``);
+  ``latents``: how many are used.
 
 After fitting, ``sae_`` is the SAE, ``quality_`` its FVU, L0 and dead fraction on the fitting states (logged),
 ``latents_`` the selected latent indices (best first) and ``scores_`` every latent's score.
