@@ -4,7 +4,10 @@ exposes a direction.
 Per concept, layer and method: the direction is fitted on the token states of the training texts (every token of a
 text labelled by its text's class, as AxBench's DiffMean), oriented toward the concept, and each held-out text is
 scored by projecting its tokens' states on it and pooling them (``max`` as AxBench; ``mean``; the ``last`` token);
-the AUROC of those scores, texts with the concept against texts without, is the table's value.
+the AUROC of those scores, texts with the concept against texts without, is the table's value. A method that declares
+``scores_tokens`` scores each token itself instead (AxBench's SAE, ``sae_axbench``: its chosen latent's activation,
+not a projection), and one that declares ``fits_on_texts`` is fitted with each token's text (AxBench's selection rules
+pool a text's tokens first). An SAE method's rows carry its SAE's quality on the held-out tokens.
 
 Concepts come from any dataset: an agreement dataset's properties (subject number ``z_c`` of the grammar; the text
 is what the agreement studies feed the model: the prefix before the verb for a causal LM, the sentence with the verb
@@ -63,7 +66,8 @@ from cprobe.tasks.sites import minimal_pair_training
 
 USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
 NEEDS = Needs(direction=True)
-"""A concept score is a projection on a direction: no whole-vector swap, no intervention exposing none."""
+"""A concept score is a projection on a direction (or a method's own token score, which every direction method here
+also has a direction for): no whole-vector swap, no intervention exposing none."""
 CAUSAL_POSITION = "target"
 """Where a causal direction (DAS) is trained: the agreement target (a causal LM's last prefix token, an MLM's mask)."""
 
