@@ -10,9 +10,10 @@ and bridges, never from the name itself:
   method and family (:func:`method_of`, the yardsticks' rows);
 - whether it may run in a study (:func:`check`, one wording per capability: unknown, listed twice, trained through the
   model, exposing no direction, a whole-vector swap);
-- building it for a run (:func:`build`), its chance draws (:func:`draws`, :func:`draw_seed`), the fallback where a
-  method fits nothing (:func:`fallback_direction`), its unit directions (:func:`unit_directions`), a study that
-  reads one direction refusing a k-dimensional subspace (:func:`one_direction`), and a fitted method as a
+- building it for a run (:func:`build`), fitting it on states (:func:`fitted`: a chance baseline's draws, each row's
+  text for a direction that ``fits_on_texts``), its chance draws (:func:`draw_seed`), the fallback where a method
+  fits nothing (:func:`fallback_direction`), its unit directions (:func:`direction_of`, :func:`unit_directions`), a
+  study that reads one direction refusing a k-dimensional subspace (:func:`one_direction`), and a fitted method as a
   featurizer (:func:`featurizer`: MIB's and RAVEL's interchange of features).
 """
 
@@ -30,6 +31,7 @@ from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS
 from cprobe.interventions import INTERVENTIONS, Intervention, fit_intervention
 from cprobe.models.featurizers import Featurizer, Subspace
+from cprobe.registry import did_you_mean
 from cprobe.sae.method import at_site
 
 DRAW_STRIDE = 7_919
@@ -114,7 +116,8 @@ class Needs:
 def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
     """Why ``name`` cannot run in the list ``key``, or None (one wording per capability)."""
     if name not in DIRECTIONS and name not in INTERVENTIONS:
-        return f"unknown method {name!r} in {key}; choose from {method_names()} (or package.module:Class)"
+        return (f"unknown method {name!r} in {key}{did_you_mean(name, method_names())}; choose from {method_names()} "
+                "(or package.module:Class)")
     cls = registry(name).get(name)
     if is_intervention(name) and cls.needs_model:
         instead = getattr(cls, "direction_name", "") or "das"
@@ -167,24 +170,43 @@ def fallback_direction(d: int, seed: int) -> Tensor:
     return DIRECTIONS.build({"name": name}, seed=seed).fit(torch.zeros(2, d)).a
 
 
-def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
-                    site_seed: int | None = None, device: Any = None, probe: Any = None,
-                    layer: int | None = None) -> list[Tensor]:
-    """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y``: a direction method's ``a`` (a chance
-    baseline's :func:`draws` seeded :func:`draw_seed` from ``site_seed``, default ``seed``), or an intervention's
-    fitted ``edit_direction()`` (``probe``: a callable giving its interventional probe where it ``needs_probe``).
-    ValueError where a fitted edit is not one direction. ``layer``: the site's (:func:`build`)."""
+def fitted(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
+           site_seed: int | None = None, device: Any = None, probe: Any = None, texts: Tensor | None = None,
+           layer: int | None = None) -> list[Any]:
+    """Method ``name`` fitted on states ``X`` with labels ``y``: a direction method (a chance baseline's draws
+    seeded :func:`draw_seed` from ``site_seed``, default ``seed``; one that ``fits_on_texts`` also gets ``texts``, each
+    row's text id, where given), or an intervention (``probe``: a callable giving its interventional probe where it
+    ``needs_probe``). One fitted object per draw; ``layer``: the site's (:func:`build`)."""
     if not is_intervention(name):
+        by_text = {"texts": texts} if texts is not None and declares(name, "fits_on_texts") else {}
         if not DIRECTIONS.get(name).chance_baseline:
-            return [build(name, params, seed, layer=layer).fit(X, y).a]
+            return [build(name, params, seed, layer=layer).fit(X, y, **by_text)]
         base = seed if site_seed is None else site_seed
-        return [build(name, params, draw_seed(base, k), layer=layer).fit(X, y).a for k in range(n_draws)]
+        return [build(name, params, draw_seed(base, k), layer=layer).fit(X, y, **by_text) for k in range(n_draws)]
     method = build(name, params, seed, device, layer)
     fit_intervention(method, X, y, probe=probe)
+    return [method]
+
+
+def direction_of(method: Any, name: str = "") -> Tensor:
+    """The unit direction of a fitted method (named ``name`` in messages): a direction method's ``a``, an
+    intervention's ``edit_direction()`` (ValueError where the fitted edit is not one direction)."""
+    if isinstance(method, Direction):
+        return method.a
     a = method.edit_direction()
     if a is None:
-        raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
-    return [a]
+        raise ValueError(f"the fitted {name or type(method).__name__} edit is not one direction (rank > 1)")
+    return a
+
+
+def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
+                    site_seed: int | None = None, device: Any = None, probe: Any = None,
+                    texts: Tensor | None = None, layer: int | None = None) -> list[Tensor]:
+    """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y`` (:func:`fitted`, then
+    :func:`direction_of`): a direction method's ``a`` per draw, or an intervention's fitted ``edit_direction()``.
+    ValueError where a fitted edit is not one direction."""
+    return [direction_of(m, name) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe, texts,
+                                                     layer)]
 
 
 def one_direction(method: Any, name: str, key: str) -> Any:

@@ -226,10 +226,12 @@ def _intervention_node(name: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     from cprobe.interventions import INTERVENTIONS
     from cprobe.methods import bridge, method_names
     from cprobe.paths import config_dir
+    from cprobe.registry import did_you_mean
 
     if name not in INTERVENTIONS:
         if bridge(name) is None:
-            raise ConfigError(f"unknown method {name!r} for method=; choose from {method_names()}")
+            raise ConfigError(f"unknown method {name!r} for method={did_you_mean(name, method_names())}; choose from "
+                              f"{method_names()}")
         name = bridge(name)
     path = config_dir() / "intervention" / f"{name}.yaml"
     if not path.is_file():

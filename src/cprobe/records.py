@@ -134,6 +134,9 @@ class RecordSpec:
     outside_metrics: str | None = None
     """Wide tables: the column prefix of outside metrics (``metric_`` -> column ``metric_<name>`` holds metric
     ``<name>`` of the config's ``metrics:``)."""
+    where_defined: tuple[str, ...] = ()
+    """Wide tables: metrics recorded only on the rows that have a value for them (an SAE's quality exists on the rows
+    of SAE methods alone; elsewhere it is no measurement, not an undefined one)."""
 
     @property
     def wide(self) -> bool:
@@ -325,6 +328,8 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
         recs = pd.concat(parts, ignore_index=True) if parts else base.iloc[:0]
         if parts:
             recs = recs.sort_values(["_row", "_order"], kind="stable").drop(columns=["_row", "_order"])
+        if spec.where_defined and len(recs):
+            recs = recs[~(recs["metric"].isin(spec.where_defined) & recs["value"].isna())]
     else:
         recs = base.assign(slice=slices, metric=names,
                            value=pd.to_numeric(t[spec.value], errors="coerce") if spec.value in t else np.nan,

@@ -26,7 +26,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Generic, TypeVar
@@ -358,11 +358,9 @@ class Registry(Generic[T]):
         raise ConfigError(self.unknown(name))
 
     def unknown(self, name: str) -> str:
-        """The one-line unknown-name error: did-you-mean candidates, then every name."""
+        """The one-line unknown-name error: did-you-mean candidates (:func:`did_you_mean`), then every name."""
         names = self.all_names()
-        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        return (f"unknown {self.kind} {name!r}{hint}; choose from {names}"
+        return (f"unknown {self.kind} {name!r}{did_you_mean(name, names)}; choose from {names}"
                 + (" (or name your own class as package.module:Class)" if self.group else ""))
 
     def provenance(self, name: str) -> Provenance:
@@ -510,6 +508,16 @@ def load_plugin_modules(modules: Any, where: str = "plugins") -> list[LoadedModu
 
 
 # ----------------------------------------------------------------------------------------------- parameters
+def did_you_mean(name: str, names: Sequence[str]) -> str:
+    """``"; did you mean 'a', 'b'?"`` for an unknown ``name``: the names that spell it out further, shortest first
+    (``sae`` → ``sae_axbench``, ``sae_decoder``: a name that was split into kinds), then the close spellings
+    (difflib); at most four, ``""`` when there is none."""
+    longer = sorted((n for n in names if n.startswith(f"{name}_")), key=lambda n: (len(n), n))
+    close = [n for n in difflib.get_close_matches(name, names, n=3, cutoff=0.6) if n not in longer]
+    hint = (longer + close)[:4]
+    return f"; did you mean {', '.join(repr(c) for c in hint)}?" if hint else ""
+
+
 def accepted_params(cls: Callable[..., Any]) -> set[str]:
     """Keyword parameters ``cls(...)`` accepts: its own, and where it takes ``**kwargs``, those of the base
     classes it forwards them to (``super().__init__(**kw)``) and of ``cls.forwards_kwargs_to`` (composition)."""

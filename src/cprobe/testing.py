@@ -717,6 +717,46 @@ def check_finds_planted_direction(s: Subject) -> None:
         _fail(f"|a · e0| = {abs(float(a[0])):.3f} < 0.8: the planted coordinate was not found")
 
 
+TOKEN_AUROC = 0.75
+"""A method that scores tokens itself (``scores_tokens``) passes when its scores rank the planted class at least this
+well (AUROC) on the rows it was fitted on."""
+
+
+@_check("semantics")
+def check_token_scores(s: Subject) -> None:
+    """A method that declares ``scores_tokens`` gives one finite float64 score per state, and its scores rank the
+    planted class above chance (AUROC >= TOKEN_AUROC)."""
+    if not getattr(s.obj, "scores_tokens", False):
+        raise SkipCheck("scores no token itself (scores_tokens is false): scored by the projection on a")
+    from cprobe.metrics.detection import auroc
+
+    f = _fit_once(s)
+    out = f.est.token_scores(f.X)
+    if not isinstance(out, Tensor) or out.shape != (len(f.X),) or out.dtype != torch.float64:
+        _fail(f"token_scores must give a float64 tensor of shape ({len(f.X)},), got {getattr(out, 'dtype', type(out))} "
+              f"{tuple(getattr(out, 'shape', ()))}")
+    if not bool(torch.isfinite(out).all()):
+        _fail("token_scores gave non-finite scores")
+    got = auroc(out, f.z)
+    if got < TOKEN_AUROC:
+        _fail(f"its token scores rank the planted class at AUROC {got:.3f} < {TOKEN_AUROC}")
+
+
+@_check()
+def check_fits_on_texts(s: Subject) -> None:
+    """A method that declares ``fits_on_texts`` fitted with every row a text of its own (``texts = 0 … n−1``) finds
+    what it finds without ``texts``: the rows are texts of one token unless a study says otherwise."""
+    if not getattr(s.obj, "fits_on_texts", False):
+        raise SkipCheck("takes no texts (fits_on_texts is false)")
+    f = _fit_once(s)
+    X, z = f.X.clone(), f.z.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = s.build().fit(X, z, texts=torch.arange(len(X)))
+    if not torch.allclose(again.a.float(), f.result.float(), atol=1e-5):
+        _fail("fit(X, y, texts=arange(n)) finds another direction than fit(X, y)")
+
+
 # ---- probes ---------------------------------------------------------------------------------------
 @_check()
 def check_probabilities(s: Subject) -> None:
@@ -865,7 +905,7 @@ CHECKS: dict[str, tuple[Check, ...]] = {
                      check_nullifying_erases, check_counterfactual_sets_target),
     "direction method": (check_capabilities, check_builds_from_config, check_not_fitted_error, check_fit_returns_self,
                          check_no_inplace_edits, check_deterministic, check_save_load_round_trip, check_unit_direction,
-                         check_finds_planted_direction),
+                         check_finds_planted_direction, check_fits_on_texts, check_token_scores),
     "probe": (check_builds_from_config, check_not_fitted_error, check_fit_returns_self, check_no_inplace_edits,
               check_probabilities, check_deterministic, check_save_load_round_trip, check_separates_planted_classes),
     "explainer": (check_capabilities, check_builds_from_config, check_not_fitted_error, check_fit_returns_self,

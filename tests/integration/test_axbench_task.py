@@ -11,7 +11,7 @@ import pytest
 from tests import cli
 
 RUN = ["run", "+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]"]
-SWEEP = "axbench.methods=[sae,das,leace,probe,mean]"  # the one line that puts every family on every yardstick
+SWEEP = "axbench.methods=[sae_decoder,sae_axbench,sae_diffmean,das,leace,probe,mean]"  # every family in one line
 
 
 def _run(root: Path, *extra: str) -> Path:
@@ -51,11 +51,13 @@ def test_every_method_layer_and_pooling_gets_an_auroc(job):
 
 @pytest.mark.slow
 @pytest.mark.numeric  # AUROC bounds through the tiny model and DAS trained on this CPU's kernels
-def test_sae_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
+def test_saes_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
     """DAS, trained through the model on the training texts' minimal pairs at each layer, and LEACE, an intervention
-    whose edit direction is scored, get rows beside the directions; LEACE's records are an intervention's."""
+    whose edit direction is scored, get rows beside the directions; LEACE's records are an intervention's. The three
+    SAE methods share one SAE per layer (cached by content) and carry its quality on the held-out tokens."""
     t = pd.read_parquet(sweep_job / "metrics.parquet")
-    assert set(t["method"]) == {"sae", "das", "leace", "probe", "mean"} and len(t) == 5 * 3 * 3
+    saes = {"sae_decoder", "sae_axbench", "sae_diffmean"}
+    assert set(t["method"]) == saes | {"das", "leace", "probe", "mean"} and len(t) == 7 * 3 * 3
     assert (t["note"] == "").all() and t["auroc"].between(0, 1).all()
     assert set(t.loc[t["method"] == "leace", "family"]) == {"intervention"}
     assert set(t.loc[t["method"] != "leace", "family"]) == {"direction"}
@@ -68,9 +70,13 @@ def test_sae_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
     # 64 × 56 held-out pairs (2.8e-4 each) ordered otherwise by float32 rounding
     assert (at.xs("leace", level="method") - at.xs("mean", level="method")).abs().max() < 1e-3
     recs = pd.read_parquet(sweep_job / "records.parquet")
-    assert set(zip(recs["method"], recs["family"])) == {("sae", "direction"), ("das", "direction"),
-                                                         ("leace", "intervention"), ("probe", "direction"),
-                                                         ("mean", "direction")}
+    assert set(zip(recs["method"], recs["family"])) == {(m, "direction") for m in saes | {"das", "probe", "mean"}} \
+        | {("leace", "intervention")}
+    quality = recs[recs["metric"].isin(["sae_fvu", "sae_l0", "sae_dead_fraction"])]
+    assert set(quality["method"]) == saes and quality["value"].notna().all()  # on the SAE methods' records alone
+    q = t[t["method"].isin(saes)].groupby("layer")["sae_fvu"]
+    assert (q.nunique() == 1).all()  # one SAE per layer, measured on the same held-out tokens
+    assert t.loc[~t["method"].isin(saes), "sae_fvu"].isna().all()
 
 
 @pytest.mark.parametrize("override, message", [
@@ -88,6 +94,10 @@ def test_sae_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
     ("axbench.poolings=[min]", "unknown axbench.poolings ['min']; choose from ['max', 'mean', 'last']"),
     ("+axbench.params.probe.lam=-1", "direction method 'probe': probe lam must be > 0, got -1"),
     ("+axbench.params.das.lr=0.1", "axbench.params sets ['das'], which axbench.methods does not list"),
+    ("axbench.methods=[sae]", "unknown method 'sae' in axbench.methods; did you mean 'sae_axbench', 'sae_decoder', "
+     "'sae_latents', 'sae_diffmean'?"),
+    ("axbench.methods=[sae_axbench] +axbench.params.sae_axbench.select=max",
+     "unknown SAE select 'max'; choose from ['auroc', 'mean_diff']"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, tmp_path):
     r = cli.run(*RUN, *override.split(), f"paths.output_root={tmp_path}", cwd=tmp_path)
@@ -100,3 +110,31 @@ def test_das_on_texts_without_minimal_pairs_is_one_line(tmp_path):
                 f"paths.output_root={tmp_path}", cwd=tmp_path)
     cli.assert_refused(r, "direction method 'das' is trained through the model on minimal pairs that flip 'food': "
                           "dataset 'cebab' (type 'cebab') cannot emit minimal pairs", tmp_path)
+
+
+def test_a_loaded_sae_for_another_layer_is_refused_before_the_model_loads(tmp_path):
+    """AxBench's SAE loaded from a SAELens folder recorded at another hook than the layer it is set for: one line."""
+    from tests.unit.test_axbench_sae import identity_sae
+    from tests.unit.test_sae import write_folder
+
+    write_folder(tmp_path / "sae", identity_sae(), hook_name="blocks.1.hook_resid_post")
+    out = tmp_path / "out"
+    r = cli.run(*RUN, "axbench.methods=[sae_axbench]", f"+axbench.params.sae_axbench.path={tmp_path / 'sae'}",
+                "+axbench.params.sae_axbench.layer=4", f"paths.output_root={out}", cwd=tmp_path)
+    cli.assert_refused(r, "was trained at hook 'blocks.1.hook_resid_post' (cfg.json hook_name), not at layer 4", out)
+
+
+def test_a_loaded_sae_of_another_width_stops_the_run_before_any_state_is_read(tmp_path):
+    """The width needs the model: checked once it loads, before the token states are read; one line, exit 1, and no
+    result is written (the run's status.json records the error)."""
+    from tests.unit.test_axbench_sae import identity_sae
+    from tests.unit.test_sae import write_folder
+
+    write_folder(tmp_path / "sae", identity_sae())
+    out = tmp_path / "out"
+    r = cli.run(*RUN, "axbench.methods=[sae_axbench]", f"+axbench.params.sae_axbench.path={tmp_path / 'sae'}",
+                f"paths.output_root={out}", cwd=tmp_path)
+    lines = [line for line in r.stderr.splitlines() if line.strip().startswith("error:")]
+    assert r.returncode == 1 and len(lines) == 1 and "reads states of width 4, but the states here have width" \
+        in lines[0], r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and not list(out.rglob("metrics.*")) and not list(out.rglob("records.*"))

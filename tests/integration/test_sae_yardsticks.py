@@ -1,7 +1,8 @@
-"""SAE methods on every yardstick with no study changed: the ``sae`` direction and the ``sae_latents`` intervention in
-CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), both SAE interventions in the reliability study
-(the tiny BERT), and ``via_sae_latents`` / ``via_sae_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and
-the LM loss an SAE adds spliced into a model (cprobe.sae.splice)."""
+"""SAE methods on every yardstick with no study changed: the ``sae_decoder`` and ``sae_axbench`` directions and the
+``sae_latents`` intervention in CausalGym (on the tiny random GPT-NeoX of test_causalgym_task.py), two SAE
+interventions in the reliability study (the tiny BERT), each row with its SAE's quality on held-out states, and
+``via_sae_latents`` / ``via_sae_decoder_direction`` in CEBaB and LIBERTy (their tests' tiny worlds); and the LM loss an
+SAE adds spliced into a model (cprobe.sae.splice)."""
 
 from __future__ import annotations
 
@@ -28,57 +29,66 @@ SMALL = {"d_sae": 32, "k": 4, "epochs": 10, "latents": 2}  # what a unit budget 
 
 def test_causalgym_scores_the_sae_as_a_direction_and_as_an_intervention(adapter, template):  # noqa: F811
     rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(
-        methods=["mean", "sae", "sae_latents"], layers=[1, 2], interventions={"sae_latents": SMALL})))
-    by = {m: rows[rows["method"] == m] for m in ("mean", "sae", "sae_latents")}
-    assert len(by["sae"]) == len(by["mean"]) == len(by["sae_latents"]) > 0  # every site, both conditions
-    assert by["sae"]["odds"].notna().all() and by["sae_latents"]["odds"].notna().all()
-    assert not by["sae_latents"]["odds"].equals(by["sae"]["odds"])  # two different edits
+        methods=["mean", "sae_decoder", "sae_axbench", "sae_latents"], layers=[1, 2],
+        interventions={"sae_latents": SMALL})))
+    by = {m: rows[rows["method"] == m] for m in ("mean", "sae_decoder", "sae_axbench", "sae_latents")}
+    assert len(by["sae_decoder"]) == len(by["mean"]) == len(by["sae_latents"]) == len(by["sae_axbench"]) > 0
+    assert by["sae_decoder"]["odds"].notna().all() and by["sae_latents"]["odds"].notna().all()
+    assert not by["sae_latents"]["odds"].equals(by["sae_decoder"]["odds"])  # two different edits
+    # every SAE method's row carries its SAE's quality on the eval pairs' states at the site (held out), no other row
+    sae_rows = rows[rows["method"] != "mean"]
+    assert sae_rows[["sae_fvu", "sae_l0", "sae_dead_fraction"]].notna().all().all()
+    assert (sae_rows["sae_n"] == sae_rows["n_eval"]).all() and sae_rows["sae_dead_fraction"].between(0, 1).all()
+    assert by["mean"][["sae_fvu", "sae_l0"]].isna().all().all()
 
 
 @pytest.mark.slow
 def test_the_reliability_study_runs_both_sae_interventions(tmp_path):
-    r = cli.run("run", "-m", "+experiment=sva_tiny_reliability", "intervention=sae_latents,sae_direction",
+    r = cli.run("run", "-m", "+experiment=sva_tiny_reliability", "intervention=sae_latents,sae_decoder_direction",
                 "++intervention.latents=2", "--smoke", f"hydra.sweep.dir={tmp_path}", "progress=false", cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     t = pd.read_csv(tmp_path / "results.csv")
-    assert sorted(t["method"]) == ["sae_direction", "sae_latents"]
+    assert sorted(t["method"]) == ["sae_decoder_direction", "sae_latents"]
     for col in ("completeness", "selectivity", "reliability"):
         assert t[col].between(0, 1).all(), t[["method", col]]
-    # each row reports its SAE's quality on the fitting states; both methods fit the same SAE (cached by content)
-    q = t[["fit_sae_fvu", "fit_sae_l0", "fit_sae_dead_fraction"]]
-    assert q.notna().all().all() and (q["fit_sae_l0"] > 0).all() and (q["fit_sae_l0"] <= 16).all()  # TopK k=16
-    assert q["fit_sae_fvu"].iloc[0] == pytest.approx(q["fit_sae_fvu"].iloc[1], rel=1e-6)
+    # each row reports its SAE's quality on the test split (held out); both methods fit the same SAE (cached by
+    # content) and measure it on the same states
+    q = t[["sae_fvu", "sae_l0", "sae_dead_fraction"]]
+    assert q.notna().all().all() and (q["sae_l0"] > 0).all() and (q["sae_l0"] <= 16).all()  # TopK k=16
+    assert q["sae_fvu"].iloc[0] == pytest.approx(q["sae_fvu"].iloc[1], rel=1e-6)
+    assert (t["sae_n"] == t["n_test"]).all() and "fit_sae_fvu" not in t
 
 
 def _explainer_settings(study: str) -> list[str]:
-    return [f"++{study}.explainer.{name}.{k}={v}" for name in ("via_sae_latents", "via_sae_direction")
+    return [f"++{study}.explainer.{name}.{k}={v}" for name in ("via_sae_latents", "via_sae_decoder_direction")
             for k, v in SMALL.items()]
 
 
 @pytest.mark.slow
 def test_cebab_estimates_effects_through_the_sae_methods(cebab_world, tmp_path):  # noqa: F811
     r = cli.run("run", *cebab_tiny(cebab_world), "cebab.task=2way", "cebab.finetune.epochs=2",
-                "cebab.explainers=[random,via_sae_latents,via_sae_direction]", *_explainer_settings("cebab"),
+                "cebab.explainers=[random,via_sae_latents,via_sae_decoder_direction]", *_explainer_settings("cebab"),
                 f"paths.output_root={tmp_path}", "progress=false", cwd=tmp_path,
                 env={"CPROBE_DATA_DIR": str(cebab_world[0])})
     assert r.returncode == 0, r.stderr[-3000:]
     (f,) = list(tmp_path.rglob("metrics.parquet"))
     t = pd.read_parquet(f)
     err = t[(t["kind"] == "icace_error") & (t["aspect"] == "all")]
-    assert {"via_sae_latents", "via_sae_direction"} <= set(err["explainer"])
+    assert {"via_sae_latents", "via_sae_decoder_direction"} <= set(err["explainer"])
     assert err["value"].notna().all()
 
 
 @pytest.mark.slow
 def test_liberty_estimates_effects_through_the_sae_methods(liberty_world, tmp_path):  # noqa: F811
     r = cli.run("run", *liberty_tiny(liberty_world), "liberty.finetune.epochs=2",
-                "liberty.explainers=[random,via_sae_latents,via_sae_direction]", *_explainer_settings("liberty"),
+                "liberty.explainers=[random,via_sae_latents,via_sae_decoder_direction]",
+                *_explainer_settings("liberty"),
                 f"paths.output_root={tmp_path}", "progress=false", cwd=tmp_path,
                 env={"CPROBE_DATA_DIR": str(liberty_world[2])})
     assert r.returncode == 0, r.stderr[-3000:]
     (f,) = list(tmp_path.rglob("metrics.parquet"))
     ed = pd.read_parquet(f).query("kind == 'ed'")
-    assert {"via_sae_latents", "via_sae_direction"} <= set(ed["explainer"])
+    assert {"via_sae_latents", "via_sae_decoder_direction"} <= set(ed["explainer"])
     assert ed["value"].notna().all()
 
 
@@ -122,11 +132,11 @@ SAELENS = REPO / "tests" / "data" / "saelens"  # folders SAELens itself wrote (R
     (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'mlp_out'}",
       "layers=3"], "was trained at hook 'blocks.2.hook_mlp_out' (cfg.json hook_name), not at layer 3"),
     # one folder per layer (a pattern: quoted for Hydra), with none for layer 2
-    (["+experiment=sva_tiny_reliability", "intervention=sae_direction", "layers=2",
+    (["+experiment=sva_tiny_reliability", "intervention=sae_decoder_direction", "layers=2",
       f"intervention.path='{SAELENS / 'layers' / 'layer_{layer}'}'"], "layers/layer_2 lacks cfg.json"),
     # a multi-layer AxBench run: the study's model is checked at every layer, not only the width
-    (["+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]", "axbench.methods=[sae]",
-      f"+axbench.params.sae.path={SAELENS / 'standard'}"],
+    (["+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]", "axbench.methods=[sae_decoder]",
+      f"+axbench.params.sae_decoder.path={SAELENS / 'standard'}"],
      "was trained on model 'tiny_bert_sva' (cfg.json model_name), not 'tiny_neox_sva'"),
 ])
 def test_an_saelens_folder_for_another_site_is_refused_before_the_study_runs(tmp_path, args, message):

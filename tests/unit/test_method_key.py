@@ -16,7 +16,7 @@ from cprobe.tasks import task_uses
 from tests.unit.test_task_uses import prepare
 
 PRESETS = ("yardsticks_reliability", "yardsticks_causalgym", "yardsticks_ravel", "yardsticks_axbench")
-METHODS = ("sae", "das", "leace", "probe", "mean")
+METHODS = ("sae_decoder", "sae_axbench", "das", "leace", "probe", "mean")
 
 
 def test_each_study_names_its_methods_where_it_declares():
@@ -36,7 +36,8 @@ def test_a_list_key_gets_the_one_method_and_keeps_the_rest_of_the_node():
 @pytest.mark.parametrize(("method", "intervention"), [
     ("mean", "mean_direction"),   # a direction: the intervention that bridges it
     ("probe", "probe_direction"),
-    ("sae", "sae_direction"),
+    ("sae_decoder", "sae_decoder_direction"),
+    ("sae_axbench", "sae_axbench_direction"),
     ("das", "das"),               # a name of both registries: the intervention
     ("leace", "leace"),
 ])

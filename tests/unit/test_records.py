@@ -55,6 +55,20 @@ def test_a_wide_table_becomes_one_record_per_metric_in_row_order():
     assert str(recs["layer"].dtype) == "Int64" and recs["value"].dtype == "float64"
 
 
+def test_a_metric_recorded_where_defined_has_no_record_on_the_rows_without_it():
+    """An SAE's quality exists on the SAE methods' rows only: no NaN record elsewhere; an ordinary metric keeps its NaN
+    (above), and the table still comes back with the column NaN where it was."""
+    spec = R.RecordSpec(**{**WIDE.__dict__, "metrics": {**WIDE.metrics, "sae_fvu": "sae_fvu"},
+                           "n": {"*": "n_test", "sae_fvu": "sae_n"}, "where_defined": ("sae_fvu",)})
+    t = wide_table().assign(sae_fvu=[np.nan, 0.25], sae_n=[np.nan, 12])
+    recs = R.to_records(t, spec, "t", 3, "cfg")
+    fvu = recs[recs["metric"] == "sae_fvu"]
+    assert fvu["layer"].tolist() == [3] and fvu["value"].tolist() == [0.25] and fvu["n"].tolist() == [12]
+    assert recs["metric"].value_counts()["oracle_completeness"] == 2  # its NaN on row 2 is still a record
+    back = R.from_records(recs, spec)
+    assert back["sae_fvu"].isna().tolist() == [True, False] and back["sae_fvu"].iloc[1] == 0.25
+
+
 @pytest.mark.parametrize("table, spec", [(wide_table, WIDE), (long_table, LONG)])
 def test_records_rebuild_the_table_exactly(table, spec):
     t = table()

@@ -1,5 +1,5 @@
 """SAEs (cprobe.sae): the TopK activation, encode/decode, the latent edit that keeps the error term, FVU / L0 / dead
-fraction, SAELens folders and their one-line refusals, the selection rules, the cache, the ``sae`` direction and
+fraction, SAELens folders and their one-line refusals, the selection rules, the cache, the ``sae_decoder`` direction and
 ``sae_latents`` intervention on a hand-made SAE, and training that recovers a planted sparse dictionary."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_width_model_and_hook_are_checked(tmp_path):
     with pytest.raises(ConfigError, match="trained on model"):
         INTERVENTIONS.build({"name": "sae_latents", "path": str(tmp_path), "model": "pythia_70m"})
     with pytest.raises(ConfigError, match="lacks cfg.json"):
-        DIRECTIONS.build({"name": "sae", "path": str(tmp_path / "nowhere")})
+        DIRECTIONS.build({"name": "sae_decoder", "path": str(tmp_path / "nowhere")})
 
 
 def test_hook_layers():
@@ -200,12 +200,12 @@ def test_sae_direction_is_the_signed_decoder_row(tmp_path):
     X = torch.tensor([[2.0, 1.0], [3.0, 0.0], [-1.0, 1.0], [-2.0, 0.0]])
     y = torch.tensor([1, 1, 0, 0])
     # f: latent 0 = relu(x₀) → class means 2.5 / 0; latent 2 = relu(−x₀) → 0 / 1.5; latent 1 = x₁: 0.5 / 0.5
-    d = DIRECTIONS.build({"name": "sae", "path": str(tmp_path)}, seed=0).fit(X, y)
+    d = DIRECTIONS.build({"name": "sae_decoder", "path": str(tmp_path)}, seed=0).fit(X, y)
     assert d.latents_.tolist() == [0] and torch.allclose(d.a, torch.tensor([1.0, 0.0]))
-    d2 = DIRECTIONS.build({"name": "sae", "path": str(tmp_path), "latents": 2}, seed=0).fit(X, y)
+    d2 = DIRECTIONS.build({"name": "sae_decoder", "path": str(tmp_path), "latents": 2}, seed=0).fit(X, y)
     # a ∝ 2.5·[1, 0] + (−1.5)·[−1, 0] = [4, 0]
     assert d2.latents_.tolist() == [0, 2] and torch.allclose(d2.a, torch.tensor([1.0, 0.0]))
-    flipped = DIRECTIONS.build({"name": "sae", "path": str(tmp_path)}, seed=0).fit(X, 1 - y)
+    flipped = DIRECTIONS.build({"name": "sae_decoder", "path": str(tmp_path)}, seed=0).fit(X, 1 - y)
     assert torch.allclose(flipped.a, torch.tensor([-1.0, 0.0]))  # points to class 1
 
 
@@ -230,8 +230,8 @@ def test_sae_intervention_formulas(tmp_path):
 def test_unknown_and_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="unknown key"):
         INTERVENTIONS.build({"name": "sae_latents", "width": 3})
-    with pytest.raises(ConfigError, match="select must be one of"):
-        DIRECTIONS.build({"name": "sae", "select": "max"})
+    with pytest.raises(ConfigError, match="unknown SAE select"):
+        DIRECTIONS.build({"name": "sae_decoder", "select": "max"})
     with pytest.raises(ConfigError, match="architecture"):
         INTERVENTIONS.build({"name": "sae_latents", "architecture": "gated"})
     with pytest.raises(ConfigError, match="kind must be"):
@@ -288,7 +288,7 @@ def test_the_intervention_configs_take_the_jobs_model_and_cache_switch():
 
     from tests.cli import REPO
 
-    for name in ("sae_latents", "sae_direction"):
+    for name in ("sae_latents", "sae_decoder_direction", "sae_axbench_direction", "sae_diffmean_direction"):
         with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=["+experiment=sva_tiny_reliability", f"intervention={name}",
                                                "cache.enabled=false"])

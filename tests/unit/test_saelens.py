@@ -194,8 +194,8 @@ def test_layer_hooks_round_trip():
 
 # ------------------------------------------------------------------------------ the sites a study reads
 def test_at_site_sets_the_layer_and_model_of_sae_methods_only():
-    lat, bridged, mean = INTERVENTIONS.get("sae_latents"), INTERVENTIONS.get("sae_direction"), DIRECTIONS.get("mean")
-    assert loads_sae(lat) and loads_sae(bridged) and loads_sae(DIRECTIONS.get("sae")) and not loads_sae(mean)
+    lat, bridged, mean = INTERVENTIONS.get("sae_latents"), INTERVENTIONS.get("sae_decoder_direction"), DIRECTIONS.get("mean")
+    assert loads_sae(lat) and loads_sae(bridged) and loads_sae(DIRECTIONS.get("sae_decoder")) and not loads_sae(mean)
     assert at_site(mean, {"x": 1}, 3, "m") == {"x": 1}
     assert at_site(lat, {"k": 4}, 3, "m") == {"k": 4, "layer": 3, "model": "m"}
     assert at_site(bridged, {"model": "own"}, 3, "m") == {"model": "own", "layer": 3}  # a set model is kept

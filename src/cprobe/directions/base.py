@@ -40,8 +40,18 @@ class Direction(Estimator, ABC):
     per_model_lambda: ClassVar[bool] = False
     """True when the constructor takes a penalty ``lam`` tuned per model (the paper's probe λ, ``causalgym.probe_lam``);
     several λs run as several methods (``probe0``, ``probe1``)."""
-    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
-    _needs_fitted = ("score",)
+    fits_on_texts: ClassVar[bool] = False
+    """True when ``fit(X, y, texts=None)`` also takes each row's text id (n,) int: the rows are the tokens of texts,
+    each labelled by its text's class, and the method pools a text's tokens itself (AxBench's SAE selection rules). A
+    study that reads the tokens of texts (AxBench) passes them; every other study passes none (each row is then a
+    text of one token)."""
+    scores_tokens: ClassVar[bool] = False
+    """True when the fitted method scores a token state itself, ``token_scores(X) -> (n,)`` float64 (AxBench's SAE:
+    the chosen latent's activation), rather than by the projection on ``a``: a study that scores a concept per token
+    (AxBench) reads it instead of the projection; ``a`` is still the direction every other study edits along."""
+    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda", "fits_on_texts",
+                    "scores_tokens")
+    _needs_fitted = ("score", "token_scores")
     _fitted_attrs = ("a",)
 
     @abstractmethod
@@ -56,9 +66,15 @@ def capability_problems(cls: type) -> list[str]:
     out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in Direction.CAPABILITIES
            if not isinstance(getattr(cls, f, False), bool)]
     if getattr(cls, "whole_vector", False):
-        learns = [f for f in ("causal", "supervised", "per_model_lambda") if getattr(cls, f, False)]
+        learns = [f for f in ("causal", "supervised", "per_model_lambda", "fits_on_texts", "scores_tokens")
+                  if getattr(cls, f, False)]
         if learns:
             out.append(f"whole_vector (no direction is learned) contradicts {learns}")
+    if getattr(cls, "causal", False) and (texts := [f for f in ("fits_on_texts", "scores_tokens")
+                                                    if getattr(cls, f, False)]):
+        out.append(f"causal (trained through the model) contradicts {texts} (fitted on token states)")
+    if getattr(cls, "scores_tokens", False) and not callable(getattr(cls, "token_scores", None)):
+        out.append("scores_tokens is declared but the class has no token_scores(X) method")
     if getattr(cls, "per_model_lambda", False):
         try:
             params = inspect.signature(cls.__init__).parameters

@@ -2,7 +2,8 @@
 
 One adapter, :class:`DirectionIntervention`, registered once per direction method under an intervention name
 (:data:`BRIDGED`: ``das``, ``probe_direction``, ``mean_direction``, ``lda_direction``, ``pca_direction``,
-``kmeans_direction``, ``random_direction``, ``sae_direction`` — ``probe``/``mean``/... alone would read as the
+``kmeans_direction``, ``random_direction``, ``sae_decoder_direction``, ``sae_axbench_direction``,
+``sae_diffmean_direction`` — ``probe``/``mean``/... alone would read as the
 probe config group or collide with ``mean_diff``). It finds the unit direction ``a`` with the direction method,
 then edits only the coordinate ``aᵀx`` and leaves the orthogonal complement exactly as it was:
 
@@ -60,7 +61,8 @@ ALONG = ("direction", "covariance")
 BRIDGED: dict[str, str] = {
     "das": "das", "probe_direction": "probe", "mean_direction": "mean", "lda_direction": "lda",
     "pca_direction": "pca", "kmeans_direction": "kmeans", "random_direction": "random",
-    "sae_direction": "sae",
+    "sae_decoder_direction": "sae_decoder", "sae_axbench_direction": "sae_axbench",
+    "sae_diffmean_direction": "sae_diffmean",
 }
 """Intervention name → direction method (every registered direction that learns a direction)."""
 

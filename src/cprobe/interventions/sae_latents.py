@@ -8,8 +8,8 @@ latents of a row x:
 - ``kind: counterfactual`` (default): ``x′ = x + (m_{z′} − f_S) W_dec[S]``, with ``m_c`` the mean of the latents S
   over the fitting rows of class c (the target class's mean activation).
 
-A row whose selected latents are already at their new values is returned exactly. (The ``sae`` direction is the
-one-vector form, also as ``sae_direction``.) Where the SAE comes from, and every setting: :mod:`cprobe.sae.method`,
+A row whose selected latents are already at their new values is returned exactly. (The ``sae_decoder`` direction is
+the one-vector form, also as ``sae_decoder_direction``.) Where the SAE comes from, and every setting: :mod:`cprobe.sae.method`,
 docs/sae.md.
 """
 

@@ -57,6 +57,24 @@ def auroc(scores: Tensor, labels: Tensor) -> float:
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
+def auroc_columns(scores: Tensor, labels: Tensor) -> Tensor:
+    """(m,) float64: :func:`auroc` of every column of ``scores`` (n, m) against the binary ``labels`` (n,), at once
+    (AxBench's latent selection scores every SAE latent so). Each entry's average rank is the number of smaller entries
+    of its column plus (ties + 1) / 2 (``searchsorted`` of the sorted column), the Mann–Whitney form of
+    :func:`auroc`."""
+    y = labels.bool().cpu()
+    s = scores.double().cpu()
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError(f"AUROC needs both classes, got {n_pos} positive and {n_neg} negative")
+    cols = s.T.contiguous()  # (m, n)
+    ordered = cols.sort(1).values
+    below = torch.searchsorted(ordered, cols, right=False)
+    upto = torch.searchsorted(ordered, cols, right=True)
+    ranks = below.double() + (upto - below + 1).double() / 2  # 1-based average ranks
+    return (ranks[:, y].sum(1) - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
 def orient(a: Tensor, scores_pos: Tensor, scores_neg: Tensor) -> Tensor:
     """``a`` pointing to the concept: flipped when the training positives' mean score (``scores_pos``) is below the
     negatives' — a direction's sign is arbitrary for the unsupervised methods (PCA, k-means, a random draw)."""

@@ -92,6 +92,20 @@ _ENTRIES = [
            "Unweighted mean over classes of the per-class F1 of a classifier's predictions.",
            HIGHER, (0, 1), f"{CEBAB} Table 8; {LIBERTY} §5",
            ("cebab", "liberty")),
+    Metric("sae_fvu", "SAE FVU (held out)",
+           "Fraction of variance an SAE method's sparse autoencoder leaves unexplained on held-out states (the "
+           "study's evaluation split at the site, never its training states): Σ‖x − x̂‖² / Σ‖x − x̄‖². 0 is a "
+           "perfect reconstruction, 1 no better than the mean state.",
+           LOWER, (0, None), "Gao et al. (2024) §2 (normalised MSE); Karvonen et al. (2025), SAEBench",
+           ("reliability", "causalgym", "axbench", "ravel")),
+    Metric("sae_l0", "SAE L0 (held out)",
+           "Mean number of nonzero latents per held-out state of an SAE method's sparse autoencoder.",
+           NEITHER, (0, None), "Gao et al. (2024); Karvonen et al. (2025), SAEBench",
+           ("reliability", "causalgym", "axbench", "ravel"), unit="latents"),
+    Metric("sae_dead_fraction", "SAE dead latents (held out)",
+           "Share of an SAE method's latents that are zero on every held-out state.",
+           LOWER, (0, 1), "Gao et al. (2024) §4 (dead latents); Karvonen et al. (2025), SAEBench",
+           ("reliability", "causalgym", "axbench", "ravel")),
     # ------------------------------------------------------------------ probing
     Metric("probe_accuracy", "probe accuracy",
            "Held-out accuracy of a probe trained to predict the property (slice) from the hidden state read at "

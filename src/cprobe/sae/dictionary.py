@@ -81,6 +81,19 @@ class SAE:
             return pre.relu()
         return pre.relu() * (pre > self.threshold.to(x.device, x.dtype))  # type: ignore[union-attr]
 
+    def latent(self, x: Tensor, j: int, batch_size: int = 4096) -> Tensor:
+        """The activation (n,) of latent ``j`` on states x (n, d_in), as :meth:`encode` gives it: from its own
+        pre-activation for ``relu`` / ``jumprelu``; from every latent's, ``batch_size`` rows at a time, for ``topk``
+        (whether j is among a row's k largest depends on the others)."""
+        if self.activation == "topk":
+            return torch.cat([self.encode(x[i:i + batch_size])[:, j] for i in range(0, len(x), batch_size)]) \
+                if len(x) else x.new_zeros(0)
+        xb = x - self.b_dec.to(x.device, x.dtype) if self.apply_b_dec_to_input else x
+        pre = xb @ self.W_enc[:, j].to(x.device, x.dtype) + self.b_enc[j].to(x.device, x.dtype)
+        if self.activation == "relu":
+            return pre.relu()
+        return pre.relu() * (pre > self.threshold[j].to(x.device, x.dtype))  # type: ignore[index]
+
     def decode(self, f: Tensor) -> Tensor:
         """The reconstruction x̂ = f W_dec + b_dec (n, d_in)."""
         return f @ self.W_dec.to(f.device, f.dtype) + self.b_dec.to(f.device, f.dtype)

@@ -1,7 +1,7 @@
 """What the SAE methods share: where their SAE comes from, which of its latents carry the property, and the site it
 is read at.
 
-The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, docs/sae.md):
+The settings (of every SAE method: ``sae_decoder``, ``sae_latents``, ``sae_axbench``, ``sae_diffmean``; docs/sae.md):
 
 - ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`), or a pattern with ``{layer}``
   (``DIR/layer_{layer}``: one folder per layer, the site's layer filled in). Refused in one line when it records
@@ -13,7 +13,8 @@ The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, do
   recorded model and hook) unless ``cache: false``; its ``cfg.json`` records ``model`` and ``layer``'s hook.
 - ``model``, ``layer``: the model and cprobe layer of the site. A study sets both at every site it fits the method
   at (:func:`at_site`; before any model loads, :func:`check_sites` checks the folders of the layers it can name).
-- ``select``: the rule that scores latents (:data:`cprobe.sae.select.RULES`); ``latents``: how many are used.
+- ``select``: the rule that scores latents (:data:`cprobe.sae.select.RULES`; AxBench's SAE: ``TEXT_RULES``);
+  ``latents``: how many are used.
 
 After fitting, ``sae_`` is the SAE, ``quality_`` its FVU, L0 and dead fraction on the fitting states (logged),
 ``latents_`` the selected latent indices (best first) and ``scores_`` every latent's score.
@@ -39,14 +40,17 @@ from cprobe.sae.train import TrainSettings
 
 
 class SAEMethod:
-    """The shared settings and fitting steps of the SAE methods (module doc)."""
+    """The shared settings and fitting steps of the SAE methods (module doc). ``RULES``: the ``select`` values a
+    method takes (AxBench's SAE takes :data:`cprobe.sae.select.TEXT_RULES`)."""
+
+    RULES: tuple[str, ...] = selection.RULES
 
     def __init__(self, path: str | None = None, architecture: str = "topk", d_sae: int = 512, k: int = 16,
                  l1: float = 1.0, lr: float | None = None, epochs: int = 20, batch_size: int = 256,
                  select: str = "mean_diff", latents: int = 1, model: str | None = None, layer: int | None = None,
                  cache: bool = True, seed: int = 0) -> None:
-        if select not in selection.RULES:
-            raise ConfigError(f"SAE select must be one of {list(selection.RULES)}, got {select!r}")
+        if select not in self.RULES:
+            raise ConfigError(f"unknown SAE select {select!r}; choose from {list(self.RULES)}")
         if not (isinstance(latents, int) and latents >= 1):
             raise ConfigError(f"SAE latents must be an integer >= 1, got {latents!r}")
         if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
@@ -59,6 +63,16 @@ class SAEMethod:
         self.train_settings = TrainSettings(architecture=architecture, d_sae=d_sae, k=k, l1=float(l1),
                                             lr=None if lr is None else float(lr), epochs=epochs,
                                             batch_size=batch_size, seed=seed)
+
+    def check_states(self, d: int) -> None:
+        """One line, before any state is read, when the loaded SAE (``path``) cannot read states of width ``d``: its
+        ``cfg.json``'s ``d_in`` (the weights are checked again when fitted). A trained SAE fits any width."""
+        if self.path is None:
+            return
+        d_in = saelens.read_cfg(self.path).get("d_in")
+        if d_in is not None and int(d_in) != d:
+            raise ConfigError(f"SAE folder {self.path} reads states of width {d_in}, but the states here have width "
+                              f"{d}: an SAE of another width, for another model or layer")
 
     def fit_latents(self, X: Tensor, z: Tensor) -> Tensor:
         """Obtain the SAE for the states ``X`` (n, d), select the property's latents from the class ids ``z``;
@@ -90,7 +104,7 @@ class SAEMethod:
 
 def loads_sae(method: Any) -> bool:
     """Whether the method class ``method`` takes the SAE settings: an :class:`SAEMethod`, or a class that forwards its
-    settings to one (``forwards_kwargs_to``: the ``sae_direction`` bridge)."""
+    settings to one (``forwards_kwargs_to``: the ``sae_decoder_direction`` bridge)."""
     targets = (method, *getattr(method, "forwards_kwargs_to", ())) if isinstance(method, type) else ()
     return any(isinstance(t, type) and issubclass(t, SAEMethod) for t in targets)
 

@@ -6,11 +6,15 @@
 - **dead fraction**: the share of latents that are zero on every row.
 
 :class:`Quality` accumulates them over minibatches (float64 sums), so a stream of shards is measured in one pass.
+:func:`held_out` is what every study writes on the rows of an SAE method: the quality on states the SAE was neither
+trained nor fitted on (its evaluation split at the same site), so a dictionary that only memorised its few hundred
+training states shows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,3 +65,29 @@ def measure(sae: SAE, X: Tensor, batch_size: int = 4096) -> dict[str, float]:
             f = sae.encode(x)
             q.update(x, sae.decode(f), f)
     return q.report()
+
+
+HELD_OUT = ("sae_fvu", "sae_l0", "sae_dead_fraction")
+"""The columns (and record metrics) of an SAE's quality on held-out states (:func:`held_out`)."""
+
+
+def sae_of(fitted: Any) -> SAE | None:
+    """The SAE a fitted method runs on: its own (``sae_``: the SAE methods), or that of the first direction method a
+    bridged intervention fitted (``directions_``: ``sae_decoder_direction``); None for a method without one."""
+    for src in (fitted, *list(getattr(fitted, "directions_", ()) or ())[:1]):
+        sae = getattr(src, "sae_", None)  # unfitted: NotFittedError is an AttributeError, so None
+        if isinstance(sae, SAE):
+            return sae
+    return None
+
+
+def held_out(fitted: Any, X: Tensor) -> dict[str, float]:
+    """The quality of a fitted method's SAE (:func:`sae_of`) on held-out states ``X`` (n, d_in) — states it was not
+    trained or fitted on (the study's evaluation split at the same site) — as ``{sae_fvu, sae_l0, sae_dead_fraction,
+    sae_n}``: the columns every study writes on the rows of an SAE method (:data:`HELD_OUT`, ``sae_n`` the states
+    measured); ``{}`` for a method without an SAE or without held-out states."""
+    sae = sae_of(fitted)
+    if sae is None or len(X) == 0:
+        return {}
+    q = measure(sae, X.detach().to("cpu", torch.float32))
+    return {"sae_fvu": q["fvu"], "sae_l0": q["l0"], "sae_dead_fraction": q["dead_fraction"], "sae_n": int(q["n"])}

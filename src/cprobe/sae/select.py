@@ -14,6 +14,20 @@ c and μ_¬c,j over the other classes:
   states, so divided by their standard deviations); ``s_j`` is its largest absolute value over c.
 
 :func:`top` takes the ``m`` best; ties go to the lower latent index.
+
+AxBench's rules (:data:`TEXT_RULES`, Wu et al. 2025; ``axbench/models/sae.py`` in stanfordnlp/axbench) score a
+latent on **texts**, not rows: the fitting rows are the tokens of texts (``texts`` (n,) gives each row's text, every
+token labelled by its text's class) and a text's latent value pools its tokens first (:func:`text_scores`):
+
+- ``auroc`` (``GemmaScopeSAEMaxAUC``, the rule of AxBench's SAE-selection sweeps): a text's value is the **maximum**
+  over its tokens; ``s_j`` is the AUROC of those values, texts with the concept against texts without
+  (:func:`cprobe.metrics.detection.auroc_columns`: ties count one half);
+- ``mean_diff`` (``GemmaScopeSAEMaxDiff``): a text's value is the **mean** over its tokens; ``s_j`` is the mean over
+  the positive texts minus the mean over the negative ones, signed (a latent that fires less on the concept scores
+  below zero).
+
+AxBench keeps the one latent with the highest score (``topk(...)[0]``); :func:`top` does the same, ties to the lower
+index.
 """
 
 from __future__ import annotations
@@ -21,10 +35,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from cprobe.metrics.detection import auroc_columns
 from cprobe.sae.dictionary import SAE
 from cprobe.stats import class_means, fit_logistic
 
 RULES = ("mean_diff", "probe", "attribution")
+TEXT_RULES = ("auroc", "mean_diff")
+"""AxBench's rules, scored on texts (:func:`text_scores`; module doc)."""
 PROBE_L2 = 1e-2
 """The probes' L2 penalty (per-row mean-loss scale, on standardised inputs)."""
 
@@ -67,3 +84,50 @@ def top(score: Tensor, m: int) -> Tensor:
     """Indices (m,) of the ``m`` highest scores, highest first (stable: ties to the lower index)."""
     order = torch.sort(-score, stable=True).indices
     return order[:m]
+
+
+
+def pooled_latents(sae: SAE, X: Tensor, texts: Tensor, how: str, batch_size: int = 4096) -> Tensor:
+    """(n_texts, d_sae) float64: each text's ``max`` or ``mean`` over its rows of the latents of ``X`` (n, d_in),
+    encoded ``batch_size`` rows at a time (a released SAE's 16k latents over every token would not fit at once);
+    ``texts`` (n,) holds each row's text id in [0, n_texts), every id with a row."""
+    if how not in ("max", "mean"):
+        raise ValueError(f"unknown pooling {how!r}; choose from ['max', 'mean']")
+    texts = texts.cpu().long()
+    n = int(texts.max()) + 1
+    counts = torch.bincount(texts, minlength=n)
+    if bool((counts == 0).any()):
+        raise ValueError(f"text ids must run from 0 to {n - 1} with a row each; {int((counts == 0).sum())} have none")
+    out = torch.full((n, sae.d_sae), -torch.inf if how == "max" else 0.0, dtype=torch.float64)
+    with torch.no_grad():
+        for i in range(0, len(X), batch_size):
+            F, t = sae.encode(X[i:i + batch_size].float()).double().cpu(), texts[i:i + batch_size]
+            if how == "max":
+                out = out.scatter_reduce(0, t[:, None].expand_as(F), F, "amax")
+            else:
+                out.index_add_(0, t, F)
+    return out if how == "max" else out / counts[:, None]
+
+
+def text_labels(y: Tensor, texts: Tensor) -> Tensor:
+    """(n_texts,) each text's class from its rows' labels ``y`` (n,); a ValueError when a text's rows disagree."""
+    texts, y = texts.cpu().long(), y.cpu().long()
+    n = int(texts.max()) + 1
+    lab = torch.full((n,), -1, dtype=torch.long).scatter_(0, texts, y)
+    if bool((lab[texts] != y).any()):
+        raise ValueError("the rows of one text carry different labels: each token is labelled by its text's class")
+    return lab
+
+
+def text_scores(rule: str, sae: SAE, X: Tensor, y: Tensor, texts: Tensor) -> Tensor:
+    """The score of every latent (d_sae,) float64 by AxBench's ``rule`` (:data:`TEXT_RULES`, module doc), from the
+    states X (n, d_in) of the tokens of texts, their labels y (n,; 1 = the concept, 0 = not) and text ids (n,)."""
+    if rule not in TEXT_RULES:
+        raise ValueError(f"unknown AxBench latent selection rule {rule!r}; choose from {list(TEXT_RULES)}")
+    lab = text_labels(y, texts)
+    if set(torch.unique(lab).tolist()) != {0, 1}:
+        raise ValueError(f"expected texts of classes {{0, 1}}, got {sorted(torch.unique(lab).tolist())}")
+    if rule == "auroc":
+        return auroc_columns(pooled_latents(sae, X, texts, "max"), lab)
+    V = pooled_latents(sae, X, texts, "mean")
+    return V[lab == 1].mean(0) - V[lab == 0].mean(0)

@@ -4,7 +4,10 @@ exposes a direction.
 Per concept, layer and method: the direction is fitted on the token states of the training texts (every token of a
 text labelled by its text's class, as AxBench's DiffMean), oriented toward the concept, and each held-out text is
 scored by projecting its tokens' states on it and pooling them (``max`` as AxBench; ``mean``; the ``last`` token);
-the AUROC of those scores, texts with the concept against texts without, is the table's value.
+the AUROC of those scores, texts with the concept against texts without, is the table's value. A method that declares
+``scores_tokens`` scores each token itself instead (AxBench's SAE, ``sae_axbench``: its chosen latent's activation,
+not a projection), and one that declares ``fits_on_texts`` is fitted with each token's text (AxBench's selection rules
+pool a text's tokens first). An SAE method's rows carry its SAE's quality on the held-out tokens.
 
 Concepts come from any dataset: an agreement dataset's properties (subject number ``z_c`` of the grammar; the text
 is what the agreement studies feed the model: the prefix before the verb for a causal LM, the sentence with the verb
@@ -34,6 +37,7 @@ Every direction is then oriented and scored alike. The table's ``family`` says w
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,18 +55,20 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, extract_sites, resolve_layers
 from cprobe import methods
 from cprobe.job import JobContext
-from cprobe.methods import Needs, build, declares, family, provenance, registry, unit_directions
+from cprobe.methods import Needs, build, declares, direction_of, family, fitted, provenance, registry
 from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
 from cprobe.models.formatters import AgreementFormatter, TokensFormatter
 from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.sae.method import check_sites
+from cprobe.sae.quality import HELD_OUT, held_out
 from cprobe.tasks import Uses
 from cprobe.tasks.sites import minimal_pair_training
 
 USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
 NEEDS = Needs(direction=True)
-"""A concept score is a projection on a direction: no whole-vector swap, no intervention exposing none."""
+"""A concept score is a projection on a direction (or a method's own token score, which every direction method here
+also has a direction for): no whole-vector swap, no intervention exposing none."""
 CAUSAL_POSITION = "target"
 """Where a causal direction (DAS) is trained: the agreement target (a causal LM's last prefix token, an MLM's mask)."""
 
@@ -265,35 +271,56 @@ def causal_directions(ctx: JobContext, config: Config, adapter: Any, data: Any, 
     return out
 
 
+def token_scorer(fit: Any, X: Tensor, y_tok: Tensor, name: str = "") -> Callable[[Tensor, Tensor], Tensor]:
+    """How one fitted method scores the tokens of texts, ``(H (n, T, d), mask (n, T)) -> (n, T)`` (padding 0): the
+    method's own token scores where it declares ``scores_tokens`` (AxBench's SAE: its latent's activation, not
+    oriented: a latent is chosen for firing on the concept); otherwise the projection on its direction (a tensor, a
+    direction method's ``a``, an intervention's edit direction), oriented so that the training positives' tokens
+    ``X`` (labels ``y_tok``) score higher. ``name``: the method's, for messages."""
+    if getattr(fit, "scores_tokens", False):
+        def own(H: Tensor, mask: Tensor) -> Tensor:
+            out = torch.zeros(mask.shape, dtype=torch.float64)
+            out[mask] = fit.token_scores(H[mask])
+            return out
+        return own
+    a = (fit if isinstance(fit, Tensor) else direction_of(fit, name)).float().cpu()
+    s_tok = X.double() @ a.double()
+    a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
+    return lambda H, mask: token_scores(H, mask, a)
+
+
 def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Tensor, test: Tensor, cfg: Config,
                   seed: int, trained: dict[tuple[str, int], Tensor] | None = None) -> list[dict[str, Any]]:
-    """Rows (layer, method, family, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts,
-    scored on the ``test`` texts (row indices into ``states``); ``trained`` holds the directions found elsewhere
-    ((method, layer) → unit direction: the causal ones). A method that finds no direction at a layer (e.g. LDA's
-    weights not finite on near-collinear states) gets NaN there and says why in ``note``."""
+    """Rows (layer, method, family, pooling, auroc) of one concept: fitted on the tokens of the ``train`` texts
+    (each token's text passed to a method that ``fits_on_texts``), scored on the ``test`` texts (row indices into
+    ``states``; :func:`token_scorer`); ``trained`` holds the directions found elsewhere ((method, layer) → unit
+    direction: the causal ones). A method that finds no direction at a layer (e.g. LDA's weights not finite on
+    near-collinear states) gets NaN there and says why in ``note``. An SAE method's rows carry its SAE's quality on the
+    held-out texts' tokens (:func:`cprobe.sae.quality.held_out`)."""
     trained = trained or {}
     rows = []
     tok_train = mask[train]
     y_tok = y[train][:, None].expand_as(tok_train)[tok_train]
+    texts = torch.arange(len(train))[:, None].expand_as(tok_train)[tok_train]
     for layer, H in states.items():
         X = H[train][tok_train]
         for name in cfg.methods:
             values: dict[str, list[float]] = {p: [] for p in cfg.poolings}
+            fits: list[Any] = []
             try:
-                found = ([trained[name, layer]] if (name, layer) in trained else
-                         [a.float().cpu() for a in unit_directions(name, cfg.params.get(name, {}), X, y_tok, seed,
-                                                                   cfg.random_draws, layer=layer)])
-                note = ""
+                fits = ([trained[name, layer]] if (name, layer) in trained else
+                        fitted(name, cfg.params.get(name, {}), X, y_tok, seed, cfg.random_draws, texts=texts,
+                                layer=layer))
+                scorers, note = [token_scorer(f, X, y_tok, name) for f in fits], ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
-                found, note = [], f"no direction: {err}"
-            for a in found:
-                s_tok = X.double() @ a.double()
-                a = orient(a, s_tok[y_tok == 1], s_tok[y_tok == 0])
-                s = token_scores(H[test], mask[test], a)
+                scorers, note = [], f"no direction: {err}"
+            for score in scorers:
+                s = score(H[test], mask[test])
                 for p in cfg.poolings:
                     values[p].append(auroc(pool(s, mask[test], p), y[test]))
+            quality = held_out(fits[0], H[test][mask[test]]) if fits else {}
             rows += [{"layer": layer, "method": name, "family": family(name), "pooling": p,
-                      "auroc": float(np.mean(v)) if v else float("nan"), "draws": len(v), "note": note}
+                      "auroc": float(np.mean(v)) if v else float("nan"), "draws": len(v), "note": note, **quality}
                      for p, v in values.items()]
     return rows
 
@@ -305,6 +332,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     y_all = checked_labels(sp, list(config.concepts))
     adapter = ctx.adapter(cfg["model"])
     layers = resolve_layers(cfg["layers"], adapter.n_layers)
+    for name in config.methods:  # a loaded SAE of another width: one line before any state is read
+        check = getattr(build(name, config.params.get(name, {}), ctx.seed), "check_states", None)
+        if callable(check):
+            check(adapter.hidden_size)
     items = model_texts(sp.train + sp.test, adapter)
     t0 = time.perf_counter()
     states, mask, truncated = token_states(ctx, adapter, items, layers, config.max_tokens, sp.name)
@@ -359,6 +390,8 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
 RECORDS = RecordSpec(
     dataset="dataset", model="model", layer="layer", read_layer=Derived(lambda t: t["layer"]), position=const("tokens"),
     method="method", family=Derived(lambda t: t["family"] if "family" in t else "direction"), setting=("pooling",),
-    slice=("concept",), metrics={"auroc": "detection_auroc"}, n={"*": "n_test"})
+    slice=("concept",), metrics={"auroc": "detection_auroc", **{c: c for c in HELD_OUT}},
+    n={"*": "n_test", **{c: "sae_n" for c in HELD_OUT}}, where_defined=HELD_OUT)
 """The table's rows as records (:mod:`cprobe.records`): AUROC per concept (slice) × method × layer × pooling; the
-family (``direction`` or ``intervention``: a table written before it had the column is all directions)."""
+family (``direction`` or ``intervention``: a table written before it had the column is all directions); an SAE
+method's quality on the held-out tokens (``sae_fvu``, ``sae_l0``, ``sae_dead_fraction``; only on its rows)."""

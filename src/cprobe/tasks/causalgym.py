@@ -48,6 +48,7 @@ from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, DEFAULT_ORACLE, M
                                              method_runs, resolve_regions)
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.sae.method import check_sites
+from cprobe.sae.quality import HELD_OUT
 
 log = logging.getLogger("cprobe")
 
@@ -641,8 +642,10 @@ RECORDS = RecordSpec(
     slice=("cg_task", "condition"),
     metrics={"odds": "avg_odds", "iia": "iia", "probe_accuracy": "direction_probe_accuracy",
              "oracle_accuracy": "oracle_accuracy", "completeness": "oracle_completeness",
-             "oracle_selectivity": "oracle_selectivity", "erasure": "erasure", "erased_fraction": "erased_fraction"},
-    n={"*": "n_eval"}, breakdowns=("cg_task", "condition"), extra=_overall_records, items=_record_items)
+             "oracle_selectivity": "oracle_selectivity", "erasure": "erasure", "erased_fraction": "erased_fraction",
+             **{c: c for c in HELD_OUT}},
+    n={"*": "n_eval", **{c: "sae_n" for c in HELD_OUT}}, breakdowns=("cg_task", "condition"), extra=_overall_records,
+    items=_record_items, where_defined=HELD_OUT)
 """Per site (layer × region = position, task, condition): AvgOdds, IIA and the oracle scores; per task and over the
 tasks: the overall odds-ratio and the control selectivity (:mod:`cprobe.records`). The tasks are the items of the
 means over tasks."""

@@ -55,6 +55,7 @@ from cprobe.models.resume import at_last
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import Progress, track
 from cprobe.tasks.causalgym_settings import CAPABLE_ACCURACY, CONDITIONS, Config, MethodRun, method_runs, resolve_regions
+from cprobe.sae.quality import held_out
 from cprobe.tasks.sites import SiteFits
 
 log = logging.getLogger("cprobe")
@@ -95,6 +96,7 @@ class _Run:
     scored: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     edit: str = "dii"  # dii | vanilla (whole-vector swap) | counterfactual | nullifying (an intervention's own edit)
     edited: Tensor | None = None  # an intervention's edited eval states at the site (n_eval rows of ok_ev, d)
+    sae: dict[str, float] = field(default_factory=dict)  # an SAE method's quality on the eval states (held_out)
 
 
 @dataclass
@@ -141,7 +143,7 @@ def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev:
         edited, degenerate = X_ev.float().clone(), True
     fit_s = time.perf_counter() - t0
     out = [_Run(run, False, {c: [None] for c in conditions}, degenerate=degenerate, fit_s=fit_s, edit=inter.kind,
-                edited=edited)]
+                edited=edited, sae={} if degenerate else held_out(inter, X_ev))]
     if cls.exposes_direction and config.intervention_directions:
         if a is None and degenerate:
             a = fallback_direction(X_tr.shape[-1], site_seed)
@@ -204,7 +206,7 @@ def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor
             draws = unit_directions(run.name, run.params, X_tr, y_tr, seed, config.random_draws, site_seed)
             plan.runs.append(_Run(run, False, {c: draws for c in conditions}, fit_s=time.perf_counter() - t_fit))
         elif not cls.supervised or len(torch.unique(y_tr)) == 2:
-            probe_acc, degenerate = float("nan"), False
+            probe_acc, degenerate, d = float("nan"), False, None
             try:
                 if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
                     raise ValueError("the train activations at this site are all equal")
@@ -221,7 +223,7 @@ def _fit_site(plan: _SitePlan, runs: list[MethodRun], X_tr: Tensor, y_tr: Tensor
                 log.debug("%s at layer %d region %d: %s; using a random direction", run.name, layer, region, err)
                 a, degenerate = fallback_direction(X_tr.shape[-1], site_seed), True
             plan.runs.append(_Run(run, False, {c: [a] for c in conditions}, probe_acc, degenerate,
-                                  fit_s=time.perf_counter() - t_fit))
+                                  fit_s=time.perf_counter() - t_fit, sae={} if degenerate else held_out(d, X_ev)))
 
 
 def run_gym_task(adapter: ModelAdapter, template: TaskTemplate, config: Config, layers: Any = "blocks", *,
@@ -358,6 +360,7 @@ def _rows(template: TaskTemplate, config: Config, plans: list[_SitePlan], condit
                     "oracle_selectivity": NAN,  # no non-targeted property in the templates
                     "n_train": len(plan.ok_tr), "n_eval": len(plan.ok_ev), "degenerate": r.degenerate,
                     "n_directions": len(res), "fit_s": r.fit_s / len(conditions), "eval_s": r.eval_s / len(conditions),
+                    **r.sae,
                 }
                 if config.read_layers:  # the oracle at l' >= layer reading the pass edited here (NaN below layer)
                     row.update({f"completeness_l{lr}": float(np.mean([x["read"].get(lr, np.nan) for x in res]))

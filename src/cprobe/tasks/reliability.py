@@ -46,6 +46,7 @@ from cprobe.probes import Probe
 from cprobe.probes.grid import PROBE_FITS
 from cprobe.records import Derived, RecordSpec, canonical, item_rows
 from cprobe.sae.method import at_site, check_sites
+from cprobe.sae.quality import HELD_OUT, held_out
 from cprobe.tasks.reliability_report import read_layer_heatmap, read_layer_table, report, table1  # noqa: F401
 from cprobe.tasks.sites import SiteFits, fit_sites, minimal_pair_training
 
@@ -255,13 +256,9 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
 
 def fit_diagnostics(m: Any) -> dict[str, Any]:
     """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps and convergence, an
-    attack's probe accuracy, and an SAE's quality on its fitting states (``quality_``: FVU, L0, dead-latent fraction;
-    through a direction intervention's fitted direction too)."""
-    out = {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
-    for src in (m, *getattr(m, "directions_", ())[:1]):
-        if getattr(src, "quality_", None):
-            return {**out, **{f"fit_sae_{k}": float(v) for k, v in src.quality_.items() if k != "n"}}
-    return out
+    attack's probe accuracy. (An SAE method's quality is measured on the test split: :func:`cprobe.sae.quality.
+    held_out`.)"""
+    return {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
 
 
 def _site_name(s: Site, position: str) -> str:
@@ -412,6 +409,7 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
     name, hparam, m = icfg["name"], icfg.get("hparam"), fitted[sites[0]]
     hval = icfg.get(hparam) if hparam else None
     site_names = ",".join(_site_name(s, position) for s in sites)
+    sae_quality = held_out(m, sc.exs[sites[0].position].acts[sites[0].layer].float()[te])  # {} without an SAE
     rows_out = []
     per_layer: dict[int, dict[str, Tensor]] = {}
     for l in reads:
@@ -436,7 +434,7 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
             "n_intervention": len(inter), "device": sc.dev,
             "probe_source": ",".join(f"{k_}={v}" for k_, v in {**o_fits[l].sources, **fits.sources}.items()),
             "method_source": INTERVENTIONS.provenance(name).text,
-            **fit_diagnostics(m),
+            **fit_diagnostics(m), **sae_quality,
             "oracle_s": t_oracle, "fit_s": t_fit, "apply_s": ed.t_apply, "task_s": ed.t_task,
             "job_s": time.perf_counter() - t_job,
         })
@@ -511,11 +509,12 @@ RECORDS = RecordSpec(
     method="method", family="kind", setting=Derived(_setting),
     metrics={"completeness": "oracle_completeness", "selectivity": "oracle_selectivity", "reliability": "reliability",
              "task_acc_before": "task_accuracy", "task_acc_after": "intervened_task_accuracy",
-             "delta_task_acc": "delta_task_accuracy"},
+             "delta_task_acc": "delta_task_accuracy", **{c: c for c in HELD_OUT}},
     patterns={r"selectivity_(?!valid$)(.+)": ("oracle_selectivity", "property"),
               r"oracle_acc_edited_(.+)": ("edited_oracle_accuracy", "property"),
               r"oracle_acc_(?!edited_)(.+)": ("oracle_accuracy", "property"), r"oracle_majority_(.+)": ("oracle_majority", "property")},
-    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored"}, breakdowns=("property",),
-    items=_record_items, items_file=ITEMS_FILE, outside_metrics=OUTSIDE)
+    n={"oracle_accuracy": "n_test", "oracle_majority": "n_test", "*": "n_scored", **{c: "sae_n" for c in HELD_OUT}},
+    breakdowns=("property",), items=_record_items, items_file=ITEMS_FILE, outside_metrics=OUTSIDE,
+    where_defined=HELD_OUT)
 """Completeness, selectivity (overall and per non-targeted property: slice ``property``), reliability, ΔTask Acc and
 the oracles' accuracies as records (:mod:`cprobe.records`); ``kind`` is the method family."""

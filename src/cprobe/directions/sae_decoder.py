@@ -1,5 +1,7 @@
-"""An SAE's decoder direction for a property (``sae``): the latents that best separate the classes, by a selection
-rule (:mod:`cprobe.sae.select`), mapped onto one unit vector.
+"""cprobe's SAE decoder direction for a property (``sae_decoder``; as an intervention ``sae_decoder_direction``): the
+latents that best separate the classes, by a selection rule (:mod:`cprobe.sae.select`), mapped onto one unit vector,
+from an SAE trained on the fitting states themselves (or loaded). Scored by projection everywhere, AxBench included:
+AxBench's own use of an SAE, a latent's activation, is :mod:`cprobe.directions.sae_axbench`.
 
 ``a ∝ Σ_{j∈S} (μ₁,j − μ₀,j) W_dec,j`` over the ``latents`` selected latents S: the move of the SAE's reconstruction
 between the two class means restricted to S. With ``latents: 1`` (the default) it is the selected latent's decoder
@@ -18,7 +20,7 @@ from cprobe.sae.method import SAEMethod
 from cprobe.sae.select import one_vs_rest
 
 
-@DIRECTIONS.register("sae")
+@DIRECTIONS.register("sae_decoder")
 class SAEDirection(SAEMethod, Direction):
     """The decoder direction of the property's SAE latents (module doc)."""
 
