@@ -75,7 +75,10 @@ def test_saes_das_leace_probe_and_mean_are_scored_in_one_run(sweep_job):
     quality = recs[recs["metric"].isin(["sae_fvu", "sae_l0", "sae_dead_fraction"])]
     assert set(quality["method"]) == saes and quality["value"].notna().all()  # on the SAE methods' records alone
     q = t[t["method"].isin(saes)].groupby("layer")["sae_fvu"]
-    assert (q.nunique() == 1).all()  # one SAE per layer, measured on the same held-out tokens
+    # one SAE per layer, measured on the same held-out tokens: the three methods' figures agree to float32 rounding (the
+    # portable kernels order a sum differently for an SAE trained in this process than for its cached copy: 1e-11
+    # measured), while another SAE's FVU differs in the third digit
+    assert ((q.max() - q.min()) < 1e-7).all()
     assert t.loc[~t["method"].isin(saes), "sae_fvu"].isna().all()
 
 
