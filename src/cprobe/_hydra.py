@@ -191,6 +191,34 @@ def compose_jobs_once() -> None:
     ConfigLoaderImpl.load_sweep_config = load_sweep_config  # type: ignore[method-assign]
 
 
+def check_job_dirs_first() -> None:
+    """Hydra creates a sweep job's folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) and writes its ``.hydra/`` and
+    log there before any of the job's code runs. A sweeper composes every job of a batch before launching it
+    (``Sweeper.validate_batch_is_legal``; cprobe's search too): each job's folder gets a run dir's check there
+    (:func:`cprobe.ownership.check_target`), so one holding files cprobe did not write refuses the sweep in one line
+    before the batch starts, whichever launcher runs it. (A folder named from ``hydra.job.num``, which only the
+    launcher sets, cannot be named there.)"""
+    from pathlib import Path
+
+    from hydra.plugins.sweeper import Sweeper
+    from omegaconf import OmegaConf
+
+    from cprobe.ownership import check_target
+
+    def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+        for overrides in batch:  # as Hydra's: compose each (kept for the launcher: compose_jobs_once), then check
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                sub = str(OmegaConf.select(cfg, "hydra.sweep.subdir") or "")
+            except Exception:  # noqa: BLE001  (interpolates what the launcher sets)
+                continue
+            job = Path(cfg.hydra.sweep.dir) / sub
+            if sub and job.resolve() != Path(cfg.hydra.sweep.dir).resolve():
+                check_target(job, "hydra.sweep.dir (or move the files away)", f"the sweep's job folder {job}")
+
+    Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
+
+
 def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
     """Run Hydra over ``argv`` exactly as ``@hydra.main`` would."""
     from hydra import version
@@ -199,6 +227,7 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
     version.setbase("1.3")
     parse_configs_once()
     compose_jobs_once()
+    check_job_dirs_first()
     args, parser = parse_argv(argv)
     try:
         _run_hydra(args=args, args_parser=parser, task_function=task_function, config_path=config_dir,
