@@ -704,9 +704,9 @@ def _ravel_second_name_taken(tmp: Path) -> None:
     _mine(tmp / "ravel_city_attribute_to_prompts.json", "{}")
     before = tree(tmp)
     with pytest.raises(SystemExit, match=r"^error: \S+ravel_city_attribute_to_prompts.json exists and holds other "
-                                         "data; nothing was written"):
+                                         "data") as refused:
         _script("ravel_cities").write(tmp)
-    assert tree(tmp) == before
+    assert tree(tmp) == before and "; nothing was written: pick another folder" in str(refused.value)
 
 
 def _bench_sae(tmp: Path, *args: str, work: bool = True) -> None:
