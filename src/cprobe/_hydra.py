@@ -192,12 +192,11 @@ def compose_jobs_once() -> None:
 
 
 def check_job_dirs_first() -> None:
-    """Hydra creates a sweep job's folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) and writes its ``.hydra/`` and
-    log there before any of the job's code runs. A sweeper composes every job of a batch before launching it
-    (``Sweeper.validate_batch_is_legal``; cprobe's search too): each job's folder gets a run dir's check there
-    (:func:`cprobe.ownership.check_target`), so one holding files cprobe did not write refuses the sweep in one line
-    before the batch starts, whichever launcher runs it. (A folder named from ``hydra.job.num``, which only the
-    launcher sets, cannot be named there.)"""
+    """Hydra makes a sweep job's folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) and writes ``.hydra/`` and the
+    log there before any of the job's code runs; a sweeper composes every job of a batch before launching it
+    (``Sweeper.validate_batch_is_legal``; cprobe's search too). There each job's folder gets a run dir's check
+    (:func:`cprobe.ownership.check_target`): the sweep is refused in one line before the batch starts, whatever the
+    launcher. (A folder named from ``hydra.job.num``, which only the launcher sets, is not named yet.)"""
     from pathlib import Path
 
     from hydra.plugins.sweeper import Sweeper
@@ -206,15 +205,13 @@ def check_job_dirs_first() -> None:
     from cprobe.ownership import check_target
 
     def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
-        for overrides in batch:  # as Hydra's: compose each (kept for the launcher: compose_jobs_once), then check
+        for overrides in batch:  # composed as Hydra's check does (and kept for the launcher: compose_jobs_once)
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             try:
-                sub = str(OmegaConf.select(cfg, "hydra.sweep.subdir") or "")
-            except Exception:  # noqa: BLE001  (interpolates what the launcher sets)
+                job = Path(cfg.hydra.sweep.dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir") or "")
+            except Exception:  # noqa: BLE001  (it interpolates what the launcher sets)
                 continue
-            job = Path(cfg.hydra.sweep.dir) / sub
-            if sub and job.resolve() != Path(cfg.hydra.sweep.dir).resolve():
-                check_target(job, "hydra.sweep.dir (or move the files away)", f"the sweep's job folder {job}")
+            check_target(job, "hydra.sweep.dir (or move the files away)", f"the sweep's job folder {job}")
 
     Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
 

@@ -136,7 +136,7 @@ def undo(made: Made) -> None:
         for name, data in made.kept.items():  # what Hydra wrote over, put back
             if data is None:
                 (d / name).unlink(missing_ok=True)
-            elif not (d / name).is_file() or (d / name).read_bytes() != data:
+            else:
                 atomic_write_bytes(d / name, data)
     for parent in reversed(made.parents):  # innermost first, each only while empty
         try:
