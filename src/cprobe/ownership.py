@@ -101,7 +101,7 @@ class Made:
     before: frozenset[str] | None = None  # the entries it held when it existed; None: made here
     linked: bool = False  # whether this process pointed ``latest`` at it
     latest_before: str | None = None  # where ``latest`` pointed before
-    kept: dict[str, bytes | None] = field(default_factory=dict)  # REWRITTEN as it was (None: absent)
+    kept: dict[str, bytes] = field(default_factory=dict)  # the files of REWRITTEN it held, as they were
 
 
 def record(d: Path) -> Made:
@@ -109,8 +109,8 @@ def record(d: Path) -> Made:
     d = key(d)
     parents = tuple(p for p in reversed(d.parents) if not p.exists())
     if d.is_dir():
-        kept = {n: (d / n).read_bytes() if (d / n).is_file() else None for n in REWRITTEN}
-        return Made(d, parents, frozenset(p.name for p in d.iterdir()), kept=kept)
+        return Made(d, parents, frozenset(p.name for p in d.iterdir()),
+                    kept={n: (d / n).read_bytes() for n in REWRITTEN if (d / n).is_file()})
     return Made(d, parents)
 
 
@@ -134,10 +134,7 @@ def undo(made: Made) -> None:
             if p.name not in made.before:
                 remove(p)
         for name, data in made.kept.items():  # what Hydra wrote over, put back
-            if data is None:
-                (d / name).unlink(missing_ok=True)
-            else:
-                atomic_write_bytes(d / name, data)
+            atomic_write_bytes(d / name, data)
     for parent in reversed(made.parents):  # innermost first, each only while empty
         try:
             parent.rmdir()

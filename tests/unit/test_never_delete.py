@@ -210,8 +210,7 @@ def _undo(tmp: Path) -> None:
     theirs = _mine(work / "a" / "theirs.txt")  # appeared meanwhile, in a parent this process made
     again = ownership.record(earlier)
     (earlier / ".hydra" / "overrides.yaml").write_text("- layers=99\n")  # what Hydra writes at a start, then the
-    (earlier / ".hydra" / "config.yaml").write_text("layers: 99\n")  # config is refused
-    with open(earlier / "cprobe.log", "a") as log:
+    with open(earlier / "cprobe.log", "a") as log:  # config is refused
         log.write("[ERROR] layers=[99] out of range\n")
     (earlier / "extra").mkdir()
     chosen = ownership.record(empty)
@@ -221,7 +220,7 @@ def _undo(tmp: Path) -> None:
     assert theirs.read_text() == "the user's own"
     theirs.unlink()
     assert tree(tmp) == before and empty.is_dir() and (work / "a").is_dir() and not (work / "a" / "run").exists()
-    assert not (earlier / "extra").exists() and not (earlier / ".hydra" / "config.yaml").exists()
+    assert not (earlier / "extra").exists()
 
 
 @case("ownership.point")
