@@ -638,7 +638,25 @@ def _job_folder(*launcher: str) -> Callable[[Path], None]:
     return check
 
 
-BAD.update({"job-folder-holds-user-files": _job_folder(),
+def _search_job_folder(tmp: Path) -> None:
+    """The same in a search (``hparams_search=probing``, one trial): a folder of the user's at every name the trial may
+    get; refused before the trial runs, the user's files kept."""
+    sweep = tmp / "sweep"
+    _mine(sweep / "multirun.yaml", "name: x\n" + _HYDRA.format(ownership.CALLBACK))
+    for batch in (32, 64, 128):
+        for epochs in range(2, 17):  # the preset's space
+            _mine(sweep / f"probe.mlp.batch_size={batch},probe.mlp.epochs={epochs},probe=mlp" / "metrics.csv")
+    before = tree(sweep)
+    r = cli("run", "-m", "+experiment=sva_tiny", "probe=mlp", "hparams_search=probing", "hydra.sweeper.n_trials=1",
+            f"hydra.sweep.dir={sweep}", cwd=tmp)
+    last = r.stderr.strip().splitlines()[-1]  # (after the search's opening line)
+    assert r.returncode == 1 and last.startswith(f"error: the sweep's job folder {sweep}/probe.mlp.batch_size="), \
+        r.stderr[-2000:]
+    _kept({k: v for k, v in before.items() if k != "multirun.yaml"}, sweep)
+    assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith("probe.")) == ["multirun.yaml"]
+
+
+BAD.update({"job-folder-holds-user-files": _job_folder(), "job-folder-holds-user-files-search": _search_job_folder,
             "job-folder-holds-user-files-joblib": _job_folder("hydra/launcher=local_parallel")})
 BAD.update({"empty-working-dir": _empty_working_dir, "below-empty-working-dir": _below_empty_working_dir,
             "earlier-cprobe-run": _earlier_run,
