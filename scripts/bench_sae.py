@@ -9,7 +9,10 @@
 magnitudes, plus Gaussian noise at 5 % of the signal's variance); also reports how many planted atoms the SAE
 recovers (a decoder row with cosine ≥ 0.9). ``gemma``: every token's residual state at ``--layer`` of the installed
 ``gemma3_270m`` over CEBaB's review texts (``$CPROBE_DATA_DIR/cebab``), the start token left out, the blocks above
-``--layer + 1`` skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder); ``splice`` reads it back and
+``--layer + 1`` skipped. ``--save DIR`` keeps the trained SAE (a SAELens folder, with a ``checksums.json`` of its
+files); ``DIR`` must be new or empty, or with ``--force`` hold an SAE this script saved and nothing else, unchanged
+since (its checksums), which is replaced; ``--out FILE`` likewise (``--force``: a states file it wrote, with cprobe's
+checksums). Both are checked before any work. ``splice`` reads the SAE back and
 measures the LM loss it adds spliced into ``gemma3_270m`` at ``--layer`` at the last token of ``--n`` reviews
 (:func:`cprobe.sae.splice.loss_added`: KL to the clean pass). Run it with ``OMP_NUM_THREADS`` set to the cores it may use; it reports wall and CPU seconds (on a shared machine the wall time
 also counts waiting for a core).
@@ -20,11 +23,33 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
+from cprobe.io import (MANIFEST, atomic_save_tensors, has_manifest, read_json, verify_manifest, write_manifest,
+                       written_tensors)
 from cprobe.sae.quality import measure
+from cprobe.sae.saelens import CFG, WEIGHTS
 from cprobe.sae.train import TrainSettings, minibatches, train
+
+
+def check_outputs(save: str | None, out: str | None, force: bool) -> None:
+    """Before any work, one line and exit 1 unless ``--save`` is new or empty and ``--out`` new; ``--force`` lets
+    them hold only what this script wrote (an SAE whose checksums.json lists its two files, unchanged; a states file
+    with cprobe's checksums), never anything else."""
+    if save and (folder := Path(save)).exists() and (not folder.is_dir() or any(folder.iterdir())):
+        held = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        ours = (set(held) <= {CFG, WEIGHTS, MANIFEST} and has_manifest(folder)
+                and set(read_json(folder / MANIFEST) or {}) == {CFG, WEIGHTS} and verify_manifest(folder) is None)
+        if not (force and ours):
+            shown = f" (it holds {', '.join(held[:3])}{' ...' if len(held) > 3 else ''})" if held else ""
+            raise SystemExit(f"error: --save {folder} is not a new or empty folder{shown}; " + (
+                "--force replaces only an SAE this script saved there, unchanged since: pick another folder" if force
+                else "pick another folder, or --force to replace an SAE this script saved there"))
+    if out and (Path(out).exists() or Path(out).is_symlink()) and not (force and written_tensors(Path(out))):
+        raise SystemExit(f"error: --out {out} exists; pick another file" + (
+            "" if force else ", or --force to replace a states file this script wrote"))
 
 
 def planted(n: int, d: int, atoms: int, active: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +124,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=100_000)
     ap.add_argument("--out")
     ap.add_argument("--save")
+    ap.add_argument("--force", action="store_true", help="replace a --save SAE / --out file this script wrote")
     a = ap.parse_args()
+    check_outputs(a.save, a.out, a.force)
     if a.mode == "splice":
         print(json.dumps(splice(a.file, a.layer, a.n or 200)))
         return
@@ -113,8 +140,7 @@ def main() -> None:
     else:
         X = gemma_states(a.layer, a.tokens)
         if a.out:
-            from safetensors.torch import save_file
-            save_file({"states": X.contiguous()}, a.out)
+            atomic_save_tensors(Path(a.out), {"states": X})
     t_data, c_data = time.perf_counter() - t0, time.process_time() - c0
     s = TrainSettings(architecture="topk", d_sae=a.d_sae, k=a.k, epochs=a.epochs, batch_size=a.batch_size)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -126,13 +152,12 @@ def main() -> None:
               "threads": torch.get_num_threads(), **{k: round(v, 4) for k, v in measure(sae, X).items()},
               "settings": s.as_dict()}
     if a.save:
-        from pathlib import Path
-
         from cprobe.sae import saelens
 
         Path(a.save).mkdir(parents=True, exist_ok=True)
         sae.model_name, sae.hook_name = "gemma3_270m", f"blocks.{a.layer - 1}.hook_resid_post"
         saelens.save(sae, Path(a.save))
+        write_manifest(Path(a.save), [CFG, WEIGHTS])  # what --force may replace
     if D is not None:
         W = sae.W_dec / sae.W_dec.norm(dim=1, keepdim=True)
         report["planted_atoms_recovered_cos0.9"] = float(((D @ W.T).max(1).values >= 0.9).float().mean())

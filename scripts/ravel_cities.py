@@ -9,7 +9,8 @@ attribute, every value one token after a space for Gemma 3 and SmolLM2 (checked 
     cprobe run +experiment=ravel dataset=ravel dataset.path=DIR model=gemma3_270m layers=6
 
 The facts are general knowledge written for this check (the country a city is in, its continent, the language most of
-its people speak), not a copy of RAVEL's data. The writer refuses to overwrite files it did not write.
+its people speak), not a copy of RAVEL's data. The writer refuses to overwrite files holding other data: both names
+are checked before either is written.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+from cprobe.io import atomic_write_bytes
 
 CITIES: dict[str, dict[str, tuple[str, str]]] = {
     "Europe": {
@@ -60,19 +63,17 @@ def entities() -> dict[str, dict[str, str]]:
 
 
 def write(folder: Path, entity_type: str = "city") -> list[Path]:
-    """The two files under ``folder``; a file already there is replaced only if it holds what this writes."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for suffix, data in (("entity_attributes", entities()), ("attribute_to_prompts", PROMPTS)):
-        path = folder / f"ravel_{entity_type}_{suffix}.json"
-        text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
-        if path.exists() and path.read_text() != text:
-            raise SystemExit(f"error: {path} exists and holds other data; pick another folder")
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        out.append(path)
-    return out
+    """The two files under ``folder``. Every name is checked before anything is written: one already there is
+    replaced only if it holds what this writes, else nothing is written. Each goes through cprobe's atomic writer
+    (a temporary ``.<name>.<random>.cprobe-tmp`` of its own, made with exclusive creation)."""
+    files = {folder / f"ravel_{entity_type}_{suffix}.json": (json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+             .encode() for suffix, data in (("entity_attributes", entities()), ("attribute_to_prompts", PROMPTS))}
+    for path, data in files.items():
+        if path.is_symlink() or (path.exists() and (not path.is_file() or path.read_bytes() != data)):
+            raise SystemExit(f"error: {path} exists and holds other data; nothing was written: pick another folder")
+    for path, data in files.items():
+        atomic_write_bytes(path, data)
+    return list(files)
 
 
 def main() -> None:

@@ -191,6 +191,31 @@ def compose_jobs_once() -> None:
     ConfigLoaderImpl.load_sweep_config = load_sweep_config  # type: ignore[method-assign]
 
 
+def check_job_dirs_first() -> None:
+    """Hydra makes a sweep job's folder (``hydra.sweep.dir``/``hydra.sweep.subdir``) and writes ``.hydra/`` and the
+    log there before any of the job's code runs; a sweeper composes every job of a batch before launching it
+    (``Sweeper.validate_batch_is_legal``; cprobe's search too). There each job's folder gets a run dir's check
+    (:func:`cprobe.ownership.check_target`): the sweep is refused in one line before the batch starts, whatever the
+    launcher. (A folder named from ``hydra.job.num``, which only the launcher sets, is not named yet.)"""
+    from pathlib import Path
+
+    from hydra.plugins.sweeper import Sweeper
+    from omegaconf import OmegaConf
+
+    from cprobe.ownership import check_target
+
+    def validate_batch_is_legal(self: Any, batch: Sequence[Sequence[str]]) -> None:
+        for overrides in batch:  # composed as Hydra's check does (and kept for the launcher: compose_jobs_once)
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            try:
+                job = Path(cfg.hydra.sweep.dir) / str(OmegaConf.select(cfg, "hydra.sweep.subdir") or "")
+            except Exception:  # noqa: BLE001  (it interpolates what the launcher sets)
+                continue
+            check_target(job, "hydra.sweep.dir (or move the files away)", f"the sweep's job folder {job}")
+
+    Sweeper.validate_batch_is_legal = validate_batch_is_legal  # type: ignore[method-assign]
+
+
 def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: str) -> None:
     """Run Hydra over ``argv`` exactly as ``@hydra.main`` would."""
     from hydra import version
@@ -199,6 +224,7 @@ def run(argv: Sequence[str], task_function: Callable[[Any], Any], config_dir: st
     version.setbase("1.3")
     parse_configs_once()
     compose_jobs_once()
+    check_job_dirs_first()
     args, parser = parse_argv(argv)
     try:
         _run_hydra(args=args, args_parser=parser, task_function=task_function, config_path=config_dir,

@@ -8,9 +8,11 @@ sweep's manifest, ``.slurm/sweep.json``. A run or sweep directory the user names
 cprobe (:func:`check_target`); any other is refused before anything is written there.
 
 **What a failed start removes** (:class:`Made`): recorded *before* the directory is created — which of the directory
-and its parents did not exist, and for a directory that existed, the entries it held. :func:`undo` removes the
-directory only when this process made it, each parent it made only while that parent is empty, and in a directory
-that existed only the entries that were not there before. ``latest`` goes back to where it pointed.
+and its parents did not exist, and for a directory that existed, the entries it held and the files Hydra writes over
+at a start (:data:`REWRITTEN`). :func:`undo` removes the directory only when this process made it, each parent it
+made only while that parent is empty, and in a directory that existed only the entries that were not there before,
+and puts those files back as they were: an earlier run's record stays its own. ``latest`` goes back to where it
+pointed.
 
 **``latest``** is a symlink to a sibling's name (``latest -> 2024-05-01_12-00-00``): only such a link is replaced or
 removed; a file, a directory or a link elsewhere named ``latest`` is left and not linked."""
@@ -21,11 +23,11 @@ import logging
 import os
 import secrets
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cprobe.errors import CprobeError
-from cprobe.io import TMP_SUFFIX, read_json
+from cprobe.io import TMP_SUFFIX, atomic_write_bytes, read_json
 from cprobe.paths import LATEST
 
 log = logging.getLogger("cprobe")
@@ -68,13 +70,13 @@ def written_by_cprobe(d: Path) -> bool:
     return _composed_by_cprobe(d / ".hydra" / "hydra.yaml") or _composed_by_cprobe(d / "multirun.yaml")
 
 
-def check_target(d: Path, setting: str) -> None:
-    """A one-line :class:`CprobeError` unless directory ``d`` (what ``setting`` names) is new, empty or written by
-    cprobe: a run never writes over files it did not write."""
+def check_target(d: Path, setting: str, named: str = "") -> None:
+    """A one-line :class:`CprobeError` unless directory ``d`` (what ``setting`` names; ``named``: how the error names
+    it, if not ``setting=d``) is new, empty or written by cprobe: a run never writes over files it did not write."""
     d = Path(d)
     if not d.exists() and not d.is_symlink():
         return
-    named = f"{setting}={d}" + (f" ({key(d)})" if str(key(d)) != str(d) else "")
+    named = named or f"{setting}={d}" + (f" ({key(d)})" if str(key(d)) != str(d) else "")
     if not d.is_dir():
         raise CprobeError(f"{named} is not a directory; pick a new or empty directory")
     entries = sorted(p.name for p in d.iterdir())
@@ -85,6 +87,11 @@ def check_target(d: Path, setting: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- what was made
+REWRITTEN = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "cprobe.log", "multirun.yaml")
+"""What Hydra writes over in a run's (sweep's) directory before cprobe's job can refuse its config: the job's record
+and log (``hydra.job.name`` is ``cprobe``), a sweep's ``multirun.yaml``."""
+
+
 @dataclass
 class Made:
     """A run or sweep directory and what this process made of it (recorded before the directory was created)."""
@@ -94,6 +101,7 @@ class Made:
     before: frozenset[str] | None = None  # the entries it held when it existed; None: made here
     linked: bool = False  # whether this process pointed ``latest`` at it
     latest_before: str | None = None  # where ``latest`` pointed before
+    kept: dict[str, bytes] = field(default_factory=dict)  # the files of REWRITTEN it held, as they were
 
 
 def record(d: Path) -> Made:
@@ -101,7 +109,8 @@ def record(d: Path) -> Made:
     d = key(d)
     parents = tuple(p for p in reversed(d.parents) if not p.exists())
     if d.is_dir():
-        return Made(d, parents, frozenset(p.name for p in d.iterdir()))
+        return Made(d, parents, frozenset(p.name for p in d.iterdir()),
+                    kept={n: (d / n).read_bytes() for n in REWRITTEN if (d / n).is_file()})
     return Made(d, parents)
 
 
@@ -124,6 +133,8 @@ def undo(made: Made) -> None:
         for p in d.iterdir():
             if p.name not in made.before:
                 remove(p)
+        for name, data in made.kept.items():  # what Hydra wrote over, put back
+            atomic_write_bytes(d / name, data)
     for parent in reversed(made.parents):  # innermost first, each only while empty
         try:
             parent.rmdir()

@@ -5,8 +5,9 @@ task's typed config, every probe/intervention constructor, the model's layer cou
 file) before any model is loaded; then resume or run; then write ``metrics.*`` (deterministic: the same seed
 gives byte-identical tables) and ``timings.csv``, the records, the task's report built from them and the leaderboard
 (:func:`cprobe.outputs.finish_job`), ``status.json`` and ``report.html``. A config error in a single run
-leaves no run directory behind (only what this process made goes: :mod:`cprobe.ownership`); in a sweep it is recorded
-in the job's ``status.json`` and the sweep goes on.
+leaves no run directory behind (only what this process made goes: :mod:`cprobe.ownership`), and an earlier run's
+directory as it was (its ``status.json``, and the record and log Hydra wrote over, put back); in a sweep it is
+recorded in the job's ``status.json`` and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from cprobe import ownership
 from cprobe.config import parse
 from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
-from cprobe.job import (FAILED, STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers,
+from cprobe.job import (FAILED, JobContext, config_hash, describe_state, process_gone, quiet_workers,
                         read_status, seed_everything, this_process, write_status)
 from cprobe.paths import roots, safe_name
 
@@ -359,7 +360,6 @@ def _run_job(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    fresh = not (out_dir / STATUS).exists()
     t0 = time.time()
     try:
         plain = _plain(cfg)
@@ -368,8 +368,8 @@ def _run_job(cfg: DictConfig) -> None:
         # the job's config (method= written in); the trackers read `logger` when the job ends, results never do
         plain = {k: v for k, v in job.cfg.items() if k != "logger"}
     except CprobeError as e:
-        if not multirun and fresh:  # a config error leaves nothing behind: what this process made goes
-            made = ownership.MADE.pop(ownership.key(out_dir), None)
+        if not multirun:  # a config error changes nothing: what this process made goes, an earlier run's record
+            made = ownership.MADE.pop(ownership.key(out_dir), None)  # and status.json stay as they were
             if made is not None:  # (without cprobe's callback nothing was recorded, so nothing is removed)
                 ownership.undo(made)
             raise JobAborted(e) from None

@@ -377,6 +377,7 @@ def run(sweeper: Any, arguments: Sequence[str]) -> list[Any]:
         if not batch:
             continue
         lines = [s.fixed + [f"{k}={value_text(v)}" for k, v in t.params.items()] for t in batch]
+        sweeper.validate_batch_is_legal(lines)  # each job composes, and its folder is new, empty or cprobe's
         results = sweeper.launcher.launch(lines, initial_job_idx=job_idx)
         job_idx += len(batch)
         returns.append(results)

@@ -5,7 +5,10 @@
 - ``test_a_users_file_survives[<site>]``: the user's files placed where the site would hit survive byte for byte
   (and the site still removes what cprobe wrote, so a mutant that removes nothing fails too);
 - ``test_bad_input_keeps_the_users_files[<case>]``: the issue's cases through the real command line (in process):
-  exit 1, one line naming the problem, the user's directory byte for byte as it was."""
+  exit 1, one line naming the problem, the user's directory byte for byte as it was — a sweep's job folder of the
+  user's (every launcher), a finished run's ``status.json`` under a failed start (issues 43, 51);
+- ``test_every_deletion_site_in_scripts_is_audited`` and ``test_a_script_keeps_the_users_files[<case>]``: the same for
+  ``scripts/`` (what they delete is their own temporary directory; what they write never replaces a user's file)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import ast
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -75,13 +79,13 @@ SRC = REPO / "src" / "cprobe"
 _OPS = {"rmtree", "unlink", "rmdir", "remove", "replace", "rename", "move", "removedirs"}
 
 
-def deletion_sites() -> set[str]:
+def deletion_sites(root: Path = SRC, prefix: str = "") -> set[str]:
     """``module.function`` of every call in ``src/`` that deletes, moves or renames a file: ``shutil``/``os``'s
     (``rmtree``, ``remove``, ``replace``, ``rename``, ``move``, ...), ``.unlink()``/``.rmdir()``, and a one-argument
     ``.replace(target)``/``.rename(target)`` (a path's; a string's and a frame's take more or name their arguments)."""
     found = set()
-    for f in sorted(SRC.rglob("*.py")):
-        module = ".".join(f.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+    for f in sorted(root.rglob("*.py")):
+        module = prefix + ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
         stack: list[str] = []
 
         class Visitor(ast.NodeVisitor):
@@ -192,8 +196,10 @@ def _undo(tmp: Path) -> None:
 
     work = tmp / "work"
     _mine(work / "notes.txt")
-    earlier = tmp / "earlier"  # an earlier cprobe run, with a file of the user's
+    earlier = tmp / "earlier"  # an earlier cprobe run (its record and log), with a file of the user's
     write_status(earlier, state="failed", started=0.0)
+    _mine(earlier / ".hydra" / "overrides.yaml", "- layers=2\n")
+    _mine(earlier / "cprobe.log", "[INFO] wrote metrics.csv\n")
     _mine(earlier / "notes.txt")
     empty = tmp / "empty"  # the user's empty directory
     empty.mkdir()
@@ -203,8 +209,10 @@ def _undo(tmp: Path) -> None:
     (work / "a" / "run" / "cprobe.log").write_text("log")
     theirs = _mine(work / "a" / "theirs.txt")  # appeared meanwhile, in a parent this process made
     again = ownership.record(earlier)
-    (earlier / ".hydra").mkdir()
-    (earlier / "cprobe.log").write_text("log")
+    (earlier / ".hydra" / "overrides.yaml").write_text("- layers=99\n")  # what Hydra writes at a start, then the
+    with open(earlier / "cprobe.log", "a") as log:  # config is refused
+        log.write("[ERROR] layers=[99] out of range\n")
+    (earlier / "extra").mkdir()
     chosen = ownership.record(empty)
     (empty / "cprobe.log").write_text("log")
     for m in (made, again, chosen):
@@ -212,7 +220,7 @@ def _undo(tmp: Path) -> None:
     assert theirs.read_text() == "the user's own"
     theirs.unlink()
     assert tree(tmp) == before and empty.is_dir() and (work / "a").is_dir() and not (work / "a" / "run").exists()
-    assert not (earlier / ".hydra").exists()
+    assert not (earlier / "extra").exists()
 
 
 @case("ownership.point")
@@ -564,18 +572,22 @@ def _below_empty_working_dir(tmp: Path) -> None:
 
 
 def _earlier_run(tmp: Path) -> None:
-    """An earlier cprobe run (its status.json) holding a file of the user's: the rerun's config error marks it failed,
-    nothing else changes and the user's file stays."""
+    """A finished cprobe run (its status.json, record and log) holding a file of the user's: a failed start there (the
+    issue's ``layers=[99]`` without ``force``) leaves every file of it as it was, so it still reads as done."""
     from cprobe.job import write_status
 
     run = tmp / "run"
-    write_status(run, state="done", started=0.0, config_hash="x")
+    write_status(run, state="done", started=0.0, config_hash="x", task="probing")
+    _mine(run / ".hydra" / "hydra.yaml", _HYDRA.format(ownership.CALLBACK))
+    _mine(run / ".hydra" / "config.yaml", "layers: [2]\n")
+    _mine(run / ".hydra" / "overrides.yaml", "- layers=[2]\n")
+    _mine(run / "cprobe.log", "[INFO] wrote metrics.csv\n")
+    _mine(run / "metrics.csv", "layer,accuracy\n2,0.9\n")
     _mine(run / "notes.txt")
     before = tree(tmp)
-    r = cli("run", "+experiment=sva_tiny", TYPO, f"hydra.run.dir={run}", cwd=tmp)
-    assert_refused(r, NEEDLE)
-    _kept({"run/notes.txt": before["run/notes.txt"]}, tmp)
-    assert json.loads((run / "status.json").read_text())["state"] == "failed"
+    r = cli("run", "+experiment=sva_tiny", "layers=[99]", f"hydra.run.dir={run}", cwd=tmp)
+    assert_refused(r, "layers=[99] out of range")
+    assert tree(tmp) == before and json.loads((run / "status.json").read_text())["state"] == "done"
 
 
 def _fresh_run(tmp: Path) -> None:
@@ -608,6 +620,44 @@ def _cache_clear(tmp: Path) -> None:
     assert tree(tmp) == before
 
 
+def _job_folder(*launcher: str) -> Callable[[Path], None]:
+    """A folder of the user's, with their own metrics.csv, where a sweep's job would write (``layers=3`` in an earlier
+    cprobe sweep): refused in one line before the batch starts — no job ran — and the user's files kept."""
+    def check(tmp: Path) -> None:
+        sweep = tmp / "sweep"
+        _mine(sweep / "multirun.yaml", "name: x\n" + _HYDRA.format(ownership.CALLBACK))  # an earlier sweep's
+        _mine(sweep / "layers=3" / "metrics.csv", "layer,accuracy\n3,0.5\n")
+        _mine(sweep / "layers=3" / "notes.txt")
+        before = tree(tmp)
+        r = cli("run", "-m", "+experiment=sva_tiny", "layers=2,3", *launcher, f"hydra.sweep.dir={sweep}", cwd=tmp)
+        assert_refused(r, f"the sweep's job folder {sweep / 'layers=3'} holds files cprobe did not write "
+                          "(metrics.csv, notes.txt)")
+        assert tree(sweep / "layers=3") == {k.removeprefix("sweep/layers=3/"): v for k, v in before.items()
+                                             if k.startswith("sweep/layers=3/")}
+        assert not (sweep / "layers=2").exists()  # (Hydra rewrote the sweep's own multirun.yaml before its check)
+    return check
+
+
+def _search_job_folder(tmp: Path) -> None:
+    """The same in a search (``hparams_search=probing``, one trial): a folder of the user's at every name the trial may
+    get; refused before the trial runs, the user's files kept."""
+    sweep = tmp / "sweep"
+    _mine(sweep / "multirun.yaml", "name: x\n" + _HYDRA.format(ownership.CALLBACK))
+    for batch in (32, 64, 128):
+        for epochs in range(2, 17):  # the preset's space
+            _mine(sweep / f"probe.mlp.batch_size={batch},probe.mlp.epochs={epochs},probe=mlp" / "metrics.csv")
+    before = tree(sweep)
+    r = cli("run", "-m", "+experiment=sva_tiny", "probe=mlp", "hparams_search=probing", "hydra.sweeper.n_trials=1",
+            f"hydra.sweep.dir={sweep}", cwd=tmp)
+    last = r.stderr.strip().splitlines()[-1]  # (after the search's opening line)
+    assert r.returncode == 1 and last.startswith(f"error: the sweep's job folder {sweep}/probe.mlp.batch_size="), \
+        r.stderr[-2000:]
+    _kept({k: v for k, v in before.items() if k != "multirun.yaml"}, sweep)
+    assert sorted(p.name for p in sweep.iterdir() if not p.name.startswith("probe.")) == ["multirun.yaml"]
+
+
+BAD.update({"job-folder-holds-user-files": _job_folder(), "job-folder-holds-user-files-search": _search_job_folder,
+            "job-folder-holds-user-files-joblib": _job_folder("hydra/launcher=local_parallel")})
 BAD.update({"empty-working-dir": _empty_working_dir, "below-empty-working-dir": _below_empty_working_dir,
             "earlier-cprobe-run": _earlier_run,
             "offload-dir-holds-user-files": _offload_dir, "cache-clear-foreign-dir": _cache_clear})
@@ -616,3 +666,127 @@ BAD.update({"empty-working-dir": _empty_working_dir, "below-empty-working-dir": 
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_bad_input_keeps_the_users_files(name, tmp_path):
     BAD[name](tmp_path)
+
+
+def test_a_slurm_sweep_s_job_folder_of_the_user_s_is_refused_before_anything_is_submitted(tmp_path, monkeypatch):
+    """The SLURM driver on a cluster that accepts the request (faked): the user's folder where a point would write is
+    refused in one line before any submission, the user's files kept."""
+    from cprobe import slurmctl
+
+    monkeypatch.setattr(slurmctl, "available", lambda: True)
+    cpu = slurmctl.parse_partitions("cpu*|up|1-00:00:00|4|32|128000|(null)\n")
+    monkeypatch.setattr(slurmctl, "partitions", lambda: cpu)
+    monkeypatch.setattr(slurmctl, "test_submit", lambda flags: None)
+    monkeypatch.setattr(slurmctl, "run", lambda *a, **k: pytest.fail("nothing may reach the scheduler"))
+    _job_folder("hydra/launcher=slurm")(tmp_path)
+    assert not (tmp_path / "sweep" / ".slurm").exists()
+
+
+# ----------------------------------------------------------------------------------------------- scripts/
+SCRIPT_SITES = {
+    "scripts.bench_cache.main": "removes its own mkdtemp root and the entries it wrote there",
+    "scripts.bench_slurm.main": "removes its own mkdtemp root (kept with --keep)",
+    "scripts.bench_stream_fit.main": "removes its own mkdtemp root",
+}
+"""Every deletion, move or rename in ``scripts/`` and why it is safe (what the scripts write is below)."""
+
+
+def test_every_deletion_site_in_scripts_is_audited():
+    assert deletion_sites(REPO / "scripts", "scripts.") == set(SCRIPT_SITES)
+    doc = (REPO / "docs" / "architecture.md").read_text()
+    assert not [s for s in SCRIPT_SITES if f"`{s}`" not in doc], "docs/architecture.md lists every site"
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ravel_temporary_name(tmp: Path) -> None:
+    """The user's own ``ravel_city_entity_attributes.json.tmp`` (the name the writer once used as its temporary):
+    kept byte for byte, and nothing is left beside the two files."""
+    _mine(tmp / "ravel_city_entity_attributes.json.tmp")
+    before = tree(tmp)
+    written = _script("ravel_cities").write(tmp)
+    _kept(before, tmp)
+    assert sorted(tree(tmp)) == sorted([*before, *(p.name for p in written)])
+
+
+def _ravel_second_name_taken(tmp: Path) -> None:
+    """Only the second output name holds other data: refused in one line, the first file not written either."""
+    _mine(tmp / "ravel_city_attribute_to_prompts.json", "{}")
+    before = tree(tmp)
+    with pytest.raises(SystemExit, match=r"^error: \S+ravel_city_attribute_to_prompts.json exists and holds other "
+                                         "data") as refused:
+        _script("ravel_cities").write(tmp)
+    assert tree(tmp) == before and "; nothing was written: pick another folder" in str(refused.value)
+
+
+def _bench_sae(tmp: Path, *args: str, work: bool = True) -> None:
+    """``scripts/bench_sae.py synthetic`` at a toy size with ``args`` (``work=False``: drawing states or training
+    fails the test)."""
+    import sys
+    from unittest import mock
+
+    bench = _script("bench_sae")
+    if not work:
+        bench.planted = bench.train = lambda *a, **k: pytest.fail("refused only after the work")
+    argv = ["bench_sae.py", "synthetic", "--n", "256", "--d", "8", "--d-sae", "16", "--k", "2", "--epochs", "1",
+            "--batch-size", "64", *args]
+    with mock.patch.object(sys, "argv", argv):
+        bench.main()
+
+
+def _sae_folder_of_the_user(tmp: Path) -> None:
+    """A user's SAE (SAELens's cfg.json and weights) as ``--save DIR``: refused in one line before any training, with
+    or without ``--force``; an existing ``--out`` file too."""
+    from safetensors.torch import save_file
+
+    sae = tmp / "their_sae"
+    _mine(sae / "cfg.json", '{"d_in": 8, "d_sae": 16}')
+    save_file({"W_enc": torch.ones(8, 16)}, str(sae / "sae_weights.safetensors"))
+    _mine(tmp / "states.safetensors")
+    before = tree(tmp)
+    for force in ((), ("--force",)):
+        with pytest.raises(SystemExit, match=rf"^error: --save {re.escape(str(sae))} is not a new or empty folder "
+                                             r"\(it holds cfg.json, sae_weights.safetensors\); "):
+            _bench_sae(tmp, "--save", str(sae), *force, work=False)
+        with pytest.raises(SystemExit, match=r"^error: --out \S+states.safetensors exists; pick another file"):
+            _bench_sae(tmp, "--out", str(tmp / "states.safetensors"), *force, work=False)
+    assert tree(tmp) == before
+
+
+def _sae_folder_of_its_own(tmp: Path) -> None:
+    """Its own SAE: a rerun asks for ``--force``, which replaces it; once the user edits a file of it, or puts one of
+    their own beside it, ``--force`` refuses too."""
+    from cprobe.sae import saelens
+
+    sae = tmp / "sae"
+    _bench_sae(tmp, "--save", str(sae))
+    with pytest.raises(SystemExit, match="pick another folder, or --force to replace an SAE this script saved"):
+        _bench_sae(tmp, "--save", str(sae), work=False)
+    _bench_sae(tmp, "--save", str(sae), "--force")
+    assert saelens.load(sae).d_sae == 16 and sorted(p.name for p in sae.iterdir()) == [
+        "cfg.json", "checksums.json", "sae_weights.safetensors"]
+    for theirs in (sae / "notes.txt", sae / "cfg.json"):
+        _mine(theirs, '{"mine": true}')
+        before = tree(tmp)
+        with pytest.raises(SystemExit, match="--force replaces only an SAE this script saved there, unchanged since"):
+            _bench_sae(tmp, "--save", str(sae), "--force", work=False)
+        assert tree(tmp) == before
+        if theirs.name == "notes.txt":
+            theirs.unlink()
+
+
+SCRIPTS = {"ravel-cities-temporary-name": _ravel_temporary_name, "ravel-cities-second-name-taken":
+           _ravel_second_name_taken, "bench-sae-user-folder": _sae_folder_of_the_user,
+           "bench-sae-own-folder": _sae_folder_of_its_own}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_script_keeps_the_users_files(name, tmp_path):
+    SCRIPTS[name](tmp_path)
