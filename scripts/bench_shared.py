@@ -219,6 +219,7 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
 
+    sys.stdout.reconfigure(line_buffering=True)  # each load's table as it is measured (the run takes a while)
     from cprobe.compute import available_cpus, cpu_flags, cpu_model
 
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]

@@ -372,17 +372,17 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
         log.warning("%d torch threads (%s) on %d usable CPU(s): more threads than cores", n, why, cpus)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-        log.info("torch intra-op threads: %d (%s); OpenMP wait policy %s", n, why, wait)
+    log.info("torch intra-op threads: %d (%s); OpenMP wait policy %s (%s)", n, why, wait, wait_from)
     _POLICY.clear()
     _POLICY.update(threads=n, threads_from=why, explicit=explicit, small_fits=n if explicit else
                    f"1 below {FIT_OP_FLOPS:.0e} flops per op, else {n}", wait_policy=wait, wait_policy_from=wait_from,
-                   wait_setting=wait_policy_setting(compute), usable_cpus=cpus, cpus_from=cpus_from,
+                   wait_policy_setting=wait_policy_setting(compute), usable_cpus=cpus, cpus_from=cpus_from,
                    parallel_jobs=max(1, workers))
     return dict(_POLICY)
 
 
 def thread_budget() -> int:
-    """The threads the running job may use (:func:`configure_process`; outside a job :func:`choose_threads`): how many
+    """The threads the job may use (:func:`configure_process`; before any job :func:`choose_threads`): how many
     cores a computation with threads of its own (the two-core trainer, ``models/twocore.py``) may take."""
     return int(_POLICY["threads"]) if _POLICY else choose_threads()
 
@@ -390,7 +390,7 @@ def thread_budget() -> int:
 def child_env() -> dict[str, str]:
     """The thread environment of a process cprobe starts (the portable process): the job's wait policy, which OpenMP
     reads when the child loads torch (so a child runs under it even where this process's OpenMP started first)."""
-    return {WAIT_ENV: wanted_wait_policy(_POLICY.get("wait_setting", "auto"), os.environ)[0]}
+    return {WAIT_ENV: wanted_wait_policy(_POLICY.get("wait_policy_setting", "auto"), os.environ)[0]}
 
 
 OPENMP_LIBRARIES = {"libgomp": "GNU OpenMP (libgomp)", "libiomp5": "Intel OpenMP (libiomp5)",
@@ -411,7 +411,7 @@ def openmp_runtimes(maps: str | None = None) -> list[str]:
 
 
 def thread_policy() -> dict[str, Any]:
-    """The thread policy :func:`configure_process` applied to the running job (empty outside a job)."""
+    """The thread policy :func:`configure_process` applied to this process's job (the last one; empty before any)."""
     return dict(_POLICY)
 
 

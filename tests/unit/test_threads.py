@@ -148,7 +148,7 @@ def test_children_start_under_the_job_s_wait_policy(monkeypatch, clean_policy):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     compute._POLICY.clear()
     assert compute.child_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
-    compute._POLICY["wait_setting"] = "active"
+    compute._POLICY["wait_policy_setting"] = "active"
     assert compute.child_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
 
 
