@@ -170,8 +170,10 @@ def _run_worker(spec: dict, cpus: int) -> dict:
 
 
 def _busy(kind: str) -> subprocess.Popen:
-    code = ("while True: pass" if kind == "spin" else
-            "import numpy as np\na = np.random.rand(256, 256)\nwhile True: a @ a")
+    """A busy process that also stops when this script dies (killed by a timeout, it cannot stop its children)."""
+    work = "for _ in range(100_000): pass" if kind == "spin" else "a @ a"
+    code = (f"import os\nimport numpy as np\na = np.random.rand(256, 256)\nparent = os.getppid()\n"
+            f"while os.getppid() == parent:\n    {work}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
 
