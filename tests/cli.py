@@ -54,10 +54,10 @@ def default_env(extra: Mapping[str, str | None] | None = None) -> dict[str, str 
 
 
 # What a job keeps for the rest of its process (module, attribute): the loaded model (consecutive sweep jobs share it,
-# keyed by the model's config only, not the cache root) and the fitted probes. A new process starts without them, so
+# keyed by the model's config only, not the cache root), the fitted probes and the thread policy it applied. A new process starts without them, so
 # an in-process run does too: a "warm" run reads the model from the disk cache, not from the run before it, and
 # nothing fitted under one test's cache root serves another test's.
-PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.sites", "_MEMO"))
+PROCESS_MEMOS = (("cprobe.job", "_ADAPTER"), ("cprobe.tasks.sites", "_MEMO"), ("cprobe.compute", "_POLICY"))
 
 
 # What a job adds to process-wide tables (module, attribute): the outside metrics it resolved by name or import path,

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cprobe.compute import set_wait_policy
 from cprobe.errors import ConfigError, CprobeError, JobAborted
 from cprobe.paths import cache_dir, config_dir, data_dir, environ, group_config
 
@@ -113,10 +114,12 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     :func:`cprobe.plugin.register` can be named (``intervention=custom intervention.name=mine``). A bad config raises
     :class:`~cprobe.errors.ConfigError` with the CLI's one line, before any run directory exists; a failed sweep job
     raises :class:`~cprobe.errors.CprobeError` naming it. The process is left as it was found (working directory,
-    logging handlers — the job's log file closed —, torch threads, Hydra's global state)."""
+    logging handlers — the job's log file closed —, torch threads, Hydra's global state). Called before torch is
+    imported, it sets OpenMP's wait policy as the CLI does (:func:`cprobe.compute.set_wait_policy`)."""
+    argv = [str(a) for a in overrides]
+    set_wait_policy(argv)  # before the imports below load torch (a no-op where torch is loaded already)
     from cprobe import _hydra, callbacks, pipeline
 
-    argv = [str(a) for a in overrides]
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]
     if flags:
         raise ConfigError(f"cprobe.run takes overrides and -m, not {flags}; the other flags (--cfg, --info, "

@@ -444,4 +444,7 @@ def cache_clear(
 
 
 def main() -> None:
+    from cprobe.compute import set_wait_policy
+
+    set_wait_policy(sys.argv[1:])  # first, before anything loads torch: OpenMP reads its wait policy once, then
     app()

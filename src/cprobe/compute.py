@@ -4,11 +4,12 @@
   flags, else a timed probe (≤ 1 s, once per process). On AVX2-only CPUs a bf16 matmul is ~90× slower than fp32, so
   :func:`resolve_dtype` / :func:`use_bf16` fall back to fp32 there with one log line (``CPROBE_CPU_BF16=1|0``
   overrides the detection).
-- :func:`available_cpus` — the CPUs this process may use: its affinity mask and the cgroup CPU quota.
-- :func:`choose_threads` — a job's intra-op threads from the usable CPUs, the parallel workers sharing them and
-  ``OMP_NUM_THREADS`` (the model's forward runs on these); :func:`fit_threads` runs a small fit (its largest op below
-  :data:`FIT_OP_FLOPS`) on one thread; :func:`threads` applies a count for a block. Small ops split among threads
-  spin at every barrier on cores anything else shares: one thread is faster there.
+- The thread policy (docs/performance.md, "A shared CPU"): OpenMP's waiting threads sleep instead of spinning
+  (:func:`set_wait_policy`, the CLI's first act, before torch loads; ``compute.wait_policy``); a job runs on the
+  usable CPUs (:func:`available_cpus`: affinity mask, cgroup quota, SLURM's CPUs) shared among the jobs running side
+  by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
+  :func:`configure_process`, recorded in environment.json); :func:`fit_threads` runs a small fit or a loop of small
+  ops (its largest op below :data:`FIT_OP_FLOPS`) on one thread; :func:`threads` applies a count for a block.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
   its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
 """
@@ -18,8 +19,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
@@ -117,6 +119,35 @@ def resolve_dtype(dtype: str, device: Any) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- threads
+WAIT_ENV = "OMP_WAIT_POLICY"
+WAIT_POLICIES = ("auto", "passive", "active")
+"""``compute.wait_policy``: what OpenMP's idle threads do at a barrier while a sibling still works — ``passive``: sleep
+at once; ``active``: spin; ``auto`` (the default): passive, unless ``OMP_WAIT_POLICY`` is set in the environment (the
+user decides). torch's pip wheels run GNU OpenMP (libgomp, in ``torch/lib``), which reads ``OMP_WAIT_POLICY`` once,
+when torch loads; Intel/LLVM OpenMP builds read the same variable (passive there means ``KMP_BLOCKTIME=0`` unless
+that is set). Unset, libgomp spins ~300,000 times before sleeping: on a core another process shares, a thread waiting
+for a descheduled sibling burns its time slice (docs/performance.md, "A shared CPU")."""
+
+_POLICY: dict[str, Any] = {}  # the running job's thread policy (configure_process); read by fit_thread_count
+
+
+def _positive(value: Any) -> int | None:
+    text = str(value if value is not None else "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _omp_threads(env: Mapping[str, str]) -> int | None:
+    """``OMP_NUM_THREADS`` (its first level where it lists nested ones, ``4,2``); None when unset. Anything else is a
+    one-line ConfigError."""
+    raw = env.get("OMP_NUM_THREADS", "").strip()
+    if not raw:
+        return None
+    n = _positive(raw.split(",")[0])
+    if n is None:
+        raise ConfigError(f"OMP_NUM_THREADS={raw!r} is not a positive thread count; set a number (e.g. 2) or unset it")
+    return n
+
+
 def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs allowed by the cgroup quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``/``cfs_period_us``), None if none."""
     try:
@@ -132,20 +163,34 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
-def available_cpus() -> int:
-    """CPUs this process may use: the affinity mask, capped by the cgroup quota (rounded up) and, inside a SLURM job,
-    by the CPUs it was given (``SLURM_CPUS_PER_TASK``: clusters without task affinity do not pin them), at least 1."""
+def usable_cpus(affinity: int, quota: float | None, env: Mapping[str, str]) -> tuple[int, str]:
+    """(CPUs a process may use, what limits them): the affinity mask, capped by the cgroup quota (rounded up) and,
+    inside a SLURM job, by the CPUs it was given (``SLURM_CPUS_PER_TASK``, else ``SLURM_CPUS_ON_NODE``: clusters
+    without task affinity do not pin them); at least 1."""
+    n, why = max(1, affinity), "affinity mask"
+    if quota is not None and max(1, math.ceil(quota)) < n:
+        n, why = max(1, math.ceil(quota)), "cgroup CPU quota"
+    if env.get("SLURM_JOB_ID"):
+        for var in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+            given = _positive(env.get(var))
+            if given is not None:
+                if given < n:
+                    n, why = given, var
+                break
+    return n, why
+
+
+def _usable(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     try:
-        n = len(os.sched_getaffinity(0))
+        affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    if quota is not None:
-        n = min(n, max(1, math.ceil(quota)))
-    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
-    if slurm.isdigit() and int(slurm) > 0 and os.environ.get("SLURM_JOB_ID"):
-        n = min(n, int(slurm))
-    return max(1, n)
+        affinity = os.cpu_count() or 1
+    return usable_cpus(affinity, cgroup_cpu_quota(), os.environ if env is None else env)
+
+
+def available_cpus() -> int:
+    """CPUs this process may use (:func:`usable_cpus` of this process: affinity, cgroup quota, SLURM)."""
+    return _usable()[0]
 
 
 FIT_OP_FLOPS = 1e9
@@ -158,26 +203,119 @@ threads against 1.5–1.9 s on one, and the reliability study's 41-point INLP gr
 with it the rounding of its float sums — is the same on every run."""
 
 
-def choose_threads(workers: int = 1, cpus: int | None = None, env: Mapping[str, str] | None = None) -> int:
-    """A job's intra-op threads: ``OMP_NUM_THREADS`` when set (the user decides), else the usable CPUs shared among
-    ``workers`` parallel processes."""
-    env = os.environ if env is None else env
-    omp = _user_threads(env)
+def thread_setting(compute: Any) -> int | None:
+    """``compute.threads``: ``auto`` (default; None here) or a positive count. A one-line ConfigError otherwise."""
+    value = (compute or {}).get("threads", "auto")
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or _positive(value) is None:
+        raise ConfigError(f"compute.threads must be auto or a positive integer, got {value!r}")
+    return int(value)
+
+
+def decide_threads(setting: int | None, cpus: int, workers: int = 1, env: Mapping[str, str] | None = None
+                   ) -> tuple[int, str, bool]:
+    """A job's intra-op threads: (count, what decided it, whether the user set it). ``compute.threads`` when set,
+    else ``OMP_NUM_THREADS`` when set (the user decides either way, and every op runs on that count), else the
+    usable ``cpus`` shared among ``workers`` jobs running side by side (a joblib sweep's ``n_jobs``): one thread each
+    when there are as many jobs as cores. The machine's load is never read: the count, and with it the rounding of
+    every float sum, is the same on every run of a config."""
+    if setting is not None:
+        return setting, "compute.threads", True
+    omp = _omp_threads(os.environ if env is None else env)
     if omp is not None:
-        return omp
-    cpus = available_cpus() if cpus is None else cpus
-    return max(1, cpus // max(1, workers))
+        return omp, "OMP_NUM_THREADS", True
+    workers = max(1, workers)
+    return max(1, cpus // workers), f"{cpus} usable CPU(s) / {workers} parallel job(s)", False
 
 
-def _user_threads(env: Mapping[str, str]) -> int | None:
-    omp = env.get("OMP_NUM_THREADS", "").strip()
-    return int(omp) if omp.isdigit() and int(omp) > 0 else None
+def choose_threads(workers: int = 1, cpus: int | None = None, env: Mapping[str, str] | None = None) -> int:
+    """:func:`decide_threads`'s count with ``compute.threads`` at auto."""
+    return decide_threads(None, available_cpus() if cpus is None else cpus, workers, env)[0]
+
+
+def wait_policy_setting(compute: Any) -> str:
+    """``compute.wait_policy`` (default ``auto``), checked: a one-line ConfigError for anything not in
+    :data:`WAIT_POLICIES`."""
+    value = (compute or {}).get("wait_policy", "auto")
+    if not isinstance(value, str) or value.strip().lower() not in WAIT_POLICIES:
+        raise ConfigError(f"compute.wait_policy must be one of {list(WAIT_POLICIES)}, got {value!r}")
+    return value.strip().lower()
+
+
+def wanted_wait_policy(setting: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """(the ``OMP_WAIT_POLICY`` value ``compute.wait_policy=setting`` asks for, why): ``auto`` keeps the
+    environment's value when it has one, else ``PASSIVE``."""
+    if setting == "auto":
+        user = env.get(WAIT_ENV, "").strip()
+        if user and user.upper() not in ("PASSIVE", "ACTIVE"):
+            raise ConfigError(f"OMP_WAIT_POLICY={user!r} is neither PASSIVE nor ACTIVE (OpenMP would ignore it); "
+                              "set one of them or unset it")
+        return (user.upper(), "OMP_WAIT_POLICY in the environment") if user else ("PASSIVE", "cprobe's default")
+    return setting.upper(), "compute.wait_policy"
+
+
+def _argv_value(argv: Sequence[str], key: str) -> str | None:
+    """The value a command line's Hydra override gives ``key`` (``key=v``, ``+key=v``, ``++key=v``), else None."""
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and name.lstrip("+") == key:
+            return value
+    return None
+
+
+def set_wait_policy(argv: Sequence[str] = (), env: MutableMapping[str, str] | None = None,
+                    torch_loaded: bool | None = None) -> str | None:
+    """Put the wait policy in the environment before OpenMP starts: the CLI's first act, and so inherited by every
+    process a job starts (joblib workers, fit pools, the portable process; SLURM tasks get it in their setup lines).
+    ``compute.wait_policy`` is read from the command line (``argv``) because torch, and OpenMP with it, loads before
+    the config is composed; set in a config file instead, the job checks it (:func:`check_wait_policy`). Returns the
+    value set, or None when nothing was (the environment already decides, torch is loaded, or the command line's
+    value is not one cprobe knows: the job refuses it in one line)."""
+    env = os.environ if env is None else env
+    setting = (_argv_value(argv, "compute.wait_policy") or "auto").strip().lower()
+    if setting not in WAIT_POLICIES or ("torch" in sys.modules if torch_loaded is None else torch_loaded):
+        return None
+    try:
+        value, _ = wanted_wait_policy(setting, env)
+    except ConfigError:  # a bad OMP_WAIT_POLICY: the job refuses it in one line
+        return None
+    if env.get(WAIT_ENV, "").strip().upper() == value:
+        return None
+    env[WAIT_ENV] = value
+    return value
+
+
+def check_wait_policy(setting: str, env: MutableMapping[str, str] | None = None,
+                      torch_loaded: bool | None = None) -> tuple[str, str]:
+    """(the wait policy OpenMP runs this job with, what decided it) for ``compute.wait_policy=setting``. Before torch
+    loads the environment is still set here; after, a policy other than the one OpenMP started with cannot take
+    effect: a one-line ConfigError (``auto`` accepts OpenMP's default where torch was loaded before cprobe could set
+    it, as in a notebook that imported torch first)."""
+    env = os.environ if env is None else env
+    loaded = "torch" in sys.modules if torch_loaded is None else torch_loaded
+    want, why = wanted_wait_policy(setting, env)
+    have = env.get(WAIT_ENV, "").strip().upper()
+    if have == want:
+        return want, why
+    if not loaded:
+        env[WAIT_ENV] = want
+        return want, why
+    if setting == "auto":
+        return "OpenMP default", "torch was loaded before cprobe could set OMP_WAIT_POLICY"
+    started = f"OMP_WAIT_POLICY={have}" if have else "OpenMP's default wait policy (OMP_WAIT_POLICY unset)"
+    raise ConfigError(f"compute.wait_policy={setting} cannot take effect: OpenMP started with {started} when torch "
+                      f"loaded, before the config was read; give compute.wait_policy={setting} on the command line "
+                      f"(cprobe reads it there first) or set OMP_WAIT_POLICY={want} in the environment")
 
 
 def fit_thread_count(flops_per_op: float, process_threads: int, env: Mapping[str, str] | None = None) -> int:
-    """Threads for a fit whose largest op costs ``flops_per_op``: ``OMP_NUM_THREADS`` when set (the user decides),
-    one below :data:`FIT_OP_FLOPS`, else the process's (the job's: :func:`configure_process`)."""
-    omp = _user_threads(os.environ if env is None else env)
+    """Threads for a fit whose largest op costs ``flops_per_op``: the user's count when they set one
+    (``compute.threads`` for the running job, or ``OMP_NUM_THREADS``), one below :data:`FIT_OP_FLOPS`, else the
+    process's (the job's: :func:`configure_process`)."""
+    if env is None and _POLICY.get("threads_from") == "compute.threads":
+        return int(_POLICY["threads"])
+    omp = _omp_threads(os.environ if env is None else env)
     if omp is not None:
         return omp
     return 1 if flops_per_op < FIT_OP_FLOPS else process_threads
@@ -185,8 +323,9 @@ def fit_thread_count(flops_per_op: float, process_threads: int, env: Mapping[str
 
 @contextmanager
 def fit_threads(flops_per_op: float, device: Any = "cpu") -> Iterator[None]:
-    """Run a fit (a probe's training, a logistic Newton fit, INLP) on the threads its size calls for
-    (:func:`fit_thread_count`); on an accelerator nothing changes."""
+    """Run a fit or a loop of small ops (a probe's training, a logistic Newton fit, INLP, R-LACE's steps, the
+    gradient attacks, an SAE's training) on the threads its size calls for (:func:`fit_thread_count`); on an
+    accelerator nothing changes."""
     import torch
 
     if str(getattr(device, "type", device)).split(":")[0] != "cpu":
@@ -212,15 +351,68 @@ def threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def configure_process(workers: int = 1) -> int:
-    """Set this process's torch threads for ``workers`` parallel jobs sharing the machine; returns the count."""
+def check_threads(compute: Any) -> None:
+    """The thread policy's settings, checked before any heavy work: ``compute.threads``, ``compute.wait_policy``
+    (and whether it can still take effect) and ``OMP_NUM_THREADS``; a one-line ConfigError for any of them."""
+    thread_setting(compute)
+    _omp_threads(os.environ)
+    check_wait_policy(wait_policy_setting(compute))
+
+
+def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
+    """Apply the job's thread policy to this process — ``compute.threads`` (:func:`decide_threads`: the user's count,
+    else the usable CPUs shared among ``workers`` jobs side by side) and ``compute.wait_policy``
+    (:func:`check_wait_policy`) — and return it as ``environment.json`` records it (also :func:`thread_policy`)."""
     import torch
 
-    n = choose_threads(workers=workers)
+    cpus, cpus_from = _usable()
+    n, why, explicit = decide_threads(thread_setting(compute), cpus, workers)
+    wait, wait_from = check_wait_policy(wait_policy_setting(compute))
+    if explicit and n > cpus:
+        log.warning("%d torch threads (%s) on %d usable CPU(s): more threads than cores", n, why, cpus)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-        log.info("torch intra-op threads: %d (%d usable CPUs, %d parallel worker(s))", n, available_cpus(), workers)
-    return n
+    log.info("torch intra-op threads: %d (%s); OpenMP wait policy %s (%s)", n, why, wait, wait_from)
+    _POLICY.clear()
+    _POLICY.update(threads=n, threads_from=why, explicit=explicit, small_fits=n if explicit else
+                   f"1 below {FIT_OP_FLOPS:.0e} flops per op, else {n}", wait_policy=wait, wait_policy_from=wait_from,
+                   wait_policy_setting=wait_policy_setting(compute), usable_cpus=cpus, cpus_from=cpus_from,
+                   parallel_jobs=max(1, workers))
+    return dict(_POLICY)
+
+
+def thread_budget() -> int:
+    """The threads the job may use (:func:`configure_process`; before any job :func:`choose_threads`): how many
+    cores a computation with threads of its own (the two-core trainer, ``models/twocore.py``) may take."""
+    return int(_POLICY["threads"]) if _POLICY else choose_threads()
+
+
+def child_env() -> dict[str, str]:
+    """The thread environment of a process cprobe starts (the portable process): the job's wait policy, which OpenMP
+    reads when the child loads torch (so a child runs under it even where this process's OpenMP started first)."""
+    return {WAIT_ENV: wanted_wait_policy(_POLICY.get("wait_policy_setting", "auto"), os.environ)[0]}
+
+
+OPENMP_LIBRARIES = {"libgomp": "GNU OpenMP (libgomp)", "libiomp5": "Intel OpenMP (libiomp5)",
+                    "libomp.": "LLVM OpenMP (libomp)"}
+
+
+def openmp_runtimes(maps: str | None = None) -> list[str]:
+    """The OpenMP runtimes loaded in this process (from ``/proc/self/maps``, or ``maps``): what reads
+    ``OMP_WAIT_POLICY``. torch 2.13's CPU wheels bundle libgomp; scikit-learn's wheels bring their own copy."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
+    found = {name for line in maps.splitlines() for lib, name in OPENMP_LIBRARIES.items()
+             if lib in line.rsplit("/", 1)[-1]}
+    return sorted(found)
+
+
+def thread_policy() -> dict[str, Any]:
+    """The thread policy :func:`configure_process` applied to this process's job (the last one; empty before any)."""
+    return dict(_POLICY)
 
 
 # ----------------------------------------------------------------------------------------------- GPUs

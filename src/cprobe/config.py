@@ -109,14 +109,21 @@ OPTIONAL_KEYS = ("plugins", "metrics")
 they existed): left out of config hashes and ids while empty, so adding them changed no finished job's identity."""
 
 
+COMPUTE_DEFAULTS = {"resume": True, "kv_resume": True, "threads": "auto", "wait_policy": "auto"}
+"""``compute`` keys added after jobs had been run, at their defaults: left out of config hashes and ids."""
+
+
 def identity(cfg: Any) -> Any:
     """``cfg`` without the :data:`OPTIONAL_KEYS` that are empty (what config hashes and ids are computed over), and
-    without ``compute.resume`` and ``compute.kv_resume`` when true (their default: the configuration from before the
-    keys existed)."""
+    without the ``compute`` keys added later at their defaults (:data:`COMPUTE_DEFAULTS`: the configuration from
+    before the keys existed)."""
     if not isinstance(cfg, Mapping):
         return cfg
     out = {k: v for k, v in cfg.items() if not (k in OPTIONAL_KEYS and not v)}
     compute = out.get("compute")
-    if isinstance(compute, Mapping) and any(compute.get(k) is True for k in ("resume", "kv_resume")):
-        out["compute"] = {k: v for k, v in compute.items() if not (k in ("resume", "kv_resume") and v is True)}
+    if isinstance(compute, Mapping):
+        kept = {k: v for k, v in compute.items()
+                if not (k in COMPUTE_DEFAULTS and type(v) is type(COMPUTE_DEFAULTS[k]) and v == COMPUTE_DEFAULTS[k])}
+        if len(kept) < len(compute):
+            out["compute"] = kept
     return out

@@ -145,10 +145,11 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     load_plugin_modules(keys.plugins)  # before anything reads a name (they register theirs)
     if keys.seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
-    from cprobe.compute import kv_resume_flag, resume_flag
+    from cprobe.compute import check_threads, kv_resume_flag, resume_flag
 
     resume_flag(keys.compute)
     kv_resume_flag(keys.compute)
+    check_threads(keys.compute)
     module = task_module(keys.task)
     uses = task_uses(keys.task)
     check_overrides(keys.task, uses, overrides)
@@ -445,8 +446,9 @@ def is_done(plain: Mapping[str, Any], out_dir: Path) -> bool:
 
 
 def _fit_to_machine(plain: dict[str, Any], hc: Any) -> None:
-    """Threads for the workers sharing this machine, and in a parallel sweep on a multi-GPU box a GPU of this
-    worker's own (``device`` becomes ``cuda:<i>``; the config hash is computed before)."""
+    """The thread policy for the jobs sharing this machine (``compute.threads``, ``compute.wait_policy``; a joblib
+    sweep's ``n_jobs`` run side by side), and in a parallel sweep on a multi-GPU box a GPU of this worker's own
+    (``device`` becomes ``cuda:<i>``; the config hash is computed before)."""
     from cprobe.compute import configure_process, worker_device
 
     workers = 1
@@ -454,7 +456,7 @@ def _fit_to_machine(plain: dict[str, Any], hc: Any) -> None:
     if "joblib" in str(launcher.get("_target_", "")).lower():
         n = int(launcher.get("n_jobs", 1) or 1)
         workers = n if n > 0 else os.cpu_count() or 1
-    configure_process(workers)
+    configure_process(workers, plain.get("compute"))
     device = str(plain.get("device", "auto"))
     new = worker_device(device, workers, int(hc.job.get("num", 0) or 0))
     if new != device:

@@ -14,8 +14,8 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.bench
 
 
-def _run(*args: str) -> str:
-    res = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+def _run(*args: str, timeout: int = 600) -> str:
+    res = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                          env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
@@ -74,3 +74,15 @@ def test_bench_head_prints_the_full_head_against_the_candidate_rows():
 def test_bench_lda_prints_the_ratio_and_the_cosine_gap():
     out = _run("scripts/bench_lda.py", "--shapes", "30x64,200x16", "--repeats", "1")
     assert out.count("×**") == 2, out
+
+
+def test_bench_shared_prints_each_setting_against_the_best_fixed_one_and_torch_s_default():
+    """Six worker processes (three settings at two loads), each importing torch and transformers: minutes on a
+    loaded machine."""
+    out = _run("scripts/bench_shared.py", "--model", "random", "--size", "tiny", "--busy", "0,1", "--rounds", "1",
+               "--seconds", "0.05", "--fit-steps", "5", "--configs", "torch default,passive,cprobe", timeout=1800)
+    assert "smaller than Gemma 3 270M" in out and "CPU:" in out and out.count("load average") == 2
+    assert "cprobe/best" in out and "cprobe/dflt" in out and "/passive" in out
+    for line in ("1 busy, body forward, tokens/s: cprobe / best fixed", "1 busy, DAS step, steps/s: cprobe / torch "
+                 "default", "0 busy, R-LACE fit, fits/s: cprobe / torch default"):
+        assert line in out, out

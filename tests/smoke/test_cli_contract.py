@@ -6,6 +6,7 @@ sees them, start-up time and imports, Ctrl-C, SIGTERM and SIGKILL."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +116,36 @@ def test_the_console_script_refuses_bad_input_in_one_line_with_exit_1_and_no_run
     r = launch("run", "+experiment=sva_tiny", "model.batch_size=0", f"paths.output_root={tmp_path}", timeout=300)
     assert_refused(r, "model.batch_size must be >= 1", tmp_path)
     assert not list(tmp_path.rglob("status.json")) and not (tmp_path / "runs" / "sva_tiny").exists()
+
+
+def _spin_counts(stderr: str) -> set[str]:
+    """What each GNU OpenMP runtime loaded read for its wait policy, as ``OMP_DISPLAY_ENV=VERBOSE`` prints it at
+    start: a spin count of 0 is passive, 30,000,000,000 active, 300,000 libgomp's default (unset)."""
+    return set(re.findall(r"GOMP_SPINCOUNT = '(\d+)'", stderr))
+
+
+def test_the_console_script_sets_the_wait_policy_before_torch_loads(tmp_path):
+    """OpenMP reads OMP_WAIT_POLICY once, when torch loads: the console script sets it first (passive by default),
+    and reads compute.wait_policy from the command line to do so; a value that cannot take effect is refused."""
+    display = {"OMP_DISPLAY_ENV": "VERBOSE", "OMP_WAIT_POLICY": None, "CPROBE_CACHE_DIR": str(tmp_path / "cache")}
+    r = launch("cache", "info", env=display)  # loads torch
+    assert r.returncode == 0 and _spin_counts(r.stderr) == {"0"}, r.stderr[-2000:]
+    r = launch("run", "+experiment=sva_tiny", "compute.wait_policy=active", "model.batch_size=0",
+               f"paths.output_root={tmp_path}", env=display, timeout=300)
+    assert r.returncode == 1 and "model.batch_size must be >= 1" in r.stderr, r.stderr[-2000:]
+    assert _spin_counts(r.stderr) == {"30000000000"}  # the command line's value, before torch loaded
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["compute.threads=0"], "compute.threads must be auto or a positive integer, got 0"),
+    (["compute.wait_policy=spin"], "compute.wait_policy must be one of ['auto', 'passive', 'active'], got 'spin'"),
+    # in this process torch loaded long before the job: another wait policy can no longer take effect
+    (["compute.wait_policy=active"], "compute.wait_policy=active cannot take effect: OpenMP started with"),
+])
+def test_thread_settings_are_checked_before_any_work(tmp_path, args, needle):
+    r = cli("run", "+experiment=sva_tiny", *args, f"paths.output_root={tmp_path}", env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert_refused(r, needle, tmp_path)
 
 
 def test_an_in_process_run_leaves_the_test_process_as_it_was(tmp_path, monkeypatch):

@@ -53,6 +53,19 @@ def test_same_seed_gives_byte_identical_metric_tables(tmp_path):
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
 
 
+def test_the_job_runs_on_the_threads_it_is_told_and_environment_json_says_so(tmp_path):
+    """compute.threads overrides the thread policy (docs/performance.md, "A shared CPU"); environment.json records
+    the count, what decided it, the wait policy and the OpenMP runtime."""
+    r = cprobe("run", "+experiment=sva_tiny", "--smoke", "layers=[4]", "compute.threads=1", "progress=false",
+               f"paths.output_root={tmp_path}", cwd=REPO, env={"OMP_NUM_THREADS": None})
+    assert r.returncode == 0, r.stderr[-3000:]
+    env = json.loads((_run_dir(tmp_path) / "environment.json").read_text())
+    policy = env["thread_policy"]
+    assert policy["threads"] == 1 and policy["threads_from"] == "compute.threads" and policy["explicit"]
+    assert policy["small_fits"] == 1 and policy["wait_policy"] in ("PASSIVE", "ACTIVE", "OpenMP default")
+    assert env["openmp"] and policy["usable_cpus"] >= 1
+
+
 def test_multirun_two_probes_one_table_and_shared_activations(tmp_path):
     r = cprobe("run", "-m", "+experiment=sva_tiny", "probe=linear,mlp", "--smoke",
                f"hydra.sweep.dir={tmp_path}", cwd=REPO)

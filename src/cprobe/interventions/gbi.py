@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Self
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import fit_threads
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import Intervention, Kind
 from cprobe.probes.base import Probe
@@ -143,11 +144,14 @@ class GradientIntervention(Intervention):
         dtype = next(module.parameters(), torch.empty(0)).dtype
         gen = torch.Generator(device=X.device).manual_seed(self.seed)
         out = torch.empty_like(X)
-        for i in range(0, len(X), self.batch_size):
-            h = X[i : i + self.batch_size].to(dtype)
-            t = z_target[i : i + self.batch_size]
-            adv = self._attack(module, h, t, gen)
-            out[i : i + self.batch_size] = project_linf(adv.to(X.dtype), X[i : i + len(h)], self.eps)
+        # the attack's steps are the probe's forward and backward on a batch: small ones run on one thread
+        widest = max((p.numel() for p in module.parameters() if p.ndim == 2), default=0)
+        with fit_threads(2 * min(self.batch_size, len(X)) * widest, X.device):
+            for i in range(0, len(X), self.batch_size):
+                h = X[i : i + self.batch_size].to(dtype)
+                t = z_target[i : i + self.batch_size]
+                adv = self._attack(module, h, t, gen)
+                out[i : i + self.batch_size] = project_linf(adv.to(X.dtype), X[i : i + len(h)], self.eps)
         return out
 
     @abstractmethod

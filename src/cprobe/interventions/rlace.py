@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import fit_threads
 from cprobe.errors import ConfigError
 from cprobe.interventions.base import INTERVENTIONS, Intervention, projection_direction
 from cprobe.interventions.inlp import prepare_rank_fit
@@ -165,6 +166,12 @@ class RLACE(Intervention):
         return loss, acc, (W, b)
 
     def fit(self, X: Tensor, z: Tensor) -> Self:
+        # thousands of ~1 ms steps of small ops: one thread (cprobe.compute.fit_threads), as every small fit
+        step_flops = 2 * self.batch_size * X.shape[-1] * (3 * max(self.rank, 1) + 2)
+        with fit_threads(step_flops, self.device or X.device):
+            return self._fit(X, z)
+
+    def _fit(self, X: Tensor, z: Tensor) -> Self:
         Xd, zd, k = prepare_rank_fit(X, z, self.rank, self.device)
         Xd = Xd.double()
         (n, d), device = Xd.shape, Xd.device

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -47,6 +48,7 @@ from typing import Any
 
 from cprobe import slurmctl
 from cprobe import sweep as S
+from cprobe.compute import WAIT_ENV
 from cprobe.errors import ConfigError, CprobeError, DriverStopped, Terminated, one_line
 from cprobe.launch import packing, resources, settings
 
@@ -256,7 +258,7 @@ class Driver:
             cpus_per_task=req.cpus, mem=f"{int(req.mem_gb * 1024)}M", gpus_per_node=req.gpus or None,
             account=req.account, qos=req.qos, constraint=req.constraint, exclude=self.params["exclude"],
             signal_delay_s=self.params["signal_delay_s"], array_parallelism=parallel,
-            setup=list(self.params["setup"]), additional_parameters=extra or None, stderr_to_stdout=True)
+            setup=task_setup(self.params["setup"]), additional_parameters=extra or None, stderr_to_stdout=True)
         token = uuid.uuid4().hex[:12]  # this submission's attempts (sweep.attempt_id), whatever the job ids
         runner = PackRunner(self.hydra_context, self.config, self.task_function, Singleton.get_state(),
                             str(sweep_dir.absolute()), self.params["max_requeues"], token)
@@ -398,6 +400,13 @@ def _task_id() -> str:
     if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
         return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
+
+
+def task_setup(setup: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """The array task's setup lines: the driver's OpenMP wait policy first (it must be in the environment before the
+    task's Python loads torch, and a cluster may not export the submitter's environment), then the user's."""
+    policy = (os.environ if env is None else env).get(WAIT_ENV, "").strip()
+    return ([f"export {WAIT_ENV}={shlex.quote(policy)}"] if policy else []) + list(setup)
 
 
 def process_start() -> float | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from cprobe.compute import child_env
 from cprobe.errors import ModelLoadError
 
 # One thread for every tiny-model training run: the matrices are tiny (intra-op threads cost more than they gain,
@@ -68,8 +69,9 @@ class _Worker:
             path = Path(tmp) / "job.json"
             path.write_text(json.dumps({"target": target, "job": job}))
             if self.proc is None or self.proc.poll() is not None:
-                self.proc = subprocess.Popen([sys.executable, "-c", self._CODE], env={**os.environ, **portable_env()},
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                env = {**os.environ, **child_env(), **portable_env()}  # the wait policy too: OpenMP reads it at start
+                self.proc = subprocess.Popen([sys.executable, "-c", self._CODE], env=env, stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, text=True)
                 atexit.register(self.close)
             try:
                 self.proc.stdin.write(f"{path}\n")

@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 from cprobe.cache import checked_entry, kind_dir
+from cprobe.compute import thread_budget, threads
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from torch import Tensor
 from transformers import (AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, BertConfig,
@@ -182,7 +183,7 @@ def train_portable(kind: Kind, tokenizer_dir: Path, ids: list[list[int]], verb_p
     ``train_seconds``."""
     job = {"kind": kind, "tokenizer": str(tokenizer_dir), "ids": ids, "pos": verb_pos, "forms": list(forms),
            "train": asdict(train), "init_from": str(init_from) if init_from else None, "out": str(out),
-           "progress": progress}
+           "progress": progress, "cores": thread_budget()}
     return run_portable("cprobe.models.tiny:_train_job", job, f"training a tiny {kind} model")
 
 
@@ -201,7 +202,8 @@ def _train_job(job: dict) -> dict:
         auto = AutoModelForMaskedLM if kind == "bert" else AutoModelForCausalLM
         model = auto.from_pretrained(job["init_from"])
     start = time.perf_counter()
-    _train(model, tokenizer, kind, job["ids"], job["pos"], tuple(job["forms"]), train, job["progress"])
+    _train(model, tokenizer, kind, job["ids"], job["pos"], tuple(job["forms"]), train, job["progress"],
+           job.get("cores", 1))
     seconds = time.perf_counter() - start
     model.eval()
     model.save_pretrained(job["out"])
@@ -247,8 +249,6 @@ def build_tokenizer(kind: Kind, words: Sequence[str], max_length: int) -> PreTra
 
 def _build(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra: list[str], key: str, out: Path,
            progress: bool) -> None:
-    from cprobe.compute import threads
-
     data = generate(grammar)
     seen = {e.words for e in data.examples}
     heldout_cfg = replace(grammar, seed=grammar.seed + _HELDOUT_SEED_OFFSET, n_sentences=train.eval_sentences)
@@ -281,7 +281,7 @@ def _build(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra: li
     # train_portable would pin them like the fact-world models.)
     with threads(TRAIN_THREADS):
         start = time.perf_counter()
-        _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress)
+        _train(model, tokenizer, kind, ids, verb_pos, forms, train, progress, thread_budget())
         seconds = time.perf_counter() - start
 
     model.eval()
@@ -316,13 +316,14 @@ def _init_model(kind: Kind, tokenizer: PreTrainedTokenizerFast, train: TinyTrain
 
 
 def _train(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, kind: Kind, ids: list[list[int]],
-           verb_pos: list[int], forms: tuple[list[int], list[int]], train: TinyTrainConfig, progress: bool) -> None:
-    """AdamW with warm-up + cosine decay; BERT adds a pairwise agreement loss at masked verbs.
+           verb_pos: list[int], forms: tuple[list[int], list[int]], train: TinyTrainConfig, progress: bool,
+           cores: int = 1) -> None:
+    """AdamW with warm-up + cosine decay; BERT adds a pairwise agreement loss at masked verbs. On one intra-op thread;
+    with ``cores`` ≥ 2 (the job's thread budget) the backward's weight gradients take a second core, bit for bit.
 
     The MLM loss alone leaves tiny BERT at chance on agreement for some seeds (a long plateau);
     the logistic loss on logit(correct) - logit(wrong) makes escaping it reliable.
     """
-    from cprobe.compute import available_cpus
     from cprobe.models.twocore import two_core_backward
 
     correct_ids, wrong_ids = torch.tensor(forms[0]), torch.tensor(forms[1])
@@ -341,7 +342,7 @@ def _train(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, kind: Kin
     order = torch.randperm(len(ids), generator=gen)
     cursor = 0
     model.train()
-    with two_core_backward(model, enabled=available_cpus() >= 2):  # the same bits, a second core (models/twocore.py)
+    with two_core_backward(model, enabled=cores >= 2):  # the same bits, a second core (models/twocore.py)
         for _ in track(range(train.steps), f"training tiny {kind}", progress):
             if cursor + train.batch_size > len(order):
                 order, cursor = torch.randperm(len(ids), generator=gen), 0

@@ -10,11 +10,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cprobe.compute import openmp_runtimes, thread_policy
 from cprobe.io import atomic_write_bytes
 
 ENVIRONMENT = "environment.json"
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "hydra-core", "omegaconf", "scikit-learn", "numpy",
             "pandas", "pyarrow", "matplotlib")
+THREAD_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "SLURM_CPUS_PER_TASK",
+              "SLURM_CPUS_ON_NODE")
+"""Environment variables that decide a job's threads, recorded when set."""
 
 
 def _version(package: str) -> str | None:
@@ -33,8 +37,9 @@ def cprobe_version() -> str:
 
 
 def environment(cfg: Mapping[str, Any] | None = None, models: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Versions of cprobe and its core dependencies, Python, the platform, CPU threads and the accelerator (read
-    from torch only when the job already imported it); ``models``: what the job's models were ({name: {weights,
+    """Versions of cprobe and its core dependencies, Python, the platform, CPU threads (the job's thread policy,
+    :func:`cprobe.compute.configure_process`, and the OpenMP runtime) and the accelerator (read from torch only when
+    the job already imported it); ``models``: what the job's models were ({name: {weights,
     dtype, bos}}: e.g. "gguf Q4_K_M dequantised to float32", the start token)."""
     env: dict[str, Any] = {
         "cprobe": cprobe_version(), "python": sys.version.split()[0], "platform": platform.platform(),
@@ -43,6 +48,7 @@ def environment(cfg: Mapping[str, Any] | None = None, models: Mapping[str, Any] 
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch_threads"] = torch.get_num_threads()
+        env["openmp"] = openmp_runtimes()
         env["cuda"] = cuda = bool(torch.cuda.is_available())
         if cuda:
             env["gpu"] = torch.cuda.get_device_name(0)
@@ -52,9 +58,12 @@ def environment(cfg: Mapping[str, Any] | None = None, models: Mapping[str, Any] 
         model = cfg.get("model") or {}
         if isinstance(model, Mapping) and "dtype" in model:
             env["dtype"] = str(model.get("dtype"))
+    policy = thread_policy()
+    if policy:
+        env["thread_policy"] = policy
     if models:
         env["models"] = {name: dict(m) for name, m in models.items()}
-    for var in ("HF_HUB_OFFLINE", "CPROBE_SMOKE", "OMP_NUM_THREADS"):
+    for var in ("HF_HUB_OFFLINE", "CPROBE_SMOKE", *THREAD_ENV):
         if os.environ.get(var):
             env.setdefault("env", {})[var] = os.environ[var]
     return env

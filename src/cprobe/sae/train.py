@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from cprobe.compute import fit_threads
 from cprobe.sae.dictionary import SAE, topk_relu
 
 ARCHITECTURES = ("topk", "relu")
@@ -71,7 +72,13 @@ def minibatches(X: Tensor, batch_size: int, seed: int) -> Callable[[], Iterable[
 
 
 def train(batches: Callable[[], Iterable[Tensor]], d_in: int, settings: TrainSettings) -> SAE:
-    """An SAE trained on the stream ``batches`` (module doc)."""
+    """An SAE trained on the stream ``batches`` (module doc), on the threads its size calls for: one for a small
+    dictionary (:func:`cprobe.compute.fit_threads`; its largest op is a minibatch times the encoder)."""
+    with fit_threads(2 * settings.batch_size * d_in * settings.d_sae):
+        return _train(batches, d_in, settings)
+
+
+def _train(batches: Callable[[], Iterable[Tensor]], d_in: int, settings: TrainSettings) -> SAE:
     torch.manual_seed(settings.seed)
     W_dec = torch.randn(settings.d_sae, d_in)
     W_dec /= W_dec.norm(dim=1, keepdim=True)

@@ -1,0 +1,232 @@
+"""The thread policy (issue 53; docs/performance.md, "A shared CPU"): its decisions as pure functions of the CPU
+count, the environment and the jobs running side by side (hand-made cases), the wait policy set before OpenMP
+starts, overrides honoured and bad values refused in one line, and the record in environment.json."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cprobe import compute
+from cprobe.config import identity
+from cprobe.errors import ConfigError
+
+SLURM = {"SLURM_JOB_ID": "7"}
+
+
+@pytest.fixture
+def clean_policy():
+    """The process's thread policy and torch threads as they were (configure_process changes both)."""
+    before, threads = dict(compute._POLICY), torch.get_num_threads()
+    yield
+    compute._POLICY.clear()
+    compute._POLICY.update(before)
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------------------------- usable CPUs
+@pytest.mark.parametrize("affinity,quota,env,expected", [
+    (8, None, {}, (8, "affinity mask")),
+    (8, 2.5, {}, (3, "cgroup CPU quota")),  # a quota of 2.5 CPUs still runs 3 threads' worth at times: rounded up
+    (8, 0.2, {}, (1, "cgroup CPU quota")),
+    (4, 16.0, {}, (4, "affinity mask")),  # a quota above the mask limits nothing
+    (16, None, {**SLURM, "SLURM_CPUS_PER_TASK": "4"}, (4, "SLURM_CPUS_PER_TASK")),
+    (16, None, {**SLURM, "SLURM_CPUS_ON_NODE": "6"}, (6, "SLURM_CPUS_ON_NODE")),  # no --cpus-per-task
+    (16, None, {**SLURM, "SLURM_CPUS_PER_TASK": "4", "SLURM_CPUS_ON_NODE": "8"}, (4, "SLURM_CPUS_PER_TASK")),
+    (2, None, {**SLURM, "SLURM_CPUS_PER_TASK": "4"}, (2, "affinity mask")),  # pinned tighter than SLURM says
+    (16, None, {"SLURM_CPUS_PER_TASK": "4"}, (16, "affinity mask")),  # not inside a job: a stray variable
+    (16, None, {**SLURM, "SLURM_CPUS_PER_TASK": "x"}, (16, "affinity mask")),
+    (0, None, {}, (1, "affinity mask")),
+])
+def test_usable_cpus(affinity, quota, env, expected):
+    assert compute.usable_cpus(affinity, quota, env) == expected
+
+
+# ----------------------------------------------------------------------------------------------- the count
+@pytest.mark.parametrize("setting,cpus,workers,env,expected", [
+    (None, 8, 1, {}, (8, "8 usable CPU(s) / 1 parallel job(s)", False)),
+    (None, 8, 2, {}, (4, "8 usable CPU(s) / 2 parallel job(s)", False)),  # a joblib sweep, n_jobs=2
+    (None, 2, 2, {}, (1, "2 usable CPU(s) / 2 parallel job(s)", False)),  # one thread per job side by side
+    (None, 2, 4, {}, (1, "2 usable CPU(s) / 4 parallel job(s)", False)),
+    (None, 3, 2, {}, (1, "3 usable CPU(s) / 2 parallel job(s)", False)),
+    (None, 8, 0, {}, (8, "8 usable CPU(s) / 1 parallel job(s)", False)),
+    (None, 8, 2, {"OMP_NUM_THREADS": "3"}, (3, "OMP_NUM_THREADS", True)),  # the user decides
+    (None, 8, 1, {"OMP_NUM_THREADS": "4,2"}, (4, "OMP_NUM_THREADS", True)),  # nested levels: the first
+    (None, 8, 1, {"OMP_NUM_THREADS": " "}, (8, "8 usable CPU(s) / 1 parallel job(s)", False)),
+    (5, 8, 2, {"OMP_NUM_THREADS": "3"}, (5, "compute.threads", True)),  # the config beats the environment
+    (16, 2, 1, {}, (16, "compute.threads", True)),  # more than the cores: the user's call (a warning)
+])
+def test_decide_threads(setting, cpus, workers, env, expected):
+    assert compute.decide_threads(setting, cpus, workers, env) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "2.5"])
+def test_a_bad_omp_num_threads_is_one_line(value):
+    with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS='{value}' is not a positive thread count") as e:
+        compute.decide_threads(None, 8, 1, {"OMP_NUM_THREADS": value})
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("compute_cfg,expected", [
+    ({}, None), ({"threads": "auto"}, None), ({"threads": 2}, 2), ({"threads": "3"}, 3), (None, None),
+])
+def test_thread_setting(compute_cfg, expected):
+    assert compute.thread_setting(compute_cfg) == expected
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "two", 1.5, None, "AUTO"])
+def test_a_bad_thread_setting_is_one_line(value):
+    with pytest.raises(ConfigError, match=r"compute.threads must be auto or a positive integer, got") as e:
+        compute.thread_setting({"threads": value})
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------- the wait policy
+@pytest.mark.parametrize("setting,env,expected", [
+    ("auto", {}, ("PASSIVE", "cprobe's default")),
+    ("auto", {"OMP_WAIT_POLICY": "active"}, ("ACTIVE", "OMP_WAIT_POLICY in the environment")),
+    ("auto", {"OMP_WAIT_POLICY": "PASSIVE"}, ("PASSIVE", "OMP_WAIT_POLICY in the environment")),
+    ("active", {}, ("ACTIVE", "compute.wait_policy")),
+    ("passive", {"OMP_WAIT_POLICY": "ACTIVE"}, ("PASSIVE", "compute.wait_policy")),  # the config beats the env
+])
+def test_wanted_wait_policy(setting, env, expected):
+    assert compute.wanted_wait_policy(setting, env) == expected
+
+
+def test_a_bad_wait_policy_is_one_line():
+    with pytest.raises(ConfigError, match=r"compute.wait_policy must be one of \['auto', 'passive', 'active'\], "
+                                          "got 'spin'"):
+        compute.wait_policy_setting({"wait_policy": "spin"})
+    assert compute.wait_policy_setting({"wait_policy": "PASSIVE"}) == "passive"
+    assert compute.wait_policy_setting({}) == "auto"
+    with pytest.raises(ConfigError, match="OMP_WAIT_POLICY='sometimes' is neither PASSIVE nor ACTIVE"):
+        compute.wanted_wait_policy("auto", {"OMP_WAIT_POLICY": "sometimes"})
+
+
+@pytest.mark.parametrize("argv,env,set_to", [
+    ([], {}, "PASSIVE"),  # cprobe's default
+    (["run", "+experiment=x"], {"OMP_WAIT_POLICY": "ACTIVE"}, None),  # the user's environment decides
+    (["run", "compute.wait_policy=active"], {}, "ACTIVE"),  # the command line, read before torch loads
+    (["run", "++compute.wait_policy=passive"], {"OMP_WAIT_POLICY": "ACTIVE"}, "PASSIVE"),
+    (["run", "+compute.wait_policy=auto"], {"OMP_WAIT_POLICY": "PASSIVE"}, None),
+    (["run", "compute.wait_policy=spin"], {}, None),  # unknown: left to the job, which refuses it in one line
+    (["run", "compute.wait_policy=active,passive"], {}, None),  # a sweep over it: each job checks its own
+    ([], {"OMP_WAIT_POLICY": "bogus"}, None),  # a bad environment: the job refuses it in one line
+])
+def test_set_wait_policy_before_torch_loads(argv, env, set_to):
+    before = dict(env)
+    assert compute.set_wait_policy(argv, env, torch_loaded=False) == set_to
+    assert env == (before if set_to is None else {**before, "OMP_WAIT_POLICY": set_to})
+
+
+def test_set_wait_policy_does_nothing_once_torch_is_loaded():
+    env: dict[str, str] = {}
+    assert compute.set_wait_policy(["run", "compute.wait_policy=active"], env, torch_loaded=True) is None
+    assert env == {}
+
+
+def test_check_wait_policy():
+    env: dict[str, str] = {}  # before torch loads, the job can still set it
+    assert compute.check_wait_policy("active", env, torch_loaded=False) == ("ACTIVE", "compute.wait_policy")
+    assert env == {"OMP_WAIT_POLICY": "ACTIVE"}
+    env = {"OMP_WAIT_POLICY": "PASSIVE"}  # started with what the config asks for
+    assert compute.check_wait_policy("passive", env, torch_loaded=True) == ("PASSIVE", "compute.wait_policy")
+    assert compute.check_wait_policy("auto", env, torch_loaded=True) == ("PASSIVE", "OMP_WAIT_POLICY in the "
+                                                                                   "environment")
+    # torch loaded before cprobe could set it (a notebook): auto accepts OpenMP's default and says so
+    assert compute.check_wait_policy("auto", {}, torch_loaded=True) == (
+        "OpenMP default", "torch was loaded before cprobe could set OMP_WAIT_POLICY")
+    with pytest.raises(ConfigError, match=r"compute.wait_policy=active cannot take effect: OpenMP started with "
+                                          r"OMP_WAIT_POLICY=PASSIVE when torch loaded.*on the command line") as e:
+        compute.check_wait_policy("active", {"OMP_WAIT_POLICY": "PASSIVE"}, torch_loaded=True)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"OpenMP started with OpenMP's default wait policy"):
+        compute.check_wait_policy("passive", {}, torch_loaded=True)
+
+
+def test_children_start_under_the_job_s_wait_policy(monkeypatch, clean_policy):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    compute._POLICY.clear()
+    assert compute.child_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
+    compute._POLICY["wait_policy_setting"] = "active"
+    assert compute.child_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+# ----------------------------------------------------------------------------------------------- applied
+def _configure(monkeypatch, cfg, cpus=4, workers=1, env=None):
+    monkeypatch.setattr(compute, "_usable", lambda env=None: (cpus, "affinity mask"))
+    for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    return compute.configure_process(workers, cfg)
+
+
+def test_configure_process_applies_and_records_the_policy(monkeypatch, clean_policy):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    policy = _configure(monkeypatch, {}, cpus=4, workers=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert torch.get_num_threads() == 2
+    assert policy == compute.thread_policy()
+    assert {k: policy[k] for k in ("threads", "threads_from", "explicit", "wait_policy", "usable_cpus",
+                                   "parallel_jobs")} == {
+        "threads": 2, "threads_from": "4 usable CPU(s) / 2 parallel job(s)", "explicit": False,
+        "wait_policy": "PASSIVE", "usable_cpus": 4, "parallel_jobs": 2}
+    assert policy["small_fits"] == "1 below 1e+09 flops per op, else 2"
+    assert compute.thread_budget() == 2
+
+
+def test_compute_threads_is_honoured_by_every_op(monkeypatch, clean_policy):
+    """compute.threads=N, like OMP_NUM_THREADS=N, runs the passes and every fit (small ones too) on N."""
+    policy = _configure(monkeypatch, {"threads": 3}, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert torch.get_num_threads() == 3 and policy["threads_from"] == "compute.threads" and policy["explicit"]
+    assert compute.fit_thread_count(1e3, torch.get_num_threads()) == 3
+    with compute.fit_threads(1e3):
+        assert torch.get_num_threads() == 3
+    _configure(monkeypatch, {}, cpus=4, env={"OMP_WAIT_POLICY": "PASSIVE"})  # auto again: the size rule
+    assert compute.fit_thread_count(1e3, torch.get_num_threads()) == 1
+    with compute.fit_threads(1e3):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 4
+
+
+def test_a_wait_policy_that_cannot_take_effect_is_refused(monkeypatch, clean_policy):
+    with pytest.raises(ConfigError, match="compute.wait_policy=active cannot take effect"):
+        _configure(monkeypatch, {"wait_policy": "active"}, env={"OMP_WAIT_POLICY": "PASSIVE"})
+
+
+def test_environment_json_records_the_policy(monkeypatch, tmp_path, clean_policy):
+    import json
+
+    from cprobe.report.environment import write_environment
+
+    _configure(monkeypatch, {"threads": 1}, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    env = json.loads(write_environment(tmp_path, {"device": "cpu"}).read_text())
+    assert env["thread_policy"]["threads"] == 1 == env["torch_threads"]
+    assert env["thread_policy"]["threads_from"] == "compute.threads"
+    assert env["thread_policy"]["wait_policy"] == "PASSIVE"
+    assert env["env"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "GNU OpenMP (libgomp)" in env["openmp"]  # torch's pip wheels bundle libgomp
+
+
+def test_openmp_runtimes_from_the_loaded_libraries():
+    maps = ("7f0 r-xp 00 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1\n"
+            "7f1 r-xp 00 08:01 2 /opt/intel/lib/libiomp5.so\n7f2 r-xp 00 08:01 3 /usr/lib/libc.so.6\n")
+    assert compute.openmp_runtimes(maps) == ["GNU OpenMP (libgomp)", "Intel OpenMP (libiomp5)"]
+    assert compute.openmp_runtimes("") == []
+
+
+def test_the_new_compute_keys_at_their_defaults_keep_every_job_s_identity():
+    old = {"compute": {"device": "cpu", "dtype": "float32"}, "seed": 0}
+    new = {"compute": {"device": "cpu", "dtype": "float32", "resume": True, "kv_resume": True, "threads": "auto",
+                       "wait_policy": "auto"}, "seed": 0}
+    assert identity(new) == identity(old) == old
+    assert identity({"compute": {"threads": 2}})["compute"] == {"threads": 2}
+    assert identity({"compute": {"wait_policy": "active"}})["compute"] == {"wait_policy": "active"}
+
+
+def test_slurm_tasks_start_under_the_driver_s_wait_policy():
+    from cprobe.launch.slurm import task_setup
+
+    assert task_setup(["module load x"], {"OMP_WAIT_POLICY": "PASSIVE"}) == ["export OMP_WAIT_POLICY=PASSIVE",
+                                                                             "module load x"]
+    assert task_setup(["module load x"], {}) == ["module load x"]
