@@ -252,10 +252,12 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
 
 
 def fit_diagnostics(m: Any) -> dict[str, Any]:
-    """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps and convergence, an
-    attack's probe accuracy, and an SAE's quality on its fitting states (``quality_``: FVU, L0, dead-latent fraction;
-    through a direction intervention's fitted direction too)."""
-    out = {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
+    """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps, convergence and why it
+    stopped (R-LACE's ``stop_reason``: eps / plateau / cap / none), an attack's probe accuracy, and an SAE's quality on
+    its fitting states (``quality_``: FVU, L0, dead-latent fraction; through a direction intervention's fitted
+    direction too)."""
+    out = {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "stop_reason", "probe_accuracy")
+           if hasattr(m, a)}
     for src in (m, *getattr(m, "directions_", ())[:1]):
         if getattr(src, "quality_", None):
             return {**out, **{f"fit_sae_{k}": float(v) for k, v in src.quality_.items() if k != "n"}}
