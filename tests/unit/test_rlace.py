@@ -191,9 +191,26 @@ def test_plateau_stop_keeps_the_erasure_in_fewer_steps() -> None:
     assert acc[1] < 0.6 and abs(acc[0] - acc[1]) <= 0.02, acc
 
 
+def test_extend_adds_the_directions_p_weighs_most_outside_u() -> None:
+    """U = e₀; P = diag(0.9, 0.05, 0.5, 0.1) rotated: outside e₀ the heaviest direction is e₂ (0.5), then e₃ (0.1)."""
+    from cprobe.interventions.rlace import extend
+
+    P = torch.diag(torch.tensor([0.9, 0.05, 0.5, 0.1], dtype=torch.float64))
+    e = torch.eye(4, dtype=torch.float64)
+    E = extend(e[:, :1], P, 2)
+    assert torch.equal(E[:, 0], e[:, 0]) and torch.allclose(E[:, 1].abs(), e[:, 2])
+    E3 = extend(e[:, :1], P, 3)
+    assert {int(E3[:, j].abs().argmax()) for j in (1, 2)} == {2, 3}
+    assert torch.allclose(E3.T @ E3, torch.eye(3, dtype=torch.float64), atol=1e-12)
+    Q = torch.linalg.qr(torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
+    R = extend(Q[:, :1], Q @ P @ Q.T, 2)  # the same, in another basis
+    assert torch.allclose((R[:, 1] @ Q[:, 2]).abs(), torch.tensor(1.0, dtype=torch.float64))
+
+
 def test_warm_start_continues_a_lower_rank_game() -> None:
-    """Rank 2 from rank 1's game: P starts on the rank-2 Fantope, and the game reaches the same erasure as from the
-    random start (an independent adversary within two points) in fewer steps."""
+    """Rank 2 from rank 1's game: P starts on the rank-2 Fantope, the first candidate keeps rank 1's direction, and the
+    game reaches the majority rate (ε) in fewer steps than from the random start, erasing at least as well (an
+    independent adversary within two points)."""
     X, z = gaussian_classes(1200, 16, k=3)
     tr, te = slice(0, 600), slice(600, None)
     one = RLACE(1, lr=0.05, max_steps=6000).fit(X[tr], z[tr])
@@ -202,9 +219,9 @@ def test_warm_start_continues_a_lower_rank_game() -> None:
     warm = RLACE(2, lr=0.05, max_steps=6000).fit(X[tr], z[tr], start=one.game_)
     assert warm.start_rank == 1 and cold.start_rank is None
     assert torch.linalg.matrix_rank(warm.P).item() == 14
-    assert warm.converged and cold.converged and warm.steps_run < cold.steps_run, (warm.steps_run, cold.steps_run)
+    assert warm.converged and warm.steps_run < cold.steps_run, (warm.steps_run, cold.steps_run)
     acc = [linear_accuracy((X @ m.P)[tr], z[tr], (X @ m.P)[te], z[te], 3) for m in (cold, warm)]
-    assert abs(acc[0] - acc[1]) <= 0.02, acc
+    assert acc[1] <= acc[0] + 0.02, acc
     with pytest.raises(ConfigError, match="lower rank on 8-dimensional states"):
         RLACE(2).fit(X[:, :8], z, start=one.game_)
 

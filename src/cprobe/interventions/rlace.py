@@ -17,11 +17,10 @@ Two stops and a start beyond the reference, each off by default here (the reliab
   ε is out of reach (a rank whose rounding never brings the fresh probe to the majority rate) the reference runs to
   its 75k-step cap while the kept rounding no longer changes.
 - **A warm start** (``fit(X, z, start=game)``): the game of rank r continues from a lower-rank :class:`Game` instead
-  of the random start: P starts at the projection removing that game's kept directions and the directions its relaxed
-  P weighs most outside them (:func:`extend`; a vertex of F_r, so the kept fresh-probe loss starts at the lower rank's
-  and the state starts low-rank), the predictor where that game left it. The relaxed game is convex in θ and linear in
-  P over the convex Fantope, so its saddle value does not depend on the start; the start only changes how soon the
-  game gets there.
+  of the random start: its relaxed P projected onto F_r, its predictor; the first candidate rounding is the lower
+  rank's kept one extended by the directions the projected P weighs most outside it (:func:`extend`), so the kept
+  fresh-probe loss starts at the lower rank's. The relaxed game is convex in θ and linear in P over the convex
+  Fantope, so its saddle value does not depend on the start; the start only changes how soon the game gets there.
   ``warm_start`` chains a rank sweep's separate jobs through the cache (:mod:`cprobe.interventions.rlace_chain`).
 
 Differences from the reference code, none of which changes the game's iterates beyond floating point:
@@ -278,14 +277,15 @@ class RLACE(Intervention):
             idx, order[0] = order[0][: self.batch_size], order[0][self.batch_size :]
             return Xd[idx], target[idx]
 
+        first = None  # the first evaluation's rounding: the state's own, or a warm start's extended one
         if start is None:
             state, W, b = self._cold_start(d, k, rank, gen, device, batch, binary)
         else:
             if start.P.shape != (d, d) or start.W.shape[1] != d or not 1 <= start.rank < rank:
                 raise ConfigError(f"a warm start of a rank-{rank} R-LACE game needs a game of a lower rank on "
                                   f"{d}-dimensional states, got rank {start.rank} and P of shape {tuple(start.P.shape)}")
-            E = extend(start.U.to(device, torch.float64), start.P.to(device, torch.float64), rank)
-            state = LowRankFantope(E @ E.T, rank)
+            state = LowRankFantope(start.P.to(device, torch.float64), rank)
+            first = extend(start.U.to(device, torch.float64), state.dense(), rank)
             W, b = start.W.to(device, torch.float64).clone(), start.b.to(device, torch.float64).clone()
 
         majority = torch.bincount(zd, minlength=k).max().item() / n
@@ -294,7 +294,7 @@ class RLACE(Intervention):
         stop, step = "cap", 0
         for step in track(range(1, self.max_steps + 1), "rlace"):
             if (step - 1) % self.eval_every == 0:
-                U = state.top(rank)
+                U = first if step == 1 and first is not None else state.top(rank)
                 loss, acc, warm = self._score(Xd, zd, k, U, warm)
                 if loss > best_loss:
                     best_loss, best_U = loss, U
