@@ -198,6 +198,10 @@ register_kind("sae", "sparse autoencoders trained on activations (SAELens folder
               "every training setting and the recorded model and hook",
               lambda entry: ", ".join(f"{k}={v:.3g}" for k, v in _json(entry, "quality.json").items()
                                       if k in ("fvu", "l0", "dead_fraction")))
+register_kind("rlace", "R-LACE games of a rank chain (warm_start): each rank's relaxed solution and kept projection, keyed "
+              "by the states' content and every setting but the rank",
+              lambda entry: ", ".join(f"{k}={v}" for k, v in _json(entry, "game.json").items()
+                                       if k in ("rank", "steps_run", "stop_reason")))
 register_kind("gguf", "GGUF checkpoints dequantised to float32 safetensors folders, keyed by the file's sha256",
               lambda entry: ", ".join(f"{k}={v}" for k, v in _json(entry, "gguf.json").items()
                                        if k in ("file", "architecture", "file_type")))

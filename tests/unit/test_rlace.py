@@ -145,3 +145,117 @@ def test_reference_restatement_projects_eigenvalues_like_cprobe() -> None:
     lam = torch.tensor([1.2, 0.6, -1.0, 0.3], dtype=torch.float64)
     ours = (lam - fantope_shift(lam, 1)).clamp(0, 1).numpy()
     assert np.allclose(_fantope_eigenvalues(lam.numpy(), 1, iters=60), ours, atol=1e-9)
+
+
+# ------------------------------------------------------------------------------------- stopping and warm starts
+def test_plateau_rule_on_hand_made_loss_sequences() -> None:
+    """(step, best loss so far) at each evaluation; patience 2000 steps, tolerance 1e-3."""
+    from cprobe.interventions.rlace import plateaued
+
+    rising = [(1, 0.10), (1001, 0.30), (2001, 0.50), (3001, 0.60)]
+    assert not plateaued(rising[:2], 2000, 1e-3)  # no evaluation 2000 steps before the last yet
+    assert not plateaued(rising, 2000, 1e-3)  # 0.60 − 0.30 (the best at step 1001 = 3001 − 2000)
+    flat = [(1, 0.10), (1001, 0.6900), (2001, 0.6905), (3001, 0.6909)]
+    assert plateaued(flat, 2000, 1e-3)  # 0.6909 − 0.6900 < 1e-3
+    assert not plateaued(flat, 2000, 1e-4)  # 9e-4 is not below 1e-4
+    assert not plateaued(flat, 3001, 1e-3)  # nothing 3001 steps before step 3001
+    assert plateaued(flat, 3000, 1e-3) is False  # the best at step 1 (0.10): still rising over 3000 steps
+    # the window reaches back to the latest evaluation at least `patience` steps before the last, not the first one
+    uneven = [(1, 0.1), (500, 0.6), (1800, 0.6), (2600, 0.6004)]
+    assert plateaued(uneven, 2000, 1e-3)  # compares 0.6004 with the best at step 500 (2600 − 2000 = 600 ≥ 500)
+    assert not plateaued([], 2000, 1e-3)
+
+
+def test_stop_reasons(tmp_path) -> None:
+    """eps: the fresh probe reaches the majority rate; plateau: the best loss stops rising; cap: neither in time."""
+    X, z = gaussian_classes(600, 12)
+    eps = RLACE(1, lr=0.05, max_steps=3000).fit(X, z)
+    assert eps.stop_reason == "eps" and eps.converged and eps.steps_run < 3000
+    cap = RLACE(1, max_steps=150).fit(X, z)  # the paper's lr: far from erasing after 150 steps
+    assert cap.stop_reason == "cap" and not cap.converged and cap.steps_run == 150
+    flat = RLACE(1, lr=0.05, max_steps=3000, epsilon=0.0, patience=300, plateau_tol=1e9).fit(X, z)
+    assert flat.stop_reason == "plateau" and not flat.converged
+    assert flat.steps_run == 301  # the first evaluation 300 steps after another: steps 1, 101, 201, 301
+    assert RLACE(0).fit(X, z).stop_reason == "none"
+
+
+def test_plateau_stop_keeps_the_erasure_in_fewer_steps() -> None:
+    """On a game that never reaches ε (ε = 0), a plateau stop ends it long before the cap, with the kept projection
+    erasing as well (an independent adversary within two points of the capped game's)."""
+    X, z = gaussian_classes(1200, 12)
+    tr, te = slice(0, 600), slice(600, None)
+    capped = RLACE(1, lr=0.05, max_steps=4000, epsilon=0.0).fit(X[tr], z[tr])
+    early = RLACE(1, lr=0.05, max_steps=4000, epsilon=0.0, patience=1000, plateau_tol=1e-4).fit(X[tr], z[tr])
+    assert capped.stop_reason == "cap" and early.stop_reason == "plateau" and early.steps_run < 3000
+    acc = [linear_accuracy((X @ m.P)[tr], z[tr], (X @ m.P)[te], z[te], 2) for m in (capped, early)]
+    assert acc[1] < 0.6 and abs(acc[0] - acc[1]) <= 0.02, acc
+
+
+def test_extend_adds_the_directions_p_weighs_most_outside_u() -> None:
+    """U = e₀; P = diag(0.9, 0.05, 0.5, 0.1) rotated: outside e₀ the heaviest direction is e₂ (0.5), then e₃ (0.1)."""
+    from cprobe.interventions.rlace import extend
+
+    P = torch.diag(torch.tensor([0.9, 0.05, 0.5, 0.1], dtype=torch.float64))
+    e = torch.eye(4, dtype=torch.float64)
+    E = extend(e[:, :1], P, 2)
+    assert torch.equal(E[:, 0], e[:, 0]) and torch.allclose(E[:, 1].abs(), e[:, 2])
+    E3 = extend(e[:, :1], P, 3)
+    assert {int(E3[:, j].abs().argmax()) for j in (1, 2)} == {2, 3}
+    assert torch.allclose(E3.T @ E3, torch.eye(3, dtype=torch.float64), atol=1e-12)
+    Q = torch.linalg.qr(torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
+    R = extend(Q[:, :1], Q @ P @ Q.T, 2)  # the same, in another basis
+    assert torch.allclose((R[:, 1] @ Q[:, 2]).abs(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_warm_start_continues_a_lower_rank_game() -> None:
+    """Rank 2 from rank 1's game: P starts on the rank-2 Fantope, the first candidate keeps rank 1's direction, and the
+    game reaches the majority rate (ε) in fewer steps than from the random start, erasing at least as well (an
+    independent adversary within two points)."""
+    X, z = gaussian_classes(1200, 16, k=3)
+    tr, te = slice(0, 600), slice(600, None)
+    one = RLACE(1, lr=0.05, max_steps=6000).fit(X[tr], z[tr])
+    assert one.game_.rank == 1 and torch.trace(one.game_.P).item() == pytest.approx(1.0, abs=1e-9)
+    cold = RLACE(2, lr=0.05, max_steps=6000).fit(X[tr], z[tr])
+    warm = RLACE(2, lr=0.05, max_steps=6000).fit(X[tr], z[tr], start=one.game_)
+    assert warm.start_rank == 1 and cold.start_rank is None
+    assert torch.linalg.matrix_rank(warm.P).item() == 14
+    assert warm.converged and warm.steps_run < cold.steps_run, (warm.steps_run, cold.steps_run)
+    acc = [linear_accuracy((X @ m.P)[tr], z[tr], (X @ m.P)[te], z[te], 3) for m in (cold, warm)]
+    assert acc[1] <= acc[0] + 0.02, acc
+    with pytest.raises(ConfigError, match="lower rank on 8-dimensional states"):
+        RLACE(2).fit(X[:, :8], z, start=one.game_)
+
+
+def test_rank_chain_is_the_same_cached_or_not(tmp_path, monkeypatch) -> None:
+    """warm_start: rank r is the last game of the chain 1 → … → r, read from the cache (kind rlace) where a job
+    before played it; the same projection whether the links were cached, played in this process, or asked in another
+    order."""
+    from cprobe.interventions import rlace_chain
+
+    X, z = gaussian_classes(400, 10, k=3)
+    kw = dict(lr=0.05, max_steps=600, warm_start=True)
+    monkeypatch.setenv("CPROBE_CACHE_DIR", str(tmp_path))
+    played: list[int] = []
+    real = RLACE._play
+
+    def counting(self, Xd, zd, k, rank, start):
+        played.append(rank)
+        return real(self, Xd, zd, k, rank, start)
+
+    monkeypatch.setattr(RLACE, "_play", counting)
+    three = RLACE(3, **kw).fit(X, z)
+    assert played == [1, 2, 3] and three.start_rank == 2
+    assert sorted(p.name.split("-")[-1] for p in (tmp_path / "rlace").iterdir() if p.is_dir()) == \
+        ["rank1", "rank2", "rank3"]
+    played.clear()
+    assert torch.equal(RLACE(2, **kw).fit(X, z).P, RLACE(2, **kw, cache=False).fit(X, z).P)
+    assert played == [1, 2]  # rank 2 read from the cache, then played here without it
+    played.clear()
+    four = RLACE(4, **kw).fit(X, z)
+    assert played == [4] and four.start_rank == 3  # continues from the cached rank 3
+    again = RLACE(3, **kw).fit(X, z)
+    assert torch.equal(again.P, three.P) and (again.steps_run, again.stop_reason) == (three.steps_run,
+                                                                                       three.stop_reason)
+    other = RLACE(3, **{**kw, "lr": 0.04}).fit(X, z)  # another setting: another chain
+    assert played == [4, 1, 2, 3] and not torch.equal(other.P, three.P)
+    assert rlace_chain.key(X, z, RLACE(3).settings()) != rlace_chain.key(X, 1 - z.clamp(max=1), RLACE(3).settings())

@@ -351,10 +351,13 @@ def _save_dequantised(file: Path, out: Path, what: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from cprobe.models.gguf_read import fast_reading
+
     kw = dict(gguf_file=file.name, local_files_only=True)
     try:
-        tok = AutoTokenizer.from_pretrained(str(file.parent), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(file.parent), dtype=torch.float32, **kw)
+        with fast_reading():
+            tok = AutoTokenizer.from_pretrained(str(file.parent), **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(file.parent), dtype=torch.float32, **kw)
     except (ValueError, OSError, KeyError, RuntimeError) as e:
         msg = " ".join(str(e).split())[:300]
         raise ModelLoadError(f"{what}: transformers cannot load {file.name} ({type(e).__name__}: {msg}); convert the "

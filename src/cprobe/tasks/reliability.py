@@ -255,10 +255,11 @@ def _labels(cfg: Mapping[str, Any], config: Config, data: Any, seed: int
 
 
 def fit_diagnostics(m: Any) -> dict[str, Any]:
-    """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps and convergence, an
-    attack's probe accuracy. (An SAE method's quality is measured on the test split: :func:`cprobe.sae.quality.
-    held_out`.)"""
-    return {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "probe_accuracy") if hasattr(m, a)}
+    """What a fitted method says of its own fit, as ``fit_*`` columns: an iterative fit's steps, convergence and why it
+    stopped (R-LACE's ``stop_reason``: eps / plateau / cap / none), an attack's probe accuracy. (An SAE method's quality
+    is measured on the test split: :func:`cprobe.sae.quality.held_out`.)"""
+    return {f"fit_{a}": getattr(m, a) for a in ("steps_run", "converged", "stop_reason", "probe_accuracy")
+            if hasattr(m, a)}
 
 
 def _site_name(s: Site, position: str) -> str:
