@@ -40,7 +40,12 @@ class Direction(Estimator, ABC):
     per_model_lambda: ClassVar[bool] = False
     """True when the constructor takes a penalty ``lam`` tuned per model (the paper's probe λ, ``causalgym.probe_lam``);
     several λs run as several methods (``probe0``, ``probe1``)."""
-    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
+    features: ClassVar[bool] = False
+    """True when ``fit`` learns several features, not one direction: the fitted method is a featurizer
+    (:mod:`cprobe.models.featurizers`: ``n_features``, ``featurize``, ``inverse``) whose features a study interchanges
+    (RAVEL's SAE method); ``fit(X, y, contexts=None)`` also takes states of broad text. A study that scores one
+    direction refuses it."""
+    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda", "features")
     _needs_fitted = ("score",)
     _fitted_attrs = ("a",)
 
@@ -56,9 +61,11 @@ def capability_problems(cls: type) -> list[str]:
     out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in Direction.CAPABILITIES
            if not isinstance(getattr(cls, f, False), bool)]
     if getattr(cls, "whole_vector", False):
-        learns = [f for f in ("causal", "supervised", "per_model_lambda") if getattr(cls, f, False)]
+        learns = [f for f in ("causal", "supervised", "per_model_lambda", "features") if getattr(cls, f, False)]
         if learns:
             out.append(f"whole_vector (no direction is learned) contradicts {learns}")
+    if getattr(cls, "features", False) and getattr(cls, "causal", False):
+        out.append("features (fitted on states) contradicts causal (trained through the model)")
     if getattr(cls, "per_model_lambda", False):
         try:
             params = inspect.signature(cls.__init__).parameters

@@ -7,7 +7,9 @@
 - :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
 - :class:`NextToken`: the same, unchecked, for a forward that runs every training step (DAS at many sites);
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
-- :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C).
+- :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C);
+- :class:`GreedyTokens`: the most probable token (n, m) at each of m named positions (teacher-forced continuations,
+  :class:`~cprobe.models.formatters.ContinuationFormatter`: greedy decoding's answer, RAVEL's metric).
 
 "Task accuracy" is a readout method (:meth:`Readout.accuracy`). A readout's :meth:`spec` enters the
 activation-cache key, so cached scores are never read back under another readout.
@@ -158,6 +160,41 @@ class TopK(Readout):
         if gold is None:
             raise ConfigError("top-k accuracy needs the gold token ids")
         return float((scores[:, 0].cpu() == gold.cpu()).float().mean())
+
+
+class GreedyTokens(Readout):
+    """The argmax token ids (n, m) at the named positions ``positions`` (−1 where a row lacks one): on a teacher-
+    forced continuation (``answer:0`` … ``answer:m−1``), greedy decoding writes the continuation's first m tokens
+    exactly when every row entry equals that continuation token — one forward instead of m decoding steps. The
+    adapter computes the head at these positions only (``at_positions``)."""
+
+    name = "greedy_tokens"
+    at_position = False
+
+    def __init__(self, positions: Sequence[str]) -> None:
+        self.positions = tuple(positions)
+        if not self.positions:
+            raise ConfigError("greedy tokens need at least one position")
+
+    @property
+    def at_positions(self) -> tuple[str, ...]:
+        """The positions whose logits this readout reads (the adapter's head sees those tokens only)."""
+        return self.positions
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "positions": list(self.positions)}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        out = []
+        for name in self.positions:
+            pos = batch.position(name).to(logits.device)
+            best = logits[rows, pos.clamp(min=0)].argmax(-1)
+            out.append(torch.where(pos >= 0, best, torch.full_like(best, -1)))
+        return torch.stack(out, 1)
+
+    def predict(self, scores: Tensor) -> Tensor:
+        return scores[:, 0]
 
 
 class ClassHead(Readout):
