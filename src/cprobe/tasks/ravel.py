@@ -66,11 +66,11 @@ class Config:
     eval_split: str = "test"  # the held-out part scored: test or val
     sources: list[str] | None = None  # source kinds (null: the reference's three the data has)
     answer_tokens: int = 3  # the label's tokens the match reads (RAVEL's max_new_tokens)
-    entities: int | None = None  # at most this many entities per part (seeded; null: all)
-    templates: int | None = None  # at most this many templates per attribute per part (seeded; null: all)
-    context_entities: int = 4  # entities filling one Wikipedia context about no particular entity
+    entities: int | None = 32  # at most this many entities per part (seeded; null: all)
+    templates: int | None = 2  # at most this many templates per attribute per part (seeded; null: all)
+    context_entities: int = 2  # entities filling one Wikipedia context about no particular entity
     fit_share: float = 0.5  # share of the entities (templates) that fit, where the data has no split file
-    n_pairs: int = 32  # scored base/source pairs per (targeted A, queried Q, source kind)
+    n_pairs: int = 6  # scored base/source pairs per (targeted A, queried Q, source kind)
     n_train: int = 64  # DAS train pairs per attribute (MDAS: as many Isolate pairs again)
     das: dict = field(default_factory=lambda: dict(DEFAULT_DAS))
     probe_lam: float = 1.0  # the λ of a method tuned per model (per_model_lambda: the probe direction)
@@ -107,10 +107,13 @@ class Config:
         unknown = sorted(set(self.das) - set(DEFAULT_DAS))
         if unknown:
             raise ValueError(f"unknown key(s) {unknown} under ravel.das; known: {sorted(DEFAULT_DAS)}")
-        odd = sorted(set(self.features) - {m for m in self.methods if declares(m, "features")})
+        from cprobe.methods import method_names
+
+        odd = sorted(m for m in self.features if m not in method_names() or is_intervention(m)
+                     or not declares(m, "features"))
         if odd:
-            raise ValueError(f"ravel.features sets {odd}, which ravel.methods does not list as a method that gives "
-                             "features")
+            raise ValueError(f"ravel.features sets {odd}, which are not methods that give features (capability "
+                             "features, e.g. sae_features)")
         if self.attributes is not None and len(set(self.attributes)) < 2:
             raise ValueError(f"ravel.attributes {list(self.attributes)}: Isolate needs two attributes or more (null: "
                              "every attribute of the data)")
@@ -241,11 +244,11 @@ def _accuracy(P: Any, data: Any, attrs: Sequence[str], value: np.ndarray) -> lis
                          "queried": attr, "style": name, "metric": "task_accuracy",
                          "value": float(P.correct[asked[m]].mean()) if m.any() else float("nan"), "n": int(m.sum())})
         right = {int(value[e, a]) for e in P.entity[asked[P.correct[asked]]]}
-        if len(right) < 2:
-            raise InputRefused(f"attribute {attr!r}: the model's answers match {len(right)} of its "
-                               f"{len(data.values(attr))} values on {len(asked)} scored prompts (a value's first "
-                               "ravel.answer_tokens tokens after the template, greedy); Cause needs two: drop it "
-                               "(ravel.attributes) or use a model that knows it")
+        if not right:
+            raise InputRefused(f"attribute {attr!r}: none of its {len(data.values(attr))} values occurs among the "
+                               f"model's answers on {len(asked)} scored prompts (a value's first ravel.answer_tokens "
+                               "tokens after the template, greedy): drop it (ravel.attributes) or use a model that "
+                               "knows it")
     return rows
 
 
@@ -293,6 +296,10 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     balance = BALANCE[config.split]
     scored = {a: plan.pairs(P, value, labels, a, everything, kinds, "scored", config.n_pairs, rng, balance)
               for a in everything}
+    n_rows = sum(len(p) for p in scored.values())
+    log.info("RAVEL plan: %d prompts answered, %d states read (prompts and contexts), %d scored pairs per method row "
+             "and layer (%d entities fit, %d scored)", int((P.answered).sum()), int((~P.answered).sum()), n_rows,
+             len(fit.entities), len(ev.entities))
     params = lambda name, layer: _params(config, name, layer)  # noqa: E731
     t0 = time.perf_counter()
     jobs = F.fit_jobs(config, P, value, attrs, layers, scored, seed, ctx.device, ctx.cache_dir(PROBE_FITS), params)

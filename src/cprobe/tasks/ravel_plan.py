@@ -313,6 +313,14 @@ def eligible(P: Prompts, value: np.ndarray, labels: Labels, a: int, base_row: in
     return rows, value[ents, q]
 
 
+def balanced(labels: np.ndarray, b: float) -> np.ndarray:
+    """The reference's draw probabilities of candidates with ``labels``: each weighs ``1 / (b + c)``, c the count of
+    its label among them, normalised."""
+    counts = Counter(labels.tolist())
+    w = np.array([1.0 / (b + counts[x]) for x in labels.tolist()])
+    return w / w.sum()
+
+
 def pairs(P: Prompts, value: np.ndarray, labels: Labels, a: int, queried: Sequence[int], kinds: Sequence[str],
           part: str, n: int, rng: np.random.Generator, balance: int) -> Pairs:
     """Up to ``n`` pairs per (queried attribute, kind) targeting ``a`` on the part ``part`` (``fit`` / ``scored``;
@@ -341,9 +349,7 @@ def pairs(P: Prompts, value: np.ndarray, labels: Labels, a: int, queried: Sequen
                 passed += 1
                 if len(got["base"]) >= n:
                     continue
-                counts = Counter(labs.tolist())
-                w = np.array([1.0 / (balance + counts[x]) for x in labs.tolist()])
-                s = int(rows[rng.choice(len(rows), p=w / w.sum())])
+                s = int(rows[rng.choice(len(rows), p=balanced(labs, balance))])
                 e, e2 = int(P.entity[b]), int(P.entity[s])
                 wanted = value[e2, a] if q == a else value[e, q]
                 for c, v in (("base", b), ("source", s), ("queried", q), ("kind", KINDS.index(kind)),
