@@ -194,9 +194,10 @@ register_kind("probe_fits", "probe fits (the probing study, the reliability and 
 register_kind("cloze", "cloze prediction tables of the prompt-bias study", _describe_cloze)
 register_kind("engine", "batch sizes that fit after a CUDA out-of-memory error, per model, length and GPU",
               files=("batch_limits.json",))
-register_kind("sae", "sparse autoencoders trained on activations (SAELens folders), keyed by the states' content and "
-              "every training setting", lambda entry: ", ".join(f"{k}={v:.3g}" for k, v in _json(entry, "quality.json")
-                                                                 .items() if k in ("fvu", "l0", "dead_fraction")))
+register_kind("sae", "sparse autoencoders trained on activations (SAELens folders), keyed by the states' content, "
+              "every training setting and the recorded model and hook",
+              lambda entry: ", ".join(f"{k}={v:.3g}" for k, v in _json(entry, "quality.json").items()
+                                      if k in ("fvu", "l0", "dead_fraction")))
 register_kind("gguf", "GGUF checkpoints dequantised to float32 safetensors folders, keyed by the file's sha256",
               lambda entry: ", ".join(f"{k}={v}" for k, v in _json(entry, "gguf.json").items()
                                        if k in ("file", "architecture", "file_type")))

@@ -27,6 +27,7 @@ from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS
 from cprobe.interventions import INTERVENTIONS, fit_intervention
+from cprobe.sae.method import at_site
 
 DRAW_STRIDE = 7_919
 """Draw k of a chance baseline is seeded ``seed + DRAW_STRIDE * k`` (a prime: draws of nearby sites never meet)."""
@@ -144,8 +145,13 @@ def check(methods: Sequence[str], key: str, needs: Needs = Needs()) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- a method for a run
-def build(name: str, params: Mapping[str, Any], seed: int, device: Any = None) -> Any:
-    """Method ``name`` from its registry's one factory (``seed``/``device`` reach constructors that take them)."""
+def build(name: str, params: Mapping[str, Any], seed: int, device: Any = None, layer: int | None = None,
+          model: str | None = None) -> Any:
+    """Method ``name`` from its registry's one factory (``seed``/``device`` reach constructors that take them); built
+    for the site at ``layer`` of ``model``, a method that loads an SAE gets that site's folder, checked
+    (:func:`cprobe.sae.method.at_site`)."""
+    if layer is not None:
+        params = at_site(registry(name).get(name), params, layer, model)
     return registry(name).build({"name": name, **params}, seed=seed, device=device)
 
 
@@ -163,17 +169,18 @@ def fallback_direction(d: int, seed: int) -> Tensor:
 
 
 def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
-                    site_seed: int | None = None, device: Any = None, probe: Any = None) -> list[Tensor]:
+                    site_seed: int | None = None, device: Any = None, probe: Any = None,
+                    layer: int | None = None) -> list[Tensor]:
     """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y``: a direction method's ``a`` (a chance
     baseline's :func:`draws` seeded :func:`draw_seed` from ``site_seed``, default ``seed``), or an intervention's
     fitted ``edit_direction()`` (``probe``: a callable giving its interventional probe where it ``needs_probe``).
-    ValueError where a fitted edit is not one direction."""
+    ValueError where a fitted edit is not one direction. ``layer``: the site's (:func:`build`)."""
     if not is_intervention(name):
         if not DIRECTIONS.get(name).chance_baseline:
-            return [build(name, params, seed).fit(X, y).a]
+            return [build(name, params, seed, layer=layer).fit(X, y).a]
         base = seed if site_seed is None else site_seed
-        return [build(name, params, draw_seed(base, k)).fit(X, y).a for k in range(n_draws)]
-    method = build(name, params, seed, device)
+        return [build(name, params, draw_seed(base, k), layer=layer).fit(X, y).a for k in range(n_draws)]
+    method = build(name, params, seed, device, layer)
     fit_intervention(method, X, y, probe=probe)
     a = method.edit_direction()
     if a is None:

@@ -109,3 +109,50 @@ def test_an_sae_of_another_model_is_refused_before_the_study_runs(tmp_path):
     r = cli.run("run", "+experiment=sva_tiny_reliability", "intervention=sae_latents",
                 f"intervention.path={tmp_path / 'sae'}", f"paths.output_root={out}", cwd=REPO)
     cli.assert_refused(r, "was trained on model 'google/gemma-2-2b' (cfg.json model_name), not 'tiny_bert_sva'", out)
+
+
+SAELENS = REPO / "tests" / "data" / "saelens"  # folders SAELens itself wrote (README there)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # the reliability study at layer 4 with SAELens's SAE of blocks.2.hook_resid_post (layer 3)
+    (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'standard'}",
+      "layers=4"], "was trained at hook 'blocks.2.hook_resid_post' (cfg.json hook_name), not at layer 4"),
+    # an SAE of another hook than the residual stream
+    (["+experiment=sva_tiny_reliability", "intervention=sae_latents", f"intervention.path={SAELENS / 'mlp_out'}",
+      "layers=3"], "was trained at hook 'blocks.2.hook_mlp_out' (cfg.json hook_name), not at layer 3"),
+    # one folder per layer (a pattern: quoted for Hydra), with none for layer 2
+    (["+experiment=sva_tiny_reliability", "intervention=sae_direction", "layers=2",
+      f"intervention.path='{SAELENS / 'layers' / 'layer_{layer}'}'"], "layers/layer_2 lacks cfg.json"),
+    # a multi-layer AxBench run: the study's model is checked at every layer, not only the width
+    (["+experiment=axbench_detect", "+debug=smoke", "layers=[0,2,4]", "axbench.methods=[sae]",
+      f"+axbench.params.sae.path={SAELENS / 'standard'}"],
+     "was trained on model 'tiny_bert_sva' (cfg.json model_name), not 'tiny_neox_sva'"),
+])
+def test_an_saelens_folder_for_another_site_is_refused_before_the_study_runs(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = cli.run("run", *args, f"paths.output_root={out}", cwd=REPO)
+    cli.assert_refused(r, message, out)
+
+
+def test_causalgym_loads_one_saelens_folder_per_layer_and_refuses_one_at_every_layer(adapter, template,  # noqa: F811
+                                                                                     tmp_path):
+    """The issue's case: a multi-layer CausalGym run. Each layer reads its own folder (``{layer}``) and runs; one
+    folder recorded at layer 1 is refused at layer 2 (before, only its width was checked there)."""
+    from cprobe.errors import ConfigError
+    from cprobe.sae import saelens
+
+    d, g = adapter.hidden_size, torch.Generator().manual_seed(0)
+    for layer in (1, 2):
+        (tmp_path / f"layer_{layer}").mkdir()
+        saelens.save(SAE(W_enc=torch.randn(d, 16, generator=g), b_enc=torch.zeros(16), W_dec=torch.randn(16, d,
+                         generator=g), b_dec=torch.zeros(d), activation="topk", k=4, model_name="toy",
+                         hook_name=saelens.layer_hook(layer)), tmp_path / f"layer_{layer}")
+    pattern = {"sae_latents": {"path": str(tmp_path / "layer_{layer}"), "latents": 2}}
+    rows = pd.DataFrame(run_gym_task(adapter, template, *_settings(methods=["sae_latents"], layers=[1, 2],
+                                                                   interventions=pattern)))
+    assert sorted(set(rows["layer"])) == [1, 2] and rows["odds"].notna().all()
+    assert not rows["degenerate"].any()  # every site's SAE was loaded and fitted (a refusal there is degenerate)
+    one = {"sae_latents": {"path": str(tmp_path / "layer_1")}}
+    with pytest.raises(ConfigError, match=r"hook 'blocks.0.hook_resid_post' \(cfg.json hook_name\), not at layer 2"):
+        run_gym_task(adapter, template, *_settings(methods=["sae_latents"], layers=[1, 2], interventions=one))

@@ -1,13 +1,18 @@
-"""What the SAE methods share: where their SAE comes from and which of its latents carry the property.
+"""What the SAE methods share: where their SAE comes from, which of its latents carry the property, and the site it
+is read at.
 
 The settings (the ``sae`` direction's and the ``sae_latents`` intervention's, docs/sae.md):
 
-- ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`); refused in one line when it
-  records another model than ``model`` or another hook point than ``layer`` (each when set; checked when the method is
-  built, at validation), and when its width is not the states' (when it is fitted). Without ``path`` an SAE is trained on the fitting states themselves (the activations at the site, from
-  the activation cache) with ``architecture`` (``topk`` / ``relu``), ``d_sae``, ``k`` (TopK), ``l1`` (ReLU),
-  ``lr`` (null: sparsify's rule), ``epochs``, ``batch_size`` and the method's seed, and kept in the cache (kind
-  ``sae``, keyed by the states' content and every setting) unless ``cache: false``.
+- ``path``: a local folder in SAELens's format to load (:mod:`cprobe.sae.saelens`), or a pattern with ``{layer}``
+  (``DIR/layer_{layer}``: one folder per layer, the site's layer filled in). Refused in one line when it records
+  another model than ``model`` or another hook point than ``layer`` (each when set; checked when the method is
+  built), and when its width is not the states' (when it is fitted). Without ``path`` an SAE is trained on the
+  fitting states themselves (the activations at the site, from the activation cache) with ``architecture`` (``topk`` /
+  ``relu``), ``d_sae``, ``k`` (TopK), ``l1`` (ReLU), ``lr`` (null: sparsify's rule), ``epochs``, ``batch_size`` and
+  the method's seed, and kept in the cache (kind ``sae``, keyed by the states' content, every setting and the
+  recorded model and hook) unless ``cache: false``; its ``cfg.json`` records ``model`` and ``layer``'s hook.
+- ``model``, ``layer``: the model and cprobe layer of the site. A study sets both at every site it fits the method
+  at (:func:`at_site`; before any model loads, :func:`check_sites` checks the folders of the layers it can name).
 - ``select``: the rule that scores latents (:data:`cprobe.sae.select.RULES`); ``latents``: how many are used.
 
 After fitting, ``sae_`` is the SAE, ``quality_`` its FVU, L0 and dead fraction on the fitting states (logged),
@@ -15,6 +20,11 @@ After fitting, ``sae_`` is the SAE, ``quality_`` its FVU, L0 and dead fraction o
 """
 
 from __future__ import annotations
+
+import glob
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,9 +49,12 @@ class SAEMethod:
             raise ConfigError(f"SAE select must be one of {list(selection.RULES)}, got {select!r}")
         if not (isinstance(latents, int) and latents >= 1):
             raise ConfigError(f"SAE latents must be an integer >= 1, got {latents!r}")
-        self.path, self.model, self.layer, self.cache = path, model, layer, bool(cache)
-        if path is not None:  # the folder, its format and what it records, checked before any model loads
-            saelens.check_recorded(saelens.read_cfg(path), f"folder {path}", model=model, layer=layer)
+        if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 0):
+            raise ConfigError(f"SAE layer must be a layer number >= 0 or null, got {layer!r}")
+        self.model, self.layer, self.cache = model, layer, bool(cache)
+        self.path = None if path is None else saelens.at_layer(path, layer) if layer is not None else str(path)
+        if self.path is not None and saelens.LAYER_FIELD not in self.path:  # checked before any model loads
+            saelens.check_recorded(saelens.read_cfg(self.path), f"folder {self.path}", model=model, layer=layer)
         self.select, self.latents = select, latents
         self.train_settings = TrainSettings(architecture=architecture, d_sae=d_sae, k=k, l1=float(l1),
                                             lr=None if lr is None else float(lr), epochs=epochs,
@@ -61,10 +74,65 @@ class SAEMethod:
 
     def _sae(self, X: Tensor) -> SAE:
         if self.path is None:
-            sae, self.quality_ = store.trained(X, self.train_settings, cache_dir() if self.cache else None)
+            hook = None if self.layer is None else saelens.layer_hook(self.layer)
+            sae, self.quality_ = store.trained(X, self.train_settings, cache_dir() if self.cache else None,
+                                               model_name=self.model, hook_name=hook)
             return sae
+        if saelens.LAYER_FIELD in self.path:
+            raise ConfigError(f"SAE path {self.path} names one folder per layer, but no layer is set here: set the "
+                              "method's `layer`")
         sae = saelens.load(self.path)
         saelens.check_width(sae, X.shape[1], f"folder {self.path}")
         self.quality_ = measure(sae, X)
         return sae
 
+
+
+def loads_sae(method: Any) -> bool:
+    """Whether the method class ``method`` takes the SAE settings: an :class:`SAEMethod`, or a class that forwards its
+    settings to one (``forwards_kwargs_to``: the ``sae_direction`` bridge)."""
+    targets = (method, *getattr(method, "forwards_kwargs_to", ())) if isinstance(method, type) else ()
+    return any(isinstance(t, type) and issubclass(t, SAEMethod) for t in targets)
+
+
+def at_site(method: Any, params: Mapping[str, Any], layer: int, model: str | None = None) -> dict[str, Any]:
+    """The settings ``params`` of the method class ``method`` at the site at cprobe layer ``layer`` of the model
+    ``model``: what a study builds the method with at each layer it reads. An SAE method's get ``layer`` (a ``layer``
+    setting of another layer is refused: the SAE would run where it was not trained) and ``model`` where unset, so
+    building it fills ``{layer}`` into ``path`` and checks the folder's recorded model and hook against this site, and a
+    trained SAE records them. Any other method's settings come back as they are."""
+    out = dict(params)
+    if not loads_sae(method):
+        return out
+    if out.get("layer") is not None and out["layer"] != layer:
+        raise ConfigError(f"SAE setting layer={out['layer']} but the study reads this SAE at layer {layer}: drop "
+                          f"`layer` (each site sets its own) or give one folder per layer (path=DIR/layer_"
+                          f"{saelens.LAYER_FIELD})")
+    out["layer"] = layer
+    if out.get("model") is None and model:
+        out["model"] = model
+    return out
+
+
+def check_sites(method: Any, params: Mapping[str, Any], layers: Any, model: str | None = None) -> None:
+    """Before any model loads: the SAE folder(s) of an SAE method's settings ``params`` checked against the model
+    ``model`` and each layer of the study's ``layers`` that is a number >= 0. Symbolic layers (``last``, ``all``,
+    negative numbers) need the model's depth: for them the folder — with a pattern ``path``, every existing folder it
+    matches — is checked against the model here, and :func:`at_site` checks each layer when the study reaches it.
+    One line (ConfigError)."""
+    if not loads_sae(method) or not params.get("path"):
+        return
+    named = [layers] if isinstance(layers, int) else list(layers) if isinstance(layers, Sequence) and not \
+        isinstance(layers, str) else [layers]
+    numbers = [l for l in named if isinstance(l, int) and not isinstance(l, bool) and l >= 0]
+    for layer in dict.fromkeys(numbers):  # the method's own check, at that site
+        SAEMethod(**{k: v for k, v in at_site(method, params, layer, model).items() if k in ("path", "model", "layer")})
+    if len(numbers) == len(named):
+        return
+    path, model = str(params["path"]), params.get("model") or model
+    pattern = "*".join(glob.escape(part) for part in str(Path(path).expanduser()).split(saelens.LAYER_FIELD))
+    folders = sorted(glob.glob(pattern)) if saelens.LAYER_FIELD in path else [path]
+    for folder in folders:
+        if saelens.LAYER_FIELD in path and not (Path(folder) / saelens.CFG).is_file():
+            continue  # not an SAE folder of the pattern
+        saelens.check_recorded(saelens.read_cfg(folder), f"folder {folder}", model=model)

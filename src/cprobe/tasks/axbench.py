@@ -51,11 +51,12 @@ from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, extract_sites, resolve_layers
 from cprobe import methods
 from cprobe.job import JobContext
-from cprobe.methods import Needs, build, declares, family, provenance, unit_directions
+from cprobe.methods import Needs, build, declares, family, provenance, registry, unit_directions
 from cprobe.metrics.detection import POOLINGS, auroc, orient, pool, token_scores
 from cprobe.models.formatters import AgreementFormatter, TokensFormatter
 from cprobe.models.sites import Site
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import check_sites
 from cprobe.tasks import Uses
 from cprobe.tasks.sites import minimal_pair_training
 
@@ -130,6 +131,7 @@ def validate(job: Any) -> None:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
     for m in cfg.methods:  # a bad setting: one line, now
         build(m, cfg.params.get(m, {}), seed=0)
+        check_sites(registry(m).get(m), cfg.params.get(m, {}), job.keys.layers, (job.keys.model or {}).get("name"))
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:
         raise ConfigError(f"unknown axbench.poolings {bad}; choose from {list(POOLINGS)}")
@@ -280,7 +282,7 @@ def score_concept(states: dict[int, Tensor], mask: Tensor, y: Tensor, train: Ten
             try:
                 found = ([trained[name, layer]] if (name, layer) in trained else
                          [a.float().cpu() for a in unit_directions(name, cfg.params.get(name, {}), X, y_tok, seed,
-                                                                   cfg.random_draws)])
+                                                                   cfg.random_draws, layer=layer)])
                 note = ""
             except (ValueError, IndexError, np.linalg.LinAlgError) as err:
                 found, note = [], f"no direction: {err}"

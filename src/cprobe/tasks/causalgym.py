@@ -31,7 +31,7 @@ import torch
 
 from cprobe.data.causalgym import TaskTemplate, load_templates
 from cprobe.directions import DIRECTIONS
-from cprobe.methods import declares, provenance
+from cprobe.methods import declares, is_intervention, provenance, registry
 from cprobe.errors import ConfigError, DataError
 from cprobe.io import atomic_write_bytes, parquet_bytes, read_json
 from cprobe.job import JobContext, config_hash
@@ -47,6 +47,7 @@ from cprobe.tasks.causalgym_settings import (CAPABLE_ACCURACY, DEFAULT_ORACLE, M
                                              PAPER_PROBE_LAMS, REFERENCE_PICK, Config, DASKeys, ModelDefaults,
                                              method_runs, resolve_regions)
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import check_sites
 
 log = logging.getLogger("cprobe")
 
@@ -83,6 +84,9 @@ def validate(job: Any) -> None:
 
     config: Config = job.task_cfg
     config.resolve(job.cfg.get("model") or {})
+    for m in filter(is_intervention, config.methods):  # an SAE's folder: at each layer named, before any model loads
+        check_sites(registry(m).get(m), config.intervention_params(m), job.keys.layers,
+                    (job.keys.model or {}).get("name"))
     if config.reliability:
         PROBES.build(config.oracle_probe, seed=0)
     if any(declares(m, "needs_probe") for m in config.methods):

@@ -43,6 +43,7 @@ from cprobe.directions import DIRECTIONS
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import resolve_layers
 from cprobe.interventions import INTERVENTIONS, apply, needs_goal
+from cprobe.methods import build, fallback_direction, unit_directions
 from cprobe.metrics.odds import erased_fraction, erasure, iia, log_odds_ratio, task_accuracy
 from cprobe.metrics.reliability import completeness
 from cprobe.models.adapter import ModelAdapter
@@ -53,7 +54,6 @@ from cprobe.models.readouts import CandidateTokens
 from cprobe.models.resume import at_last
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import Progress, track
-from cprobe.methods import build, fallback_direction, unit_directions
 from cprobe.tasks.causalgym_settings import CAPABLE_ACCURACY, CONDITIONS, Config, MethodRun, method_runs, resolve_regions
 from cprobe.tasks.sites import SiteFits
 
@@ -122,7 +122,7 @@ def _intervene(run: MethodRun, fits: SiteFits, X_tr: Tensor, y_tr: Tensor, X_ev:
     a: Tensor | None = None
     degenerate = False
     # the edit's kind is the instance's (a direction intervention takes kind=nullifying), never the class default
-    inter = build(run.name, run.params, seed, device)
+    inter = build(run.name, run.params, seed, device, layer)
     try:
         if float(X_tr.std(0).max()) <= 1e-6 * (1.0 + float(X_tr.abs().max())):
             raise ValueError("the train activations at this site are all equal")

@@ -38,9 +38,10 @@ import pandas as pd
 
 from cprobe.errors import ConfigError, DataError, InputRefused
 from cprobe.job import JobContext
-from cprobe.methods import Needs, build, check, declares, is_intervention, provenance
+from cprobe.methods import Needs, build, check, declares, is_intervention, provenance, registry
 from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
+from cprobe.sae.method import check_sites
 from cprobe.tasks import Uses
 from cprobe.tasks.ravel_plan import BALANCE, CONTEXT, KINDS, REFERENCE_KINDS
 
@@ -157,6 +158,7 @@ def validate(job: Any) -> None:
     for m in cfg.methods:  # a bad setting fails before any model loads
         try:
             build(m, _params(cfg, m), seed=0)
+            check_sites(registry(m).get(m), _params(cfg, m), job.keys.layers, mc.name)
         except (ConfigError, ValueError, TypeError) as e:
             raise ConfigError(f"bad settings for ravel method {m!r}: {e}") from None
     if kind == "ravel":
@@ -302,7 +304,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
              len(fit.entities), len(ev.entities))
     params = lambda name, layer: _params(config, name, layer)  # noqa: E731
     t0 = time.perf_counter()
-    jobs = F.fit_jobs(config, P, value, attrs, layers, scored, seed, ctx.device, ctx.cache_dir(PROBE_FITS), params)
+    jobs = F.fit_jobs(config, P, value, attrs, layers, scored, seed, ctx.device, ctx.cache_dir(PROBE_FITS), params,
+                      adapter.name)
     ctx.timings["fit_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     train = {}

@@ -139,7 +139,7 @@ def _pair_fits(fit: Any, X: Tensor, y: Tensor, wanted: Sequence[tuple[int, int]]
 
 def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], layers: Sequence[int],
              scored: Mapping[int, Pairs], seed: int, device: Any, probe_cache: Path | None,
-             params: Any) -> list[Job]:
+             params: Any, model: str | None = None) -> list[Job]:
     """Every method's subspace at every (attribute, layer) that is fitted on states (module doc)."""
     from cprobe.probes import PROBES
     from cprobe.tasks.sites import SiteFits
@@ -163,7 +163,7 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
                     jobs.append(Job(name, family(name), a, layer, whole=True))
                     continue
                 if declares(name, "features"):
-                    method = build(name, params(name, layer), seed)
+                    method = build(name, params(name, layer), seed, layer=layer, model=model)
                     contexts = P.acts[layer][torch.from_numpy(ctx_rows)].float() if len(ctx_rows) else None
                     method.fit(X, y, contexts=contexts)
                     info = {"n_features": int(method.n_features), **{f"sae_{k}": v for k, v in
@@ -178,7 +178,8 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
                     probe = lambda: fits.probe("interventional", {"attribute": attrs[a], "layer": layer},  # noqa: E731
                                                PROBES.build(config.interventional_probe, seed=seed + 1, device=device),
                                                Xp, z)
-                    return unit_directions(name, params(name, layer), Xp, z, seed, n, site_seed, device, probe)
+                    return unit_directions(name, params(name, layer), Xp, z, seed, n, site_seed, device, probe,
+                                           layer)
                 table, bad = _pair_fits(fit, X, y, wanted, n, X.shape[1], site_seed)
                 jobs.append(Job(name, family(name), a, layer, pairwise=table, degenerate=bad, draws=n))
     return jobs

@@ -45,6 +45,7 @@ from cprobe.models.sites import Site
 from cprobe.probes import Probe
 from cprobe.probes.grid import PROBE_FITS
 from cprobe.records import Derived, RecordSpec, canonical, item_rows
+from cprobe.sae.method import at_site, check_sites
 from cprobe.tasks.reliability_report import read_layer_heatmap, read_layer_table, report, table1  # noqa: F401
 from cprobe.tasks.sites import SiteFits, fit_sites, minimal_pair_training
 
@@ -98,6 +99,7 @@ def validate(job: Any) -> None:
             raise ConfigError(f"intervention {icfg['name']!r} is trained through the model on minimal pairs that "
                               f"flip {rc.target!r}: {why}")
     _validate_sites(rc, method, job.keys.layers)
+    check_sites(type(method), icfg, job.keys.layers if rc.sites is None else [_site_key(s)[0] for s in rc.sites])
     if rc.target in rc.others:
         raise ConfigError(f"reliability.others must not contain the target {rc.target!r}")
     if not rc.others:
@@ -333,7 +335,8 @@ def _fit(sc: _Scene, sites: list[Site], oracles: Sequence[Probe], fits: SiteFits
         through = None if upstream else (lambda: minimal_pair_training(
             sc.adapter, data, sc.exs[s.position], inter, s.layer, s.position, config.target, ctx.cfg["dataset"],
             ctx.data_root, ctx.progress))
-        method = INTERVENTIONS.build(dict(icfg), seed=ctx.seed, device=ctx.device)
+        method = INTERVENTIONS.build(at_site(INTERVENTIONS.get(icfg["name"]), icfg, s.layer), seed=ctx.seed,
+                                     device=ctx.device)
         return fits.fit(method, X_fit.to(sc.dev), z_inter.to(sc.dev), role,
                         lambda: ctx.probe(ctx.cfg["probe"][config.interventional_probe]), through,
                         "" if len(sites) == 1 else f"@{_site_name(s, sc.position)}", oracles)
