@@ -114,3 +114,22 @@ def test_the_head_at_the_answer_positions_only_gives_the_same_tokens(arch):
         adapter.scored_positions = True
     torch.testing.assert_close(rows, every)
     assert (rows[:, 1] == -1).tolist() == [i % 3 == 0 for i in range(len(items))]  # a one-token label: −1 after it
+
+
+def test_the_continuation_log_probability_is_the_labels_tokens_summed_as_a_two_way_distribution():
+    """ContinuationLogProb: class 0's cross-entropy is −Σ_j log p(label_j | prompt, label_<j), padding skipped — DAS's
+    loss on a label of several tokens."""
+    from cprobe.models.readouts import ContinuationLogProb
+    from cprobe.models.sites import Batch
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=g)
+    pos = {"answer:0": torch.tensor([1, 2]), "answer:1": torch.tensor([2, 3]), "answer:2": torch.tensor([3, -1])}
+    batch = Batch(torch.zeros(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long), pos, torch.arange(2))
+    targets = torch.tensor([[4, 0, 6], [2, 5, -1]])
+    got = ContinuationLogProb(ANSWERS, targets).scores(logits, batch)
+    lp = logits.log_softmax(-1)
+    want = torch.stack([lp[0, 1, 4] + lp[0, 2, 0] + lp[0, 3, 6], lp[1, 2, 2] + lp[1, 3, 5]])
+    torch.testing.assert_close(got[:, 0], want)
+    torch.testing.assert_close(got.exp().sum(1), torch.ones(2))  # a distribution over (the label, anything else)
+    torch.testing.assert_close(torch.nn.functional.cross_entropy(got, torch.zeros(2, dtype=torch.long)), -want.mean())

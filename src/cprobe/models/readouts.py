@@ -9,7 +9,9 @@
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
 - :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C);
 - :class:`GreedyTokens`: the most probable token (n, m) at each of m named positions (teacher-forced continuations,
-  :class:`~cprobe.models.formatters.ContinuationFormatter`: greedy decoding's answer, RAVEL's metric).
+  :class:`~cprobe.models.formatters.ContinuationFormatter`: greedy decoding's answer, RAVEL's metric);
+- :class:`ContinuationLogProb`: a teacher-forced continuation's log-probability as a two-way distribution (n, 2)
+  (DAS's loss on a multi-token label).
 
 "Task accuracy" is a readout method (:meth:`Readout.accuracy`). A readout's :meth:`spec` enters the
 activation-cache key, so cached scores are never read back under another readout.
@@ -195,6 +197,39 @@ class GreedyTokens(Readout):
 
     def predict(self, scores: Tensor) -> Tensor:
         return scores[:, 0]
+
+
+class ContinuationLogProb(GreedyTokens):
+    """The log-probability lp of each row's continuation ``targets`` (n, m; −1 pads) read at the named positions, as
+    the two-way log-distribution (n, 2) ``[lp, log(1 − e^lp)]``: a cross-entropy on class 0 is −lp, the continuation's
+    loss summed over its tokens (what :meth:`cprobe.directions.das.DAS.fit_many` minimises, unchanged, on a label of
+    several tokens). lp is capped at −1e-6 so the complement stays finite."""
+
+    name = "continuation_logprob"
+
+    def __init__(self, positions: Sequence[str], targets: Tensor) -> None:
+        super().__init__(positions)
+        self.targets = torch.as_tensor(targets, dtype=torch.long)
+        if self.targets.ndim != 2 or self.targets.shape[1] != len(self.positions):
+            raise ConfigError(f"continuation targets must be (n, {len(self.positions)}), got "
+                              f"{tuple(self.targets.shape)}")
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "positions": list(self.positions)}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        tgt = self.targets.to(logits.device)
+        lp = torch.zeros(logits.shape[0], device=logits.device)
+        for j, name in enumerate(self.positions):
+            pos = batch.position(name).to(logits.device)
+            step = logits[rows, pos.clamp(min=0)].float().log_softmax(-1).gather(1, tgt[:, j:j + 1].clamp(min=0))[:, 0]
+            lp = lp + torch.where((pos >= 0) & (tgt[:, j] >= 0), step, torch.zeros_like(step))
+        lp = lp.clamp(max=-1e-6)
+        return torch.stack([lp, torch.log(-torch.expm1(lp))], 1)
+
+    def predict(self, scores: Tensor) -> Tensor:
+        return scores.argmax(-1)
 
 
 class ClassHead(Readout):

@@ -18,8 +18,9 @@ of those is the label's next token, so :func:`cprobe.metrics.ravel.matches` on t
   direction (``degenerate``);
 - ``whole_vector``: the whole state swapped;
 - ``causal`` (DAS; with ``mdas_weight`` also multi-task DAS, ``m<name>``): one subspace per attribute, trained through
-  the model on the fitting part's pairs (every source kind) with the interchange objective on the first token of the
-  wanted label, a k-dimensional one where DAS's ``k`` > 1 (:class:`~cprobe.models.featurizers.Subspace`);
+  the model on the fitting part's pairs (every source kind) with the interchange objective on the wanted label, its
+  log-probability teacher-forced over its tokens (the reference's loss reads the label's tokens too), a k-dimensional
+  one where DAS's ``k`` > 1 (:class:`~cprobe.models.featurizers.Subspace`);
 - ``features`` (RAVEL's SAE method): the fitted method is a featurizer; its SAE is trained on the fitting part's
   Wikipedia contexts (the entity token's states), its features chosen on the fitting prompts labelled by A's value.
 """
@@ -190,19 +191,22 @@ def train_causal(config: Any, adapter: Any, P: Prompts, labels: Labels, attrs: S
                  ) -> list[Job]:
     """Every causal method (DAS) per targeted attribute, at every layer at once (one batched pass,
     :class:`~cprobe.models.multisite.SitesForward`), on the fitting part's pairs ``train[a]`` = (Cause pairs, Isolate
-    pairs): the target is the wanted label's first token; with ``mdas_weight`` also multi-task (the Isolate rows
+    pairs): the loss is the wanted label's log-probability, teacher-forced over its tokens
+    (:class:`~cprobe.models.readouts.ContinuationLogProb`); with ``mdas_weight`` also multi-task (the Isolate rows
     weighted by it). A k-dimensional DAS gives (d, k) bases."""
     from cprobe.models.featurizers import Subspace
-    from cprobe.models.formatters import RegionFormatter
+    from cprobe.models.formatters import ContinuationFormatter, RegionFormatter
     from cprobe.models.multisite import SitesForward
+    from cprobe.models.readouts import ContinuationLogProb
     from cprobe.models.sites import Site
 
     causal = [m for m in config.methods if declares(m, "causal")]
     if not causal:
         return []
     jobs = []
-    fmt = RegionFormatter()
+    fmt = ContinuationFormatter(RegionFormatter(), labels.n)
     sites = [Site(l, ENTITY_SITE) for l in layers]
+    answers = _answers(labels.n)
     for a, (cause, iso) in train.items():
         variants = [("", cause, None)]
         if config.mdas_weight is not None and len(iso):
@@ -212,17 +216,21 @@ def train_causal(config: Any, adapter: Any, P: Prompts, labels: Labels, attrs: S
                 continue
             order = rng.permutation(len(pairs))  # Cause and Isolate rows mixed in each step
             base, src, q = pairs.base[order], pairs.source[order], pairs.queried[order]
-            first = [labels[qq, P.template[b], v][0] for b, qq, v in zip(base, q, pairs.wanted_value[order])]
-            target = torch.tensor(first, dtype=torch.long)
+            want = torch.tensor([labels[qq, P.template[b], v] for b, qq, v in zip(base, q, pairs.wanted_value[order])])
             weight = torch.where(torch.from_numpy(q == a), 1.0, float(w or 1.0))
-            batch = fmt([P.items[i] for i in base], adapter, torch.arange(len(base)))
+            batch = fmt([with_label(P.items[b], want[i]) for i, b in enumerate(base)], adapter, torch.arange(len(base)))
             clean = adapter.clean_states(batch, [min(layers)])  # every step resumes at the lowest layer
             h = torch.stack([P.acts[l][torch.from_numpy(src)] for l in layers]).to(adapter.device)
             n, K = len(base), len(layers)
+
+            def readout(rows: slice, K: int = K, want: Tensor = want) -> ContinuationLogProb:
+                return ContinuationLogProb(answers, want[rows.start:rows.stop].repeat(K, 1))
+
             for name in causal:
                 das = build(name, params(name, None), seed)
-                forward = SitesForward(adapter, batch, torch.arange(n), sites, das.windows(n), clean)
-                found = das.fit_many(forward, h, target[None].repeat(K, 1), weight=weight[None].repeat(K, 1)).cpu()
+                forward = SitesForward(adapter, batch, torch.arange(n), sites, das.windows(n), clean, readout)
+                target = torch.zeros(K, n, dtype=torch.long)  # class 0 of ContinuationLogProb: the label
+                found = das.fit_many(forward, h, target, weight=weight[None].repeat(K, 1)).cpu()
                 for k, layer in enumerate(layers):
                     jobs.append(Job(prefix + name, "direction", a, layer, featurizer=Subspace(found[k].clone()),
                                     info={"n_features": int(found[k].shape[-1]) if found[k].dim() == 2 else 1}))
