@@ -83,7 +83,7 @@ def test_the_summaries_are_the_means_of_the_scores_and_the_records_are_registere
     means = per.groupby(level=["method", "layer", "source"]).mean()
     np.testing.assert_allclose(wide.loc[means.index], means[wide.columns])
     # the filter: at most n_pairs per (targeted, queried, kind), out of the base prompts the model answers right
-    assert (sc["n"] <= 12).all() and (sc["n"] <= sc["n_candidates"]).all()
+    assert (sc["n"] <= 6).all() and (sc["n"] <= sc["n_candidates"]).all()
     recs = pd.read_parquet(job / "records.parquet")
     assert {"cause", "isolate", "disentangle", "task_accuracy"} <= set(recs["metric"])
     assert unregistered(recs["metric"].unique()) == [] and R.problems(recs) == []

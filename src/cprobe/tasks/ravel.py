@@ -43,7 +43,7 @@ from cprobe.metrics import ravel as M
 from cprobe.records import Derived, RecordSpec, const
 from cprobe.sae.method import check_sites
 from cprobe.tasks import Uses
-from cprobe.tasks.ravel_plan import BALANCE, CONTEXT, KINDS, REFERENCE_KINDS
+from cprobe.tasks.ravel_plan import BALANCE, KINDS, REFERENCE_KINDS
 
 log = logging.getLogger("cprobe")
 
@@ -229,9 +229,12 @@ def _load(ctx: JobContext, config: Config) -> tuple[Any, dict[str, Any]]:
     return data, model
 
 
-def _accuracy(P: Any, data: Any, attrs: Sequence[str], value: np.ndarray) -> list[dict[str, Any]]:
+def _accuracy(P: Any, data: Any, attrs: Sequence[str], greedy: np.ndarray, labels: Any) -> list[dict[str, Any]]:
     """The model's accuracy per attribute on the scored prompts, and per template style (``json``: the value follows
-    with no space; ``text``); an attribute whose right answers hold fewer than two values is refused."""
+    with no space; ``text``). An attribute whose values never occur among the model's answers — no scored prompt's
+    first answer token (greedy: the model's own) begins any of its values after that template — is refused in one
+    line: the model does not answer it in its vocabulary at all (a model that answers with the wrong value does, and
+    the attribute is kept)."""
     from cprobe.data.ravel import template_style
 
     rows = []
@@ -245,12 +248,12 @@ def _accuracy(P: Any, data: Any, attrs: Sequence[str], value: np.ndarray) -> lis
             rows.append({"kind": "accuracy", "method": "", "family": "", "layer": -1, "attribute": attr,
                          "queried": attr, "style": name, "metric": "task_accuracy",
                          "value": float(P.correct[asked[m]].mean()) if m.any() else float("nan"), "n": int(m.sum())})
-        right = {int(value[e, a]) for e in P.entity[asked[P.correct[asked]]]}
-        if not right:
-            raise InputRefused(f"attribute {attr!r}: none of its {len(data.values(attr))} values occurs among the "
-                               f"model's answers on {len(asked)} scored prompts (a value's first ravel.answer_tokens "
-                               "tokens after the template, greedy): drop it (ravel.attributes) or use a model that "
-                               "knows it")
+        n_values = len(data.values(attr))
+        starts = [{labels[a, t, v][0] for v in range(n_values)} for t in P.template[asked]]
+        if not any(int(greedy[i, 0]) in first for i, first in zip(asked, starts)):
+            raise InputRefused(f"attribute {attr!r}: none of its {n_values} values occurs among the model's answers "
+                               f"on {len(asked)} scored prompts (its first answer token, greedy, begins none of them): "
+                               "drop it (ravel.attributes) or use a model that knows it")
     return rows
 
 
@@ -288,9 +291,9 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
                                                                                          kinds) else ())
     P = plan.prompt_rows(data, attrs, value, fit, ev, config.context_entities, rng, contexts_for)
     t0 = time.perf_counter()
-    F.clean_pass(adapter, P, labels, value, layers, P.scored | (P.fit & causal), ctx.progress)
+    greedy = F.clean_pass(adapter, P, labels, value, layers, P.scored | (P.fit & causal), ctx.progress)
     ctx.timings["clean_pass_s"] = time.perf_counter() - t0
-    acc_rows = _accuracy(P, data, attrs, value)
+    acc_rows = _accuracy(P, data, attrs, greedy, labels)
     for r in acc_rows:
         if r["style"] == "all":
             log.info("%s answers %s right on %.3f of %d prompts", adapter.name, r["attribute"], r["value"], r["n"])
