@@ -79,10 +79,13 @@ def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Seque
 
 
 def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
-    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)), or the whole-
-    vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
+    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)) — with bases
+    ``direction`` (n, d, k) of orthonormal columns, the k-dimensional interchange ``h + R Rᵀ (s − h)`` (DAS's k) —,
+    or the whole-vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
     def edit(h: Tensor) -> Tensor:
-        new = dii(h.float(), source, direction)
+        hf = h.float()
+        new = dii(hf, source, direction) if direction.dim() == 2 else \
+            hf + (((source - hf)[:, None] @ direction) @ direction.mT)[:, 0]
         if whole is not None:
             new = torch.where(whole[:, None], source, new)
         return new.to(h.dtype)
@@ -120,12 +123,13 @@ class SitesForward:
         self.low = low
 
     def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
+        """``a``: the K directions (K, d) or, DAS's k > 1, the K orthonormal bases (K, d, k)."""
         K, b, d = h_source.shape
         batch, at = self.batches[rows.start, rows.stop]
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
         st = self.resume.get((rows.start, rows.stop))
         res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]},
                                              {l: (k[st[1]], v[st[1]]) for l, (k, v) in st[2].items()})
-        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken() if self.readout is None else self.readout(rows), grad=True,
-                               resume=res).scores
+        readout = NextToken() if self.readout is None else self.readout(rows)
+        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=readout, grad=True, resume=res).scores
         return out.view(K, b, -1)
