@@ -175,3 +175,19 @@ def test_an_attribute_the_model_never_answers_is_refused_and_nothing_is_written(
                 "layers=[1]", "ravel.methods=[vanilla]", "ravel.mdas_weight=null", f"paths.output_root={out}",
                 cwd=tmp_path)
     cli.assert_refused(r, "attribute 'mood': none of its 2 values occurs among the model's answers", out)
+
+
+@pytest.mark.slow
+def test_k_dimensional_das_spanning_the_state_is_the_whole_swap(tmp_path):
+    """``ravel.das.k`` = d: DAS's subspace is the whole state, so its interchange is the whole-vector swap's, pair for
+    pair (k-dimensional DAS through the study, its dimension on the rows)."""
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=ravel_tiny", "layers=[0]", "ravel.methods=[das,vanilla]", "ravel.das.k=64",
+                "ravel.mdas_weight=null", "ravel.n_train=8", f"paths.output_root={out}", f"hydra.run.dir={out / 'job'}",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sc = scores(pd.read_parquet(out / "job" / "metrics.parquet"))
+    das, van = (sc[sc["method"] == m].set_index(["attribute", "queried", "source"]) for m in ("das", "vanilla"))
+    assert (das["n_features"] == 64).all() and len(das) == 18
+    np.testing.assert_array_equal(das.loc[van.index, "value"], van["value"])
+    assert (das.loc[das["metric"] == "cause", "value"] == 1.0).all()

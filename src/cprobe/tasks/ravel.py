@@ -121,16 +121,13 @@ class Config:
 
 
 def _params(config: Config, name: str, layer: int | None = None) -> dict[str, Any]:
-    """A method's constructor settings by its capabilities: the causal one's ``das`` budget (``k`` passed where it is
-    not 1), the λ of one tuned per model, an intervention's ``interventions.<name>``, a features method's
+    """A method's constructor settings by its capabilities: the causal one's ``das`` budget (``k``: the subspace's
+    dimension), the λ of one tuned per model, an intervention's ``interventions.<name>``, a features method's
     ``features.<name>``."""
     if is_intervention(name):
         return dict((config.interventions or {}).get(name) or {})
     if declares(name, "causal"):
-        das = {**DEFAULT_DAS, **config.das}
-        if das["k"] == 1:
-            del das["k"]
-        return das
+        return {**DEFAULT_DAS, **config.das}
     if declares(name, "features"):
         return dict((config.features or {}).get(name) or {})
     return {"lam": config.probe_lam} if declares(name, "per_model_lambda") else {}

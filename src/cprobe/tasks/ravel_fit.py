@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import DataError
-from cprobe.methods import build, declares, fallback_direction, family, is_intervention, unit_directions
+from cprobe.methods import build, declares, fallback_direction, family, featurizer, is_intervention, unit_directions
 from cprobe.metrics import ravel as M
 from cprobe.tasks.ravel_plan import CONTEXT, Labels, Pairs, Prompts
 
@@ -166,10 +166,10 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
                 if declares(name, "features"):
                     method = build(name, params(name, layer), seed, layer=layer, model=model)
                     contexts = P.acts[layer][torch.from_numpy(ctx_rows)].float() if len(ctx_rows) else None
-                    method.fit(X, y, contexts=contexts)
-                    info = {"n_features": int(method.n_features), **{f"sae_{k}": v for k, v in
-                                                                     getattr(method, "quality_", {}).items()}}
-                    jobs.append(Job(name, family(name), a, layer, featurizer=method, info=info))
+                    feats = featurizer(method.fit(X, y, contexts=contexts))
+                    info = {"n_features": int(feats.n_features), **{f"sae_{k}": v for k, v in
+                                                                    getattr(method, "quality_", {}).items()}}
+                    jobs.append(Job(name, family(name), a, layer, featurizer=feats, info=info))
                     continue
                 n = config.random_draws if declares(name, "chance_baseline") else 1
 
