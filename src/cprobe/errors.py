@@ -19,6 +19,11 @@ class DataError(CprobeError):
     """Missing or malformed dataset file."""
 
 
+class InputRefused(DataError):
+    """Input refused once the model has read it (a RAVEL attribute whose values the model never writes): a single
+    run leaves nothing behind, as for a config error."""
+
+
 class ModelLoadError(CprobeError):
     """A model that is neither cached, local, nor reachable."""
 

@@ -111,6 +111,7 @@ class Needs:
 
     direction: bool = False  # a unit direction: no intervention exposing none, no whole-vector swap ...
     whole_vector: bool = False  # ... unless the whole-vector swap is welcome beside them (RAVEL's vanilla)
+    features: bool = False  # ... or a featurizer's features, interchanged (RAVEL's SAE method: capability features)
 
 
 def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
@@ -128,6 +129,9 @@ def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
         exposing = [n for n in INTERVENTIONS.names() if INTERVENTIONS.get(n).exposes_direction]
         return (f"intervention {name!r} exposes no direction (exposes_direction is false); {key} scores a direction, "
                 f"so intervention {name!r} cannot run in {key}: interventions that do: {exposing}")
+    if needs.direction and not needs.features and not is_intervention(name) and getattr(cls, "features", False):
+        return (f"direction method {name!r} learns features, not one direction (features); {key} scores a direction, "
+                f"so direction method {name!r} cannot run in {key}")
     if needs.direction and not needs.whole_vector and not is_intervention(name) and cls.whole_vector:
         return (f"direction method {name!r} learns no direction (whole_vector); {key} scores a direction, so direction "
                 f"method {name!r} cannot run in {key}")

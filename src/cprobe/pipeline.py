@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from cprobe import ownership
 from cprobe.config import parse
-from cprobe.errors import ConfigError, CprobeError, JobAborted, Terminated
-from cprobe.job import (FAILED, JobContext, config_hash, describe_state, process_gone, quiet_workers,
+from cprobe.errors import ConfigError, CprobeError, InputRefused, JobAborted, Terminated
+from cprobe.job import (FAILED, STATUS, JobContext, config_hash, describe_state, process_gone, quiet_workers,
                         read_status, seed_everything, this_process, write_status)
 from cprobe.paths import roots, safe_name
 
@@ -428,6 +428,11 @@ def _run_job(cfg: DictConfig) -> None:
                      task=job.keys.task, signal=signame, **proc)
         raise
     except Exception as e:
+        if isinstance(e, InputRefused) and not multirun and fresh:  # refused input: nothing left behind
+            made = ownership.MADE.pop(ownership.key(out_dir), None)
+            if made is not None:
+                ownership.undo(made)
+            raise JobAborted(e) from None
         _fail(out_dir, e, t0, job.keys.task, h, multirun)
 
 

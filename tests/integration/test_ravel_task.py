@@ -37,12 +37,13 @@ def scores(t: pd.DataFrame, **where) -> pd.DataFrame:
 
 @pytest.mark.slow
 def test_the_whole_vector_swap_at_the_embeddings_is_the_source_prompt(table):
-    """At layer 0 the entity token's state is its embedding: swapping the whole vector makes a Cause prompt the
-    source prompt itself (same template, e′ in e's place), which the filter kept because the model answers it
-    right, so Cause is 1 exactly; on a prompt querying B it is the B prompt about e′, whose value differs from e's."""
-    acc = table[table["kind"] == "accuracy"].set_index("attribute")["value"]
+    """At layer 0 the entity token's state is its embedding: swapping the whole vector makes a Cause prompt the base
+    template about e′ — whatever prompt the source state came from (every source kind) — which the filter kept because
+    the model answers it right, so Cause is 1 exactly; on a prompt querying B it is the B prompt about e′, whose value
+    differs from e's."""
+    acc = table[(table["kind"] == "accuracy") & (table["style"] == "all")].set_index("attribute")["value"]
     van = scores(table, method="vanilla", layer=0)
-    assert len(van) == 9 and (van["n"] > 0).all()
+    assert len(van) == 3 * 3 * 2 and set(van["source"]) == {"attribute", "other_attribute"} and (van["n"] > 0).all()
     assert (van.loc[van["metric"] == "cause", "value"] == 1.0).all()
     # Isolate: only where the model got the B prompt about e′ wrong can it still say e's value
     assert (van.loc[van["metric"] == "isolate", "value"] <= 1 - acc.min() + 1e-12).all()
@@ -61,19 +62,28 @@ def test_the_top_layer_at_the_entity_token_is_read_by_nothing(table):
 @pytest.mark.slow
 def test_the_summaries_are_the_means_of_the_scores_and_the_records_are_registered(table, job):
     s = table[table["kind"] == "summary"]
-    key = ["method", "layer", "attribute"]
+    key = ["method", "layer", "attribute", "source"]
     per = s[s["attribute"] != "all"].pivot_table(index=key, columns="metric", values="value")
     np.testing.assert_allclose(per["disentangle"], (per["cause"] + per["isolate"]) / 2)
     sc = scores(table)
     iso = sc[sc["metric"] == "isolate"].groupby(key)["value"].mean()
     cause = sc[sc["metric"] == "cause"].set_index(key)["value"]
-    np.testing.assert_allclose(per["isolate"], iso.loc[per.index])
-    np.testing.assert_allclose(per["cause"], cause.loc[per.index])
-    whole = s[s["attribute"] == "all"].pivot_table(index=["method", "layer"], columns="metric", values="value")
-    means = per.groupby(level=["method", "layer"]).mean()
-    np.testing.assert_allclose(whole.loc[means.index], means[whole.columns])
-    # the filter: at most n_pairs per (targeted, queried), out of the base prompts the model answers right
-    assert (sc["n"] <= 12).all() and (sc["n"] <= sc["n_candidates"]).all()
+    kinds = per.xs("attribute", level="source", drop_level=False).index.union(
+        per.xs("other_attribute", level="source", drop_level=False).index)
+    np.testing.assert_allclose(per.loc[kinds, "isolate"], iso.loc[kinds])
+    np.testing.assert_allclose(per.loc[kinds, "cause"], cause.loc[kinds])
+    # source "all": the mean over the kinds (the reference's mean over its tasks)
+    over = per.drop(index="all", level="source").groupby(level=["method", "layer", "attribute"]).mean()
+    np.testing.assert_allclose(per.xs("all", level="source")[["cause", "isolate"]], over.loc[
+        per.xs("all", level="source").index, ["cause", "isolate"]])
+    # attribute "all": the mean over the attributes where both are defined, which it names
+    whole = s[s["attribute"] == "all"]
+    assert (whole["attributes"] == "R01,R02,R03").all()
+    wide = whole.pivot_table(index=["method", "layer", "source"], columns="metric", values="value")
+    means = per.groupby(level=["method", "layer", "source"]).mean()
+    np.testing.assert_allclose(wide.loc[means.index], means[wide.columns])
+    # the filter: at most n_pairs per (targeted, queried, kind), out of the base prompts the model answers right
+    assert (sc["n"] <= 6).all() and (sc["n"] <= sc["n_candidates"]).all()
     recs = pd.read_parquet(job / "records.parquet")
     assert {"cause", "isolate", "disentangle", "task_accuracy"} <= set(recs["metric"])
     assert unregistered(recs["metric"].unique()) == [] and R.problems(recs) == []
@@ -100,29 +110,84 @@ def test_a_ravel_file_with_a_one_valued_attribute_is_one_line(tmp_path):
     cli.assert_refused(r, "attribute 'Continent' has 1 value ('Europe') among its entities", tmp_path / "out")
 
 
-@pytest.mark.slow
-def test_ravel_files_run_end_to_end_on_any_causal_lm(tmp_path):
-    """``dataset=ravel`` on the tiny agreement GPT-NeoX, its words as entities and values. It knows no such facts
-    (on this CPU its answer follows the template, not the entity, so no Cause pair passes RAVEL's filter): whatever
-    passes, a score is NaN exactly where no pair did, and the records are valid."""
+def _sva_entities() -> tuple[dict, dict]:
+    """The tiny agreement GPT-NeoX's nouns as entities: after "the author that the guard likes" it writes "has", after
+    "the authors ..." "have" (its own agreement), so both attributes are answered from the entity's number."""
     from cprobe.data.grammar import NOUNS
 
-    nouns = [sg for sg, _ in NOUNS[:24]]
-    entities = {n: {"mood": ["happy", "tired"][i % 2], "fate": ["left", "won"][(i // 2) % 2]}
-                for i, n in enumerate(nouns)}
-    prompts = {"mood": ["the %s is", "the %s that is"], "fate": ["the %s was", "the %s that was"]}
-    base = write_ravel(tmp_path, entities, prompts)
+    entities = {}
+    for sg, pl in NOUNS[:12]:
+        entities[sg] = {"aux": "has", "near": "has"}
+        entities[pl] = {"aux": "have", "near": "have"}
+    prompts = {"aux": ["the %s that the guard likes", "the %s that the pilots see"],
+               "near": ["the %s near the guard", "the %s near the pilots"]}
+    return entities, prompts
+
+
+@pytest.mark.slow
+def test_ravel_files_run_end_to_end_on_any_causal_lm(tmp_path):
+    """``dataset=ravel`` on the tiny agreement GPT-NeoX, its nouns as entities and the verbs it writes as values:
+    whatever passes the filter, a score is NaN exactly where no pair did, and the records are valid."""
+    base = write_ravel(tmp_path, *_sva_entities())
     out = tmp_path / "out"
     r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
                 "layers=[0,1]", "ravel.methods=[mean,vanilla]", "ravel.mdas_weight=null", f"paths.output_root={out}",
                 f"hydra.run.dir={out / 'job'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     t = pd.read_parquet(out / "job" / "metrics.parquet")
-    acc = t[t["kind"] == "accuracy"].set_index("attribute")
-    assert sorted(acc.index) == ["fate", "mood"] and (acc["n"] == 48).all()  # 24 entities × 2 templates
+    acc = t[(t["kind"] == "accuracy") & (t["style"] == "all")].set_index("attribute")
+    assert sorted(acc.index) == ["aux", "near"] and (acc["n"] == 12 * 2).all()  # scored half × 2 templates
+    assert (acc["value"] > 0.5).all()
     assert set(t["method"]) == {"", "mean", "vanilla"}  # no DAS listed, so no MDAS either
     sc = scores(t)
-    assert len(sc) == 2 * 2 * 2 * 2 and (sc["n"] <= sc["n_candidates"]).all()  # methods × layers × A × Q
+    assert len(sc) == 2 * 2 * 2 * 2 * 2 and (sc["n"] <= sc["n_candidates"]).all()  # methods × layers × A × Q × kinds
     assert (sc["value"].isna() == (sc["n"] == 0)).all()
     recs = pd.read_parquet(out / "job" / "records.parquet")
     assert R.problems(recs) == [] and {"cause", "isolate", "task_accuracy"} <= set(recs["metric"])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no_slot", "must hold the entity slot %s exactly once"),
+    ("missing_file", "RAVEL file not found"),
+    ("no_contexts", "ravel.sources lists wikipedia, but"),
+])
+def test_bad_ravel_folders_are_one_line_before_any_model_loads(tmp_path, case, message):
+    entities, prompts = _sva_entities()
+    if case == "no_slot":
+        prompts = {**prompts, "near": ["the guard near the pilots"]}
+    base = write_ravel(tmp_path, entities, prompts)
+    if case == "missing_file":
+        (base / "ravel_city_attribute_to_prompts.json").unlink()
+    extra = ["ravel.sources=[attribute,wikipedia]"] if case == "no_contexts" else []
+    r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
+                *extra, f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path)
+    cli.assert_refused(r, message, tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_an_attribute_the_model_never_answers_is_refused_and_nothing_is_written(tmp_path):
+    """Found only once the model has answered: still one line, exit code 1, and no run directory left."""
+    entities, prompts = _sva_entities()
+    entities = {e: {**v, "mood": ("glad", "sad")[i % 2]} for i, (e, v) in enumerate(entities.items())}
+    base = write_ravel(tmp_path, entities, {**prompts, "mood": ["the %s feels"]})
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
+                "layers=[1]", "ravel.methods=[vanilla]", "ravel.mdas_weight=null", f"paths.output_root={out}",
+                cwd=tmp_path)
+    cli.assert_refused(r, "attribute 'mood': none of its 2 values occurs among the model's answers", out)
+
+
+@pytest.mark.slow
+def test_k_dimensional_das_spanning_the_state_is_the_whole_swap(tmp_path):
+    """``ravel.das.k`` = d: DAS's subspace is the whole state, so its interchange is the whole-vector swap's, pair for
+    pair (k-dimensional DAS through the study, its dimension on the rows)."""
+    out = tmp_path / "out"
+    r = cli.run("run", "+experiment=ravel_tiny", "layers=[0]", "ravel.methods=[das,vanilla]", "ravel.das.k=64",
+                "ravel.mdas_weight=null", "ravel.n_train=8", f"paths.output_root={out}", f"hydra.run.dir={out / 'job'}",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sc = scores(pd.read_parquet(out / "job" / "metrics.parquet"))
+    das, van = (sc[sc["method"] == m].set_index(["attribute", "queried", "source"]) for m in ("das", "vanilla"))
+    assert (das["n_features"] == 64).all() and len(das) == 18
+    np.testing.assert_array_equal(das.loc[van.index, "value"], van["value"])
+    assert (das.loc[das["metric"] == "cause", "value"] == 1.0).all()

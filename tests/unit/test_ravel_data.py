@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cprobe.data.fact_world import FactWorldKeys, generate_world
-from cprobe.data.ravel import ENTITY_SLOT, RavelKeys, from_fact_world, load_ravel, prompt_item
+from cprobe.data.ravel import (ENTITY_SLOT, Context, RavelKeys, answer_text, from_fact_world, load_ravel, prompt_item,
+                               template_style)
 from cprobe.data.registry import load_dataset
 from cprobe.errors import DataError
 
@@ -21,11 +22,18 @@ PROMPTS = {"Country": ["%s is a city in the country of", "The country of %s is"]
            "Continent": ["%s is a city on the continent of"], "Language": ["People in %s speak"]}
 
 
-def write_ravel(root: Path, entities: dict = CITIES, prompts: dict = PROMPTS, kind: str = "city") -> Path:
+def write_ravel(root: Path, entities: dict = CITIES, prompts: dict = PROMPTS, kind: str = "city",
+                entity_split: dict | None = None, prompt_split: dict | None = None, contexts: dict | None = None) -> Path:
+    """RAVEL's files in ``root/ravel``: the two required ones, and the split files and Wikipedia contexts where given."""
     base = root / "ravel"
     base.mkdir(parents=True, exist_ok=True)
     (base / f"ravel_{kind}_entity_attributes.json").write_text(json.dumps(entities))
     (base / f"ravel_{kind}_attribute_to_prompts.json").write_text(json.dumps(prompts))
+    for name, content in ((f"ravel_{kind}_entity_to_split.json", entity_split),
+                          (f"ravel_{kind}_prompt_to_split.json", prompt_split),
+                          (f"wikipedia_{kind}_entity_prompts.json", contexts)):
+        if content is not None:
+            (base / name).write_text(json.dumps(content))
     return base
 
 
@@ -89,3 +97,42 @@ def test_a_prompt_is_three_regions_with_the_entity_in_the_middle():
     assert it.region_names == ("prefix", "entity", "query") and it.meta["template"] == 1
     first = prompt_item("Paris", "Country", 0, "%s is a city in the country of")
     assert first.regions[0] == "" and first.regions[1] == "Paris"
+
+
+def test_the_splits_and_the_wikipedia_contexts_are_read_where_present(tmp_path):
+    es = {"Paris": "train", "Lyon": "test", "Tokyo": "val", "Osaka": "train"}
+    ps = {t: "train" for ts in PROMPTS.values() for t in ts}
+    ctx = {"She was born in %s in 1970.": {"split": "train", "entity": "Paris"},
+           "The mayor of %s spoke": {"split": "test", "entity": None}}
+    write_ravel(tmp_path, entity_split=es, prompt_split=ps, contexts=ctx)
+    data = load_ravel(RavelKeys(), tmp_path)
+    assert data.entity_split == es and data.template_split == ps
+    assert data.contexts == (Context("She was born in %s in 1970.", "train", "Paris"),
+                             Context("The mayor of %s spoke", "test", None))
+    bare = load_ravel(RavelKeys(path=str(write_ravel(tmp_path / "bare"))), Path("/none"))
+    assert bare.entity_split is None and bare.template_split is None and bare.contexts is None
+    assert bare.files["contexts"].endswith("wikipedia_city_entity_prompts.json")  # where it would be read
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"entity_split": {"Paris": "dev"}}, "'Paris' is in split 'dev'; RAVEL's splits are"),
+    ({"contexts": {"no slot here": {"split": "train", "entity": None}}}, "must hold the entity slot %s exactly once"),
+    ({"contexts": {"x %s": "train"}}, "must map to"),
+])
+def test_bad_split_and_context_files_are_one_line(tmp_path, extra, message):
+    write_ravel(tmp_path, **extra)
+    with pytest.raises(DataError, match=message.replace("(", r"\(")) as e:
+        load_ravel(RavelKeys(), tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_the_value_follows_a_json_style_template_with_no_space():
+    """RAVEL's JSON-style templates end in a quote or an opening bracket: the model writes the value right after."""
+    assert answer_text(' "continent": "Asia"}, {"city": "%s", "country": "', "France") == "France"
+    assert answer_text("The latitude of %s is (", "49") == "49"
+    assert answer_text("SF has a latitude of 37.7749° N. %s has a latitude of ", "49") == "49"
+    assert answer_text("%s is a city in the country of", "France") == " France"
+    assert answer_text("Photo taken in %s,", "France") == " France"
+    assert answer_text("Bangkok: Asia/Bangkok. %s:", "Europe/Paris") == " Europe/Paris"
+    assert [template_style(t) for t in ('{"city": "%s", "lat": "', "The latitude of %s is (", "%s is in")] == \
+        ["json", "json", "text"]

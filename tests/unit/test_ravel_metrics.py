@@ -33,3 +33,26 @@ def test_no_edit_is_nan_and_mismatched_inputs_are_refused():
     assert math.isnan(M.cause([], []))
     with pytest.raises(ValueError, match="two 1-D arrays of one length"):
         M.isolate([1, 2], [1])
+
+
+def test_a_match_reads_the_labels_tokens_and_ignores_its_padding():
+    """The reference's compute_metrics: every label position equals the generated token or is padding (< 0)."""
+    pred = [[5, 6, 7], [5, 6, 7], [5, 9, 7], [5, 6, 8], [4, 6, 7]]
+    label = [[5, 6, 7],  # all three read: match
+             [5, -1, -1],  # a one-token value: only its token is read
+             [5, 6, 7],  # the second token differs
+             [5, 6, -1],  # a two-token value: the third generated token is not read
+             [5, 6, 7]]  # the first token differs
+    np.testing.assert_array_equal(M.matches(pred, label), [True, True, False, True, False])
+    assert M.cause(pred, label) == pytest.approx(3 / 5) and M.isolate(pred[:2], label[:2]) == 1.0
+    assert M.matches([2, 3], [2, 4]).tolist() == [True, False]  # one label per edit: equality
+
+
+def test_the_score_over_attributes_is_the_references_mean_of_task_means():
+    """compute_disentangle_score: Cause = the targeted attribute's tasks' mean; Isolate = the mean over the other
+    attributes of each one's tasks' mean (not the mean over all their tasks); an attribute without a task is skipped."""
+    got = M.disentangle_score({"Country": [0.5, 1.0]}, {"Continent": [1.0, 0.0, 1.0], "Language": [0.5], "Latitude": []})
+    assert got["cause"] == pytest.approx(0.75)
+    assert got["isolate"] == pytest.approx((2 / 3 + 0.5) / 2)  # not 2.5 / 4
+    assert got["disentangle"] == pytest.approx((0.75 + (2 / 3 + 0.5) / 2) / 2)
+    assert math.isnan(M.disentangle_score({}, {"B": [1.0]})["cause"])

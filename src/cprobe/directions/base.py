@@ -49,8 +49,13 @@ class Direction(Estimator, ABC):
     """True when the fitted method scores a token state itself, ``token_scores(X) -> (n,)`` float64 (AxBench's SAE:
     the chosen latent's activation), rather than by the projection on ``a``: a study that scores a concept per token
     (AxBench) reads it instead of the projection; ``a`` is still the direction every other study edits along."""
+    features: ClassVar[bool] = False
+    """True when ``fit`` learns several features, not one direction: the fitted method is a featurizer
+    (:mod:`cprobe.models.featurizers`: ``n_features``, ``featurize``, ``inverse``) whose features a study interchanges
+    (RAVEL's SAE method); ``fit(X, y, contexts=None)`` also takes states of broad text. A study that scores one
+    direction refuses it."""
     CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda", "fits_on_texts",
-                    "scores_tokens")
+                    "scores_tokens", "features")
     _needs_fitted = ("score", "token_scores")
     _fitted_attrs = ("a",)
 
@@ -66,13 +71,13 @@ def capability_problems(cls: type) -> list[str]:
     out = [f"{f} must be true or false, got {getattr(cls, f)!r}" for f in Direction.CAPABILITIES
            if not isinstance(getattr(cls, f, False), bool)]
     if getattr(cls, "whole_vector", False):
-        learns = [f for f in ("causal", "supervised", "per_model_lambda", "fits_on_texts", "scores_tokens")
+        learns = [f for f in ("causal", "supervised", "per_model_lambda", "fits_on_texts", "scores_tokens", "features")
                   if getattr(cls, f, False)]
         if learns:
             out.append(f"whole_vector (no direction is learned) contradicts {learns}")
-    if getattr(cls, "causal", False) and (texts := [f for f in ("fits_on_texts", "scores_tokens")
-                                                    if getattr(cls, f, False)]):
-        out.append(f"causal (trained through the model) contradicts {texts} (fitted on token states)")
+    if getattr(cls, "causal", False) and (fitted := [f for f in ("fits_on_texts", "scores_tokens", "features")
+                                                     if getattr(cls, f, False)]):
+        out.append(f"causal (trained through the model) contradicts {fitted} (fitted on token states)")
     if getattr(cls, "scores_tokens", False) and not callable(getattr(cls, "token_scores", None)):
         out.append("scores_tokens is declared but the class has no token_scores(X) method")
     if getattr(cls, "per_model_lambda", False):

@@ -64,10 +64,12 @@ _SCORED = "_scored"  # the position name of the head's single gathered token
 
 def _gather_rows(pred: Tensor) -> Callable[..., Any]:
     """A forward pre-hook for the output head: its input (n, T, d) becomes (n, 1, d), each row's token at ``pred``
-    (the head then computes n rows of logits, not n × T)."""
+    (n,) — or (n, m, d), the tokens at ``pred`` (n, m) — (the head then computes n (× m) rows of logits, not n × T)."""
 
     def take(h: Tensor) -> Tensor:
-        return h[torch.arange(h.shape[0], device=h.device), pred.to(h.device)][:, None]
+        rows = torch.arange(h.shape[0], device=h.device)
+        at = pred.to(h.device)
+        return h[rows, at][:, None] if at.dim() == 1 else h[rows[:, None], at]
 
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if args:
@@ -344,6 +346,15 @@ class ModelAdapter(Resuming):
             # a row without the position stays without it (−1): the readout raises its own error, as on every token
             at = torch.where(pred >= 0, torch.zeros_like(pred), torch.full_like(pred, -1))
             scored, gathered = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED), True
+        many = tuple(getattr(readout, "at_positions", ()) or ())
+        if (self.scored_positions and many and readout is not None and not readout.at_position
+                and self._head is not None and all(p in batch.positions for p in many)):
+            # a readout of several named positions per row (GreedyTokens): the head sees those tokens only, (n, m, d);
+            # the positions become 0 … m−1 of the gathered logits (−1 stays −1)
+            at = torch.stack([batch.positions[p] for p in many], 1)
+            handles.append(self._head.register_forward_pre_hook(_gather_rows(at.clamp(min=0)), with_kwargs=True))
+            scored = replace(batch, positions={**batch.positions, **{
+                p: torch.where(at[:, j] >= 0, torch.full_like(at[:, j], j), at[:, j]) for j, p in enumerate(many)}})
         # the head's rows of the tokens the readout reads, when those are all it reads (models/head.py): the forward
         # ends where the vocabulary projection would read its input
         head = self.head if at_pred and self.head_rows else None

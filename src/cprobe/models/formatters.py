@@ -12,7 +12,10 @@ formatter and nothing else changes:
   prompt up to ``[Y]``; positions ``object`` (where the object is predicted), ``subject`` and ``last``;
 - :class:`ClassificationFormatter` (plain TextItems): positions ``cls`` (token 0) and ``last``;
 - :class:`TokensFormatter` (plain TextItems): positions ``token:j``, the j-th of the text's own tokens (special and
-  start tokens left out), −1 past its end — every token's state, for scores pooled over a text (AxBench).
+  start tokens left out), −1 past its end — every token's state, for scores pooled over a text (AxBench);
+- :class:`ContinuationFormatter` (any formatter's items with continuation token ids in ``meta``): the base
+  formatter's tokens with each item's continuation appended — teacher forcing — and positions ``answer:j``, the
+  token whose next-token prediction is continuation token j (RAVEL's multi-token values).
 
 Tokens are aligned to words/regions through the fast tokenizer's character offsets: a token belongs to the
 region holding its last character; special and padding tokens (empty offsets) belong to none.
@@ -353,3 +356,52 @@ class TokensFormatter(Formatter):
             hit = real & (rank == j)
             pos[f"token:{j}"] = torch.where(hit.any(1), hit.long().argmax(1), -1)
         return Encoded.from_padded(enc["input_ids"], enc["attention_mask"], pos, _pad_id(adapter), self.pred_position)
+
+
+ANSWER = "answer:{}"
+"""A :class:`ContinuationFormatter` position: the token whose next-token logits predict continuation token j."""
+
+
+class ContinuationFormatter(Formatter):
+    """Teacher forcing: the ``base`` formatter's tokens of each item with its continuation token ids appended
+    (``item.meta[key]``, a sequence of ids — tokenised by the caller, e.g. as what follows the prompt in the prompt
+    and the value tokenised together). Positions: the base formatter's (unchanged: the continuation comes after
+    them), ``last`` (the new last token) and ``answer:j`` for j < ``n_answer`` (:data:`ANSWER`; the base's last token
+    plus j where the item has a continuation token j, else −1), the prediction position ``answer:0``. A readout of
+    several positions (:class:`cprobe.models.readouts.GreedyTokens`) reads what the model writes after the prompt in
+    one forward: greedy decoding writes the continuation exactly when each ``answer:j`` predicts its token j."""
+
+    name = "continuation"
+    pred_position = "answer:0"
+
+    def __init__(self, base: Formatter, n_answer: int, key: str = "continuation") -> None:
+        if n_answer < 1:
+            raise ConfigError(f"n_answer must be >= 1, got {n_answer}")
+        self.base, self.n_answer, self.key = base, int(n_answer), key
+
+    def spec(self) -> dict[str, Any]:
+        return {"formatter": self.name, "base": self.base.spec(), "n_answer": self.n_answer, "key": self.key}
+
+    def length(self, item: Any) -> int:
+        return self.base.length(item) + len(item.meta.get(self.key, ()))
+
+    def _encode(self, items: Sequence[Any], adapter: ModelLike) -> Encoded:
+        enc = self.base._encode(items, adapter)
+        cont = [[int(t) for t in it.meta.get(self.key, ())] for it in items]
+        n = len(items)
+        added = torch.tensor([len(c) for c in cont], dtype=torch.long)
+        lengths = enc.lengths + added
+        offsets = torch.zeros(n, dtype=torch.long)
+        if n > 1:
+            offsets[1:] = lengths.cumsum(0)[:-1]
+        ids = torch.empty(int(lengths.sum()), dtype=torch.long)
+        for i, c in enumerate(cont):  # the base's ids, then the continuation
+            o, L = int(offsets[i]), int(enc.lengths[i])
+            ids[o:o + L] = enc.ids[int(enc.offsets[i]):int(enc.offsets[i]) + L]
+            ids[o + L:o + L + len(c)] = torch.tensor(c, dtype=torch.long)
+        last = enc.lengths - 1
+        pos = {k: v for k, v in enc.positions.items() if k != "last"}
+        pos["last"] = lengths - 1
+        for j in range(self.n_answer):
+            pos[ANSWER.format(j)] = torch.where(added > j, last + j, -1)
+        return Encoded(ids, offsets, lengths, pos, enc.pad_id, self.pred_position)

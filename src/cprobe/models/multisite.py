@@ -100,8 +100,10 @@ class SitesForward:
     site is at the rows' last token and ``clean`` holds the prefix's key/value cache, that token alone runs above it."""
 
     def __init__(self, adapter: ModelAdapter, train: Batch, rows: Tensor, sites: Sequence[Site],
-                 windows: Sequence[tuple[int, int]], clean: CleanStates | None = None) -> None:
+                 windows: Sequence[tuple[int, int]], clean: CleanStates | None = None,
+                 readout: Callable[[slice], Readout] | None = None) -> None:
         self.adapter, self.K = adapter, len(sites)
+        self.readout = readout  # a step's readout of its window of rows (default: the next token's log-distribution)
         self.batches: dict[tuple[int, int], tuple[Batch, list[Site]]] = {}
         # a window's clean states (b, T, d), the step's rows of them, the prefix's key/value cache (clean kv=True)
         self.resume: dict[tuple[int, int], tuple[Tensor, Tensor, dict]] = {}
@@ -128,5 +130,6 @@ class SitesForward:
         st = self.resume.get((rows.start, rows.stop))
         res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]},
                                              {l: (k[st[1]], v[st[1]]) for l, (k, v) in st[2].items()})
-        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=NextToken(), grad=True, resume=res).scores
+        readout = NextToken() if self.readout is None else self.readout(rows)
+        out = self.adapter.run(batch, edits={s: edit for s in at}, readout=readout, grad=True, resume=res).scores
         return out.view(K, b, -1)

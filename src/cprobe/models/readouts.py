@@ -8,7 +8,11 @@
 - :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
 - :class:`NextToken`: the same, unchecked, for a forward that runs every training step (DAS at many sites);
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
-- :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C).
+- :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C);
+- :class:`GreedyTokens`: the most probable token (n, m) at each of m named positions (teacher-forced continuations,
+  :class:`~cprobe.models.formatters.ContinuationFormatter`: greedy decoding's answer, RAVEL's metric);
+- :class:`ContinuationLogProb`: a teacher-forced continuation's log-probability as a two-way distribution (n, 2)
+  (DAS's loss on a multi-token label).
 
 **The normaliser.** log p(t) = logit(t) − log Σ_v exp logit(v): the log-sum-exp is one number per row, so every
 comparison between a row's candidates cancels it — a difference (CausalGym's log odds-ratio, eq. 9, its IIA and
@@ -196,6 +200,74 @@ class TopK(Readout):
         if gold is None:
             raise ConfigError("top-k accuracy needs the gold token ids")
         return float((scores[:, 0].cpu() == gold.cpu()).float().mean())
+
+
+class GreedyTokens(Readout):
+    """The argmax token ids (n, m) at the named positions ``positions`` (−1 where a row lacks one): on a teacher-
+    forced continuation (``answer:0`` … ``answer:m−1``), greedy decoding writes the continuation's first m tokens
+    exactly when every row entry equals that continuation token — one forward instead of m decoding steps. The
+    adapter computes the head at these positions only (``at_positions``)."""
+
+    name = "greedy_tokens"
+    at_position = False
+
+    def __init__(self, positions: Sequence[str]) -> None:
+        self.positions = tuple(positions)
+        if not self.positions:
+            raise ConfigError("greedy tokens need at least one position")
+
+    @property
+    def at_positions(self) -> tuple[str, ...]:
+        """The positions whose logits this readout reads (the adapter's head sees those tokens only)."""
+        return self.positions
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "positions": list(self.positions)}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        out = []
+        for name in self.positions:
+            pos = batch.position(name).to(logits.device)
+            best = logits[rows, pos.clamp(min=0)].argmax(-1)
+            out.append(torch.where(pos >= 0, best, torch.full_like(best, -1)))
+        return torch.stack(out, 1)
+
+    def predict(self, scores: Tensor) -> Tensor:
+        return scores[:, 0]
+
+
+class ContinuationLogProb(GreedyTokens):
+    """The log-probability lp of each row's continuation ``targets`` (n, m; −1 pads) read at the named positions, as
+    the two-way log-distribution (n, 2) ``[lp, log(1 − e^lp)]``: a cross-entropy on class 0 is −lp, the continuation's
+    loss summed over its tokens (what :meth:`cprobe.directions.das.DAS.fit_many` minimises, unchanged, on a label of
+    several tokens). lp is capped at −1e-6 so the complement stays finite."""
+
+    name = "continuation_logprob"
+
+    def __init__(self, positions: Sequence[str], targets: Tensor) -> None:
+        super().__init__(positions)
+        self.targets = torch.as_tensor(targets, dtype=torch.long)
+        if self.targets.ndim != 2 or self.targets.shape[1] != len(self.positions):
+            raise ConfigError(f"continuation targets must be (n, {len(self.positions)}), got "
+                              f"{tuple(self.targets.shape)}")
+
+    def spec(self) -> dict[str, Any]:
+        return {"readout": self.name, "positions": list(self.positions)}
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        tgt = self.targets.to(logits.device)
+        lp = torch.zeros(logits.shape[0], device=logits.device)
+        for j, name in enumerate(self.positions):
+            pos = batch.position(name).to(logits.device)
+            step = logits[rows, pos.clamp(min=0)].float().log_softmax(-1).gather(1, tgt[:, j:j + 1].clamp(min=0))[:, 0]
+            lp = lp + torch.where((pos >= 0) & (tgt[:, j] >= 0), step, torch.zeros_like(step))
+        lp = lp.clamp(max=-1e-6)
+        return torch.stack([lp, torch.log(-torch.expm1(lp))], 1)
+
+    def predict(self, scores: Tensor) -> Tensor:
+        return scores.argmax(-1)
 
 
 class ClassHead(Readout):

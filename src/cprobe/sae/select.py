@@ -28,6 +28,12 @@ token labelled by its text's class) and a text's latent value pools its tokens f
 
 AxBench keeps the one latent with the highest score (``topk(...)[0]``); :func:`top` does the same, ties to the lower
 index.
+
+:func:`l1_classifier` is RAVEL's rule (explanare/ravel ``select_features_with_classifier``): a set, not a ranking —
+the latents whose weights in an L1-penalised linear SVM over the property's classes (scikit-learn's ``LinearSVC``,
+``penalty="l1"``, squared hinge, primal, one-vs-rest, ``tol=0.01``, ``max_iter=5000``) are not all zero: the sum over
+the classes of ``|w_c,j|`` above 1e-5 (``SelectFromModel``'s threshold for an L1-penalised model). A smaller ``C``
+penalises more and keeps fewer latents.
 """
 
 from __future__ import annotations
@@ -131,3 +137,27 @@ def text_scores(rule: str, sae: SAE, X: Tensor, y: Tensor, texts: Tensor) -> Ten
         return auroc_columns(pooled_latents(sae, X, texts, "max"), lab)
     V = pooled_latents(sae, X, texts, "mean")
     return V[lab == 1].mean(0) - V[lab == 0].mean(0)
+
+
+L1_THRESHOLD = 1e-5
+"""scikit-learn's ``SelectFromModel`` threshold for an estimator with an L1 penalty."""
+
+
+def l1_classifier(F: Tensor, z: Tensor, C: float, seed: int = 0) -> Tensor:
+    """RAVEL's selection (module doc): the latent indices (ascending) an L1-penalised linear SVM on the latents ``F``
+    (n, d_sae) with classes ``z`` (n,) gives a nonzero weight."""
+    import warnings
+
+    import numpy as np
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.svm import LinearSVC
+
+    X = F.detach().cpu().double().numpy()
+    y = z.detach().cpu().long().numpy()
+    if len(np.unique(y)) < 2:
+        raise ValueError("the L1 classifier needs two classes or more among the states")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        svm = LinearSVC(C=C, penalty="l1", dual=False, max_iter=5000, tol=0.01, random_state=seed).fit(X, y)
+    importance = np.abs(np.atleast_2d(svm.coef_)).sum(0)
+    return torch.from_numpy(np.flatnonzero(importance > L1_THRESHOLD)).long()
