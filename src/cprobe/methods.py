@@ -106,6 +106,7 @@ class Needs:
 
     direction: bool = False  # a unit direction: no intervention exposing none, no whole-vector swap ...
     whole_vector: bool = False  # ... unless the whole-vector swap is welcome beside them (RAVEL's vanilla)
+    feature_mask: bool = False  # ... or a learned mask over a featurizer's features (MIB's DBM)
 
 
 def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
@@ -122,6 +123,10 @@ def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
         exposing = [n for n in INTERVENTIONS.names() if INTERVENTIONS.get(n).exposes_direction]
         return (f"intervention {name!r} exposes no direction (exposes_direction is false); {key} scores a direction, "
                 f"so intervention {name!r} cannot run in {key}: interventions that do: {exposing}")
+    masks = getattr(cls, "feature_mask", False)
+    if needs.direction and not needs.feature_mask and not is_intervention(name) and masks:
+        return (f"direction method {name!r} learns a mask over a featurizer's features, no direction (feature_mask); "
+                f"{key} scores a direction, so direction method {name!r} cannot run in {key}")
     if needs.direction and not needs.whole_vector and not is_intervention(name) and cls.whole_vector:
         return (f"direction method {name!r} learns no direction (whole_vector); {key} scores a direction, so direction "
                 f"method {name!r} cannot run in {key}")

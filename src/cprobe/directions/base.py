@@ -40,7 +40,11 @@ class Direction(Estimator, ABC):
     per_model_lambda: ClassVar[bool] = False
     """True when the constructor takes a penalty ``lam`` tuned per model (the paper's probe λ, ``causalgym.probe_lam``);
     several λs run as several methods (``probe0``, ``probe1``)."""
-    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda")
+    feature_mask: ClassVar[bool] = False
+    """True for a learned mask over a featurizer's features (MIB's DBM, :mod:`cprobe.directions.dbm`): no direction
+    ``a``; a study that interchanges features (MIB) takes its fitted featurizer, one that reads a direction refuses
+    it (:func:`cprobe.methods.refusal`)."""
+    CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda", "feature_mask")
     _needs_fitted = ("score",)
     _fitted_attrs = ("a",)
 
