@@ -99,7 +99,7 @@ def test_results_json_aggregates_as_aggregate_results_does(tmp_path):
     # layer 0: max(mean(.2, .4), mean(.6, .2)) = .4; layer 1: .9 -> best .9, mean .65
     got = dict(zip(t["metric"], t["value"]))
     assert got["mib_best"] == pytest.approx(0.9) and got["mib_mean"] == pytest.approx(0.65)
-    assert set(t["method"]) == {"das"} and set(t["task"]) == {"mcqa"} and set(t["variable"]) == {"answer_pointer"}
+    assert set(t["method"]) == {"das"} and set(t["dataset"]) == {"mcqa"} and set(t["variable"]) == {"answer_pointer"}
     agg = {"('DBM+PCA', 'LlamaForCausalLM', 'arithmetic', 'ones_carry')": {
         "average_accuracy": 0.5, "highest_accuracy": 0.75, "method_name": "DBM+PCA"}}
     (tmp_path / "aggregated_results.json").write_text(json.dumps(agg))

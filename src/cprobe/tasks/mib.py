@@ -179,7 +179,7 @@ def _task_rows(ctx: JobContext, adapter: Any, task: Any, config: Config, layers:
     kinds = config.counterfactuals.get(task.key, task.kinds)
     P = prompts(adapter, task, kinds, sites, config.n_train, config.n_test, seed, ctx.progress)
     scored = P.accuracy >= config.min_accuracy
-    acc = {"kind": "accuracy", "task": task.key, "mib_task": task.mib_id, "metric": "task_accuracy",
+    acc = {"kind": "accuracy", "dataset": task.key, "mib_task": task.mib_id, "metric": "task_accuracy",
            "value": P.accuracy, "n": int(sum(P.candidates.values())), "scored": scored, "n_kept": len(P.test)}
     log.info("%s on MIB %s: accuracy %.3f on %d test bases; %d of them kept", adapter.name, task.key, P.accuracy,
              acc["n"], len(P.test))
@@ -284,7 +284,7 @@ def report(table: pd.DataFrame, out_dir: Path) -> None:
 
 
 RECORDS = RecordSpec(
-    dataset="task", model="model", layer=Derived(lambda t: t["layer"].where(t["layer"] >= 0)),
+    dataset="dataset", model="model", layer=Derived(lambda t: t["layer"].where(t["layer"] >= 0)),
     read_layer=Derived(lambda t: t["layer"].where(t["layer"] >= 0)), position="position", method="method",
     family="family", slice=("kind", "variable", "counterfactual", "control"),
     slice_defaults={"kind": "summary", "counterfactual": "all", "control": "none"}, metric="metric", value="value",

@@ -64,7 +64,7 @@ def method_rows(task: str, variable: str, method: str, family: str, control: str
     kind_names = list(point)
     mean_point = np.mean([point[k] for k in kind_names], 0)
     mean_boot = np.mean([boot[k] for k in kind_names], 0)
-    common = {"task": task, "variable": variable, "method": method, "family": family, "control": control}
+    common = {"dataset": task, "variable": variable, "method": method, "family": family, "control": control}
     rows = []
     for s, f in enumerate(fits):
         site = {"layer": f.site.layer, "position": pos_ids.get(f.site.position, f.site.position),
@@ -97,17 +97,17 @@ def results_markdown(table: pd.DataFrame) -> str:
     acc = table[table["kind"] == "accuracy"]
     if len(acc):
         parts += ["Task accuracy (greedy output passes MIB's checker; `scored`: at least mib.min_accuracy).", "",
-                  acc[["model", "task", "value", "n", "n_kept", "scored"]].rename(
+                  acc[["model", "dataset", "value", "n", "n_kept", "scored"]].rename(
                       columns={"value": "accuracy", "n": "test bases", "n_kept": "pairs kept"}).to_markdown(
                       index=False), ""]
     summ = table[table["kind"] == "summary"]
     if len(summ):
         cell = summ.assign(text=[f"{v:.2f} [{lo:.2f}, {hi:.2f}]" for v, lo, hi in
                                  zip(summ["value"], summ["ci_low"], summ["ci_high"])])
-        wide = cell.pivot_table(index=["model", "task", "variable", "method", "metric"], columns="control",
+        wide = cell.pivot_table(index=["model", "dataset", "variable", "method", "metric"], columns="control",
                                 values="text", aggfunc="first").reset_index()
         order = [c for c in ("none", "identity", "rotation", "untrained") if c in wide.columns]
-        wide = wide[["model", "task", "variable", "method", "metric", *order]].rename(columns={"none": "method IIA"})
+        wide = wide[["model", "dataset", "variable", "method", "metric", *order]].rename(columns={"none": "method IIA"})
         parts += ["MIB's aggregates (`mib_best`: the best layer, `mib_mean`: the mean over layers; per layer the best "
                   "position of the mean IIA over counterfactual kinds), the controls beside them.", "",
                   wide.to_markdown(index=False), ""]

@@ -43,13 +43,28 @@ def decode(tok: Any, ids: Tensor) -> list[str]:
     return [tok.decode(row.tolist(), skip_special_tokens=True) for row in ids]
 
 
-def generate(adapter: Any, items: Sequence[Any], steps: int, progress: bool) -> list[str]:
-    """The clean greedy outputs of ``items`` (``steps`` tokens each)."""
+def encode(adapter: Any, task: Task, items: Sequence[Any], sites: Sequence[Site]) -> Any:
+    """The prompts as one batch; a site's token position outside a prompt (an empty region) is refused in one line."""
+    from cprobe.errors import DataError
     from cprobe.models.formatters import RegionFormatter
-    from cprobe.models.multisite import edited_generate
 
     batch = RegionFormatter()(list(items), adapter, torch.arange(len(items)))
-    ids = edited_generate(adapter, batch, torch.arange(len(items)), [], lambda *_: {}, steps,
+    names = {task.position(p): p for p in task.positions}
+    for pos in dict.fromkeys(s.position for s in sites):
+        at = batch.positions[pos]
+        bad = torch.nonzero((at < 0) | (at >= batch.attention_mask.sum(1))).flatten()
+        if len(bad):
+            it = items[int(bad[0])]
+            raise DataError(f"MIB task {task.key}: token position {names.get(pos, pos)!r} is outside the prompt of "
+                            f"{it.id} ({it.text[:60]!r}) for {adapter.name}'s tokenizer")
+    return batch
+
+
+def generate(adapter: Any, batch: Any, steps: int, progress: bool) -> list[str]:
+    """The clean greedy outputs of the prompts of ``batch`` (``steps`` tokens each)."""
+    from cprobe.models.multisite import edited_generate
+
+    ids = edited_generate(adapter, batch, torch.arange(len(batch)), [], lambda *_: {}, steps,
                           desc="MIB clean outputs", progress=progress)
     return decode(adapter.tok, ids)
 
@@ -65,7 +80,7 @@ def prompts(adapter: Any, task: Task, kinds: Sequence[str], sites: Sequence[Site
         train, test = keep.train, keep.test
     items = list({it.id: it for p in [*train, *test] for it in (p.base, p.source)}.values())
     index = {it.id: i for i, it in enumerate(items)}
-    outputs = generate(adapter, items, task.max_new_tokens, progress)
+    outputs = generate(adapter, encode(adapter, task, items, sites), task.max_new_tokens, progress)
     correct = np.array([task.check(o, it.outcome) for o, it in zip(outputs, items)], dtype=bool)
     base_ok = np.array([correct[index[p.base.id]] for p in test], dtype=bool)
     accuracy = float(base_ok.mean()) if len(test) else float("nan")

@@ -1,0 +1,102 @@
+"""The MIB study (cprobe.tasks.mib) through the CLI: the smoke experiment on the tiny MIB model — its cells, MIB's
+aggregates and the controls, the records, the exported submission through the re-implemented verifier — and the
+one-line refusals before any model loads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cprobe import records as R
+from cprobe.metrics.registry import unregistered
+from tests import cli
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mib")
+    r = cli.run("run", "+experiment=mib_tiny", "--smoke", f"paths.output_root={out}", f"hydra.run.dir={out / 'job'}",
+                cwd=out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out / "job"
+
+
+@pytest.fixture(scope="module")
+def table(job):
+    return pd.read_parquet(job / "metrics.parquet")
+
+
+@pytest.mark.slow
+def test_the_tiny_model_does_mcqa_and_every_cell_has_its_n_and_interval(table):
+    acc = table[table["kind"] == "accuracy"].iloc[0]
+    assert acc["dataset"] == "mcqa" and acc["scored"] and acc["value"] >= 0.8
+    cells = table[table["kind"] == "cell"]
+    assert set(cells["control"]) == {"none", "identity", "rotation", "untrained"}
+    assert set(cells["method"]) == {"das", "dbm", "mean", "vanilla"}
+    assert (cells["n"] > 0).all() and (cells["ci_low"] <= cells["value"] + 1e-12).all()
+    assert (cells["value"] <= cells["ci_high"] + 1e-12).all()
+    # the mean over kinds is MIB's unit: its n is every kept pair
+    n_all = cells[cells["counterfactual"] == "all"]["n"]
+    assert (n_all == int(acc["n_kept"])).all()
+
+
+@pytest.mark.slow
+def test_the_whole_vector_at_the_last_token_carries_the_sources_answer(table):
+    """The identity featurizer at the last token of the last layer swaps what the model answers: the source's letter.
+    For ``answer`` (the source's letter is the label) it scores 1 on every pair the model gets right; for
+    ``answer_pointer`` under ``randomLetter`` (the base's letters, the source's position) it scores 0."""
+    c = table[(table["kind"] == "cell") & (table["control"] == "identity") & (table["position"] == "last_token")]
+    top = c[c["layer"] == c["layer"].max()]
+    assert np.allclose(top[(top["variable"] == "answer") & (top["counterfactual"] == "all")]["value"], 1.0)
+    rl = top[(top["variable"] == "answer_pointer") & (top["counterfactual"] == "randomLetter")]
+    assert np.allclose(rl["value"], 0.0)
+
+
+@pytest.mark.slow
+def test_mibs_aggregates_are_the_best_and_the_mean_over_layers_of_the_best_position(table):
+    cells = table[(table["kind"] == "cell") & (table["counterfactual"] == "all")]
+    summ = table[table["kind"] == "summary"]
+    for (v, m, c), g in cells.groupby(["variable", "method", "control"]):
+        per_layer = g.groupby("layer")["value"].max()
+        s = summ[(summ["variable"] == v) & (summ["method"] == m) & (summ["control"] == c)].set_index("metric")
+        assert s.loc["mib_best", "value"] == pytest.approx(per_layer.max())
+        assert s.loc["mib_mean", "value"] == pytest.approx(per_layer.mean())
+
+
+@pytest.mark.slow
+def test_records_leaderboard_and_the_exported_submission(job):
+    recs = pd.read_parquet(job / "records.parquet")
+    assert {"iia", "mib_best", "mib_mean", "task_accuracy"} <= set(recs["metric"])
+    assert unregistered(recs["metric"].unique()) == [] and R.problems(recs) == []
+    board = pd.read_csv(job / "leaderboard.csv")
+    assert {"mib_best", "mib_mean"} <= set(board["metric"])
+    r = cli.run("mib", "verify", str(job / "mib_submission" / "das"))
+    assert r.returncode == 1 and "Could not identify valid model name" in r.stdout  # MIB's four models only
+    r = cli.run("mib", "verify", str(job / "mib_submission" / "das"), "--model", "GPTNeoXForCausalLM")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Perfect submission" in r.stdout and "2 valid triplet(s)" in r.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    (["mib.tasks=[mcq]"], "unknown MIB task 'mcq'; choose from ['arc', 'arithmetic', 'ioi', 'mcqa', 'ravel']"),
+    (["+mib.variables={mcqa: [colour]}"], "unknown variable 'colour' of MIB task 'mcqa'; choose from"),
+    (["+mib.positions={mcqa: [entity_last_token]}"], "unknown token position 'entity_last_token' of MIB task 'mcqa'"),
+    (["mib.methods=[fgsm]"], "intervention 'fgsm' cannot run in mib.methods"),
+    (["mib.tasks=[arc]"], "MIB task 'arc' reads ARC-Easy questions from a JSONL file"),
+])
+def test_bad_settings_are_one_line_before_any_model_loads(tmp_path, override, message):
+    r = cli.run("run", "+experiment=mib_tiny", *override, f"paths.output_root={tmp_path / 'out'}", cwd=tmp_path)
+    cli.assert_refused(r, message, tmp_path / "out")
+
+
+def test_an_mib_file_that_needs_unpickling_is_one_line(tmp_path):
+    import torch
+
+    d = tmp_path / "sub" / "4_answer_MCQA_LlamaForCausalLM_answer"
+    d.mkdir(parents=True)
+    (d / "ResidualStream(Layer-0,Token-last_token)_indices").write_text("null")
+    torch.save({"model_info": {}, "state_dict": {}, "x": np.dtype("float32")},
+               d / "ResidualStream(Layer-0,Token-last_token)_featurizer")
+    r = cli.run("mib", "verify", str(tmp_path / "sub"))
+    cli.assert_refused(r, "not readable with torch.load(weights_only=True)")
