@@ -155,6 +155,9 @@ def _fits(adapter: Any, P: Any, config: Config, sites: Sequence[Any], seed: int,
             else:
                 fits += fit_states(P, v, m, config.params(m), sites, seed, config.max_directions, device)
         out[v] = fits
+    if not P.train and any(not declares(m, "whole_vector") for m in config.methods):
+        log.warning("MIB task %s: no train pair left after the filter; only the whole vector is scored (raise "
+                    "mib.n_train)", P.task.key)
     return out
 
 

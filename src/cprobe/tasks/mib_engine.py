@@ -157,12 +157,18 @@ def fit_states(P: Prompts, variable: str, method: str, params: Mapping[str, Any]
 
     if declares(method, "whole_vector"):
         return [Fit(method, family(method), s, None) for s in sites]
+    if not P.train:
+        return []
     rows = torch.cat([P.rows(P.train, "base"), P.rows(P.train, "source")])
     inputs = [P.items[i].meta["inputs"] for i in rows.tolist()]
     y = values(P.task, inputs, variable)
     out = []
     for s in sites:
         sub = state_subspace(method, params, P.acts[s][rows], y, seed, max_directions, device)
+        if sub is None:  # one value only among the kept prompts: the chance direction (methods.fallback_direction)
+            from cprobe.methods import fallback_direction
+
+            sub = Subspace(fallback_direction(P.acts[s].shape[1], seed))
         out.append(Fit(method, family(method), s, sub))
     return out
 
@@ -195,7 +201,8 @@ def fit_through(adapter: Any, P: Prompts, variable: str, method: str, params: Ma
 
             def gated(rows: slice, hs: Tensor, gates: Tensor, bases: list = bases) -> Tensor:
                 b = rows.stop - rows.start
-                edit = rowwise_interchange(hs.reshape(K * b, -1), site_of(b), bases, list(gates))
+                edit = rowwise_interchange(hs.reshape(K * b, -1), site_of(b), bases,
+                                           [g[: f.n_features] for g, f in zip(gates, bases)])
                 return forward.run(rows, edit)
             masks = m.fit_many(gated, h, target[None].repeat(K, 1), [f.n_features for f in bases]).cpu()
             for k, (s, f) in enumerate(zip(group, bases)):
