@@ -28,9 +28,9 @@ def table(job):
 
 
 @pytest.mark.slow
-def test_the_tiny_model_does_mcqa_and_every_cell_has_its_n_and_interval(table):
-    acc = table[table["kind"] == "accuracy"].iloc[0]
-    assert acc["dataset"] == "mcqa" and acc["scored"] and acc["value"] >= 0.8
+def test_every_cell_has_its_n_and_interval(table):
+    acc = table[table["kind"] == "accuracy"].iloc[0]  # mib_tiny scores the smoke model on what it gets right
+    assert acc["dataset"] == "mcqa" and acc["scored"] and 0 < acc["value"] <= 1 and acc["n_kept"] >= 1
     cells = table[table["kind"] == "cell"]
     assert set(cells["control"]) == {"none", "identity", "rotation", "untrained"}
     assert set(cells["method"]) == {"das", "dbm", "mean", "vanilla"}
@@ -76,6 +76,17 @@ def test_records_leaderboard_and_the_exported_submission(job):
     r = cli.run("mib", "verify", str(job / "mib_submission" / "das"), "--model", "GPTNeoXForCausalLM")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Perfect submission" in r.stdout and "2 valid triplet(s)" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_model_below_the_accuracy_threshold_is_reported_not_scored(tmp_path):
+    r = cli.run("run", "+experiment=mib_tiny", "--smoke", "mib.min_accuracy=0.99", f"paths.output_root={tmp_path}",
+                f"hydra.run.dir={tmp_path / 'job'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "below mib.min_accuracy=0.99: reported, not scored" in r.stderr
+    t = pd.read_parquet(tmp_path / "job" / "metrics.parquet")
+    assert list(t["kind"]) == ["accuracy"] and not t["scored"].iloc[0] and t["value"].iloc[0] < 0.99
+    assert "| mib_neox_smoke | mcqa" in (tmp_path / "job" / "mib_results.md").read_text()
 
 
 @pytest.mark.parametrize("override, message", [

@@ -135,14 +135,18 @@ def state_subspace(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, s
                    device: Any = None) -> Subspace | None:
     """A method fitted on states (a direction method, or an intervention that exposes its direction) as a subspace:
     one direction per pair of consecutive values among the ``max_directions + 1`` most frequent values of the
-    variable (binary, as every direction method is), orthonormalised; None where no two values occur."""
+    variable (binary, as every direction method is), orthonormalised; None where no two values occur or no pair gives
+    a direction (states that do not vary there: a method finds none, as at the embeddings of a constant token)."""
     counts = torch.bincount(y)
     top = [int(v) for v in counts.argsort(descending=True)[: max_directions + 1] if counts[v] > 0]
     top.sort()
     dirs = []
     for a, b in zip(top, top[1:]):
         keep = (y == a) | (y == b)
-        dirs += unit_directions(name, params, X[keep], (y[keep] == b).long(), seed, 1, device=device)
+        try:
+            dirs += unit_directions(name, params, X[keep], (y[keep] == b).long(), seed, 1, device=device)
+        except ValueError:  # no direction between these two values' states
+            continue
     if not dirs:
         return None
     Q, R = torch.linalg.qr(torch.stack([d.float().cpu() for d in dirs], 1))
