@@ -42,15 +42,20 @@ def test_every_cell_has_its_n_and_interval(table):
 
 
 @pytest.mark.slow
-def test_the_whole_vector_at_the_last_token_carries_the_sources_answer(table):
-    """The identity featurizer at the last token of the last layer swaps what the model answers: the source's letter.
-    For ``answer`` (the source's letter is the label) it scores 1 on every pair the model gets right; for
-    ``answer_pointer`` under ``randomLetter`` (the base's letters, the source's position) it scores 0."""
-    c = table[(table["kind"] == "cell") & (table["control"] == "identity") & (table["position"] == "last_token")]
-    top = c[c["layer"] == c["layer"].max()]
-    assert np.allclose(top[(top["variable"] == "answer") & (top["counterfactual"] == "all")]["value"], 1.0)
-    rl = top[(top["variable"] == "answer_pointer") & (top["counterfactual"] == "randomLetter")]
-    assert np.allclose(rl["value"], 0.0)
+def test_the_controls_that_are_the_whole_vector_score_as_the_whole_vector(table):
+    """The identity featurizer at a site is the whole-vector swap (``vanilla``), and a random rotation of the whole
+    vector's dimension spans every direction: all three give the same outputs, so the same IIA in every cell; the
+    untrained model is a column of its own."""
+    c = table[table["kind"] == "cell"].set_index(["variable", "counterfactual", "layer", "position"])
+    van = c[(c["method"] == "vanilla") & (c["control"] == "none")]["value"].sort_index()
+    ident = c[(c["method"] == "vanilla") & (c["control"] == "identity")]["value"].sort_index()
+    assert np.array_equal(van.to_numpy(), ident.to_numpy())
+    rot = c[(c["method"] == "vanilla") & (c["control"] == "rotation")].sort_index()
+    # a full orthonormal basis: the same vector up to float rounding, so the same outputs but for a near-tie
+    assert (np.abs(rot["value"].to_numpy() - van.to_numpy()) <= 1 / rot["n"].to_numpy() + 1e-12).all()
+    das_id = c[(c["method"] == "das") & (c["control"] == "identity")]["value"].sort_index()
+    assert np.array_equal(das_id.to_numpy(), van.to_numpy())  # the identity control is the method's site's
+    assert (c[c["control"] == "untrained"]["n"] > 0).all()
 
 
 @pytest.mark.slow

@@ -73,6 +73,7 @@ class Config:
     interventions: dict = field(default_factory=dict)  # {name: settings} of direction-exposing interventions
     max_directions: int = 8  # a state-fitted method: directions between consecutive values of the most frequent
     min_accuracy: float = 0.8  # a model below it on a task is reported, not scored
+    filter: str = "both"  # MIB's filter: pairs whose base and source the model gets right (base: the base; none)
     controls: list[str] = field(default_factory=lambda: list(CONTROLS))
     n_boot: int = 1000
     pair_seed: int = 0  # the pairs (+ the job seed)
@@ -91,6 +92,10 @@ class Config:
             raise ValueError(f"unknown control(s) {bad} in mib.controls; choose from {list(CONTROLS)}")
         if self.n_train < 1 or self.n_test < 1 or self.max_directions < 1 or self.n_boot < 1:
             raise ValueError("mib.n_train, mib.n_test, mib.max_directions and mib.n_boot must be >= 1")
+        from cprobe.tasks.mib_engine import FILTERS
+
+        if self.filter not in FILTERS:
+            raise ValueError(f"unknown mib.filter {self.filter!r}; choose from {list(FILTERS)}")
         if not 0 <= self.min_accuracy <= 1:
             raise ValueError(f"mib.min_accuracy must be in [0, 1], got {self.min_accuracy}")
         for key, known in (("das", DEFAULT_DAS), ("dbm", DEFAULT_DBM)):
@@ -180,7 +185,7 @@ def _task_rows(ctx: JobContext, adapter: Any, task: Any, config: Config, layers:
 
     sites = _sites(task, config, layers)
     kinds = config.counterfactuals.get(task.key, task.kinds)
-    P = prompts(adapter, task, kinds, sites, config.n_train, config.n_test, seed, ctx.progress)
+    P = prompts(adapter, task, kinds, sites, config.n_train, config.n_test, seed, ctx.progress, filter=config.filter)
     scored = P.accuracy >= config.min_accuracy
     acc = {"kind": "accuracy", "dataset": task.key, "mib_task": task.mib_id, "metric": "task_accuracy",
            "value": P.accuracy, "n": int(sum(P.candidates.values())), "scored": scored, "n_kept": len(P.test)}

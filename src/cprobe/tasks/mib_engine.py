@@ -69,10 +69,15 @@ def generate(adapter: Any, batch: Any, steps: int, progress: bool) -> list[str]:
     return decode(adapter.tok, ids)
 
 
+FILTERS = ("both", "base", "none")
+"""MIB's filter keeps a pair whose base and source the model gets right (``both``); ``base``: the base only; ``none``."""
+
+
 def prompts(adapter: Any, task: Task, kinds: Sequence[str], sites: Sequence[Site], n_train: int, n_test: int,
-            seed: int, progress: bool, keep: Prompts | None = None) -> Prompts:
-    """The task's train and test pairs of ``kinds`` (seeded apart), the clean outputs, the filter and the states at
-    ``sites``. ``keep``: another model's prompts whose kept pairs are used as they are (the untrained control)."""
+            seed: int, progress: bool, keep: Prompts | None = None, filter: str = "both") -> Prompts:
+    """The task's train and test pairs of ``kinds`` (seeded apart), the clean outputs, the filter (:data:`FILTERS`)
+    and the states at ``sites``. ``keep``: another model's prompts whose kept pairs are used as they are (the untrained
+    control)."""
     if keep is None:
         train = [p for k in kinds for p in pairs(task, k, n_train, seed, "train/")]
         test = [p for k in kinds for p in pairs(task, k, n_test, seed + 1, "test/")]
@@ -87,7 +92,8 @@ def prompts(adapter: Any, task: Task, kinds: Sequence[str], sites: Sequence[Site
     candidates = {k: sum(p.kind == k for p in test) for k in kinds}
     if keep is None:
         def kept(ps: list[Pair]) -> list[Pair]:
-            return [p for p in ps if correct[index[p.base.id]] and correct[index[p.source.id]]]
+            return [p for p in ps if filter == "none" or (correct[index[p.base.id]] and (
+                filter == "base" or correct[index[p.source.id]]))]
         train, test = kept(train), kept(test)
     acts = {}
     if sites and (train or test):
