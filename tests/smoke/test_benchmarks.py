@@ -63,3 +63,14 @@ def test_bench_das_prints_the_batched_ratio_and_equal_directions():
     assert "batched / one-at-a-time speed =" in out
     delta = float(out.split("max |Δa| = ")[1].split()[0])
     assert delta < 1e-4, out
+
+
+def test_bench_head_prints_the_full_head_against_the_candidate_rows():
+    out = _run("scripts/bench_head.py", "--shapes", "tiny", "--n", "8", "--repeats", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2 and all("×**" in r and "% →" in r for r in rows), out
+
+
+def test_bench_lda_prints_the_ratio_and_the_cosine_gap():
+    out = _run("scripts/bench_lda.py", "--shapes", "30x64,200x16", "--repeats", "1")
+    assert out.count("×**") == 2, out

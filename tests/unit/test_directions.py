@@ -12,7 +12,7 @@ from cprobe.directions.das import DAS
 from cprobe.directions.lda import LDA
 from cprobe.directions.mean_diff import MeanDirection
 from cprobe.directions.random import RandomDirection
-from cprobe.errors import ConfigError
+from cprobe.errors import ConfigError, NotFittedError
 
 ACTIVATION_METHODS = ["probe", "mean", "lda", "pca", "kmeans"]
 
@@ -69,6 +69,63 @@ def test_lda_is_inverse_shared_covariance_times_mean_difference() -> None:
     assert abs(a @ expected) == pytest.approx(1.0, abs=1e-5)
     # correlated noise: LDA and the plain mean difference disagree
     assert abs(float(MeanDirection().fit(X, y).a.double() @ torch.from_numpy(expected))) < 0.99
+
+
+def test_lda_closed_form_hand_computed_2d() -> None:
+    """Class 0: (0, 0), (2, 2) (μ₀ = (1, 1)); class 1: (1, 3), (3, 3) (μ₁ = (2, 3)). Within-class scatter
+    [[4, 2], [2, 2]], Σ = scatter / n = [[1, .5], [.5, .5]], Σ⁻¹ = [[2, −2], [−2, 4]], Δ = (1, 2), w = Σ⁻¹Δ = (−2, 6);
+    equal priors: b = −w·x̄ = −w·(1.5, 2) = −9, so the decision x·w + b is −4 at μ₀, +4 at μ₁, 0 halfway."""
+    from cprobe.directions.lda import lda_weight
+
+    X = torch.tensor([[0.0, 0.0], [2.0, 2.0], [1.0, 3.0], [3.0, 3.0]])
+    y = torch.tensor([0, 0, 1, 1])
+    w, b, classes = lda_weight(X, y)
+    torch.testing.assert_close(w, torch.tensor([-2.0, 6.0], dtype=torch.float64))
+    assert b == pytest.approx(-9.0) and classes.tolist() == [0, 1]
+    lda = LDA().fit(X, y)
+    torch.testing.assert_close(lda.a, torch.tensor([-1.0, 3.0]) / 10**0.5)
+    # just below and above halfway, (1.5, 2 ∓ 0.1): decisions ∓0.6
+    assert lda.score(torch.tensor([[1.0, 1.0], [2.0, 3.0], [1.5, 1.9], [1.5, 2.1]]), torch.tensor([0, 1, 0, 1])) == 1.0
+
+
+@pytest.mark.parametrize("n,d,collinear", [(300, 8, False), (40, 64, False), (25, 64, False), (300, 8, True),
+                                            (25, 64, True)])
+def test_lda_closed_form_equals_scikit_learns(n: int, d: int, collinear: bool) -> None:
+    """The reference's LDA (SVD solver): the same weight (cosine > 1 − 1e-6; the same scale), intercept, decisions and
+    accuracy, with unequal priors, on full-rank (n > d) and rank-deficient (n ≤ d: the pseudo-inverse) data; and where
+    the solver's truncation decides (``collinear``): a feature that is another plus 1e-3 noise (singular value above
+    ``tol``: kept), one that is another plus 1e-5 noise (below: dropped) and a constant feature (its deviation 0); with
+    n ≤ d (the Gram of the rows), a row that is another of its class plus 1e-3 noise (kept), one plus 1e-5
+    (dropped)."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    from cprobe.directions.lda import lda_weight
+
+    g = torch.Generator().manual_seed(n + d)
+    mix = torch.randn(d, d, generator=g) / d**0.5 + torch.eye(d)
+    y = (torch.rand(n, generator=g) < 0.4).long()
+    y[:2] = torch.tensor([0, 1])
+    X = torch.randn(n, d, generator=g) @ mix + y[:, None].float() * torch.randn(d, generator=g)
+    if collinear and n > d:
+        X[:, 1] = X[:, 0] + 1e-3 * torch.randn(n, generator=g)
+        X[:, 2] = X[:, 3] + 1e-5 * torch.randn(n, generator=g)
+        X[:, 4] = 2.0
+    elif collinear:
+        y[3], y[5] = y[2], y[4]
+        X[3] = X[2] + 1e-3 * torch.randn(d, generator=g)
+        X[5] = X[4] + 1e-5 * torch.randn(d, generator=g)
+    ref = LinearDiscriminantAnalysis(n_components=1).fit(X.double().numpy(), y.numpy())
+    w, b, _ = lda_weight(X, y)
+    coef = torch.from_numpy(ref.coef_[0])
+    assert float(w @ coef / (w.norm() * coef.norm())) > 1 - 1e-6
+    torch.testing.assert_close(w, coef, rtol=1e-6, atol=1e-9 * float(coef.abs().max()))
+    assert b == pytest.approx(float(ref.intercept_[0]), rel=1e-6, abs=1e-9)
+    X_new = torch.randn(200, d, generator=g) @ mix
+    y_new = (torch.arange(200) % 2)
+    lda = LDA().fit(X, y)
+    torch.testing.assert_close(X_new.double() @ w + b, torch.from_numpy(ref.decision_function(X_new.double().numpy())),
+                               rtol=1e-6, atol=1e-8)
+    assert lda.score(X_new, y_new) == pytest.approx(ref.score(X_new.double().numpy(), y_new.numpy()))
 
 
 def test_probe_scores_and_accepts_lambda() -> None:
@@ -333,3 +390,117 @@ def test_das_weighs_each_rows_loss():
     assert float(das.losses_[0, 0]) == pytest.approx(float(nll.mean()), rel=1e-6)
     with pytest.raises(ValueError, match=r"weight must be shaped as target \(1, 3\), got \(3,\)"):
         das.fit_many(forward, h, target, weight=torch.ones(3))
+
+
+# ---------------------------------------------------------------------------------- DAS: k-dimensional subspaces
+
+
+def _plane_model(n: int = 256, d: int = 8, seed: int = 0):
+    """A linear 'LM' reading a 2-D variable z that lives in the known plane span U (d, 2): z takes 4 values, the
+    corners 2·(±1, ±1), and the logits are ⟨Uᵀh, c_j⟩ for the 4 corners c_j. Base and source rows carry independent
+    values plus noise (sd 3) outside the plane, so the subspace that moves z and nothing else is span U exactly: a
+    1-D interchange moves one coordinate of z (it gets the source's value only where the other one agrees already)."""
+    g = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(d, 2, generator=g))
+    C = 2.0 * torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
+    zb, zs = torch.randint(0, 4, (n,), generator=g), torch.randint(0, 4, (n,), generator=g)
+    off = torch.eye(d) - U @ U.T
+    h_base = C[zb] @ U.T + 3 * torch.randn(n, d, generator=g) @ off
+    h_source = C[zs] @ U.T + 3 * torch.randn(n, d, generator=g) @ off
+
+    def forward(edit: Edit, idx: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax((edit(h_base[idx]) @ U) @ C.T, -1)
+
+    return U, forward, h_source, zs
+
+
+def test_k_dimensional_das_recovers_a_planted_plane_that_one_direction_cannot_carry() -> None:
+    from cprobe.directions.das import subspace_edit
+
+    U, forward, h_source, target = _plane_model()
+    everyone = torch.arange(len(target))
+    settings = dict(seed=0, lr=0.1, batch_size=32, epochs=10)
+
+    def accuracy(basis: torch.Tensor) -> float:
+        return float((forward(subspace_edit(h_source, basis), everyone).argmax(-1) == target).float().mean())
+
+    one = DAS(**settings).fit(forward, h_source, target)
+    two = DAS(k=2, **settings).fit(forward, h_source, target)
+    assert one.basis_.shape == (8, 1) and torch.equal(one.basis_[:, 0], one.a)
+    assert two.basis_.shape == (8, 2) and torch.equal(two.basis_[:, 0], two.a)
+    # orthonormal after training, and the plane found: the cosines of both principal angles near 1 (measured ≥ 0.993)
+    torch.testing.assert_close(two.basis_.T @ two.basis_, torch.eye(2), atol=1e-5, rtol=0)
+    assert float(torch.linalg.svdvals(U.T @ two.basis_).min()) > 0.98
+    assert accuracy(two.basis_) > 0.99
+    assert accuracy(one.a) < 0.75  # measured 0.58: one coordinate of z moves, the other agrees half the time
+    assert two.losses[-1] < 0.1 * one.losses[-1]
+
+
+def test_k_equal_to_d_interchanges_the_whole_source_vector() -> None:
+    from cprobe.directions.das import subspace_edit
+    from cprobe.models.multisite import rowwise_dii
+
+    g = torch.Generator().manual_seed(1)
+    h, s = torch.randn(5, 4, generator=g), torch.randn(5, 4, generator=g)
+    R, _ = torch.linalg.qr(torch.randn(4, 4, generator=g))
+    torch.testing.assert_close(subspace_edit(s, R)(h), s, atol=1e-6, rtol=0)
+    torch.testing.assert_close(rowwise_dii(s, R.expand(5, 4, 4))(h), s, atol=1e-6, rtol=0)
+    _, forward, h_source, target = _plane_model(n=16, d=4)
+    das = DAS(k=4, seed=3, epochs=1, batch_size=8).fit(forward, h_source, target)
+    torch.testing.assert_close(subspace_edit(s, das.basis_)(h), s, atol=1e-5, rtol=0)
+
+
+def test_k_dimensional_householder_is_torchs_orthogonal_parametrisation_of_a_d_by_k_weight() -> None:
+    """pyvene's ``LowRankRotateLayer(d, k)`` under torch's ``orthogonal``: the batched bases equal its weight at any
+    value of the trained parameter; the start's first column is the 1-D start."""
+    d, K, k = 10, 2, 3
+    das = DAS(seed=7, k=k)
+    bases, (X,) = das._parametrise(K, d, torch.device("cpu"))
+    init, base = das.start(d)
+    torch.testing.assert_close(init[:, 0], DAS(seed=7).start(d)[0])
+    torch.testing.assert_close(init.T @ init, torch.eye(k), atol=1e-6, rtol=0)
+    torch.testing.assert_close(bases()[1], init, atol=1e-6, rtol=0)  # starts at the seeded start
+    with torch.no_grad():
+        X += 0.3 * torch.randn(K, d, k, generator=torch.Generator().manual_seed(1))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        rotate = torch.nn.Linear(k, d, bias=False)
+        with torch.no_grad():
+            rotate.weight.copy_(init)
+        torch.nn.utils.parametrizations.orthogonal(rotate)
+    torch.testing.assert_close(rotate.parametrizations.weight[0].base, base)
+    for i in range(K):
+        with torch.no_grad():
+            rotate.parametrizations.weight.original.copy_(X[i])
+        torch.testing.assert_close(bases()[i], rotate.weight.detach(), atol=1e-6, rtol=0)
+
+
+def test_k_dimensional_fit_many_equals_one_site_at_a_time() -> None:
+    from cprobe.directions.das import subspace_edit
+
+    _, forward, h_source, target = _plane_model(n=64)
+    H, T = torch.stack([h_source, h_source.flip(0)]), torch.stack([target, target.flip(0)])
+
+    def many(rows, hs, R):
+        assert R.shape == (2, 8, 2)
+        idx = torch.arange(rows.start, rows.stop)
+        return torch.stack([forward(subspace_edit(hs[i], R[i]), idx) for i in range(len(R))])
+
+    batched = DAS(k=2, seed=1, epochs=2, batch_size=16)
+    B = batched.fit_many(many, H, T)
+    assert B.shape == (2, 8, 2)
+    for i in range(2):
+        one = DAS(k=2, seed=1, epochs=2, batch_size=16).fit(forward, H[i], T[i])
+        torch.testing.assert_close(B[i], one.basis_, atol=1e-5, rtol=0)
+
+
+def test_das_k_is_checked() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="k"):
+            DAS(k=bad)
+    with pytest.raises(ValueError, match="orthogonal"):
+        DAS(k=2, parametrization="normalize")
+    with pytest.raises(ValueError, match="exceeds"):
+        DAS(k=5).fit_many(lambda r, h, a: None, torch.zeros(1, 4, 4), torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(NotFittedError):
+        DAS(k=2).basis_

@@ -14,6 +14,8 @@ from cprobe.errors import ConfigError, CprobeError
 from cprobe.extract import agreement_items, extract, resolve_layers, task_accuracy
 from cprobe.job import config_hash, read_status, write_status
 from cprobe.models.adapter import ModelAdapter
+from cprobe.models.formatters import AgreementFormatter
+from cprobe.models.readouts import CandidateTokens
 from cprobe.pipeline import collect
 from cprobe.results import write_job, write_table
 from tests.conftest import make_random_model
@@ -98,7 +100,7 @@ def test_the_adapter_remembers_token_lengths_and_candidate_ids_per_tokenizer():
     assert counting is not ad.tok
 
 
-def test_extract_uses_cache_second_time_and_scores_are_log_probs(tmp_path):
+def test_extract_uses_cache_second_time_and_scores_are_the_verb_forms_logits(tmp_path):
     model, tok = make_random_model("gpt_neox")
     ad = ModelAdapter(model, tok, "causal", "m")
     cache = ActivationCache(tmp_path)
@@ -107,7 +109,11 @@ def test_extract_uses_cache_second_time_and_scores_are_log_probs(tmp_path):
     assert not a.cache_hit and b.cache_hit and a.n_dropped == 1
     torch.testing.assert_close(a.acts[3], b.acts[3])
     torch.testing.assert_close(a.scores, b.scores)
-    assert (a.scores < 0).all()  # log-probabilities over the whole vocabulary
+    # the (correct, wrong) verb forms' logits, from those rows of the head: their difference is the log-probabilities'
+    logp = ad.map(a.dataset.examples, AgreementFormatter(),
+                  readout=CandidateTokens(a.candidates, normalise=True)).scores
+    assert (logp < 0).all() and not torch.allclose(a.scores, logp, atol=1e-2)
+    torch.testing.assert_close(a.scores[:, 0] - a.scores[:, 1], logp[:, 0] - logp[:, 1], atol=1e-5, rtol=1e-5)
 
 
 def test_status_roundtrip_and_config_hash(tmp_path):

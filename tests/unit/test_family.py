@@ -103,7 +103,8 @@ def test_an_unknown_family_is_derived_from_its_config_or_refused_in_one_line():
     dec = PretrainedConfig(architectures=["FooForCausalLM"])
     dec.model_type = "foo"
     fam = family_of(dec)
-    assert fam == Family("foo", None, None, 0, "last", False, derived=True, resumable=False) and pool_of(dec) == "last"
+    assert fam == Family("foo", None, None, 0, "last", False, derived=True, resumable=False, split_head=False)
+    assert pool_of(dec) == "last"
     enc = PretrainedConfig(architectures=["FooForMaskedLM"])
     enc.model_type = "foo"
     assert pool_of(enc) == "first"

@@ -138,3 +138,88 @@ def test_no_study_answers_the_vocabulary_itself():
                 if needle in text:
                     problems.append(f"{f.relative_to(SRC)}: {needle}")
     assert not problems, problems
+
+
+# ----------------------------------------------------------------------------------------------- as a featurizer
+def _toy_states():
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(60, 6, generator=g)
+    y = (X[:, 0] > 0).long()
+    X[:, 0] += 3 * y  # the class lives on the first coordinate
+    return X, y
+
+
+def _toy_forward(X, y):
+    """A causal method's fit arguments on the toy states: a linear readout of the first coordinate, the sources the
+    rows of the other class."""
+    W = torch.zeros(2, X.shape[1])
+    W[1, 0] = 1.0
+
+    def forward(edit, idx):
+        return torch.log_softmax(edit(X[idx]) @ W.T, -1)
+
+    return forward, X.flip(0), y.flip(0)
+
+
+def test_a_fitted_method_as_a_featurizer_by_what_it_declares():
+    from cprobe.directions.das import DAS
+    from cprobe.models.featurizers import Identity, Subspace
+
+    X, y = _toy_states()
+    ident, plane = Identity(6), Subspace(torch.eye(6)[:, :2])
+    assert M.featurizer(ident) is ident and M.featurizer(plane) is plane  # a featurizer is itself
+    assert M.featurizer(DIRECTIONS.build({"name": "vanilla"}).fit(X, y)) is None  # the whole-vector swap
+    mean = DIRECTIONS.build({"name": "mean"}).fit(X, y)
+    f = M.featurizer(mean)
+    assert isinstance(f, Subspace) and torch.equal(f.basis, mean.a[:, None])
+    das = DAS(k=2)  # a k-dimensional basis, set by hand: every column kept
+    das.basis_ = torch.eye(6)[:, [3, 1]]
+    das.a = das.basis_[:, 0]
+    assert torch.equal(M.featurizer(das).basis, torch.eye(6)[:, [3, 1]])
+    leace = INTERVENTIONS.build({"name": "leace"}).fit(X, y)  # an eraser exposing its direction
+    assert torch.equal(M.featurizer(leace).basis, leace.edit_direction()[:, None])
+    bridged = INTERVENTIONS.build({"name": "mean_direction"}).fit(X, y)  # a direction as an intervention
+    assert torch.allclose(M.featurizer(bridged).basis[:, 0], mean.a, atol=1e-6)
+    with pytest.raises(ValueError, match="not one direction"):
+        M.featurizer(INTERVENTIONS.build({"name": "inlp", "rank": 2}).fit(X, y))
+    with pytest.raises(ValueError, match="no featurizer"):
+        M.featurizer(INTERVENTIONS.build({"name": "pgd", "eps": 0.1}))
+
+
+def test_every_direction_and_every_exposing_intervention_yields_a_featurizer():
+    """By the registries: each direction method (a causal one trained through a toy readout) and each intervention
+    that exposes its direction or bridges a direction method, fitted on a small binary toy, gives a one-feature
+    subspace along its unit direction; the whole-vector swap gives None."""
+    from cprobe.interventions import fit_intervention
+    from cprobe.models.featurizers import Subspace
+    from cprobe.tasks.causalgym_settings import DEFAULT_INTERVENTIONS  # the rank-1 settings
+
+    X, y = _toy_states()
+    for name in DIRECTIONS.names():
+        cls = DIRECTIONS.get(name)
+        m = M.build(name, {}, seed=0)
+        m = m.fit(*_toy_forward(X, y)) if cls.causal else m.fit(X, y)
+        f = M.featurizer(m)
+        if cls.whole_vector:
+            assert f is None, name
+            continue
+        assert isinstance(f, Subspace) and f.n_features == 1, name
+        assert torch.allclose(f.basis[:, 0], m.a) and float(m.a.norm()) == pytest.approx(1.0, abs=1e-5), name
+    for name in INTERVENTIONS.names():
+        cls = INTERVENTIONS.get(name)
+        if not (cls.exposes_direction or getattr(cls, "direction_name", "")) or cls.needs_model:
+            continue
+        params = DEFAULT_INTERVENTIONS.get(name, {})
+        m = M.build(name, {**params, **({"max_steps": 100} if "max_steps" in params else {})}, seed=0)
+        fit_intervention(m, X, y)
+        f = M.featurizer(m)
+        assert isinstance(f, Subspace) and f.n_features == 1, name
+        assert float(f.basis.norm()) == pytest.approx(1.0, abs=1e-5), name
+
+
+def test_a_study_reading_one_direction_refuses_a_k_dimensional_subspace():
+    assert M.one_direction(M.build("das", {}, 0), "das", "x") is not None
+    with pytest.raises(M.MethodError, match="k=2 learns a 2-dimensional subspace"):
+        M.one_direction(M.build("das", {"k": 2}, 0), "das", "axbench.params.das")
+    with pytest.raises(ConfigError, match="k=3"):  # the reliability study's DAS intervention edits one coordinate
+        INTERVENTIONS.build({"name": "das", "k": 3})

@@ -237,6 +237,22 @@ def test_das_steps_over_many_sites_resume_at_the_lowest_site(arch, kv):
     torch.testing.assert_close(out, full, **TOL)
 
 
+def test_das_steps_take_k_dimensional_bases():
+    """SitesForward with bases (K, d, k) (DAS's k): a (K, d, 1) basis scores what its direction (K, d) scores, and a
+    second column moves the scores."""
+    from cprobe.models.multisite import SitesForward
+
+    adapter, ex, _fmt, batch, _cands = _setup("gpt2")
+    n, d = len(ex), adapter.hidden_size
+    forward = SitesForward(adapter, batch, torch.arange(n), [Site(2), Site(1)], [(0, n)])
+    g = torch.Generator().manual_seed(2)
+    h_source = 3 * torch.randn(2, n, d, generator=g)
+    R, _ = torch.linalg.qr(torch.randn(2, d, 2, generator=g))
+    one = forward(slice(0, n), h_source, R[:, :, 0])
+    torch.testing.assert_close(forward(slice(0, n), h_source, R[:, :, :1]), one, **TOL)
+    assert not torch.allclose(forward(slice(0, n), h_source, R), one, **TOL)
+
+
 @pytest.mark.parametrize("arch", SLIDING)
 def test_a_prefix_wider_than_the_sliding_window_resumes_over_every_token(arch, caplog):
     """Rows longer than the window: the one-token step would let the last token attend past its window (the step

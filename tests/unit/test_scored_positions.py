@@ -48,19 +48,28 @@ def test_scores_equal_the_head_at_every_position(arch):
 
 
 @pytest.mark.parametrize("arch", ["bert", "gpt2"])
-def test_the_head_sees_one_token_per_row(arch):
+def test_the_head_sees_one_token_per_row(arch, monkeypatch):
+    from cprobe.models.head import Capture
+
     adapter = _adapter(arch)
     ex = _examples(6)
-    cands = CandidateTokens([[adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)] for e in ex])
+    ids = [[adapter.candidate_id(e.correct), adapter.candidate_id(e.wrong)] for e in ex]
     seen = []
-    h = adapter._head.register_forward_hook(lambda _m, _args, out: seen.append(tuple(out.shape)))  # the logits
+    # the full head's logits (n, T, V) (log-probabilities), and what the candidates' rows read (n, T, d)
+    h = adapter._head.register_forward_hook(lambda _m, _args, out: seen.append(tuple(out.shape)))
+    keep = Capture._hook
+    monkeypatch.setattr(Capture, "_hook", lambda self, m, args, kw: (seen.append(tuple(args[0].shape)),
+                                                                      keep(self, m, args, kw)))
     try:
-        adapter.map(ex, AgreementFormatter(), readout=cands)
-        assert seen and all(s[1] == 1 for s in seen), seen  # (n, 1, V): one position per row
-        seen.clear()
-        adapter.scored_positions = False
-        adapter.map(ex, AgreementFormatter(), readout=cands)
-        assert any(s[1] > 1 for s in seen), seen
+        for cands in (CandidateTokens(ids), CandidateTokens(ids, normalise=True)):
+            adapter.scored_positions = True
+            adapter.map(ex, AgreementFormatter(), readout=cands)
+            assert seen and all(s[1] == 1 for s in seen), seen  # one position per row
+            seen.clear()
+            adapter.scored_positions = False
+            adapter.map(ex, AgreementFormatter(), readout=cands)
+            assert any(s[1] > 1 for s in seen), seen
+            seen.clear()
     finally:
         h.remove()
 

@@ -125,6 +125,19 @@ def test_rowwise_dii_hand_computed():
     assert rowwise_dii(source, a)(h.half()).dtype == torch.float16  # cast back
 
 
+def test_rowwise_dii_of_k_dimensional_bases_hand_computed():
+    """Bases (n, d, k): row r takes span R_r from the source, h + R Rᵀ (s − h); a (n, d, 1) basis is the 1-D DII."""
+    h = torch.tensor([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    source = torch.tensor([[4.0, 5.0, 6.0], [4.0, 5.0, 6.0]])
+    e = torch.eye(3)
+    R = torch.stack([e[:, :2], torch.stack([e[0], (e[1] + e[2]) / 2 ** 0.5], 1)])
+    # row 0: the first two coordinates swapped; row 1: the first, and (s − h)·(e₂ + e₃)/√2 = 3√2 along it: + (0, 3, 3)
+    torch.testing.assert_close(rowwise_dii(source, R)(h), torch.tensor([[4.0, 5.0, 3.0], [4.0, 5.0, 6.0]]))
+    a = torch.nn.functional.normalize(torch.tensor([[1.0, 2.0, 2.0], [0.0, 3.0, 4.0]]), dim=-1)
+    torch.testing.assert_close(rowwise_dii(source, a[:, :, None])(h), rowwise_dii(source, a)(h))
+    assert rowwise_dii(source, R)(h.half()).dtype == torch.float16
+
+
 def test_site_batch_puts_each_row_at_its_own_site_and_leaves_other_layers_alone():
     """Three items, two positions; rows pick (item, site) pairs. One synthetic position per layer of the sites
     used, holding each row's position where its site is at that layer and −1 elsewhere."""

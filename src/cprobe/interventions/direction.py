@@ -37,7 +37,8 @@ a ``chance_baseline`` one (random) ignores the labels for ``a`` (one draw per se
 The whole-vector swap (``vanilla``) learns no direction and is not bridged.
 
 Settings of the direction method go in the same config (``intervention.lr=...`` for DAS, ``intervention.lam=...``
-for the probe): the constructor forwards them to the direction, and the registry checks them against it.
+for the probe): the constructor forwards them to the direction, and the registry checks them against it. DAS's
+``k > 1`` (a k-dimensional subspace) is refused: this adapter edits one coordinate.
 """
 
 from __future__ import annotations
@@ -97,7 +98,10 @@ class DirectionIntervention(Intervention):
                               f"got {along!r}")
         self.kind = kind  # type: ignore[misc]
         self.along, self.seed, self.device, self.params = along, seed, device, dict(params)
-        self._method()  # unknown or bad direction settings fail here, at validation
+        k = getattr(self._method(), "k", 1)  # unknown or bad direction settings fail here, at validation
+        if k != 1:
+            raise ConfigError(f"intervention {self.direction_name!r} moves one coordinate along one direction; k={k} "
+                              f"learns a {k}-dimensional subspace (kept whole by RAVEL and MIB only): set k=1")
 
     def _method(self) -> Direction:
         return DIRECTIONS.build({"name": self.direction_name, **self.params}, seed=self.seed)

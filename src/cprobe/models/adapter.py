@@ -26,6 +26,7 @@ from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom
 from cprobe.models.bos import start_token, token_id
 from cprobe.models.edits import Edit, EditSpec, Replace
 from cprobe.models.family import GENERIC_FINAL_NORMS, MODEL_FAMILIES, family_of
+from cprobe.models.head import Head
 from cprobe.models.placement import main_device, placement_label
 from cprobe.models.readouts import Readout
 from cprobe.models.resume import CleanStates, Resume, Resuming, StopForward, last_only, skipped, suffix
@@ -141,6 +142,11 @@ class ModelAdapter(Resuming):
         self._blocks = self._find_blocks(layers_path)
         self._final_norm = self._find_final_norm()
         self._head = self._find_head()
+        self.head = Head.of(model) if kind in ("mlm", "causal") else None
+        """The LM head split at its vocabulary projection (:mod:`cprobe.models.head`), or None where the family does not
+        declare it (``split_head``): a readout of a few tokens (``Readout.token_ids``) then computes those rows only."""
+        self.head_rows = True
+        """Compute only the rows of the head a readout reads (above); False runs the full head, for comparison."""
         self.scored_positions = True
         """Apply the output head to the scored position of each row only (a readout that scores one position per
         row: ``Readout.at_position``), not to every token: the same scores for a fraction of the head's work. False
@@ -325,18 +331,24 @@ class ModelAdapter(Resuming):
             return patch
 
         handles = [self._register(points[k][0], points[k][1], make(k)) for k in order]
-        scored = batch
+        scored, gathered = batch, False
         # the head at the scored positions only: a readout that scores one position per row, a head module of its
         # own, the batch's prediction position named (rows without it keep −1 there, so the readout raises its own
         # error; nothing is read back from the device)
-        if (self.scored_positions and readout is not None and readout.at_position and self._head is not None
-                and batch.pred is not None and batch.pred in batch.positions):
+        at_pred = (readout is not None and readout.at_position and batch.pred is not None
+                   and batch.pred in batch.positions)
+        if self.scored_positions and at_pred and self._head is not None:
             # the head sees each row's scored position only: logits (n, 1, V), read at position 0
             pred = batch.pred_positions()
             handles.append(self._head.register_forward_pre_hook(_gather_rows(pred.clamp(min=0)), with_kwargs=True))
             # a row without the position stays without it (−1): the readout raises its own error, as on every token
             at = torch.where(pred >= 0, torch.zeros_like(pred), torch.full_like(pred, -1))
-            scored = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED)
+            scored, gathered = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED), True
+        # the head's rows of the tokens the readout reads, when those are all it reads (models/head.py): the forward
+        # ends where the vocabulary projection would read its input
+        head = self.head if at_pred and self.head_rows else None
+        ids = readout.token_ids(scored) if head is not None else None  # type: ignore[union-attr]
+        grab = head.capture() if head is not None and ids is not None else None
         res = None
         try:
             with torch.enable_grad() if grad else torch.inference_mode():
@@ -345,10 +357,19 @@ class ModelAdapter(Resuming):
                         res = self.model(**inputs)
                 except StopForward:
                     pass
-                scores = readout.scores(res.logits, scored) if readout is not None else None
+                if grab is not None:
+                    got = grab.x
+                    assert got is not None, "the forward did not reach the vocabulary projection"
+                    x = got[:, 0] if gathered else got[torch.arange(len(got), device=got.device),
+                                                       batch.pred_positions().clamp(min=0).to(got.device)]
+                    scores = readout.from_token_logits(head.rows(x, ids).to(dev), scored)  # type: ignore[union-attr]
+                else:
+                    scores = readout.scores(res.logits, scored) if readout is not None else None
         finally:
             for h in handles:
                 h.remove()
+            if grab is not None:
+                grab.remove()
         return RunOutput({s: acts[s] for s in read}, scores)
 
     def _depth(self, module: nn.Module, pre: bool) -> int:
@@ -547,8 +568,13 @@ class ModelAdapter(Resuming):
         for s in range(0, n, step):
             rows = torch.arange(s, min(s + step, n))
             v = spec.vectors[rows].to(self.device, self.dtype)
-            logits = self._head(v)[:, None, :]  # (n, 1, V): one "token" at position 0
             batch = Batch(torch.zeros(len(rows), 1, dtype=torch.long), torch.ones(len(rows), 1, dtype=torch.long),
                           {"head": torch.zeros(len(rows), dtype=torch.long)}, rows, pred="head")
-            scores = _put(scores, n, rows, readout.scores(logits, batch).cpu())
+            ids = readout.token_ids(batch) if self.head is not None and self.head_rows else None
+            if ids is not None:  # the head's rows of the readout's tokens (models/head.py)
+                part = readout.from_token_logits(self.head.rows(self.head.input_of(self._head, v), ids), batch)
+            else:
+                logits = self._head(v)[:, None, :]  # (n, 1, V): one "token" at position 0
+                part = readout.scores(self.head.post(logits) if self.head is not None else logits, batch)
+            scores = _put(scores, n, rows, part.cpu())
         return RunOutput({}, scores)

@@ -20,7 +20,13 @@ A :class:`Family` says
   ``DynamicCache`` and explicit position ids (every listed decoder — tested equal to the full forward). Where some
   layers attend within a sliding window (Mistral, Qwen 2/3 with ``use_sliding_window``, Gemma 2 and 3), the one-token
   step is exact only while the prefix fits the window: :func:`sliding_window` says how wide it is, and the adapter
-  runs a wider batch's pass over every token above the edited layer instead.
+  runs a wider batch's pass over every token above the edited layer instead;
+- ``split_head``: whether the logits are the output embeddings' linear map of what they read (after the final norm and
+  a masked LM's head transform, which the model runs) and then at most the soft cap ``logit_softcap`` names, nothing
+  else — so a readout of a few tokens computes those rows of the head only (:mod:`cprobe.models.head`; every listed
+  family, tested equal to the full head; a derived one is not assumed to, and runs the full head);
+- ``logit_softcap``: the config key of the cap the model puts on its logits, ``cap · tanh(logits / cap)`` (Gemma 2
+  and 3: ``final_logit_softcapping``, None there meaning no cap); None: the family caps nothing.
 
 :func:`family_of` answers for a model config: the record when ``model_type`` is known, otherwise a record derived
 from the HF config (decoder or encoder from the auto-class mappings and the declared architectures; blocks and final
@@ -55,10 +61,13 @@ class Family:
     derived: bool = False  # True when derived from the HF config rather than listed in MODEL_FAMILIES
     resumable: bool = True  # each block takes the hidden states and returns them as one tensor: a pass can resume
     kv_resume: bool = False  # a last-token pass can run one token over the prefix's clean key/value cache
+    split_head: bool = True  # logits = soft cap of the output embeddings' map, nothing else: candidate rows only
+    logit_softcap: str | None = None  # the config key of the logits' soft cap (Gemma 2 and 3)
 
 
-def _decoder(model_type: str, blocks: str, final_norm: str, kv_resume: bool = False) -> Family:
-    return Family(model_type, blocks, final_norm, pool="last", kv_resume=kv_resume)
+def _decoder(model_type: str, blocks: str, final_norm: str, kv_resume: bool = False,
+             logit_softcap: str | None = None) -> Family:
+    return Family(model_type, blocks, final_norm, pool="last", kv_resume=kv_resume, logit_softcap=logit_softcap)
 
 
 MODEL_FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -74,10 +83,10 @@ MODEL_FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _decoder("qwen2", "layers", "norm", kv_resume=True),
     _decoder("qwen3", "layers", "norm", kv_resume=True),
     _decoder("gemma", "layers", "norm", kv_resume=True),
-    _decoder("gemma2", "layers", "norm", kv_resume=True),
+    _decoder("gemma2", "layers", "norm", kv_resume=True, logit_softcap="final_logit_softcapping"),
     # Gemma 3's text model (a GGUF's Gemma3ForCausalLM): 5 sliding-window layers to 1 global, embeddings scaled by
     # √d inside the embedding module (layer 0 is the scaled state), four norms per block, the head tied to them
-    _decoder("gemma3_text", "layers", "norm", kv_resume=True),
+    _decoder("gemma3_text", "layers", "norm", kv_resume=True, logit_softcap="final_logit_softcapping"),
 )}
 
 
@@ -99,7 +108,7 @@ def family_of(config: Any) -> Family:
         return MODEL_FAMILIES[model_type]
     side = _side(config, model_type)
     return Family(model_type, None, None, 0, None if side is None else "last" if side == "decoder" else "first",
-                  False, derived=True, resumable=False)
+                  False, derived=True, resumable=False, split_head=False)
 
 
 def pool_of(config: Any) -> Pool:

@@ -120,10 +120,13 @@ def edited_generate(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: S
 
 
 def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
-    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)), or the whole-
-    vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
+    """An edit applying, row-wise, the DII toward ``source[r]`` along ``direction[r]`` (both (n, d)) — with bases
+    ``direction`` (n, d, k) of orthonormal columns, the k-dimensional interchange ``h + R Rᵀ (s − h)`` (DAS's k) —,
+    or the whole-vector swap where ``whole[r]``; computed in float32 and cast back, differentiable in ``direction``."""
     def edit(h: Tensor) -> Tensor:
-        new = dii(h.float(), source, direction)
+        hf = h.float()
+        new = dii(hf, source, direction) if direction.dim() == 2 else \
+            hf + (((source - hf)[:, None] @ direction) @ direction.mT)[:, 0]
         if whole is not None:
             new = torch.where(whole[:, None], source, new)
         return new.to(h.dtype)
@@ -159,6 +162,7 @@ class SitesForward:
         self.low = low
 
     def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
+        """``a``: the K directions (K, d) or, DAS's k > 1, the K orthonormal bases (K, d, k)."""
         K, b, d = h_source.shape
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
         return self.run(rows, edit)

@@ -1,13 +1,23 @@
 """Readouts: what a model's output is read as, one (n, k) tensor per batch.
 
-- :class:`CandidateTokens`: log-probabilities (over the whole vocabulary) of per-row candidate tokens at
-  the prediction position — the agreement studies' (correct, wrong) verbs, CausalGym's (y_b, y_s) labels;
+- :class:`CandidateTokens`: the logits (n, k) of per-row candidate tokens at the prediction position — the agreement
+  studies' (correct, wrong) verbs, CausalGym's (y_b, y_s) labels, RAVEL's attribute values; with ``normalise=True``
+  their log-probabilities over the whole vocabulary;
 - :class:`Verbaliser`: the same with one fixed set of label words for every row (an LM used as a
   classifier through a prompt);
 - :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
 - :class:`NextToken`: the same, unchecked, for a forward that runs every training step (DAS at many sites);
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
 - :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C).
+
+**The normaliser.** log p(t) = logit(t) − log Σ_v exp logit(v): the log-sum-exp is one number per row, so every
+comparison between a row's candidates cancels it — a difference (CausalGym's log odds-ratio, eq. 9, its IIA and
+erasure), an argmax (RAVEL's answer, a verbaliser's class, task accuracy). Those readouts read the candidates' logits
+only (:meth:`Readout.token_ids`), and the adapter computes only those rows of the LM head
+(:mod:`cprobe.models.head`). The metrics that need the normaliser read the whole vocabulary: DAS's loss (CausalGym eq.
+12, the log-probability of the source label over the vocabulary: :class:`NextToken` / :class:`Vocabulary`), a spliced
+SAE's next-token loss and KL (:mod:`cprobe.sae.splice`), and a caller that wants log-probabilities
+(``CandidateTokens(ids, normalise=True)``); the top-k needs every logit but no normaliser.
 
 "Task accuracy" is a readout method (:meth:`Readout.accuracy`). A readout's :meth:`spec` enters the
 activation-cache key, so cached scores are never read back under another readout.
@@ -40,6 +50,16 @@ class Readout(ABC):
     @abstractmethod
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         """(n, k) scores from the model's logits for ``batch``: (n, T, V) for LMs, (n, C) for classifiers."""
+
+    def token_ids(self, batch: Batch) -> Tensor | None:
+        """The token ids (n, k) whose logits at the prediction position are all this readout reads of ``batch``; None
+        when it reads the whole vocabulary (a normaliser, a top-k). Given ids, the adapter computes those rows of the
+        LM head only (:mod:`cprobe.models.head`) and scores them with :meth:`from_token_logits`."""
+        return None
+
+    def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
+        """(n, k) scores from the logits (n, k) of the tokens :meth:`token_ids` named, as the model computes them."""
+        raise NotImplementedError(f"the {self.name} readout reads the whole vocabulary")
 
     def predict(self, scores: Tensor) -> Tensor:
         """The predicted column per row."""
@@ -76,42 +96,60 @@ def logits_at(logits: Tensor, batch: Batch) -> Tensor:
 
 
 class CandidateTokens(Readout):
-    """Log-probs (n, k) of per-item candidate token ids ``ids`` (N, k) at the prediction position."""
+    """Scores (n, k) of per-item candidate token ids ``ids`` (N, k) at the prediction position: their logits, as the
+    model computes them (the final norm, a masked LM's head transform and any soft cap included), from those rows of
+    the head only — for comparisons between a row's candidates, where the normaliser cancels (module doc); with
+    ``normalise``, their log-probabilities over the whole vocabulary (the full head)."""
 
     name = "candidates"
 
-    def __init__(self, ids: Tensor | Sequence[Sequence[int]]) -> None:
+    def __init__(self, ids: Tensor | Sequence[Sequence[int]], normalise: bool = False) -> None:
         self.ids = torch.as_tensor(ids, dtype=torch.long)
         if self.ids.ndim != 2 or self.ids.shape[1] < 1:
             raise ConfigError(f"candidate ids must be (n_items, k), got shape {tuple(self.ids.shape)}")
+        self.normalise = bool(normalise)
 
     def spec(self) -> dict[str, Any]:
         # the ids are a function of the items and the tokenizer, both already in the cache key
-        return {"readout": self.name, "k": int(self.ids.shape[1])}
+        return {"readout": self.name, "k": int(self.ids.shape[1]), **self._kind()}
+
+    def _kind(self) -> dict[str, Any]:
+        return {} if self.normalise else {"scores": "logits"}  # log-probs: the spec they were cached under
+
+    def _ids(self, batch: Batch) -> Tensor:
+        return self.ids[batch.rows.to(self.ids.device)]
+
+    def token_ids(self, batch: Batch) -> Tensor | None:
+        return None if self.normalise else self._ids(batch)
 
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
-        lp = logits_at(logits, batch).float().log_softmax(-1)
-        ids = self.ids[batch.rows.to(self.ids.device)].to(lp.device)
-        return lp.gather(1, ids)
+        at = logits_at(logits, batch).float()
+        if self.normalise:
+            at = at.log_softmax(-1)
+        return at.gather(1, self._ids(batch).to(at.device))
+
+    def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
+        if bool((batch.pred_positions() < 0).any()):
+            raise ConfigError("some rows have no prediction position")
+        return logits.float()
 
 
 class Verbaliser(CandidateTokens):
-    """Log-probs of fixed label words (one token id per class) at the prediction position."""
+    """The same scores of fixed label words (one token id per class) at the prediction position."""
 
     name = "verbaliser"
 
-    def __init__(self, label_ids: Sequence[int]) -> None:
+    def __init__(self, label_ids: Sequence[int], normalise: bool = False) -> None:
         self.label_ids = [int(i) for i in label_ids]
         if len(self.label_ids) < 2:
             raise ConfigError("a verbaliser needs at least two label words")
-        super().__init__([self.label_ids])
+        super().__init__([self.label_ids], normalise)
 
     def spec(self) -> dict[str, Any]:
-        return {"readout": self.name, "label_ids": self.label_ids}
+        return {"readout": self.name, "label_ids": self.label_ids, **self._kind()}
 
-    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
-        lp = logits_at(logits, batch).float().log_softmax(-1)
-        return lp[:, torch.tensor(self.label_ids, device=lp.device)]
+    def _ids(self, batch: Batch) -> Tensor:
+        return self.ids.expand(len(batch.rows), -1)
 
 
 class Vocabulary(Readout):

@@ -129,8 +129,8 @@ def validate(job: Any) -> None:
     unknown = sorted(set(cfg.params) - set(cfg.methods))
     if unknown:
         raise ConfigError(f"axbench.params sets {unknown}, which axbench.methods does not list ({cfg.methods})")
-    for m in cfg.methods:  # a bad setting: one line, now
-        build(m, cfg.params.get(m, {}), seed=0)
+    for m in cfg.methods:  # a bad setting: one line, now; a concept score reads one direction
+        methods.one_direction(build(m, cfg.params.get(m, {}), seed=0), m, f"axbench.params.{m}")
         check_sites(registry(m).get(m), cfg.params.get(m, {}), job.keys.layers, (job.keys.model or {}).get("name"))
     bad = [p for p in cfg.poolings if p not in POOLINGS]
     if bad:

@@ -52,7 +52,8 @@ search takes 500 queries."""
 
 @dataclass(frozen=True)
 class DASKeys:
-    """``causalgym.das``: the causal method's training budget (null = the model's default, then the paper's)."""
+    """``causalgym.das``: the causal method's training budget (null = the model's default, then the paper's). No
+    ``k``: the paper's DII is 1-D, so a k-dimensional DAS is refused (an unknown key)."""
 
     lr: float | None = None
     batch_size: int | None = None
