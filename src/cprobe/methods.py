@@ -206,12 +206,15 @@ def featurizer(fitted: Any) -> Featurizer | None:
     """The featurizer (:mod:`cprobe.models.featurizers`) a fitted method localises a variable in, by what it declares,
     never by its name: a :class:`Featurizer` itself; a ``whole_vector`` swap None (the whole-vector swap:
     ``Identity`` with every feature is its equivalent); a direction method its ``Subspace(basis_)`` (k-dimensional
-    DAS) or ``Subspace(a)``; a bridged direction (``direction_name``) its fitted direction's; an intervention that
+    DAS) or ``Subspace(a)``; a mask over a basis (``feature_mask``: DBM) the basis restricted to its selected features
+    (``featurizer_``); a bridged direction (``direction_name``) its fitted direction's; an intervention that
     ``exposes_direction`` ``Subspace(edit_direction())``. ValueError where it offers none."""
     if isinstance(fitted, Featurizer):
         return fitted
     if getattr(fitted, "whole_vector", False):
         return None
+    if getattr(fitted, "feature_mask", False):
+        return fitted.featurizer_
     if isinstance(fitted, Direction):
         basis = getattr(fitted, "basis_", None)
         return Subspace(fitted.a if basis is None else basis)

@@ -104,3 +104,6 @@ def test_dbm_fit_one_site_as_das_does():
     m = DBM(lr=0.1, batch_size=16, epochs=20, sparsity=0.01).fit(lambda edit, idx: edit(hb[idx]) @ W.T, hs,
                                                                  (hs[:, 1] > 0).long())
     assert bool(m.masks_[0, 1]) and m.featurizer_.n_features >= 1 and isinstance(m.base_, Identity)
+    from cprobe.methods import featurizer
+
+    assert featurizer(m) is m.featurizer_  # the shared answer: a fitted method as a featurizer, by its capability

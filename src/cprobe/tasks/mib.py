@@ -51,7 +51,7 @@ log = logging.getLogger("cprobe")
 USES = Uses(groups=("model", "layers"), methods="mib.methods")
 METHODS = ("das", "dbm", "vanilla")
 CONTROLS = ("identity", "rotation", "untrained")
-DEFAULT_DAS = {"lr": 0.01, "batch_size": 32, "epochs": 3}
+DEFAULT_DAS = {"lr": 0.01, "batch_size": 32, "epochs": 3, "k": 16}  # k: MIB's n_features for answer_pointer
 DEFAULT_DBM = {"basis": "standard", "lr": 0.01, "batch_size": 32, "epochs": 3, "sparsity": 1e-4,
                "temperature": [1.0, 0.01]}
 
@@ -99,7 +99,7 @@ class Config:
         if not 0 <= self.min_accuracy <= 1:
             raise ValueError(f"mib.min_accuracy must be in [0, 1], got {self.min_accuracy}")
         for key, known in (("das", DEFAULT_DAS), ("dbm", DEFAULT_DBM)):
-            unknown = sorted(set(getattr(self, key)) - set(known) - ({"k"} if key == "das" else set()))
+            unknown = sorted(set(getattr(self, key)) - set(known))
             if unknown:
                 raise ValueError(f"unknown key(s) {unknown} under mib.{key}; known: {sorted(known)}")
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from cprobe.data.mib import Pair, Task, pairs
-from cprobe.methods import build, declares, unit_directions
+from cprobe.methods import build, declares, featurizer, is_intervention
 from cprobe.models.featurizers import Featurizer, Subspace, rowwise_interchange
 from cprobe.models.sites import Site
 
@@ -149,13 +149,20 @@ def state_subspace(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, s
     dirs = []
     for a, b in zip(top, top[1:]):
         keep = (y == a) | (y == b)
+        m = build(name, params, seed, device)
         try:
-            dirs += unit_directions(name, params, X[keep], (y[keep] == b).long(), seed, 1, device=device)
+            if is_intervention(name):
+                from cprobe.interventions import fit_intervention
+
+                fit_intervention(m, X[keep].to(device or X.device), (y[keep] == b).long().to(device or X.device))
+            else:
+                m.fit(X[keep], (y[keep] == b).long())
+            dirs.append(featurizer(m).basis.float().cpu())  # the shared answer: a fitted method as a featurizer
         except ValueError:  # no direction between these two values' states
             continue
     if not dirs:
         return None
-    Q, R = torch.linalg.qr(torch.stack([d.float().cpu() for d in dirs], 1))
+    Q, R = torch.linalg.qr(torch.cat(dirs, 1))
     rank = int((R.diagonal().abs() > 1e-6).sum())
     return Subspace(Q[:, :rank].contiguous())
 
@@ -205,7 +212,7 @@ def fit_through(adapter: Any, P: Prompts, variable: str, method: str, params: Ma
         m = build(method, params, seed)
         clean = adapter.clean_states(train, [min(s.layer for s in group)])
         forward = SitesForward(adapter, train, torch.arange(n), group, m.windows(n), clean)
-        if declares(method, "feature_mask"):
+        if declares(method, "feature_mask"):  # DBM: a mask over each site's basis
             bases = [m.basis_featurizer(P.acts[s][base]) for s in group]
             site_of = torch.arange(K).repeat_interleave
 
