@@ -189,7 +189,7 @@ def test_a_fitted_method_as_a_featurizer_by_what_it_declares():
 def test_every_direction_and_every_exposing_intervention_yields_a_featurizer():
     """By the registries: each direction method (a causal one trained through a toy readout) and each intervention
     that exposes its direction or bridges a direction method, fitted on a small binary toy, gives a one-feature
-    subspace along its unit direction; the whole-vector swap gives None."""
+    subspace along its unit direction; the whole-vector swap gives None, a mask over a basis its selected features."""
     from cprobe.interventions import fit_intervention
     from cprobe.models.featurizers import Subspace
     from cprobe.tasks.causalgym_settings import DEFAULT_INTERVENTIONS  # the rank-1 settings
@@ -202,6 +202,9 @@ def test_every_direction_and_every_exposing_intervention_yields_a_featurizer():
         f = M.featurizer(m)
         if cls.whole_vector:
             assert f is None, name
+            continue
+        if cls.feature_mask:  # a mask over a basis (DBM): its selected features, no direction
+            assert f is m.featurizer_ and 0 <= f.n_features <= X.shape[1], name
             continue
         assert isinstance(f, Subspace) and f.n_features == 1, name
         assert torch.allclose(f.basis[:, 0], m.a) and float(m.a.norm()) == pytest.approx(1.0, abs=1e-5), name
