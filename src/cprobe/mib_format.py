@@ -361,7 +361,7 @@ def results_rows(data: Mapping[str, Any], private: bool = False) -> list[dict[st
 def _rows(method: str, model: str, task: str, variable: str, best: float, mean: float) -> list[dict[str, Any]]:
     common = {"kind": "summary", "dataset": _mib_task_key(task), "mib_task": task, "variable": variable,
               "method": METHOD_NAMES.get(method, method), "family": "direction", "control": "none",
-              "counterfactual": "all", "model": model, "layer": -1, "position": "", "n": -1,
+              "counterfactual": "all", "model": model, "layer": -1, "position": "", "n": None,
               "method_source": f"MIB results ({method})"}
     return [{**common, "metric": "mib_best", "value": best}, {**common, "metric": "mib_mean", "value": mean}]
 

@@ -222,7 +222,12 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     from cprobe.tasks import task_module
 
     directory = Path(directory)
-    jobs, problems = results.find_jobs(directory, manifest_problems(directory))
+    try:
+        jobs, problems = results.find_jobs(directory, manifest_problems(directory))
+    except CprobeError:
+        if not directory.is_dir() or not mib_results(directory):  # a directory of MIB's result JSON alone is fine
+            raise
+        jobs, problems = [], []
     if problems and not partial:
         raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
                           + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")

@@ -116,3 +116,26 @@ def test_an_mib_file_that_needs_unpickling_is_one_line(tmp_path):
                d / "ResidualStream(Layer-0,Token-last_token)_featurizer")
     r = cli.run("mib", "verify", str(tmp_path / "sub"))
     cli.assert_refused(r, "not readable with torch.load(weights_only=True)")
+
+
+def test_collect_reads_mibs_result_json_into_the_leaderboard_and_yardsticks(tmp_path):
+    """A directory of MIB's own results (a run's JSON and aggregate_results.py's output) collects like cprobe's runs:
+    MIB's aggregates as MIB study records, its baselines under cprobe's names."""
+    import json
+
+    def unit(layer, score):
+        return {"metadata": {"layer": layer, "position": "last_token"}, "answer": {"average_score": score}}
+    run = {"method_name": "DAS", "model_name": "LlamaForCausalLM", "task_name": "4_answer_MCQA",
+           "dataset": {"randomLetter_test": {"model_unit": {"u0": unit(0, 0.25), "u1": unit(1, 0.75)}}}}
+    (tmp_path / "DAS_results.json").write_text(json.dumps(run))
+    agg = {"('full_vector', 'LlamaForCausalLM', '4_answer_MCQA', 'answer')": {"average_accuracy": 0.4,
+                                                                           "highest_accuracy": 0.6}}
+    (tmp_path / "aggregated_results.json").write_text(json.dumps(agg))
+    r = cli.run("collect", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    board = pd.read_csv(tmp_path / "leaderboard.csv")
+    got = {(m, k): v for m, k, v in zip(board["method"], board["metric"], board["mean"])}
+    assert got == {("das", "mib_best"): 0.75, ("das", "mib_mean"): 0.5, ("vanilla", "mib_best"): 0.6,
+                   ("vanilla", "mib_mean"): 0.4}
+    y = pd.read_csv(tmp_path / "yardsticks.csv", dtype=str)
+    assert set(y["method"]) == {"das", "vanilla"} and "mib: MIB mean over layers ↑ [variable=answer]" in y.columns

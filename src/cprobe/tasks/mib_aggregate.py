@@ -94,7 +94,7 @@ def results_markdown(table: pd.DataFrame) -> str:
     """The study's table for people: per task and variable, each method's MIB best / mean over layers with the
     controls beside them (``value [95% interval]``), then the models' accuracies (a task not scored says so)."""
     parts = ["# MIB causal variable track", ""]
-    acc = table[table["kind"] == "accuracy"]
+    acc = table[table["kind"] == "accuracy"] if "n_kept" in table else table.iloc[:0]
     if len(acc):
         parts += ["Task accuracy (greedy output passes MIB's checker; `scored`: at least mib.min_accuracy).", "",
                   acc[["model", "dataset", "value", "n", "n_kept", "scored"]].rename(
@@ -102,8 +102,9 @@ def results_markdown(table: pd.DataFrame) -> str:
                       index=False), ""]
     summ = table[table["kind"] == "summary"]
     if len(summ):
-        cell = summ.assign(text=[f"{v:.2f} [{lo:.2f}, {hi:.2f}]" for v, lo, hi in
-                                 zip(summ["value"], summ["ci_low"], summ["ci_high"])])
+        lows, highs = (summ.get(c, pd.Series(np.nan, index=summ.index)) for c in ("ci_low", "ci_high"))
+        cell = summ.assign(text=[f"{v:.2f}" + ("" if pd.isna(lo) else f" [{lo:.2f}, {hi:.2f}]") for v, lo, hi in
+                                 zip(summ["value"], lows, highs)])  # MIB's imported results carry no interval
         wide = cell.pivot_table(index=["model", "dataset", "variable", "method", "metric"], columns="control",
                                 values="text", aggfunc="first").reset_index()
         order = [c for c in ("none", "identity", "rotation", "untrained") if c in wide.columns]
