@@ -27,10 +27,10 @@ from tests import cli
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 EXAMPLE_SRC = REPO / "examples" / "cprobe-plugin-example" / "src"
-STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "axbench", "ravel")
+STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "axbench", "ravel", "mib")
 EXPERIMENTS = {"probing": "sva_tiny", "reliability": "sva_tiny_reliability", "causalgym": "causalgym",
                "cebab": "cebab", "liberty": "liberty_cv", "prompt_bias": "lama_bias", "axbench": "axbench_detect",
-               "ravel": "ravel_tiny"}
+               "ravel": "ravel_tiny", "mib": "mib_tiny"}
 """Each study's experiment: its README line is that experiment's plainest run."""
 LAUNCHED = ("cprobe version", "cprobe list")
 """README lines run as a real process (``cli.launch``): the installed console script, start-up and exit code."""

@@ -43,6 +43,12 @@ DATA_FILES = {
     "causalgym/templates/syntaxgym.json": (
         "causalgym", "Arora et al. (2024): aryamanarora/causalgym data/templates/syntaxgym.json",
     ),
+    "mib/arc_easy.jsonl": (
+        "mib (task arc)",
+        "ARC-Easy (Clark et al. 2018), MIB's ARC task: allenai/ai2_arc ARC-Easy rows (question, choices.text, "
+        "choices.label, answerKey) as JSONL; mib.files.arc.path=mib/arc_easy.jsonl (MCQA's and IOI's MIB files ship "
+        "with cprobe; RAVEL's cities are ravel/ above; docs/mib.md)",
+    ),
 }
 
 

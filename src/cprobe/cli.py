@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the activation/model cache.")
 app.add_typer(cache_app, name="cache")
+mib_app = typer.Typer(help="MIB's causal variable track format (docs/mib.md).", no_args_is_help=True)
+app.add_typer(mib_app, name="mib")
 
 
 @app.callback()
@@ -441,6 +443,25 @@ def cache_clear(
         if kept:
             shown = ", ".join(str(p.relative_to(cache_dir())) for p in kept[:3]) + (" …" if len(kept) > 3 else "")
             typer.echo(f"kept {len(kept)} file(s) cprobe did not write: {shown}")
+
+
+@mib_app.command("verify", help="Check an MIB submission folder as MIB's verify_submission.py does (re-implemented: "
+                                "checkpoints read with torch.load(weights_only=True), Python files parsed, never run). "
+                                "Exits 1 on an error or when no valid (task, model, variable) triplet is found.")
+def mib_verify(
+    directory: Annotated[Path, typer.Argument(help="The submission folder (e.g. RUN/mib_submission/das).")],
+    model: Annotated[list[str] | None, typer.Option("--model", help="An architecture class to accept beside MIB's "
+                                                    "four (e.g. GPTNeoXForCausalLM); repeatable.")] = None,
+) -> None:
+    with user_errors():
+        from cprobe.mib_format import verify
+
+        if not directory.is_dir():
+            raise CprobeError(f"{directory} is not a directory; pass an MIB submission folder")
+        verdict = verify(directory, tuple(model or ()))
+        typer.echo(verdict.text())
+        if not verdict.ok:
+            raise typer.Exit(1)
 
 
 def main() -> None:

@@ -112,6 +112,7 @@ class Needs:
     direction: bool = False  # a unit direction: no intervention exposing none, no whole-vector swap ...
     whole_vector: bool = False  # ... unless the whole-vector swap is welcome beside them (RAVEL's vanilla)
     features: bool = False  # ... or a featurizer's features, interchanged (RAVEL's SAE method: capability features)
+    feature_mask: bool = False  # ... or a learned mask over a featurizer's features (MIB's DBM)
 
 
 def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
@@ -132,6 +133,10 @@ def refusal(name: str, key: str, needs: Needs = Needs()) -> str | None:
     if needs.direction and not needs.features and not is_intervention(name) and getattr(cls, "features", False):
         return (f"direction method {name!r} learns features, not one direction (features); {key} scores a direction, "
                 f"so direction method {name!r} cannot run in {key}")
+    masks = getattr(cls, "feature_mask", False)
+    if needs.direction and not needs.feature_mask and not is_intervention(name) and masks:
+        return (f"direction method {name!r} learns a mask over a featurizer's features, no direction (feature_mask); "
+                f"{key} scores a direction, so direction method {name!r} cannot run in {key}")
     if needs.direction and not needs.whole_vector and not is_intervention(name) and cls.whole_vector:
         return (f"direction method {name!r} learns no direction (whole_vector); {key} scores a direction, so direction "
                 f"method {name!r} cannot run in {key}")
@@ -227,12 +232,15 @@ def featurizer(fitted: Any) -> Featurizer | None:
     """The featurizer (:mod:`cprobe.models.featurizers`) a fitted method localises a variable in, by what it declares,
     never by its name: a :class:`Featurizer` itself; a ``whole_vector`` swap None (the whole-vector swap:
     ``Identity`` with every feature is its equivalent); a direction method its ``Subspace(basis_)`` (k-dimensional
-    DAS) or ``Subspace(a)``; a bridged direction (``direction_name``) its fitted direction's; an intervention that
+    DAS) or ``Subspace(a)``; a mask over a basis (``feature_mask``: DBM) the basis restricted to its selected features
+    (``featurizer_``); a bridged direction (``direction_name``) its fitted direction's; an intervention that
     ``exposes_direction`` ``Subspace(edit_direction())``. ValueError where it offers none."""
     if isinstance(fitted, Featurizer):
         return fitted
     if getattr(fitted, "whole_vector", False):
         return None
+    if getattr(fitted, "feature_mask", False):
+        return fitted.featurizer_
     if isinstance(fitted, Direction):
         basis = getattr(fitted, "basis_", None)
         return Subspace(fitted.a if basis is None else basis)

@@ -217,11 +217,17 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     """
     from cprobe import results
     from cprobe.leaderboard import leaderboard
+    from cprobe.mib_format import find_results as mib_results
     from cprobe.sweep import manifest_problems
     from cprobe.tasks import task_module
 
     directory = Path(directory)
-    jobs, problems = results.find_jobs(directory, manifest_problems(directory))
+    try:
+        jobs, problems = results.find_jobs(directory, manifest_problems(directory))
+    except CprobeError:
+        if not directory.is_dir() or not mib_results(directory):  # a directory of MIB's result JSON alone is fine
+            raise
+        jobs, problems = [], []
     if problems and not partial:
         raise CprobeError(f"{len(problems)} job(s) not done: " + "; ".join(problems[:5])
                           + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
@@ -243,6 +249,10 @@ def collect(directory: Path, partial: bool = False) -> Collected:
             table = study_table(str(study), part)
             tables.setdefault(str(study), []).append(table.assign(**extra))
             by_study.setdefault(str(study), []).append(job)
+    for path, table in mib_results(directory, jobs):  # MIB's own result JSON beside the jobs (cprobe.mib_format)
+        recs, _ = make_records("mib", table, None, f"mib-json:{relative(path, directory)}", 0, table["method_source"])
+        all_records.append(recs)
+        tables.setdefault("mib", []).append(study_table("mib", recs).assign(job=relative(path, directory)))
     records = pd.concat(all_records, ignore_index=True) if all_records else R.finish(pd.DataFrame())
     items = pd.concat(all_items, ignore_index=True) if all_items else None
     records = R.count_items(records, items)  # jobs written before n counted only the defined items

@@ -369,8 +369,8 @@ def _data(s: Subject) -> tuple[Tensor, Tensor]:
 def _result(s: Subject, est: Any) -> Tensor | None:
     """What a fitted method gives: a direction's ``a``, a probe's probabilities of every planted row, an explainer's
     estimates of the planted queries."""
-    if s.family == "direction method":
-        return est.a
+    if s.family == "direction method":  # a mask over features (feature_mask): its featurizer's basis
+        return getattr(est.featurizer_, "basis", None) if getattr(est, "feature_mask", False) else est.a
     if s.family == "probe":
         return est.predict_proba(_data(s)[0])
     return torch.as_tensor(np.asarray(est.explain(_world().queries), dtype=np.float64))
@@ -452,7 +452,7 @@ def check_not_fitted_error(s: Subject) -> None:
     X, z = planted(n=20)
     est = s.build()
     calls = {"intervention": lambda: _transform(est, X, z),
-             "direction method": lambda: est.a,
+             "direction method": lambda: est.featurizer_ if getattr(est, "feature_mask", False) else est.a,
              "probe": lambda: est.predict_proba(X),
              "explainer": lambda: est.explain(_world().queries)}
     try:
@@ -696,6 +696,11 @@ def check_unit_direction(s: Subject) -> None:
     """After fit, a is a unit float32 (d,) vector (None for the whole-vector swap)."""
     f = _fit_once(s)
     a, d = f.result, f.X.shape[1]
+    if getattr(s.obj, "feature_mask", False):  # a mask over a featurizer's features: no direction
+        fz = getattr(f.est, "featurizer_", None)
+        if fz is None or not 0 <= fz.n_features <= d:
+            _fail(f"feature_mask is declared but the fitted featurizer_ is {fz!r}")
+        return
     if getattr(s.obj, "whole_vector", False):
         if a is not None:
             _fail("whole_vector is declared but a is set")

@@ -11,7 +11,8 @@ from tests import cli
 from tests.cli import REPO
 
 STUDY_COLUMNS = {"reliability": "reliability: reliability ↑", "causalgym": "causalgym: overall odds-ratio ↑",
-                 "axbench": "axbench: detection AUROC ↑ [concept=z_c=pl]", "ravel": "ravel: disentanglement ↑"}
+                 "axbench": "axbench: detection AUROC ↑ [concept=z_c=pl]", "ravel": "ravel: disentanglement ↑",
+                 "mib": "mib: MIB mean over layers ↑ [variable=answer_pointer]"}
 
 
 @pytest.mark.slow
@@ -32,3 +33,6 @@ def test_one_sweep_line_scores_the_same_method_on_all_four_yardsticks(tmp_path):
     ravel = das[das["model"] == "fact_neox_ravel"]  # RAVEL reads the fact world's model
     assert len(ravel) and ravel[STUDY_COLUMNS["ravel"]].notna().all()
     assert (y["method"] == "mdas").any()  # RAVEL's DAS job also trains multi-task DAS, a row of its own
+    mib = das[das["model"] == "mib_neox_smoke"]  # MIB reads the tiny model trained on its tasks
+    assert len(mib) and mib[STUDY_COLUMNS["mib"]].notna().all()
+    assert mib["mib: MIB best layer ↑ [variable=answer_pointer]"].notna().all()

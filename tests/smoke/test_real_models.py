@@ -52,3 +52,16 @@ def test_reliability_on_gemma3_270m(tmp_path):
     table = pd.read_csv(run_dir / "metrics.csv")
     assert len(table) >= 1 and float(table["task_acc_before"].iloc[0]) >= 0.6
     assert table["completeness"].between(0, 1).all()
+
+
+def test_mib_mcqa_on_gemma3_270m(tmp_path):
+    """MIB's simple MCQA on Gemma 3 270M at two layers: the model's accuracy is measured on every test base; a model
+    below mib.min_accuracy is reported (scored false), not scored; one that passes has MIB's aggregates per
+    variable."""
+    run_dir = _run("+experiment=mib_tiny", "model=gemma3_270m", "layers=[6,12]", "mib.methods=[das,vanilla]",
+                   "mib.n_train=16", "mib.n_test=8", "mib.controls=[identity,rotation]", out=tmp_path / "out")
+    table = pd.read_parquet(run_dir / "metrics.parquet")
+    acc = table[table["kind"] == "accuracy"].iloc[0]
+    assert acc["dataset"] == "mcqa" and 0 <= acc["value"] <= 1 and acc["n"] == 24
+    summ = table[table["kind"] == "summary"]
+    assert bool(acc["scored"]) == (len(summ) > 0)

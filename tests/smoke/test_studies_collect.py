@@ -113,7 +113,7 @@ def test_collect_over_every_study_writes_one_leaderboard(study_runs):
     root = next(iter(study_runs.values())).parent
     r = cli.run("collect", str(root), cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "wrote" in r.stdout and "report.html (8 job(s)" in r.stdout
+    assert "wrote" in r.stdout and "report.html (9 job(s)" in r.stdout
     board = pd.read_csv(root / "leaderboard.csv")
     assert set(board["study"]) == set(STUDIES)
     recs = pd.read_parquet(root / "records.parquet")
@@ -126,6 +126,7 @@ def test_collect_over_every_study_writes_one_leaderboard(study_runs):
     assert {"", "original", "random"} <= methods["prompt_bias"]
     assert methods["axbench"] == {"mean", "probe", "pca", "lda", "kmeans", "random"}
     assert methods["ravel"] == {"das", "mdas", "mean", "pca", "random", "vanilla"}
+    assert methods["mib"] == {"das", "dbm", "mean", "vanilla"}
     # per model and layer: the probes' rows carry their read layer
     probing = board[board["study"] == "probing"]
     assert sorted(probing["read_layer"].unique()) == [0, 1, 2, 3, 4] and set(probing["metric"]) == {"probe_accuracy"}

@@ -87,7 +87,8 @@ def test_methods_are_refused_by_capability_not_by_name():
     """A direction method is refused only when it learns no direction; an intervention when it trains through the
     model or exposes no direction (pgd); a name both registries know (das) is the direction."""
     for name in DIRECTIONS.names():
-        assert (ax.refusal(name) is not None) == DIRECTIONS.get(name).whole_vector, name
+        cls = DIRECTIONS.get(name)
+        assert (ax.refusal(name) is not None) == (cls.whole_vector or cls.feature_mask), name
     for name in INTERVENTIONS.names():
         if is_intervention(name):
             cls = INTERVENTIONS.get(name)

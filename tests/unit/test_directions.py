@@ -28,7 +28,7 @@ def _planted(d: int = 32, n: int = 1000, seed: int = 0) -> tuple[torch.Tensor, t
 
 
 def test_registry_lists_every_method() -> None:
-    assert DIRECTIONS.names() == sorted(["das", "kmeans", "lda", "mean", "pca", "probe", "random", "sae_axbench",
+    assert DIRECTIONS.names() == sorted(["das", "dbm", "kmeans", "lda", "mean", "pca", "probe", "random", "sae_axbench",
                                          "sae_decoder", "sae_diffmean", "sae_features", "vanilla"])
     assert DIRECTIONS.get("das").causal and not DIRECTIONS.get("probe").causal
     # what a caller dispatches on: declared capabilities, one method each here

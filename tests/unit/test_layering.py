@@ -32,7 +32,7 @@ FLOORS = {
     2: ("models",),
     3: ("probes", "interventions", "directions", "explainers", "metrics", "sae"),
     4: ("extract", "job", "sweep", "slurmctl", "results", "plots", "records", "leaderboard", "report", "trackers",
-        "testing", "yardsticks", "methods"),
+        "testing", "yardsticks", "methods", "mib_format"),
     5: ("tasks", "bench"),
     6: ("pipeline", "callbacks", "catalog", "_hydra", "outputs", "launchers", "plugin"),
     7: ("cli", "api", "search", "launch", "__init__"),

@@ -15,13 +15,13 @@ from cprobe.pipeline import choose_method
 from cprobe.tasks import task_uses
 from tests.unit.test_task_uses import prepare
 
-PRESETS = ("yardsticks_reliability", "yardsticks_causalgym", "yardsticks_ravel", "yardsticks_axbench")
+PRESETS = ("yardsticks_reliability", "yardsticks_causalgym", "yardsticks_ravel", "yardsticks_axbench", "yardsticks_mib")
 METHODS = ("sae_decoder", "sae_axbench", "das", "leace", "probe", "mean")
 
 
 def test_each_study_names_its_methods_where_it_declares():
     assert task_uses("reliability").methods == "intervention"
-    for study in ("causalgym", "ravel", "axbench"):
+    for study in ("causalgym", "ravel", "axbench", "mib"):
         assert task_uses(study).methods == f"{study}.methods"
     assert task_uses("cebab").methods is None and task_uses("probing").methods is None
 

@@ -189,8 +189,8 @@ def test_a_fitted_method_as_a_featurizer_by_what_it_declares():
 def test_every_direction_and_every_exposing_intervention_yields_a_featurizer():
     """By the registries: each direction method (a causal one trained through a toy readout) and each intervention
     that exposes its direction or bridges a direction method, fitted on a small binary toy, gives a one-feature
-    subspace along its unit direction; the whole-vector swap gives None, and a method that gives features (RAVEL's SAE
-    method) itself."""
+    subspace along its unit direction; the whole-vector swap gives None, a method that gives features (RAVEL's SAE
+    method) itself, and a mask over a basis its selected features."""
     from cprobe.interventions import fit_intervention
     from cprobe.models.featurizers import Subspace
     from cprobe.tasks.causalgym_settings import DEFAULT_INTERVENTIONS  # the rank-1 settings
@@ -206,6 +206,9 @@ def test_every_direction_and_every_exposing_intervention_yields_a_featurizer():
             continue
         if cls.features:  # a method that gives features is its own featurizer (RAVEL's SAE method)
             assert f is m and f.n_features == len(m.latents_), name  # its chosen latents (none where C keeps none)
+            continue
+        if cls.feature_mask:  # a mask over a basis (DBM): its selected features, no direction
+            assert f is m.featurizer_ and 0 <= f.n_features <= X.shape[1], name
             continue
         assert isinstance(f, Subspace) and f.n_features == 1, name
         assert torch.allclose(f.basis[:, 0], m.a) and float(m.a.norm()) == pytest.approx(1.0, abs=1e-5), name

@@ -28,6 +28,7 @@ from cprobe.data.lama import FactData, LamaKeys, load_lama
 from cprobe.data.lgd import load_lgd
 from cprobe.data.liberty import LibertyKeys, load_liberty
 from cprobe.data.marvin_linzen import TASKS, load_marvin_linzen
+from cprobe.data.mib import corpus as mib_corpus
 from cprobe.data.ravel import RavelKeys, load_ravel
 from cprobe.errors import ConfigError, DataError
 from cprobe.registry import Registry
@@ -165,6 +166,7 @@ sentences that join the model's training corpus, generated when the model is bui
 
 
 CORPORA.register("causalgym_corpus", template_corpus)
+CORPORA.register("mib_corpus", mib_corpus)
 
 
 def with_corpora(tiny: Mapping[str, Any], data_root: Path) -> dict[str, Any]:

@@ -54,8 +54,12 @@ class Direction(Estimator, ABC):
     (:mod:`cprobe.models.featurizers`: ``n_features``, ``featurize``, ``inverse``) whose features a study interchanges
     (RAVEL's SAE method); ``fit(X, y, contexts=None)`` also takes states of broad text. A study that scores one
     direction refuses it."""
+    feature_mask: ClassVar[bool] = False
+    """True for a learned mask over a featurizer's features (MIB's DBM, :mod:`cprobe.directions.dbm`): no direction
+    ``a``; a study that interchanges features (MIB) takes its fitted featurizer, one that reads a direction refuses
+    it (:func:`cprobe.methods.refusal`)."""
     CAPABILITIES = ("causal", "supervised", "chance_baseline", "whole_vector", "per_model_lambda", "fits_on_texts",
-                    "scores_tokens", "features")
+                    "scores_tokens", "features", "feature_mask")
     _needs_fitted = ("score", "token_scores")
     _fitted_attrs = ("a",)
 

@@ -229,6 +229,9 @@ def _direction_as_intervention(obj: Any, ref: str) -> type[DirectionIntervention
         return None
     if obj.whole_vector:
         raise ConfigError(f"{ref!r} is a whole-vector swap (whole_vector): it learns no direction to intervene along")
+    if getattr(obj, "feature_mask", False):
+        raise ConfigError(f"{ref!r} learns a mask over a featurizer's features (feature_mask): no direction to "
+                          "intervene along")
     return bridge(ref, obj)
 
 
@@ -239,7 +242,7 @@ def _plugin_direction(name: str) -> tuple[type[DirectionIntervention], Any] | No
         return None
     direction = name[: -len(SUFFIX)]
     method, src = DIRECTIONS.resolve(direction)
-    if method.whole_vector:
+    if method.whole_vector or getattr(method, "feature_mask", False):
         return None
     return bridge(direction, method), src
 

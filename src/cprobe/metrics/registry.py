@@ -77,6 +77,7 @@ LIBERTY = "Toker et al. (2026), LIBERTy"
 AXBENCH = "Wu et al. (2025), AxBench"
 CAO = "Cao et al. (2022)"
 HUANG = "Huang et al. (2024), RAVEL"
+MUELLER = "Mueller et al. (2025), MIB"
 
 _ENTRIES = [
     # ------------------------------------------------------------------ shared
@@ -84,7 +85,7 @@ _ENTRIES = [
            "The model's own accuracy on the study's items without any intervention (agreement: the correct verb form "
            "scored above the wrong one; CausalGym: the base label preferred over the source label).",
            HIGHER, (0, 1), f"{CANBY} §5 (Task Acc before); {ARORA} §4 (capable tasks: ≥ 0.9)",
-           ("probing", "reliability", "causalgym", "ravel")),
+           ("probing", "reliability", "causalgym", "ravel", "mib")),
     Metric("accuracy", "classifier accuracy",
            "Share of test items a classifier (the explained model, or a concept classifier) labels correctly.",
            HIGHER, (0, 1), f"{CEBAB} Table 8; {LIBERTY} §5", ("cebab", "liberty")),
@@ -170,7 +171,17 @@ _ENTRIES = [
            ("ravel",), headline=True, decides=True),
     Metric("iia", "IIA",
            "Interchange intervention accuracy at a site: the share of eval pairs whose intervened output prefers the "
-           "source's label.", HIGHER, (0, 1), f"{ARORA} §5.1; Geiger et al. (2022)", ("causalgym",)),
+           "source's label (CausalGym); MIB: whose greedy output, the base's features at the site taken from the "
+           "source's, passes the task's checker against the causal model's counterfactual output.", HIGHER, (0, 1),
+           f"{ARORA} §5.1; Geiger et al. (2022); {MUELLER} §4", ("causalgym", "mib")),
+    Metric("mib_best", "MIB best layer",
+           "MIB's highest accuracy across layers: per (layer, position) the IIA averaged over the counterfactual "
+           "kinds, per layer the best position, then the best layer.", HIGHER, (0, 1),
+           f"{MUELLER} §4 (aggregate_results.py: highest_accuracy)", ("mib",), headline=True),
+    Metric("mib_mean", "MIB mean over layers",
+           "MIB's average accuracy across layers: per (layer, position) the IIA averaged over the counterfactual "
+           "kinds, per layer the best position, then the mean over layers.", HIGHER, (0, 1),
+           f"{MUELLER} §4 (aggregate_results.py: average_accuracy)", ("mib",), headline=True, decides=True),
     Metric("max_iia", "max IIA", "The largest IIA over the task's sites.", HIGHER, (0, 1), f"{ARORA} §5.1",
            ("causalgym",), headline=True),
     Metric("overall_odds", "overall odds-ratio",

@@ -81,10 +81,16 @@ class Subspace:
 
 def interchange(h_base: Tensor, h_source: Tensor, featurizer: Featurizer, mask: Tensor | None = None) -> Tensor:
     """The base vectors with the features in ``mask`` (m,) bool, default every feature, taken from the source's;
-    the base's other features and its error term kept. Differentiable in everything it closes over."""
+    the base's other features and its error term kept. A float ``mask`` (m,) in [0, 1] is a soft gate, each feature
+    ``(1 − g)·f_base + g·f_source`` (DBM's training relaxation). Differentiable in everything it closes over."""
     fb, eb = featurizer.featurize(h_base)
     fs, _ = featurizer.featurize(h_source)
-    f = fs if mask is None else torch.where(mask.to(fb.device), fs, fb)
+    if mask is None:
+        f = fs
+    elif mask.dtype == torch.bool:
+        f = torch.where(mask.to(fb.device), fs, fb)
+    else:
+        f = fb + mask.to(fb.device, fb.dtype) * (fs - fb)
     return featurizer.inverse(f, eb)
 
 
@@ -109,7 +115,7 @@ def rowwise_interchange(source: Tensor, group: Tensor, featurizers: Sequence[Fea
         out = h.float().clone()
         src = source.to(h.device).float()
         for g in group.unique().tolist():
-            rows = (group == g).to(h.device)
+            rows = (group == g).to(h.device)  # float masks (DBM's gates) keep their gradient through out[rows]
             f = featurizers[g]
             out[rows] = src[rows] if f is None else interchange(
                 out[rows], src[rows], f, None if masks is None else masks[g])

@@ -556,3 +556,20 @@ def fingerprint(adapter: ModelAdapter) -> str:
         bits = flat.contiguous().view(_INT_OF_SIZE[flat.element_size()])
         h.update(str(int(bits.sum(dtype=torch.int64))).encode())
     return h.hexdigest()[:16]
+
+
+def untrained(adapter: Any, seed: int) -> Any:
+    """A model of ``adapter``'s architecture with random-init weights (its own config's initialisation, seeded), on
+    the same device and dtype, with the same tokenizer and start token: the untrained-model control."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from cprobe.models.adapter import ModelAdapter
+
+    auto = AutoModelForCausalLM if adapter.kind == "causal" else AutoModelForMaskedLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto.from_config(adapter.model.config)
+    model.to(device=adapter.device, dtype=adapter.dtype)
+    return ModelAdapter(model, adapter.tok, adapter.kind, f"{adapter.name} (untrained)",
+                        batch_size=adapter.batch_size, max_length=adapter.max_length, batch_tokens=adapter.batch_tokens,
+                        bos=adapter.bos or "none", weights="random init")

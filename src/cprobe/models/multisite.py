@@ -1,5 +1,7 @@
 """Many sites per forward, the sites engine's pass: :func:`edited_pass` (a site per row, pyvene's per-example
-``unit_locations``: :func:`site_batch`; or every site at once), :func:`rowwise_dii`, :class:`SitesForward` (DAS)."""
+``unit_locations``: :func:`site_batch`; or every site at once), :func:`edited_generate` (greedy decoding under the same
+edits: MIB's generated outputs), :func:`rowwise_dii`, :class:`SitesForward` (DAS; :meth:`SitesForward.run`, any
+edit: DBM's gated interchange)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from torch import Tensor
 from cprobe.models.adapter import ModelAdapter, RunOutput
 from cprobe.models.batching import is_oom, plan_batches
 from cprobe.models.edits import Edit, dii
-from cprobe.models.readouts import NextToken, Readout
+from cprobe.models.readouts import NextToken, Readout, TopK
 from cprobe.models.resume import CleanStates, Resume
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import track
@@ -61,7 +63,7 @@ def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Seque
                 sub, at = batch.select(items[rows]), list(sites)
             else:
                 sub, at = site_batch(batch, items[rows], row_site[rows], sites)
-            low = min(s.layer for s in at)
+            low = min((s.layer for s in at), default=0)
             try:
                 res = None if clean is None else clean.take(items[rows], sub.input_ids, sub.attention_mask,
                                                             adapter.name, dev, [low])
@@ -76,6 +78,45 @@ def edited_pass(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Seque
                 work[:0] = [rows[:half], rows[half:]]
                 continue
             score(rows, out)
+
+
+def extend(batch: Batch, tokens: Tensor) -> Batch:
+    """``batch`` (right-padded) with ``tokens`` (n, s) appended to each row's own tokens, its prediction position the
+    new last token (position ``next``); every other position, ``last`` too, still names its prompt token."""
+    n, s = tokens.shape
+    lengths = batch.attention_mask.sum(1).cpu()
+    width = int(lengths.max()) + s if n else s
+    ids = torch.zeros((n, width), dtype=batch.input_ids.dtype)
+    mask = torch.zeros((n, width), dtype=batch.attention_mask.dtype)
+    keep = min(width, batch.input_ids.shape[1])
+    ids[:, :keep], mask[:, :keep] = batch.input_ids[:, :keep].cpu(), batch.attention_mask[:, :keep].cpu()
+    rows = torch.arange(n)
+    for j in range(s):
+        ids[rows, lengths + j] = tokens[:, j].to(ids.dtype)
+        mask[rows, lengths + j] = 1
+    positions = {**{k: v.cpu() for k, v in batch.positions.items()}, "next": lengths + s - 1}
+    return Batch(ids, mask, positions, batch.rows, "next")
+
+
+def edited_generate(adapter: ModelAdapter, batch: Batch, items: Tensor, sites: Sequence[Site],
+                    edits: Callable[[Tensor, Batch, list[Site]], Mapping[Site, Edit]], steps: int, *,
+                    row_site: Tensor | None = None, clean: CleanStates | None = None, desc: str | None = None,
+                    progress: bool = False) -> Tensor:
+    """Greedy decoding of ``steps`` tokens for rows of (item, {site: edit}) as :func:`edited_pass` runs them: token j
+    of row r is the argmax after item ``items[r]`` and the row's tokens before j, with the row's edits at their prompt
+    sites in every step (the first step resumed from ``clean``). Returns the token ids (n_rows, steps)."""
+    n = len(items)
+    out = torch.zeros((n, steps), dtype=torch.long)
+    prompts = batch.select(items)
+    prompts.rows = torch.arange(n)
+    for j in range(steps):
+        def score(rows: Tensor, res: RunOutput, j: int = j) -> None:
+            out[rows, j] = res.scores[:, 0].cpu()
+        first = j == 0
+        edited_pass(adapter, batch if first else extend(prompts, out[:, :j]), items if first else torch.arange(n),
+                    sites, edits, score, row_site=row_site, readout=lambda _: TopK(1), clean=clean if first else None,
+                    desc=desc, progress=progress)
+    return out
 
 
 def rowwise_dii(source: Tensor, direction: Tensor, whole: Tensor | None = None) -> Callable[[Tensor], Tensor]:
@@ -125,11 +166,17 @@ class SitesForward:
     def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
         """``a``: the K directions (K, d) or, DAS's k > 1, the K orthonormal bases (K, d, k)."""
         K, b, d = h_source.shape
-        batch, at = self.batches[rows.start, rows.stop]
         edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
+        return self.run(rows, edit)
+
+    def run(self, rows: slice, edit: Edit) -> Tensor:
+        """The step's rows, K times, with ``edit`` over the K·b rows (site-major: copy k edited at site k) at every
+        site: next-token scores (K, b, V)."""
+        b = rows.stop - rows.start
+        batch, at = self.batches[rows.start, rows.stop]
         st = self.resume.get((rows.start, rows.stop))
         res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]},
                                              {l: (k[st[1]], v[st[1]]) for l, (k, v) in st[2].items()})
         readout = NextToken() if self.readout is None else self.readout(rows)
         out = self.adapter.run(batch, edits={s: edit for s in at}, readout=readout, grad=True, resume=res).scores
-        return out.view(K, b, -1)
+        return out.view(self.K, b, -1)

@@ -76,6 +76,7 @@ class TinyTrainConfig:
     mask_prob: float = 0.15  # BERT: standard random masking rate
     verb_mask_prob: float = 0.75  # BERT: share of sentences with only the verb masked
     agreement_weight: float = 1.0  # BERT: weight of the logistic correct-vs-wrong loss at a masked verb
+    answer_weight: float = 0.0  # GPT-NeoX: weight of an extra cross-entropy on each sentence's last word (an answer)
     eval_sentences: int = 1000
     seed: int = 0
 
@@ -88,8 +89,18 @@ class TinyTrainConfig:
         for name in ("dropout", "warmup", "mask_prob", "verb_mask_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"tiny.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.lr <= 0 or self.eval_sentences < 1 or self.agreement_weight < 0:
-            raise ConfigError("tiny.lr must be > 0, tiny.eval_sentences >= 1 and tiny.agreement_weight >= 0")
+        if self.lr <= 0 or self.eval_sentences < 1 or self.agreement_weight < 0 or self.answer_weight < 0:
+            raise ConfigError("tiny.lr must be > 0, tiny.eval_sentences >= 1 and tiny.agreement_weight, "
+                              "tiny.answer_weight >= 0")
+
+
+def _train_key(train: TinyTrainConfig) -> dict:
+    """The training settings as they enter a cache key (a setting at the default it had before it existed is left out,
+    so models trained before it keep their key)."""
+    t = asdict(train)
+    if not t["answer_weight"]:
+        del t["answer_weight"]
+    return t
 
 
 def model_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_sentences: Sequence[str] = ()) -> str:
@@ -97,7 +108,7 @@ def model_key(kind: Kind, grammar: GrammarConfig, train: TinyTrainConfig, extra_
     g = asdict(grammar)
     if not g["attractor_agreement"]:
         del g["attractor_agreement"]  # models trained before the option existed keep their key
-    spec = {"kind": kind, "grammar": g, "train": asdict(train), "extra": list(extra_sentences), "version": VERSION}
+    spec = {"kind": kind, "grammar": g, "train": _train_key(train), "extra": list(extra_sentences), "version": VERSION}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -142,7 +153,7 @@ def ensure_corpus_model(kind: Kind, words: Sequence[str], corpus: Callable[[], t
     _check_kind(kind)
     train = replace(train, agreement_weight=0.0)
     init_key = training_report(init_from)["key"] if init_from is not None else None
-    key = hashlib.sha256(json.dumps({"kind": kind, "spec": spec, "train": asdict(train), "init": init_key,
+    key = hashlib.sha256(json.dumps({"kind": kind, "spec": spec, "train": _train_key(train), "init": init_key,
                                      "version": VERSION, "numerics": numerics_mode()},
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -351,7 +362,12 @@ def _train(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, kind: Kin
             input_ids, attention = pad([ids[i] for i in batch], tokenizer.pad_token_id)
             if kind == "neox":
                 labels = input_ids.masked_fill(attention == 0, -100)
-                loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+                out = model(input_ids=input_ids, attention_mask=attention, labels=labels)
+                loss = out.loss
+                if train.answer_weight > 0:  # the last word before the end token: [start] … word <end>
+                    at, rows = attention.sum(1) - 3, torch.arange(len(input_ids))
+                    loss = loss + train.answer_weight * torch.nn.functional.cross_entropy(
+                        out.logits[rows, at], input_ids[rows, at + 1])
             else:
                 positions = positions_all[batch]
                 input_ids, labels, verb_only = _mask(input_ids, attention, positions, tokenizer, train, gen)

@@ -13,7 +13,7 @@ from typing import Any
 from cprobe.registry import Registry
 
 TASK_MODULES: Registry[str] = Registry("task")
-for _name in ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "ravel", "axbench"):
+for _name in ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "ravel", "axbench", "mib"):
     TASK_MODULES.register(_name)(f"cprobe.tasks.{_name}")
 
 SHARED_GROUPS = ("model", "dataset", "split", "probe", "intervention", "layers", "position")
