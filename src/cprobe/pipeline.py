@@ -361,6 +361,7 @@ def _run_job(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    fresh = not (out_dir / STATUS).exists()  # no earlier run here: a refused input leaves nothing behind
     t0 = time.time()
     try:
         plain = _plain(cfg)

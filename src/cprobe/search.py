@@ -253,7 +253,8 @@ def prepare(sweeper: Any, arguments: Sequence[str]) -> Search:
     m = METRICS[opts.metric]
     if task not in m.studies:
         theirs = sorted(n for n, x in METRICS.items() if task in x.studies)
-        raise ConfigError(f"metric {opts.metric!r} is not recorded by the {task} study (it is {m.studies}'s); "
+        raise ConfigError(f"metric {opts.metric!r} is not recorded by the {task} study (the {' and '.join(m.studies)} "
+                          f"{'study records' if len(m.studies) == 1 else 'studies record'} it); "
                           f"{task} records {theirs}")
     icfg = base.get("intervention")
     hparam = icfg.get("hparam") if icfg is not None else None

@@ -366,11 +366,17 @@ def _data(s: Subject) -> tuple[Tensor, Tensor]:
     return planted(n=400) if s.family == "probe" else planted()
 
 
+def _gives_features(obj: Any) -> bool:
+    """A direction method whose fitted state is a featurizer (``featurizer_``), not a direction: a mask over a basis
+    (``feature_mask``, MIB's DBM) or features it learns (``features``, RAVEL's SAE method)."""
+    return bool(getattr(obj, "feature_mask", False) or getattr(obj, "features", False))
+
+
 def _result(s: Subject, est: Any) -> Tensor | None:
     """What a fitted method gives: a direction's ``a``, a probe's probabilities of every planted row, an explainer's
     estimates of the planted queries."""
-    if s.family == "direction method":  # a mask over features (feature_mask): its featurizer's basis
-        return getattr(est.featurizer_, "basis", None) if getattr(est, "feature_mask", False) else est.a
+    if s.family == "direction method":  # a method that gives features: its features of fixed states
+        return est.featurizer_.featurize(planted(n=32, seed=1)[0])[0] if _gives_features(est) else est.a
     if s.family == "probe":
         return est.predict_proba(_data(s)[0])
     return torch.as_tensor(np.asarray(est.explain(_world().queries), dtype=np.float64))
@@ -452,7 +458,7 @@ def check_not_fitted_error(s: Subject) -> None:
     X, z = planted(n=20)
     est = s.build()
     calls = {"intervention": lambda: _transform(est, X, z),
-             "direction method": lambda: est.featurizer_ if getattr(est, "feature_mask", False) else est.a,
+             "direction method": lambda: est.featurizer_ if _gives_features(est) else est.a,
              "probe": lambda: est.predict_proba(X),
              "explainer": lambda: est.explain(_world().queries)}
     try:
@@ -696,10 +702,11 @@ def check_unit_direction(s: Subject) -> None:
     """After fit, a is a unit float32 (d,) vector (None for the whole-vector swap)."""
     f = _fit_once(s)
     a, d = f.result, f.X.shape[1]
-    if getattr(s.obj, "feature_mask", False):  # a mask over a featurizer's features: no direction
+    if _gives_features(s.obj):  # a mask over a featurizer's features, or learnt features: no direction
         fz = getattr(f.est, "featurizer_", None)
-        if fz is None or not 0 <= fz.n_features <= d:
-            _fail(f"feature_mask is declared but the fitted featurizer_ is {fz!r}")
+        most = d if getattr(s.obj, "feature_mask", False) else float("inf")  # a mask selects among d features
+        if fz is None or not 0 <= fz.n_features <= most:
+            _fail(f"{'feature_mask' if most == d else 'features'} is declared but the fitted featurizer_ is {fz!r}")
         return
     if getattr(s.obj, "whole_vector", False):
         if a is not None:
@@ -717,6 +724,15 @@ def check_finds_planted_direction(s: Subject) -> None:
     """A supervised direction fitted on the planted property points along the planted coordinate."""
     if not getattr(s.obj, "supervised", False) or getattr(s.obj, "causal", False):
         raise SkipCheck("not a supervised direction fitted on labels")
+    if getattr(s.obj, "features", False):  # features chosen for the labels: one of them ranks the planted class
+        from cprobe.metrics.detection import auroc_columns
+
+        f = _fit_once(s)
+        F = f.est.featurizer_.featurize(f.X)[0].double()
+        best = float((auroc_columns(F, f.z) - 0.5).abs().max()) + 0.5 if F.shape[1] else 0.5
+        if best < TOKEN_AUROC:
+            _fail(f"no chosen feature ranks the planted class (best AUROC {best:.3f} < {TOKEN_AUROC})")
+        return
     a = _fit_once(s).result
     if abs(float(a[0])) < 0.8:
         _fail(f"|a · e0| = {abs(float(a[0])):.3f} < 0.8: the planted coordinate was not found")

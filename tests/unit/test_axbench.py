@@ -84,11 +84,12 @@ def test_a_concept_with_one_class_in_the_held_out_split_is_one_line():
 
 
 def test_methods_are_refused_by_capability_not_by_name():
-    """A direction method is refused only when it learns no direction; an intervention when it trains through the
-    model or exposes no direction (pgd); a name both registries know (das) is the direction."""
+    """A direction method is refused only when it learns no direction (the whole-vector swap, a mask, features); an
+    intervention when it trains through the model or exposes no direction (pgd); a name both registries know (das) is
+    the direction."""
     for name in DIRECTIONS.names():
         cls = DIRECTIONS.get(name)
-        assert (ax.refusal(name) is not None) == (cls.whole_vector or cls.feature_mask), name
+        assert (ax.refusal(name) is not None) == (cls.whole_vector or cls.feature_mask or cls.features), name
     for name in INTERVENTIONS.names():
         if is_intervention(name):
             cls = INTERVENTIONS.get(name)

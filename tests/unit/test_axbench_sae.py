@@ -169,7 +169,8 @@ def test_quality_is_measured_on_the_states_given_and_nothing_without_an_sae():
     ({"name": "sae_axbench", "select": "probe"}, "unknown SAE select 'probe'; choose from ['auroc', 'mean_diff']"),
     ({"name": "sae_axbench", "latents": 2}, "reads one latent, as AxBench does"),
     ({"name": "sae_diffmean", "select": "auroc"}, "takes no select"),
-    ({"name": "sae"}, "unknown direction method 'sae'; did you mean 'sae_axbench', 'sae_decoder', 'sae_diffmean'?"),
+    ({"name": "sae"}, "unknown direction method 'sae'; did you mean 'sae_axbench', 'sae_decoder', 'sae_diffmean', "
+                       "'sae_features'?"),
 ])
 def test_bad_settings_are_one_line(params, needle):
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("?", r"\?").replace("(", r"\(")):

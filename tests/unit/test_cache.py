@@ -132,15 +132,18 @@ def test_every_cache_kind_is_listed_and_cleared(tmp_path):
     checked_entry(tmp_path / "sae" / "k", files({"quality.json": b'{"fvu": 0.25, "l0": 16.0, "dead_fraction": 0.5}'}),
                   "an SAE")
     assert [e[3] for e in cache_entries(tmp_path) if e[0] == "sae"] == ["fvu=0.25, l0=16, dead_fraction=0.5"]
+    checked_entry(tmp_path / "rlace" / "g", files({"game.json": b'{"rank": 2, "steps_run": 900, "stop_reason": "eps"}'}),
+                  "an R-LACE game")
+    assert [e[3] for e in cache_entries(tmp_path) if e[0] == "rlace"] == ["rank=2, steps_run=900, stop_reason=eps"]
     kinds = sorted(e[0] for e in cache_entries(tmp_path))
     assert kinds == sorted(CACHE_KINDS) == ["activations", "cloze", "engine", "finetuned", "gguf", "models",
-                                            "probe_fits", "sae"]
+                                            "probe_fits", "rlace", "sae"]
     assert clear_cache(tmp_path, "probe_fits") == (1, []) and not list((tmp_path / "probe_fits").iterdir())
-    assert clear_cache(tmp_path) == (7, [])
+    assert clear_cache(tmp_path) == (8, [])
     assert list(cache_entries(tmp_path)) == []
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["activations/" + act.dir.name + ".lock", "cloze/k.lock", "gguf/a5fd3b.lock",
-                    "models/tiny-bert-abc.lock", "sae/k.lock"]  # a job may hold them
+                    "models/tiny-bert-abc.lock", "rlace/g.lock", "sae/k.lock"]  # a job may hold them
 
 
 def test_checksummed_tensors_roundtrip_and_reject_unchecked_files(tmp_path):

@@ -44,6 +44,7 @@ SMALL = {  # required arguments, and budgets small enough for a unit test (rank 
                                     ("explainer", "via_sae_axbench_direction"), ("direction method", "sae_diffmean"),
                                     ("intervention", "sae_diffmean_direction"),
                                     ("explainer", "via_sae_diffmean_direction"))},
+    ("direction method", "sae_features"): {"d_sae": 16, "epochs": 30, "C": 0.1},  # RAVEL's: a ReLU SAE, L1-chosen
     ("probe", "linear"): {"lrs": (1e-1,), "epochs": 20},
     ("probe", "mlp"): {"lrs": (1e-2,), "epochs": 10, "widths": (16,), "n_layers": (1,)},
     ("explainer", "conceptshap"): {"epochs": 3, "hidden": 32},

@@ -23,10 +23,13 @@ def _data(n: int = 200, d: int = 6, k: int = 2, seed: int = 0):
 NON_CAUSAL = [n for n, d in BRIDGED.items() if not INTERVENTIONS.get(n).needs_model]
 
 
-def test_every_direction_but_the_whole_vector_swap_is_bridged_under_its_own_name():
+def test_every_direction_method_that_learns_one_direction_is_bridged_under_its_own_name():
+    """Not the whole-vector swap, a mask over features (DBM) or learnt features (RAVEL's SAE method): none is one
+    direction to edit along."""
     from cprobe.directions import DIRECTIONS
 
-    learned = {n for n in DIRECTIONS.names() if not DIRECTIONS.get(n).whole_vector and not DIRECTIONS.get(n).feature_mask}
+    learned = {n for n in DIRECTIONS.names()
+               if not any(getattr(DIRECTIONS.get(n), c) for c in ("whole_vector", "feature_mask", "features"))}
     assert set(BRIDGED.values()) == learned
     assert {"das", "probe_direction", "mean_direction", "lda_direction", "pca_direction", "kmeans_direction",
             "random_direction"} <= set(INTERVENTIONS.names())

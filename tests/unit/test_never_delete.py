@@ -685,6 +685,7 @@ def test_a_slurm_sweep_s_job_folder_of_the_user_s_is_refused_before_anything_is_
 # ----------------------------------------------------------------------------------------------- scripts/
 SCRIPT_SITES = {
     "scripts.bench_cache.main": "removes its own mkdtemp root and the entries it wrote there",
+    "scripts.bench_gguf.main": "removes the baseline's model folder inside its own TemporaryDirectory",
     "scripts.bench_slurm.main": "removes its own mkdtemp root (kept with --keep)",
     "scripts.bench_stream_fit.main": "removes its own mkdtemp root",
 }

@@ -115,7 +115,8 @@ def test_the_winner_is_the_best_finished_trial_in_the_registry_direction(tmp_pat
 @pytest.mark.parametrize("extra,needle", [
     (("intervention=inlp", "hydra.sweeper.metric=nope"), "unknown metric 'nope' for hydra.sweeper.metric; choose from"),
     (("intervention=inlp", "hydra.sweeper.metric=iia"),
-     "metric 'iia' is not recorded by the reliability study (it is ('causalgym',)'s); reliability records ["),
+     "metric 'iia' is not recorded by the reliability study (the causalgym and mib studies record it); reliability "
+     "records ["),
     (("intervention=inlp", "hydra.sweeper.metric=delta_task_accuracy"),
      "metric 'delta_task_accuracy' has no better direction in the metrics registry; set hydra.sweeper.direction="),
     (("intervention=inlp", "+hydra.sweeper.params.intervention.depth='range(1,3)'"),
