@@ -7,7 +7,7 @@ as written, in one working directory, at smoke size (``CPROBE_SMOKE=1``), with a
 
 The README's study commands ARE the study runs: :func:`study_lines` picks, per study, the plainest single-job
 `cprobe run +experiment=NAME` line of the README (no sweep, no other model, data, logger or compute), and the session
-fixture ``readme_study_runs`` (``tests/conftest.py``) runs those eight lines once, in the README's working directory and
+fixture ``readme_study_runs`` (``tests/conftest.py``) runs those nine lines once, in the README's working directory and
 cache. The README test asserts on those results instead of rerunning them, and the tests that read a study's outputs
 (``study_runs``: the records, ``cprobe collect`` over all studies, the HTML reports in a browser) read those runs.
 """

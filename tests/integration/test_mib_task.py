@@ -4,6 +4,8 @@ one-line refusals before any model loads."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -88,7 +90,9 @@ def test_a_model_below_the_accuracy_threshold_is_reported_not_scored(tmp_path):
     r = cli.run("run", "+experiment=mib_tiny", "--smoke", "mib.min_accuracy=0.99", f"paths.output_root={tmp_path}",
                 f"hydra.run.dir={tmp_path / 'job'}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "below mib.min_accuracy=0.99: reported, not scored" in r.stderr
+    assert "below mib.min_accuracy=0.99: reported, not scored" in r.stdout + r.stderr  # in-process: the log's stream
+    status = json.loads((tmp_path / "job" / "status.json").read_text())
+    assert any("below mib.min_accuracy=0.99" in w for w in status["warnings"])
     t = pd.read_parquet(tmp_path / "job" / "metrics.parquet")
     assert list(t["kind"]) == ["accuracy"] and not t["scored"].iloc[0] and t["value"].iloc[0] < 0.99
     assert "| mib_neox_smoke | mcqa" in (tmp_path / "job" / "mib_results.md").read_text()

@@ -111,7 +111,8 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     status.json, only the task's record). Task 1 is cancelled with scancel while its first point runs. The driver
     names each failure and the cancelled task as it sees them, ends within a minute of the cancel with the aggregate
     of what finished and exit 1; `status` and `collect` name every point that is not done, one line each; the same
-    command again submits only those five."""
+    command again is refused while the file is in the way (one line, nothing submitted), and once it is moved submits
+    only those five."""
     d = tmp_path / "sweep"
     d.mkdir()
     argv = [*SWEEP, "layers=2,99,0,3,4,1", "hydra.launcher.points_per_task=3", *TWO_SLOTS, f"hydra.sweep.dir={d}"]
@@ -153,14 +154,19 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     assert r.returncode == 1 and len(_error_lines(r.stderr)) == 1 and "5 job(s) not done" in r.stderr
     assert "layers=0,probe=linear" in r.stderr and "--partial" in r.stderr
 
-    r = run(argv, tmp_path, slurm_env)  # the same command again
+    r = run(argv, tmp_path, slurm_env)  # the same command again: the user's file is still where a point goes
+    log = r.stdout + r.stderr
+    assert r.returncode == 1 and "layers=0,probe=linear is not a directory" in log and "submitted" not in log, log
+    assert (d / "layers=0,probe=linear").read_text() == "in the way\n"  # refused before any submission, file kept
+    (d / "layers=0,probe=linear").unlink()  # the user moves it away
+    r = run(argv, tmp_path, slurm_env)
     log = r.stdout + r.stderr
     assert r.returncode == 1 and "1 of 6 point(s) are done already" in log and "submitted 5 point(s)" in log, log
     resubmitted = _manifest(d)["submissions"][-1]["tasks"]
     assert sorted(n for names in resubmitted.values() for n in names) == sorted(
         ["layers=99,probe=linear", "layers=0,probe=linear", *tasks[victim]])
     states = {n: _status(d / n).get("state") for n in _manifest(d)["points"]}
-    assert [n for n, s in states.items() if s != "done"] == ["layers=99,probe=linear", "layers=0,probe=linear"]
+    assert [n for n, s in states.items() if s != "done"] == ["layers=99,probe=linear"]
     import pandas as pd
 
     assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [1, 2, 3, 4]

@@ -66,7 +66,7 @@ def test_every_study_has_its_readme_line():
         "causalgym": "cprobe run +experiment=causalgym 'causalgym.tasks=[agr_sv_num_pp]'",
         "cebab": "cprobe run +experiment=cebab", "liberty": "cprobe run +experiment=liberty_cv",
         "prompt_bias": "cprobe run +experiment=lama_bias", "axbench": "cprobe run +experiment=axbench_detect",
-        "ravel": "cprobe run +experiment=ravel_tiny"}
+        "ravel": "cprobe run +experiment=ravel_tiny", "mib": "cprobe run +experiment=mib_tiny"}
 
 
 @pytest.mark.parametrize("command,needs", COMMANDS, ids=[c for c, _ in COMMANDS])
