@@ -180,7 +180,7 @@ def fallback_direction(d: int, seed: int) -> Tensor:
 
 
 def fitted(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
-           site_seed: int | None = None, device: Any = None, probe: Any = None, texts: Tensor | None = None,
+           site_seed: int | None = None, device: Any = None, probe: Any = None, *, texts: Tensor | None = None,
            layer: int | None = None) -> list[Any]:
     """Method ``name`` fitted on states ``X`` with labels ``y``: a direction method (a chance baseline's draws
     seeded :func:`draw_seed` from ``site_seed``, default ``seed``; one that ``fits_on_texts`` also gets ``texts``, each
@@ -209,13 +209,13 @@ def direction_of(method: Any, name: str = "") -> Tensor:
 
 
 def unit_directions(name: str, params: Mapping[str, Any], X: Tensor, y: Tensor, seed: int, n_draws: int = 1,
-                    site_seed: int | None = None, device: Any = None, probe: Any = None,
+                    site_seed: int | None = None, device: Any = None, probe: Any = None, *,
                     texts: Tensor | None = None, layer: int | None = None) -> list[Tensor]:
     """Method ``name``'s fitted direction(s) on states ``X`` with labels ``y`` (:func:`fitted`, then
     :func:`direction_of`): a direction method's ``a`` per draw, or an intervention's fitted ``edit_direction()``.
     ValueError where a fitted edit is not one direction."""
-    return [direction_of(m, name) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe, texts,
-                                                     layer)]
+    return [direction_of(m, name) for m in fitted(name, params, X, y, seed, n_draws, site_seed, device, probe,
+                                                     texts=texts, layer=layer)]
 
 
 def one_direction(method: Any, name: str, key: str) -> Any:

@@ -166,3 +166,23 @@ def test_causalgym_loads_one_saelens_folder_per_layer_and_refuses_one_at_every_l
     one = {"sae_latents": {"path": str(tmp_path / "layer_1")}}
     with pytest.raises(ConfigError, match=r"hook 'blocks.0.hook_resid_post' \(cfg.json hook_name\), not at layer 2"):
         run_gym_task(adapter, template, *_settings(methods=["sae_latents"], layers=[1, 2], interventions=one))
+
+
+@pytest.mark.slow
+def test_ravel_scores_every_sae_method_with_its_quality_on_held_out_states(tmp_path):
+    """RAVEL's own SAE method (``sae_features``: its chosen latents interchanged) beside cprobe's and AxBench's SAE
+    directions (fitted per value pair, ``sae_axbench`` with each state its own text), each row with its SAE's quality
+    on the scored entities' states; the site's layer reaches every SAE method."""
+    r = cli.run("run", "+experiment=ravel_tiny", "layers=[0]", "ravel.mdas_weight=null",
+                "ravel.methods=[sae_decoder,sae_axbench,sae_diffmean,sae_features,vanilla]",
+                "ravel.features.sae_features.d_sae=64", "ravel.features.sae_features.epochs=5",
+                f"paths.output_root={tmp_path}", f"hydra.run.dir={tmp_path / 'job'}", "progress=false", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = pd.read_parquet(tmp_path / "job" / "metrics.parquet")
+    sc = t[t["kind"] == "score"]
+    assert set(sc["method"]) == {"sae_decoder", "sae_axbench", "sae_diffmean", "sae_features", "vanilla"}
+    assert sc.loc[sc["method"] == "vanilla", "value"].notna().any()
+    saes = sc[sc["method"].str.startswith("sae_")]
+    assert saes[["sae_fvu", "sae_l0"]].notna().all().all() and sc.loc[sc["method"] == "vanilla", "sae_fvu"].isna().all()
+    feats = sc[sc["method"] == "sae_features"]
+    assert (feats["n_features"] >= 0).all() and feats["sae_l0"].gt(0).all()

@@ -39,7 +39,9 @@ import torch
 from torch import Tensor
 
 from cprobe.errors import DataError
-from cprobe.methods import build, declares, fallback_direction, family, featurizer, is_intervention, unit_directions
+from cprobe.methods import (build, declares, direction_of, fallback_direction, family, featurizer, fitted,
+                             is_intervention)
+from cprobe.sae.quality import HELD_OUT, held_out
 from cprobe.metrics import ravel as M
 from cprobe.tasks.ravel_plan import CONTEXT, Labels, Pairs, Prompts
 
@@ -147,6 +149,7 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
 
     fit_rows = np.flatnonzero(P.fit & (P.attribute != CONTEXT))
     ctx_rows = np.flatnonzero(P.fit & (P.attribute == CONTEXT))
+    eval_rows = torch.from_numpy(np.flatnonzero(P.scored & (P.attribute != CONTEXT)))  # an SAE's held-out states
     jobs = []
     for a, _ in enumerate(attrs):
         known = fit_rows[value[P.entity[fit_rows], a] >= 0]
@@ -167,8 +170,7 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
                     method = build(name, params(name, layer), seed, layer=layer, model=model)
                     contexts = P.acts[layer][torch.from_numpy(ctx_rows)].float() if len(ctx_rows) else None
                     feats = featurizer(method.fit(X, y, contexts=contexts))
-                    info = {"n_features": int(feats.n_features), **{f"sae_{k}": v for k, v in
-                                                                    getattr(method, "quality_", {}).items()}}
+                    info = {"n_features": int(feats.n_features), **held_out(method, P.acts[layer][eval_rows])}
                     jobs.append(Job(name, family(name), a, layer, featurizer=feats, info=info))
                     continue
                 n = config.random_draws if declares(name, "chance_baseline") else 1
@@ -179,10 +181,18 @@ def fit_jobs(config: Any, P: Prompts, value: np.ndarray, attrs: Sequence[str], l
                     probe = lambda: fits.probe("interventional", {"attribute": attrs[a], "layer": layer},  # noqa: E731
                                                PROBES.build(config.interventional_probe, seed=seed + 1, device=device),
                                                Xp, z)
-                    return unit_directions(name, params(name, layer), Xp, z, seed, n, site_seed, device, probe,
-                                           layer)
+                    ms = fitted(name, params(name, layer), Xp, z, seed, n, site_seed, device, probe, layer=layer)
+                    if q := held_out(ms[0], P.acts[layer][eval_rows]):  # an SAE method: its pair's SAE
+                        quality.append(q)
+                    return [direction_of(m, name) for m in ms]
+
+                quality: list[dict[str, float]] = []
                 table, bad = _pair_fits(fit, X, y, wanted, n, X.shape[1], site_seed)
-                jobs.append(Job(name, family(name), a, layer, pairwise=table, degenerate=bad, draws=n))
+                # an SAE per value pair: the mean of their quality on the same held-out states
+                info = {k: float(np.mean([q[k] for q in quality])) for k in HELD_OUT} if quality else {}
+                if quality:
+                    info["sae_n"] = quality[0]["sae_n"]
+                jobs.append(Job(name, family(name), a, layer, pairwise=table, degenerate=bad, draws=n, info=info))
     return jobs
 
 
