@@ -169,7 +169,7 @@ def test_failed_points_and_a_cancelled_task_are_named_and_a_rerun_submits_only_t
     assert [n for n, s in states.items() if s != "done"] == ["layers=99,probe=linear"]
     import pandas as pd
 
-    assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [1, 2, 3, 4]
+    assert sorted(pd.read_csv(d / "results.csv")["layer"].unique()) == [0, 1, 2, 3, 4]
 
 
 # ------------------------------------------------------------------------------------------------ preemption
