@@ -56,3 +56,23 @@ def test_the_score_over_attributes_is_the_references_mean_of_task_means():
     assert got["isolate"] == pytest.approx((2 / 3 + 0.5) / 2)  # not 2.5 / 4
     assert got["disentangle"] == pytest.approx((0.75 + (2 / 3 + 0.5) / 2) / 2)
     assert math.isnan(M.disentangle_score({}, {"B": [1.0]})["cause"])
+
+
+def test_the_mean_over_attributes_takes_each_method_s_own_attributes():
+    """A method with rows for some attributes only (DAS gets no training pair where the model answers none right):
+    its mean covers those, another method's all of its own; hand-computed."""
+    import pandas as pd
+
+    from cprobe.tasks.ravel import _over_attributes
+
+    rows = []
+    for method, attrs in (("mean", {"A": (0.2, 0.8), "B": (0.4, 1.0)}), ("das", {"A": (0.6, 0.6)})):
+        for a, (c, i) in attrs.items():
+            for metric, v in (("cause", c), ("isolate", i), ("disentangle", (c + i) / 2)):
+                rows.append({"method": method, "family": "direction", "layer": 6, "source": "all", "attribute": a,
+                             "metric": metric, "value": v, "n": 10, "draws": 1, "degenerate": 0})
+    out = pd.DataFrame(_over_attributes(pd.DataFrame(rows))).set_index(["method", "metric"])
+    assert out.loc[("mean", "cause"), "value"] == pytest.approx(0.3) and out.loc[("mean", "cause"), "n"] == 20
+    assert out.loc[("mean", "isolate"), "attributes"] == "A,B"
+    assert out.loc[("das", "disentangle"), "value"] == pytest.approx(0.6)
+    assert out.loc[("das", "cause"), "attributes"] == "A" and out.loc[("das", "cause"), "n"] == 10

@@ -375,7 +375,9 @@ def _over_attributes(summary: pd.DataFrame) -> list[dict[str, Any]]:
     are defined (the same attributes for the three metrics), named in ``attributes``."""
     out = []
     keys = ["method", "family", "layer", "source"]
-    wide = summary.pivot_table(index=[*keys, "attribute"], columns="metric", values="value", dropna=False)
+    # the rows there are (NaN values kept), not every combination of their keys: a method can miss an attribute (DAS
+    # gets no training pair where the model answers none right)
+    wide = summary.set_index([*keys, "attribute", "metric"])["value"].unstack("metric")
     n = summary[summary["metric"] == "cause"].set_index([*keys, "attribute"])["n"]
     extra = summary.groupby([*keys, "attribute"])[["draws", "degenerate"]].max()
     for key, g in wide.groupby(level=keys, sort=False):
