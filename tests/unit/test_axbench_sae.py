@@ -183,3 +183,13 @@ def test_a_loaded_sae_of_another_width_is_refused_before_states_are_read(tmp_pat
     m.check_states(4)
     with pytest.raises(ConfigError, match="reads states of width 4, but the states here have width 8"):
         m.check_states(8)
+
+
+def test_text_ids_default_to_a_text_per_row_and_must_match_the_rows():
+    from cprobe.sae.select import text_ids
+
+    y = torch.tensor([0, 1, 1])
+    assert text_ids(y, None).tolist() == [0, 1, 2]
+    assert text_ids(y, torch.tensor([0, 0, 1])).tolist() == [0, 0, 1]
+    with pytest.raises(ValueError, match=r"expected one text id per row, got \(2,\) for 3 rows"):
+        text_ids(y, torch.tensor([0, 1]))

@@ -53,9 +53,7 @@ class SAEAxBench(SAEMethod, Direction):
     def fit(self, X: Tensor, y: Tensor, texts: Tensor | None = None) -> Self:
         check_binary(X, y)
         Xc = X.detach().to("cpu", torch.float32)
-        texts = torch.arange(len(X)) if texts is None else texts.cpu().long()
-        if texts.shape != y.shape:
-            raise ValueError(f"expected one text id per row, got {tuple(texts.shape)} for {len(y)} rows")
+        texts = selection.text_ids(y, texts)
         self.sae_ = self._sae(Xc)
         self.scores_ = selection.text_scores(self.select, self.sae_, Xc, y.cpu().long(), texts)
         self.latent_ = int(selection.top(self.scores_, 1)[0])

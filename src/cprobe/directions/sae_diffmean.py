@@ -43,9 +43,7 @@ class SAEDiffMean(SAEMethod, Direction):
     def fit(self, X: Tensor, y: Tensor, texts: Tensor | None = None) -> Self:
         check_binary(X, y)
         Xc = X.detach().to("cpu", torch.float32)
-        texts = torch.arange(len(X)) if texts is None else texts.cpu().long()
-        if texts.shape != y.shape:
-            raise ValueError(f"expected one text id per row, got {tuple(texts.shape)} for {len(y)} rows")
+        texts = selection.text_ids(y, texts)
         self.sae_ = self._sae(Xc)
         lab = selection.text_labels(y, texts)
         V = selection.pooled_latents(self.sae_, Xc, texts, "mean")

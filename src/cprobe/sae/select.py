@@ -115,6 +115,17 @@ def pooled_latents(sae: SAE, X: Tensor, texts: Tensor, how: str, batch_size: int
     return out if how == "max" else out / counts[:, None]
 
 
+def text_ids(y: Tensor, texts: Tensor | None) -> Tensor:
+    """(n,) long: each fitting row's text id — ``texts`` as given (one per row of the labels ``y``), or each row a text
+    of its own where none is given (a study that reads no texts); a ValueError when the counts differ."""
+    if texts is None:
+        return torch.arange(len(y))
+    texts = texts.cpu().long()
+    if texts.shape != y.shape:
+        raise ValueError(f"expected one text id per row, got {tuple(texts.shape)} for {len(y)} rows")
+    return texts
+
+
 def text_labels(y: Tensor, texts: Tensor) -> Tensor:
     """(n_texts,) each text's class from its rows' labels ``y`` (n,); a ValueError when a text's rows disagree."""
     texts, y = texts.cpu().long(), y.cpu().long()
