@@ -259,3 +259,20 @@ def test_rank_chain_is_the_same_cached_or_not(tmp_path, monkeypatch) -> None:
     other = RLACE(3, **{**kw, "lr": 0.04}).fit(X, z)  # another setting: another chain
     assert played == [4, 1, 2, 3] and not torch.equal(other.P, three.P)
     assert rlace_chain.key(X, z, RLACE(3).settings()) != rlace_chain.key(X, 1 - z.clamp(max=1), RLACE(3).settings())
+
+
+def test_a_rank_chain_s_key_covers_every_row_label_and_setting() -> None:
+    """One changed state, one changed label or one changed setting names another chain: the cache never answers
+    for games played on other data or settings."""
+    from cprobe.interventions.rlace_chain import key
+
+    X, z = gaussian_classes(50, 6, k=2)
+    settings = RLACE(1).settings()
+    base = key(X, z, settings)
+    X2 = X.clone()
+    X2[17, 3] += 1e-3
+    z2 = z.clone()
+    z2[5] = 1 - z2[5]
+    assert key(X.clone(), z.clone(), dict(settings)) == base
+    assert len({base, key(X2, z, settings), key(X, z2, settings), key(X, z, {**settings, "seed": 1}),
+                key(X, z, {**settings, "patience": 5000}), key(X[:, :5], z, settings)}) == 6
