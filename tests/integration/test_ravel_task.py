@@ -165,16 +165,21 @@ def test_bad_ravel_folders_are_one_line_before_any_model_loads(tmp_path, case, m
 
 
 @pytest.mark.slow
-def test_an_attribute_the_model_never_answers_is_refused_and_nothing_is_written(tmp_path):
-    """Found only once the model has answered: still one line, exit code 1, and no run directory left."""
+@pytest.mark.parametrize("own_dir", [False, True], ids=["default_run_dir", "users_folder"])
+def test_an_attribute_the_model_never_answers_is_refused_and_nothing_is_written(tmp_path, own_dir):
+    """Found only once the model has answered: still one line, exit code 1, and no run directory left; run in a
+    folder the user made (``hydra.run.dir``, empty: a folder holding their files is refused before anything runs), the
+    folder stays, empty."""
     entities, prompts = _sva_entities()
     entities = {e: {**v, "mood": ("glad", "sad")[i % 2]} for i, (e, v) in enumerate(entities.items())}
     base = write_ravel(tmp_path, entities, {**prompts, "mood": ["the %s feels"]})
-    out = tmp_path / "out"
+    out, mine = tmp_path / "out", tmp_path / "mine"
+    mine.mkdir()
     r = cli.run("run", "+experiment=ravel_tiny", "dataset=ravel", f"dataset.path={base}", "model=tiny_neox_sva",
                 "layers=[1]", "ravel.methods=[vanilla]", "ravel.mdas_weight=null", f"paths.output_root={out}",
-                cwd=tmp_path)
+                *([f"hydra.run.dir={mine}"] if own_dir else []), cwd=tmp_path)
     cli.assert_refused(r, "attribute 'mood': none of its 2 values occurs among the model's answers", out)
+    assert mine.is_dir() and not list(mine.iterdir())
 
 
 @pytest.mark.slow
