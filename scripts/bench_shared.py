@@ -10,6 +10,8 @@ another at each load, for ``--rounds`` rounds (the median is printed). The busy 
 - **passive**: all threads with ``OMP_WAIT_POLICY=PASSIVE``.
 - **cprobe**: what ``cprobe run`` does — :func:`cprobe.compute.set_wait_policy` before torch loads,
   :func:`cprobe.compute.configure_process` after, and small fits on one thread (:func:`cprobe.compute.fit_threads`).
+- **cprobe free**: the same with ``compute.threads=free`` (the job's threads lowered to the cores the busy processes
+  leave free when it starts).
 
 Workloads: the model body's forward over 16 × 12 tokens (tokens/s); a DAS step (a rotation's interchange at the
 middle block's last token, the head at two candidate tokens, backward, Adam; steps/s); an R-LACE fit (rank 1, 300
@@ -34,7 +36,8 @@ import time
 from pathlib import Path
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "GOMP_SPINCOUNT")
-CONFIGS = ("torch default", "1 thread", "all threads", "passive", "cprobe")
+CONFIGS = ("torch default", "1 thread", "all threads", "passive", "cprobe", "cprobe free")
+POLICIES = {"cprobe": {}, "cprobe free": {"threads": "free"}}  # cprobe's policy: compute.threads=auto, and =free
 FIXED = ("1 thread", "all threads", "passive")
 WORKLOADS = {"pass": "body forward, tokens/s", "das": "DAS step, steps/s", "fit": "R-LACE fit, fits/s"}
 GEMMA = dict(num_hidden_layers=18, hidden_size=640, intermediate_size=2048, num_attention_heads=4,
@@ -47,7 +50,7 @@ ROWS, TOKENS = 16, 12
 # ----------------------------------------------------------------------------------------------- the worker
 def worker(spec: dict) -> dict:
     """One configuration in this fresh process: set what it sets before torch loads, time each workload."""
-    if spec["config"] == "cprobe":
+    if spec["config"] in POLICIES:
         from cprobe.compute import set_wait_policy
 
         set_wait_policy([])  # as the CLI does first
@@ -55,8 +58,8 @@ def worker(spec: dict) -> dict:
 
     from cprobe import compute
 
-    if spec["config"] == "cprobe":
-        compute.configure_process(1, {})
+    if spec["config"] in POLICIES:
+        compute.configure_process(1, POLICIES[spec["config"]])
     else:  # a fixed setting runs every op on the process's threads: no small-fit rule
         compute.fit_thread_count = lambda flops, process_threads, env=None: process_threads
     model = _model(spec)
@@ -268,36 +271,39 @@ def main() -> None:
 def _print_level(level: int, before: str, after: str, res: dict, configs: list[str], runs: dict) -> None:
     print(f"\n{level} busy process(es); load average (1, 5, 15 min) before {before}, after {after}")
     threads = {c: f"{runs[c][0]['threads']}t/{runs[c][0]['wait'].lower()}" for c in configs}
-    print(f"  {'':24}" + "".join(f"{c:>15}" for c in configs) + f"{'cprobe/best':>13}{'cprobe/dflt':>13}")
+    ours = [c for c in POLICIES if c in res]
+    print(f"  {'':24}" + "".join(f"{c:>15}" for c in configs)
+          + "".join(f"{c + '/best':>18}{c + '/dflt':>18}" for c in ours))
     print(f"  {'(threads/wait policy)':24}" + "".join(f"{threads[c]:>15}" for c in configs))
     for w, label in WORKLOADS.items():
         row = f"  {label:24}" + "".join(f"{res[c][w]:15.3g}" for c in configs)
         fixed = [res[c][w] for c in FIXED if c in res]
-        if "cprobe" in res and fixed:
-            row += f"{res['cprobe'][w] / max(fixed):13.2f}"
-        if "cprobe" in res and "torch default" in res:
-            row += f"{res['cprobe'][w] / res['torch default'][w]:13.2f}"
+        for c in ours:
+            row += f"{res[c][w] / max(fixed):18.2f}" if fixed else f"{'':18}"
+            row += f"{res[c][w] / res['torch default'][w]:18.2f}" if "torch default" in res else f"{'':18}"
         print(row)
 
 
 def _print_targets(results: dict, configs: list[str]) -> None:
-    if "cprobe" not in configs:
+    ours = [c for c in POLICIES if c in configs]
+    if not ours:
         return
     print("\ntargets (issue 53):")
-    for w in ("pass", "das"):
-        if 1 in results:
-            res = results[1]
-            fixed = [res[c][w] for c in FIXED if c in res]
-            if fixed:
-                print(f"  1 busy, {WORKLOADS[w]}: cprobe / best fixed {_verdict(res['cprobe'][w] / max(fixed), 0.9)}")
-            if "torch default" in res:
-                print(f"  1 busy, {WORKLOADS[w]}: cprobe / torch default "
-                      f"{_verdict(res['cprobe'][w] / res['torch default'][w], 2.0)}")
-    if 0 in results and "torch default" in results[0]:
-        for w in WORKLOADS:
-            res = results[0]
-            print(f"  0 busy, {WORKLOADS[w]}: cprobe / torch default "
-                  f"{_verdict(res['cprobe'][w] / res['torch default'][w], 0.95)}")
+    for c in ours:
+        for w in ("pass", "das"):
+            if 1 in results:
+                res = results[1]
+                fixed = [res[f][w] for f in FIXED if f in res]
+                if fixed:
+                    print(f"  1 busy, {WORKLOADS[w]}: {c} / best fixed {_verdict(res[c][w] / max(fixed), 0.9)}")
+                if "torch default" in res:
+                    print(f"  1 busy, {WORKLOADS[w]}: {c} / torch default "
+                          f"{_verdict(res[c][w] / res['torch default'][w], 2.0)}")
+        if 0 in results and "torch default" in results[0]:
+            for w in WORKLOADS:
+                res = results[0]
+                print(f"  0 busy, {WORKLOADS[w]}: {c} / torch default "
+                      f"{_verdict(res[c][w] / res['torch default'][w], 0.95)}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
   (:func:`set_wait_policy`, the CLI's first act, before torch loads; ``compute.wait_policy``); a job runs on the
   usable CPUs (:func:`available_cpus`: affinity mask, cgroup quota, SLURM's CPUs) shared among the jobs running side
   by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
-  :func:`configure_process`, recorded in environment.json); :func:`fit_threads` runs a small fit or a loop of small
+  :func:`configure_process`, recorded in environment.json); ``compute.threads=free`` (opt-in) lowers that count to the
+  cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`); :func:`fit_threads` runs a small fit or a loop of small
   ops (its largest op below :data:`FIT_OP_FLOPS`) on one thread; :func:`threads` applies a count for a block.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
   its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
@@ -203,14 +204,74 @@ threads against 1.5–1.9 s on one, and the reliability study's 41-point INLP gr
 with it the rounding of its float sums — is the same on every run."""
 
 
+FREE = "free"
+"""``compute.threads=free``: auto's count, lowered to the cores not busy with other processes' work when the job starts
+(:func:`free_threads`), measured over :data:`FREE_WINDOW_S` from ``/proc/stat``. Opt-in: the count then depends on the
+machine's load, and with it the rounding of some float sums, so two runs of a config may differ in the last bits."""
+FREE_WINDOW_S = 0.3
+
+
 def thread_setting(compute: Any) -> int | None:
-    """``compute.threads``: ``auto`` (default; None here) or a positive count. A one-line ConfigError otherwise."""
+    """``compute.threads``: ``auto`` (default) and ``free`` (:data:`FREE`; see :func:`wants_free_threads`) are None
+    here, else a positive count. A one-line ConfigError otherwise."""
     value = (compute or {}).get("threads", "auto")
-    if value == "auto":
+    if value in ("auto", FREE):
         return None
     if isinstance(value, bool) or _positive(value) is None:
-        raise ConfigError(f"compute.threads must be auto or a positive integer, got {value!r}")
+        raise ConfigError(f"compute.threads must be auto, free or a positive integer, got {value!r}")
     return int(value)
+
+
+def wants_free_threads(compute: Any) -> bool:
+    """Whether ``compute.threads`` is :data:`FREE`."""
+    return (compute or {}).get("threads", "auto") == FREE
+
+
+def cpu_jiffies(stat: str, cpus: Sequence[int]) -> tuple[int, int]:
+    """(busy, total) clock ticks of the CPUs ``cpus`` since boot, from the text of ``/proc/stat``: busy is user + nice
+    + system + irq + softirq + steal (guest time is inside user), total adds idle and iowait."""
+    want = {f"cpu{i}" for i in cpus}
+    busy = total = 0
+    for line in stat.splitlines():
+        fields = line.split()
+        if fields and fields[0] in want:
+            user, nice, system, idle, iowait, irq, softirq, steal = ([int(x) for x in fields[1:9]] + [0] * 8)[:8]
+            b = user + nice + system + irq + softirq + steal
+            busy, total = busy + b, total + b + idle + iowait
+    return busy, total
+
+
+def others_busy_cores(before: tuple[int, int], after: tuple[int, int], own_seconds: float, n_cpus: int,
+                      hz: float) -> float:
+    """Cores kept busy by other processes over a window: the CPUs' busy time (``after`` − ``before``, in ticks of
+    ``hz``) less this process's own CPU time, divided by the window's length (the ticks all ``n_cpus`` CPUs counted,
+    over ``n_cpus``); 0 for an empty window."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0 or n_cpus <= 0:
+        return 0.0
+    window = total / n_cpus / hz
+    return max(0.0, (busy / hz - own_seconds) / window)
+
+
+def free_threads(base: int, cpus: int, affinity: int, others: float) -> int:
+    """``compute.threads=free``'s count: the CPUs of the affinity mask that other work leaves free (``affinity`` −
+    ``others``, to the nearest core), at most the usable ``cpus`` and auto's count ``base``, at least 1."""
+    return max(1, min(base, cpus, math.floor(affinity - others + 0.5)))
+
+
+def measure_others(window: float = FREE_WINDOW_S) -> tuple[float, int] | None:
+    """(cores busy with other processes' work over ``window`` seconds, CPUs of the affinity mask), from
+    ``/proc/stat`` and this process's CPU time; None where ``/proc/stat`` or the affinity mask cannot be read."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        stat0, t0 = Path("/proc/stat").read_text(), os.times()
+        time.sleep(window)
+        stat1, t1 = Path("/proc/stat").read_text(), os.times()
+        hz = float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, OSError, ValueError):
+        return None
+    own = (t1.user - t0.user) + (t1.system - t0.system)
+    return others_busy_cores(cpu_jiffies(stat0, cpus), cpu_jiffies(stat1, cpus), own, len(cpus), hz), len(cpus)
 
 
 def decide_threads(setting: int | None, cpus: int, workers: int = 1, env: Mapping[str, str] | None = None
@@ -218,8 +279,9 @@ def decide_threads(setting: int | None, cpus: int, workers: int = 1, env: Mappin
     """A job's intra-op threads: (count, what decided it, whether the user set it). ``compute.threads`` when set,
     else ``OMP_NUM_THREADS`` when set (the user decides either way, and every op runs on that count), else the
     usable ``cpus`` shared among ``workers`` jobs running side by side (a joblib sweep's ``n_jobs``): one thread each
-    when there are as many jobs as cores. The machine's load is never read: the count, and with it the rounding of
-    every float sum, is the same on every run of a config."""
+    when there are as many jobs as cores. The machine's load is never read here: the count, and with it the rounding
+    of every float sum, is the same on every run of a config (``compute.threads=free`` opts out of that:
+    :func:`configure_process`)."""
     if setting is not None:
         return setting, "compute.threads", True
     omp = _omp_threads(os.environ if env is None else env)
@@ -367,6 +429,17 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
 
     cpus, cpus_from = _usable()
     n, why, explicit = decide_threads(thread_setting(compute), cpus, workers)
+    others = None
+    if wants_free_threads(compute):
+        n, explicit = max(1, cpus // max(1, workers)), False  # free wins over OMP_NUM_THREADS, as a count would
+        why = f"compute.threads=free: {cpus} usable CPU(s) / {max(1, workers)} parallel job(s)"
+        seen = measure_others()
+        if seen is None:
+            why += ", the load unreadable here (no /proc/stat)"
+        else:
+            others, affinity = seen
+            n = free_threads(n, cpus, affinity, others)
+            why += f", {others:.1f} of {affinity} CPU(s) busy with other work at the job's start"
     wait, wait_from = check_wait_policy(wait_policy_setting(compute))
     if explicit and n > cpus:
         log.warning("%d torch threads (%s) on %d usable CPU(s): more threads than cores", n, why, cpus)
@@ -377,7 +450,7 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
     _POLICY.update(threads=n, threads_from=why, explicit=explicit, small_fits=n if explicit else
                    f"1 below {FIT_OP_FLOPS:.0e} flops per op, else {n}", wait_policy=wait, wait_policy_from=wait_from,
                    wait_policy_setting=wait_policy_setting(compute), usable_cpus=cpus, cpus_from=cpus_from,
-                   parallel_jobs=max(1, workers))
+                   parallel_jobs=max(1, workers), **({} if others is None else {"others_busy_cores": round(others, 2)}))
     return dict(_POLICY)
 
 

@@ -4,6 +4,8 @@ starts, overrides honoured and bad values refused in one line, and the record in
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -69,6 +71,7 @@ def test_a_bad_omp_num_threads_is_one_line(value):
 
 @pytest.mark.parametrize("compute_cfg,expected", [
     ({}, None), ({"threads": "auto"}, None), ({"threads": 2}, 2), ({"threads": "3"}, 3), (None, None),
+    ({"threads": "free"}, None),
 ])
 def test_thread_setting(compute_cfg, expected):
     assert compute.thread_setting(compute_cfg) == expected
@@ -76,9 +79,62 @@ def test_thread_setting(compute_cfg, expected):
 
 @pytest.mark.parametrize("value", [0, -1, True, "two", 1.5, None, "AUTO"])
 def test_a_bad_thread_setting_is_one_line(value):
-    with pytest.raises(ConfigError, match=r"compute.threads must be auto or a positive integer, got") as e:
+    with pytest.raises(ConfigError, match=r"compute.threads must be auto, free or a positive integer, got") as e:
         compute.thread_setting({"threads": value})
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------- compute.threads=free
+STAT = """cpu  500 0 300 1000 20 0 0 0 0 0
+cpu0 100 5 50 400 10 3 2 1 0 0
+cpu1 200 0 100 300 10 0 0 0 0 0
+cpu10 7 0 0 0 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_wants_free_threads():
+    assert compute.wants_free_threads({"threads": "free"})
+    assert not any(compute.wants_free_threads(c) for c in ({}, None, {"threads": "auto"}, {"threads": 2}))
+
+
+def test_cpu_jiffies_sums_the_listed_cpus_only():
+    # cpu0: busy 100+5+50+3+2+1 = 161, total 161+400+10 = 571; cpu1: busy 300, total 610; cpu10 and the all-CPU
+    # line are not cpu0/cpu1
+    assert compute.cpu_jiffies(STAT, [0]) == (161, 571)
+    assert compute.cpu_jiffies(STAT, [0, 1]) == (461, 1181)
+    assert compute.cpu_jiffies(STAT, [5]) == (0, 0)
+
+
+@pytest.mark.parametrize("before,after,own,n,hz,expected", [
+    ((0, 0), (150, 200), 0.5, 2, 100, 1.0),   # 1 s window on 2 CPUs: 1.5 s busy, 0.5 s of it ours -> 1 core of others
+    ((100, 1000), (200, 1200), 0.0, 2, 100, 1.0),  # 1 s, 1 s busy, none ours
+    ((0, 0), (100, 400), 1.0, 4, 100, 0.0),   # all the busy time is ours
+    ((0, 0), (50, 200), 0.9, 2, 100, 0.0),    # own time counted over the window's edges: never below 0
+    ((5, 5), (5, 5), 0.0, 2, 100, 0.0),       # an empty window
+])
+def test_others_busy_cores(before, after, own, n, hz, expected):
+    assert compute.others_busy_cores(before, after, own, n, hz) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("base,cpus,affinity,others,expected", [
+    (2, 2, 2, 0.0, 2), (2, 2, 2, 0.3, 2),     # quiet, or a light load: both cores
+    (2, 2, 2, 1.0, 1), (2, 2, 2, 0.6, 1),     # one busy process (or most of one): one thread
+    (2, 2, 2, 2.0, 1), (2, 2, 2, 5.0, 1),     # never below one
+    (4, 4, 64, 40.0, 4),                       # a cgroup quota of 4 on a 64-CPU node with 40 busy: the quota's 4
+    (1, 2, 2, 0.0, 1),                         # two jobs side by side: auto's count caps it
+    (8, 8, 8, 2.4, 6),                         # 5.6 free -> 6
+])
+def test_free_threads(base, cpus, affinity, others, expected):
+    assert compute.free_threads(base, cpus, affinity, others) == expected
+
+
+def test_measure_others_reads_this_machine():
+    seen = compute.measure_others(0.05)
+    if seen is None:
+        pytest.skip("no /proc/stat here")
+    others, affinity = seen
+    assert affinity == len(os.sched_getaffinity(0)) and 0.0 <= others <= affinity + 0.5
 
 
 # ----------------------------------------------------------------------------------------------- the wait policy
@@ -187,6 +243,24 @@ def test_compute_threads_is_honoured_by_every_op(monkeypatch, clean_policy):
     with compute.fit_threads(1e3):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == 4
+
+
+def test_compute_threads_free_takes_the_cores_other_work_leaves(monkeypatch, clean_policy):
+    """compute.threads=free: auto's count lowered to the free cores, the small-fit rule kept, the load recorded; where
+    the load cannot be read, auto's count and a reason."""
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (1.0, 2))
+    policy = _configure(monkeypatch, {"threads": "free"}, cpus=2,
+                        env={"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "2"})  # free wins, as a count would
+    assert torch.get_num_threads() == 1 and not policy["explicit"] and policy["others_busy_cores"] == 1.0
+    assert policy["threads_from"] == ("compute.threads=free: 2 usable CPU(s) / 1 parallel job(s), 1.0 of 2 CPU(s) busy "
+                                      "with other work at the job's start")
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (0.1, 2))
+    assert _configure(monkeypatch, {"threads": "free"}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})["threads"] == 2
+    assert compute.fit_thread_count(1e3, torch.get_num_threads()) == 1
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: None)
+    policy = _configure(monkeypatch, {"threads": "free"}, cpus=4, workers=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert policy["threads"] == 2 and policy["threads_from"].endswith("the load unreadable here (no /proc/stat)")
+    assert "others_busy_cores" not in policy
 
 
 def test_a_wait_policy_that_cannot_take_effect_is_refused(monkeypatch, clean_policy):
