@@ -138,7 +138,7 @@ def test_the_console_script_sets_the_wait_policy_before_torch_loads(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["compute.threads=0"], "compute.threads must be auto or a positive integer, got 0"),
+    (["compute.threads=0"], "compute.threads must be auto, free or a positive integer, got 0"),
     (["compute.wait_policy=spin"], "compute.wait_policy must be one of ['auto', 'passive', 'active'], got 'spin'"),
     # in this process torch loaded long before the job: another wait policy can no longer take effect
     (["compute.wait_policy=active"], "compute.wait_policy=active cannot take effect: OpenMP started with"),
