@@ -9,8 +9,9 @@
   usable CPUs (:func:`available_cpus`: affinity mask, cgroup quota, SLURM's CPUs) shared among the jobs running side
   by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
   :func:`configure_process`, recorded in environment.json); ``compute.threads=free`` (opt-in) lowers that count to the
-  cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`); :func:`fit_threads` runs a small fit or a loop of small
-  ops (its largest op below :data:`FIT_OP_FLOPS`) on one thread; :func:`threads` applies a count for a block.
+  cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`);
+  :func:`fit_threads` runs a small fit or a loop of small ops (its largest op below :data:`FIT_OP_FLOPS`) on one
+  thread; :func:`threads` applies a count for a block.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
   its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
 """
