@@ -44,6 +44,41 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))
 os.environ.setdefault("CPROBE_DATA_DIR", str(SHARED_DATA))
 
+SEEDED_MODELS = REPO / "tests" / "data" / "models"
+"""The suite's checked-in tiny models (tests/data/models/README.md): the ones a cold suite would spend most of its
+time training, as the cache entries the suite itself wrote (weights, tokenizer, training.json, checksums.json)."""
+TRAIN_ENV = "CPROBE_TEST_TRAIN_MODELS"
+"""Set to 1 to train every model in the suite instead (``make test-portable`` does: the second pass trains its own
+on the portable kernels)."""
+SLOW_TRAINING_S = 10.0
+"""A model the suite trained for longer than this in a session is named in the summary (a missing or stale seed)."""
+
+
+def seed_models(cache: Path, seeds: Path = SEEDED_MODELS) -> list[str]:
+    """Put the checked-in models into ``cache/models`` where an entry of that name is missing; returns the names
+    put there. Each is copied beside its place and renamed into it (a worker that loses the race drops its copy);
+    the cache checks each entry's checksums and key on read as for any entry, and rebuilds one that fails."""
+    import shutil
+
+    if os.environ.get(TRAIN_ENV, "") not in ("", "0") or not seeds.is_dir():
+        return []
+    put = []
+    for src in sorted(p for p in seeds.iterdir() if p.is_dir()):
+        dst = cache / "models" / src.name
+        if dst.exists():
+            continue
+        tmp = dst.with_name(f".{src.name}.seed-{os.getpid()}")
+        shutil.copytree(src, tmp)
+        try:
+            tmp.rename(dst)
+            put.append(src.name)
+        except OSError:  # another worker put it there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return put
+
+
+SESSION_START = __import__("time").time()
+
 
 def numeric_threads(default: int) -> int:
     """Torch intra-op threads for a test that sets its own: ``CPROBE_TEST_THREADS`` when set (``make test-portable``
@@ -142,6 +177,29 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: rank.get(xdist_group(it.nodeid), len(FIRST)))  # stable: file order kept otherwise
 
 
+def pytest_sessionstart(session):
+    """The checked-in models go into the suite's cache before any test asks for one (:func:`seed_models`)."""
+    seed_models(suite_cache())
+
+
+def trained_this_session(cache: Path, since: float = SESSION_START) -> list[tuple[str, float]]:
+    """(name, training seconds) of the tiny models written into ``cache/models`` since ``since`` that took longer than
+    :data:`SLOW_TRAINING_S` to train: what a seed would have saved."""
+    import json
+
+    out = []
+    for report in sorted((cache / "models").glob("*/training.json")):
+        if report.stat().st_mtime < since:
+            continue
+        try:
+            seconds = float(json.loads(report.read_text()).get("train_seconds") or 0)
+        except (OSError, ValueError):
+            continue
+        if seconds > SLOW_TRAINING_S:
+            out.append((report.parent.name, seconds))
+    return out
+
+
 def pytest_sessionfinish(session, exitstatus):
     """An xdist worker hands its process counts to the controller, which prints the suite's sum."""
     if hasattr(session.config, "workeroutput"):
@@ -159,6 +217,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     that were skipped and why, so a clone without ``../shared/data`` does not pass silently on less than the whole
     suite."""
     terminalreporter.write_line(cli.summary(), yellow=cli.COUNTS["cprobe"] > cli.LAUNCH_TARGET)
+    slow = [] if os.environ.get(TRAIN_ENV, "") not in ("", "0") else trained_this_session(suite_cache())
+    if slow:
+        terminalreporter.write_line(
+            f"models: the suite trained {len(slow)} model(s) for over {SLOW_TRAINING_S:.0f} s this session ("
+            + ", ".join(f"{n} {s:.0f} s" for n, s in slow) + f"): a missing or stale seed in {SEEDED_MODELS} "
+            "(its README.md says how to refresh them)", yellow=True, bold=True)
     skipped = [r for r in terminalreporter.stats.get("skipped", []) if _data_skip(r)]
     if not skipped:
         return

@@ -133,6 +133,7 @@ def _tiny(world) -> list[str]:
     ("cebab.explainers=[random,shap]", "unknown explainer 'shap'; choose from"),
     ("cebab.aspects=[food,decor]", "unknown aspect(s) ['decor']"),
     ("cebab.task=4way", "cebab.task"),
+    ("cebab.max_scored_texts=0", "cebab.max_scored_texts must be >= 1 (or null for all), got 0"),
     ("dataset=lgd", "the cebab task needs dataset=cebab"),
     ("cebab.distances=[l1]", "unknown distance 'l1'"),
     ("cebab.finetune.lr=nan", "cebab.finetune: lr must be a finite number, got nan"),

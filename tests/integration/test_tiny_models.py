@@ -110,11 +110,12 @@ def test_training_is_deterministic(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.numeric  # trained from scratch on the portable kernels by `make test-portable` (no seeds there)
 @pytest.mark.parametrize("name", ["tiny_bert_sva", "tiny_neox_sva"])
 def test_default_models_learn_agreement_with_attractors(name):
-    """The shipped agreement models (their conf/model configs), built in the suite's shared cache: tiny_bert_sva is
-    the one most tests and the demo use, so it is trained once per suite (a test that needs it while it trains
-    waits on its lock)."""
+    """The shipped agreement models (their conf/model configs), in the suite's shared cache: under `make test` the
+    checked-in models (tests/data/models), under `make test-portable` trained from scratch on PyTorch's portable
+    kernels (CPROBE_TEST_TRAIN_MODELS=1), where a test that needs one while it trains waits on its lock."""
     import os
 
     from omegaconf import OmegaConf

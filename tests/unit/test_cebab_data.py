@@ -222,3 +222,25 @@ def test_report_keeps_different_settings_apart(tmp_path):
              "value": v, "n": 10, "seed": 0, "config_id": cid} for cid, v in (("aaaa", 0.5), ("bbbb", 0.9))]
     tab = error_table(pd.DataFrame(rows))
     assert list(tab["config_id"]) == ["aaaa", "bbbb"] and list(tab["approx"]) == ["0.50 (0.00)", "0.90 (0.00)"]
+
+
+def test_max_scored_texts_caps_the_tables_dev_and_test_texts_but_never_the_pairs(tmp_path):
+    from cprobe.tasks.cebab import Config, scored, study
+
+    write_cebab(tmp_path, n_train=8, n_eval=6)
+    data = load_dataset({"name": "cebab", "type": "cebab", "path": "cebab", "train": "inclusive"}, tmp_path)
+    every = study(data, Config())
+    train, _ = labelled(data.splits["train"], "5way")
+    assert [it.id for it in every.texts] == list(dict.fromkeys(
+        it.id for it in (*train, *data.splits["dev"], *data.splits["test"])))  # null: all, in the order they were
+    capped = Config(max_scored_texts=5)
+    few = study(data, capped)
+    kept = {it.id for it in few.texts}
+    dev, test = scored(data, "dev", capped), scored(data, "test", capped)
+    assert len(dev) == len(test) == 5 and len(data.splits["test"]) > 5
+    assert {it.id for it in dev} <= kept and {it.id for it in test} <= kept
+    assert [it.id for it in dev] == [it.id for it in data.splits["dev"] if it.id in {d.id for d in dev}]  # order kept
+    assert all(p.base.id in kept and p.source.id in kept for p in few.pairs)
+    assert [p.id for p in few.pairs] == [p.id for p in every.pairs]
+    assert len(few.texts) < len(every.texts)
+    assert scored(data, "dev", capped) == dev  # drawn once: the same texts every call

@@ -76,6 +76,13 @@ class Config(EffectConfig):
     eval_split: Literal["dev", "test"] = "test"
     aspects: list[str] = field(default_factory=lambda: list(ASPECTS))
     explainers: list[str] = field(default_factory=lambda: list(DEFAULT_EXPLAINERS))
+    max_scored_texts: int | None = None  # the classifier tables' dev / test texts: at most this many per split
+
+
+def scored(data: CebabData, split: str, config: Config) -> list[TextItem]:
+    """The texts of ``split`` the classifier tables score: all, or ``max_scored_texts`` of them drawn once with seed 0
+    (order kept; the evaluation pairs' own texts are classified whatever it says)."""
+    return subsample_pairs(data.splits[split], config.max_scored_texts)
 
 
 def validate(job: Any) -> None:
@@ -91,15 +98,17 @@ def validate(job: Any) -> None:
     ds = job.keys.dataset or {}
     if ds.get("type", ds.get("name")) != "cebab":
         raise ConfigError("the cebab task needs dataset=cebab")
-    if cfg.max_pairs is not None and cfg.max_pairs < 1:
-        raise ConfigError(f"cebab.max_pairs must be >= 1 (or null for all), got {cfg.max_pairs}")
+    for key in ("max_pairs", "max_scored_texts"):
+        if getattr(cfg, key) is not None and getattr(cfg, key) < 1:
+            raise ConfigError(f"cebab.{key} must be >= 1 (or null for all), got {getattr(cfg, key)}")
 
 
 # ----------------------------------------------------------------------------------------------- the job
 def study(data: CebabData, config: Config) -> EffectStudy:
     """CEBaB's part of a concept-effect job: the explained model's training texts (those with a class under the
-    task), every text of train, dev and test, the edit pairs of the evaluation split, aspect labels as they are
-    (``Negative|Positive|unknown``; ``""`` and ``no majority`` are missing), and the aspect classifier's targets."""
+    task), every text of train and the dev and test texts the tables score (:func:`scored`), the edit pairs of the
+    evaluation split and their texts, aspect labels as they are (``Negative|Positive|unknown``; ``""`` and
+    ``no majority`` are missing), and the aspect classifier's targets."""
     from cprobe.models.classifier import IGNORE
 
     train_items, y_train = labelled(data.splits["train"], config.task)
@@ -107,7 +116,8 @@ def study(data: CebabData, config: Config) -> EffectStudy:
     if not pairs:
         raise DataError(f"no edit pairs for aspects {config.aspects} in the {config.eval_split} split")
     texts: dict[str, TextItem] = {}
-    for it in (*train_items, *data.splits["dev"], *data.splits["test"]):
+    for it in (*train_items, *scored(data, "dev", config), *scored(data, "test", config),
+               *(t for p in pairs for t in (p.base, p.source))):
         texts.setdefault(it.id, it)
     items = list(texts.values())
     index = {it.id: i for i, it in enumerate(items)}
@@ -144,13 +154,13 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
               "train_variant": cfg["dataset"].get("train", "exclusive"), "eval_split": config.eval_split}
     rows: list[dict[str, Any]] = []
     for split in ("dev", "test"):
-        its, y = labelled(data.splits[split], config.task)
+        its, y = labelled(scored(data, split, config), config.task)
         pred = res.probs[[res.index[it.id] for it in its]].argmax(1)
         rows += classifier_rows(common, "explained", np.asarray(y), pred, k, split=split, aspect="all")
     if res.concept_pred is not None:  # the aspect classifier's Table 8 rows, when an explainer needed it
         for split in ("dev", "test"):
             for j, a in enumerate(config.aspects):
-                gold = [(res.index[it.id], aspect_label(it, a)) for it in data.splits[split]
+                gold = [(res.index[it.id], aspect_label(it, a)) for it in scored(data, split, config)
                         if aspect_label(it, a) is not None]
                 if gold:
                     idx, y = zip(*gold)
