@@ -32,8 +32,8 @@ test-fast: $(STAMP) ## skip the slow end-to-end tests
 
 # What another CPU computes: PyTorch's portable kernels (no vector instruction set) and MKL's compatible GEMM path,
 # with a cache of its own: every tiny model trained on those kernels (CPROBE_TEST_TRAIN_MODELS=1: no checked-in
-# model from tests/data/models), the shipped agreement models' convergence test among them. CPROBE_TEST_THREADS: the torch threads of the
-# tests that set their own (tests/conftest.py::numeric_threads).
+# model from tests/data/models), the shipped agreement models' convergence test among them. CPROBE_TEST_THREADS: the
+# torch threads of the tests that set their own (tests/conftest.py::numeric_threads).
 PORTABLE_ENV := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE CPROBE_CACHE_DIR=$${CPROBE_CACHE_DIR}-portable \
 	CPROBE_TEST_TRAIN_MODELS=1
 test-portable: $(STAMP) ## the `numeric` tests again on portable kernels (ATEN_CPU_CAPABILITY=default): 1 thread, then 2

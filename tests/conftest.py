@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,8 @@ def seed_models(cache: Path, seeds: Path = SEEDED_MODELS) -> list[str]:
     return put
 
 
-SESSION_START = __import__("time").time()
+SESSION_START = time.time()
+"""When this process loaded the suite: a model trained after it was trained in this session."""
 
 
 def numeric_threads(default: int) -> int:
