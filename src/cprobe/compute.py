@@ -432,8 +432,8 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
     n, why, explicit = decide_threads(thread_setting(compute), cpus, workers)
     others = None
     if wants_free_threads(compute):
-        n, explicit = max(1, cpus // max(1, workers)), False  # free wins over OMP_NUM_THREADS, as a count would
-        why = f"compute.threads=free: {cpus} usable CPU(s) / {max(1, workers)} parallel job(s)"
+        n, why, explicit = decide_threads(None, cpus, workers, env={})  # auto's count: free wins over OMP_NUM_THREADS
+        why = f"compute.threads=free: {why}"
         seen = measure_others()
         if seen is None:
             why += ", the load unreadable here (no /proc/stat)"
