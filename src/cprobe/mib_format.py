@@ -138,41 +138,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return obj
 
 
-def read_unit(base: Path) -> tuple[Featurizer | None, list[int] | None]:
-    """The featurizer (None: MIB's identity) and feature indices of the unit files ``{base}_*``."""
-    idx = _indices(Path(f"{base}_indices"))
-    path = Path(f"{base}_featurizer")
-    if not path.exists():
-        return None, idx
-    info = read_checkpoint(path)["model_info"]
-    read_checkpoint(Path(f"{base}_inverse_featurizer"))
-    cls = info.get("featurizer_class")
-    if cls == "IdentityFeaturizerModule":
-        return None, idx
-    if cls == "SubspaceFeaturizerModule":
-        R = info.get("additional_config", {}).get("rotation_matrix")
-        if not isinstance(R, Tensor) or R.dim() != 2:
-            raise DataError(f"{path}: a subspace featurizer without its rotation_matrix")
-        return Subspace(R.float()), idx
-    raise DataError(f"{path}: featurizer class {cls!r} is not one cprobe reads; it reads {list(MODULES[:2])} and "
-                    f"{list(MODULES[4:6])}")
-
-
-def _indices(path: Path) -> list[int] | None:
-    if not path.is_file():
-        return None
-    text = path.read_text().strip()
-    if text in ("", "null"):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise DataError(f"{path}: not a JSON list of feature indices") from None
-    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
-        raise DataError(f"{path}: not a JSON list of feature indices")
-    return value
-
-
 # ----------------------------------------------------------------------------------------------- the verifier
 @dataclass
 class Verdict:
