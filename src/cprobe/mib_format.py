@@ -283,12 +283,6 @@ METHOD_NAMES = {"full_vector": "vanilla", "DAS": "das", "DBM": "dbm"}
 name (``DBM+PCA``, a submission's) is kept as it is."""
 
 
-def _mib_task_key(task_id: str) -> str:
-    from cprobe.data.mib import SPECS
-
-    return next((k for k, spec in SPECS.items() if spec[0] == task_id or task_id.startswith(spec[0])), task_id)
-
-
 def _unit_scores(data: Mapping[str, Any], variable: str, private: bool) -> dict[str, tuple[int | None, list]]:
     """Per model unit: its layer and the average_score of each (public or private) counterfactual dataset."""
     units: dict[str, tuple[int | None, list]] = {}
@@ -324,7 +318,10 @@ def results_rows(data: Mapping[str, Any], private: bool = False) -> list[dict[st
 
 
 def _rows(method: str, model: str, task: str, variable: str, best: float, mean: float) -> list[dict[str, Any]]:
-    common = {"kind": "summary", "dataset": _mib_task_key(task), "mib_task": task, "variable": variable,
+    from cprobe.data.mib import SPECS
+
+    key = next((k for k, spec in SPECS.items() if spec[0] == task or task.startswith(spec[0])), task)
+    common = {"kind": "summary", "dataset": key, "mib_task": task, "variable": variable,
               "method": METHOD_NAMES.get(method, method), "family": "direction", "control": "none",
               "counterfactual": "all", "model": model, "layer": -1, "position": "", "n": None,
               "method_source": f"MIB results ({method})"}
