@@ -215,10 +215,6 @@ def cache_key(fields: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
-
-
 # ----------------------------------------------------------------------------------------------- checked entries
 def entry_problem(entry: Path, valid: Callable[[Path], str | None] | None = None) -> str | None:
     """None when directory ``entry`` is a complete checked entry — its ``checksums.json`` present and every file it
@@ -395,7 +391,8 @@ class Entry:
 
     def path(self, name: str, j: int) -> Path:
         a, b = self.ranges()[j]
-        return self.dir / _safe(name) / f"{a:010d}-{b:010d}.safetensors"
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        return self.dir / safe / f"{a:010d}-{b:010d}.safetensors"
 
     def has(self, name: str, j: int) -> bool:
         return self.shard_rows is not None and self.path(name, j).is_file()

@@ -72,14 +72,6 @@ def _quote(value: str) -> str:
 SLURM_LAUNCHER = "hydra_plugins.cprobe_launcher.slurm_launcher.SlurmLauncher"
 
 
-def claims_late(config: Any) -> bool:
-    """Whether the sweep's launcher claims the sweep dir itself, after checking the submission (cprobe's SLURM
-    launcher: a refused submission leaves no directory and does not move ``latest``)."""
-    from omegaconf import OmegaConf
-
-    return str(OmegaConf.select(config, "hydra.launcher._target_", default="")) == SLURM_LAUNCHER
-
-
 def claim_sweep_dir(config: Any) -> Made:
     """Give the sweep a directory of its own (a time-stamped default gets ``_2``... when taken, and ``latest`` linked
     to it; a directory the user chose is used as it is: a re-run resumes it), pin it in the overrides every job is
@@ -134,8 +126,12 @@ class AggregateResults(Callback):
         ownership.MADE.pop(ownership.key(config.hydra.run.dir), None)
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
         trackers.preflight(config)  # a bad logger is refused before the sweep dir exists
-        slurm = claims_late(config)
+        # cprobe's SLURM launcher claims the sweep dir itself, after checking the submission (a refused submission
+        # leaves no directory and does not move ``latest``)
+        slurm = str(OmegaConf.select(config, "hydra.launcher._target_", default="")) == SLURM_LAUNCHER
         if os.environ.get("CPROBE_DETACH", "") not in ("", "0") and not slurm:
             raise JobAborted(CprobeError("--detach needs hydra/launcher=slurm (a local sweep runs in this process)"))
         if not _timestamped(config.hydra.sweep, "dir"):  # refused before any launcher writes there

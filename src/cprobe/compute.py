@@ -534,21 +534,12 @@ def worker_device(device: str, workers: int, job_num: int = 0, n_gpus: int | Non
     return f"cuda:{i}"
 
 
-def resume_flag(compute: Any) -> bool:
-    """``compute.resume`` (default true): edited passes resume at their edited layer from clean states
-    (:mod:`cprobe.models.resume`); false runs every edited pass as a full forward, for comparison. A one-line
-    ConfigError for anything but a boolean."""
-    return _flag(compute, "resume")
-
-
-def kv_resume_flag(compute: Any) -> bool:
-    """``compute.kv_resume`` (default true): a resumed pass edited and read at a causal LM's last token only runs
-    that token alone above the edited layer, over the prefix's clean key/value cache (:mod:`cprobe.models.resume`);
-    false resumes it as any other pass, for comparison. A one-line ConfigError for anything but a boolean."""
-    return _flag(compute, "kv_resume")
-
-
-def _flag(compute: Any, key: str) -> bool:
+def compute_flag(compute: Any, key: str) -> bool:
+    """``compute.<key>`` (default true; a one-line ConfigError for anything but a boolean), the switches of
+    :mod:`cprobe.models.resume`: ``resume``, edited passes resume at their edited layer from clean states;
+    ``kv_resume``, a resumed pass edited and read at a causal LM's last token only runs that token alone above the
+    edited layer, over the prefix's clean key/value cache. False runs every edited pass as a full forward
+    (``resume``) or resumes that pass as any other (``kv_resume``), for comparison."""
     value = (compute or {}).get(key, True)
     if not isinstance(value, bool):
         raise ConfigError(f"compute.{key} must be true or false, got {value!r}")

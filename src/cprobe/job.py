@@ -196,11 +196,11 @@ class JobContext:
             t0 = time.perf_counter()
             _ADAPTER[key] = load_adapter(model_cfg, self.cache_root, self.progress, self.data_root)
             self.timings["load_model_s"] = time.perf_counter() - t0
-        from cprobe.compute import kv_resume_flag, resume_flag
+        from cprobe.compute import compute_flag
 
         ad = _ADAPTER[key]
-        ad.resume = resume_flag(self.cfg.get("compute"))  # compute.resume=false: full forwards
-        ad.kv_resume = kv_resume_flag(self.cfg.get("compute"))  # false: last-token passes, every token
+        ad.resume = compute_flag(self.cfg.get("compute"), "resume")  # compute.resume=false: full forwards
+        ad.kv_resume = compute_flag(self.cfg.get("compute"), "kv_resume")  # false: last-token passes, every token
         self.models[ad.name] = {"weights": ad.weights, "dtype": str(ad.dtype).removeprefix("torch."), "bos": ad.bos}
         return ad
 

@@ -138,41 +138,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return obj
 
 
-def read_unit(base: Path) -> tuple[Featurizer | None, list[int] | None]:
-    """The featurizer (None: MIB's identity) and feature indices of the unit files ``{base}_*``."""
-    idx = _indices(Path(f"{base}_indices"))
-    path = Path(f"{base}_featurizer")
-    if not path.exists():
-        return None, idx
-    info = read_checkpoint(path)["model_info"]
-    read_checkpoint(Path(f"{base}_inverse_featurizer"))
-    cls = info.get("featurizer_class")
-    if cls == "IdentityFeaturizerModule":
-        return None, idx
-    if cls == "SubspaceFeaturizerModule":
-        R = info.get("additional_config", {}).get("rotation_matrix")
-        if not isinstance(R, Tensor) or R.dim() != 2:
-            raise DataError(f"{path}: a subspace featurizer without its rotation_matrix")
-        return Subspace(R.float()), idx
-    raise DataError(f"{path}: featurizer class {cls!r} is not one cprobe reads; it reads {list(MODULES[:2])} and "
-                    f"{list(MODULES[4:6])}")
-
-
-def _indices(path: Path) -> list[int] | None:
-    if not path.is_file():
-        return None
-    text = path.read_text().strip()
-    if text in ("", "null"):
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        raise DataError(f"{path}: not a JSON list of feature indices") from None
-    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
-        raise DataError(f"{path}: not a JSON list of feature indices")
-    return value
-
-
 # ----------------------------------------------------------------------------------------------- the verifier
 @dataclass
 class Verdict:
@@ -318,12 +283,6 @@ METHOD_NAMES = {"full_vector": "vanilla", "DAS": "das", "DBM": "dbm"}
 name (``DBM+PCA``, a submission's) is kept as it is."""
 
 
-def _mib_task_key(task_id: str) -> str:
-    from cprobe.data.mib import SPECS
-
-    return next((k for k, spec in SPECS.items() if spec[0] == task_id or task_id.startswith(spec[0])), task_id)
-
-
 def _unit_scores(data: Mapping[str, Any], variable: str, private: bool) -> dict[str, tuple[int | None, list]]:
     """Per model unit: its layer and the average_score of each (public or private) counterfactual dataset."""
     units: dict[str, tuple[int | None, list]] = {}
@@ -359,7 +318,10 @@ def results_rows(data: Mapping[str, Any], private: bool = False) -> list[dict[st
 
 
 def _rows(method: str, model: str, task: str, variable: str, best: float, mean: float) -> list[dict[str, Any]]:
-    common = {"kind": "summary", "dataset": _mib_task_key(task), "mib_task": task, "variable": variable,
+    from cprobe.data.mib import SPECS
+
+    key = next((k for k, spec in SPECS.items() if spec[0] == task or task.startswith(spec[0])), task)
+    common = {"kind": "summary", "dataset": key, "mib_task": task, "variable": variable,
               "method": METHOD_NAMES.get(method, method), "family": "direction", "control": "none",
               "counterfactual": "all", "model": model, "layer": -1, "position": "", "n": None,
               "method_source": f"MIB results ({method})"}

@@ -145,10 +145,10 @@ def prepare(cfg: Mapping[str, Any], cache_root: Path | None = None, data_root: P
     load_plugin_modules(keys.plugins)  # before anything reads a name (they register theirs)
     if keys.seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {keys.seed}")
-    from cprobe.compute import check_threads, kv_resume_flag, resume_flag
+    from cprobe.compute import check_threads, compute_flag
 
-    resume_flag(keys.compute)
-    kv_resume_flag(keys.compute)
+    compute_flag(keys.compute, "resume")
+    compute_flag(keys.compute, "kv_resume")
     check_threads(keys.compute)
     module = task_module(keys.task)
     uses = task_uses(keys.task)

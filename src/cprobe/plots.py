@@ -74,11 +74,6 @@ def caption(fig: Any, shows: str, *, property: Any, model: Any, data: Any, n: An
     return title
 
 
-def caption_of(fig: Any) -> dict[str, str] | None:
-    """The caption :func:`caption` gave ``fig`` (None without one)."""
-    return getattr(fig, "_cprobe_caption", None)
-
-
 def missing_fields(cap: Mapping[str, str] | None) -> list[str]:
     """The fields of :data:`FIELDS` a caption lacks (all of them without a caption)."""
     if cap is None:
@@ -94,7 +89,7 @@ def save(fig, path: Path) -> None:
     """The figure as a PNG at ``path`` (atomically), its caption in the PNG metadata."""
     import matplotlib.pyplot as plt
 
-    cap = caption_of(fig)
+    cap = getattr(fig, "_cprobe_caption", None)  # the caption :func:`caption` gave ``fig`` (None without one)
     missing = missing_fields(cap)
     if missing and _strict():
         plt.close(fig)

@@ -362,7 +362,8 @@ def run(sweeper: Any, arguments: Sequence[str]) -> list[Any]:
         twins: list[tuple[Any, Any]] = []  # (trial, the trial of this batch with the same params)
         for _ in range(min(o.n_jobs, o.n_trials - _distinct(study))):
             t = study.ask(s.space)
-            done = _same(study, t)
+            done = next((d for d in study.trials if d.number != t.number and d.state.name == "COMPLETE"
+                         and dict(d.params) == dict(t.params)), None)
             if done is not None:  # TPE may propose a point already run (its job would be skipped): same value
                 t.set_user_attr("duplicate_of", done.number)
                 study.tell(t, done.value)
@@ -424,11 +425,6 @@ def _space_size(space: Mapping[str, Any]) -> int | None:
         else:
             return None
     return n
-
-
-def _same(study: Any, trial: Any) -> Any:
-    return next((t for t in study.trials if t.number != trial.number and t.state.name == "COMPLETE"
-                 and dict(t.params) == dict(trial.params)), None)
 
 
 def _state(job: Path) -> str:

@@ -4,6 +4,7 @@ only with weights_only=True, MIB's result JSON aggregated as aggregate_results.p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,41 @@ from cprobe.models.featurizers import Subspace
 def _basis(d: int = 6, k: int = 2, seed: int = 0) -> torch.Tensor:
     Q, _ = torch.linalg.qr(torch.randn(d, k, generator=torch.Generator().manual_seed(seed)))
     return Q
+
+
+def read_unit(base: Path) -> tuple[Subspace | None, list[int] | None]:
+    """The featurizer (None: MIB's identity) and feature indices of the unit files ``{base}_*``."""
+    idx = _indices(Path(f"{base}_indices"))
+    path = Path(f"{base}_featurizer")
+    if not path.exists():
+        return None, idx
+    info = F.read_checkpoint(path)["model_info"]
+    F.read_checkpoint(Path(f"{base}_inverse_featurizer"))
+    cls = info.get("featurizer_class")
+    if cls == "IdentityFeaturizerModule":
+        return None, idx
+    if cls == "SubspaceFeaturizerModule":
+        R = info.get("additional_config", {}).get("rotation_matrix")
+        if not isinstance(R, torch.Tensor) or R.dim() != 2:
+            raise DataError(f"{path}: a subspace featurizer without its rotation_matrix")
+        return Subspace(R.float()), idx
+    raise DataError(f"{path}: featurizer class {cls!r} is not one cprobe reads; it reads {list(F.MODULES[:2])} and "
+                    f"{list(F.MODULES[4:6])}")
+
+
+def _indices(path: Path) -> list[int] | None:
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    if text in ("", "null"):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise DataError(f"{path}: not a JSON list of feature indices") from None
+    if not isinstance(value, list) or not all(isinstance(i, int) for i in value):
+        raise DataError(f"{path}: not a JSON list of feature indices")
+    return value
 
 
 def _export(tmp_path, model_class="LlamaForCausalLM", variable="answer_pointer"):
@@ -48,9 +84,9 @@ def test_the_state_dict_loads_as_mibs_loader_rebuilds_the_layer(tmp_path):
     holder.rotate = torch.nn.utils.parametrizations.orthogonal(F._Rotate(torch.linalg.qr(torch.randn(6, 2))[0]))
     holder.load_state_dict(ck["state_dict"])
     torch.testing.assert_close(holder.rotate.weight, R, atol=1e-5, rtol=0)
-    fz, idx = F.read_unit(folder / F.unit_id(0, "correct_symbol"))
+    fz, idx = read_unit(folder / F.unit_id(0, "correct_symbol"))
     torch.testing.assert_close(fz.basis, _basis(), atol=1e-5, rtol=0)
-    assert idx is None and F.read_unit(folder / F.unit_id(1, "last_token")) == (None, None)
+    assert idx is None and read_unit(folder / F.unit_id(1, "last_token")) == (None, None)
 
 
 def test_verifier_finds_the_triplet_for_mibs_models_and_warns_otherwise(tmp_path):

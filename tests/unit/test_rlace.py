@@ -9,8 +9,15 @@ import torch
 from sklearn.linear_model import LogisticRegression
 
 from cprobe.errors import ConfigError
-from cprobe.interventions.rlace import RLACE, LowRankFantope, fantope_shift, project_fantope
+from cprobe.interventions.rlace import RLACE, LowRankFantope, fantope_shift
 from tests.unit.test_inlp import gaussian_classes, linear_accuracy
+
+
+def project_fantope(A: torch.Tensor, rank: int) -> torch.Tensor:
+    """Euclidean projection of a symmetric matrix onto {0 ⪯ P ⪯ I, tr P = rank}: eigenvalues λ ↦ clip(λ − θ, 0, 1)."""
+    lam, V = torch.linalg.eigh((A + A.T) / 2)
+    clipped = (lam - fantope_shift(lam, rank)).clamp(0, 1)
+    return (V * clipped) @ V.T
 
 
 def test_fantope_projection() -> None:

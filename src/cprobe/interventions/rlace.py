@@ -82,13 +82,6 @@ def fantope_shift(lam: Tensor, rank: int, extra: Tensor | None = None, n_extra: 
     return torch.tensor(theta, dtype=lam.dtype, device=lam.device)
 
 
-def project_fantope(A: Tensor, rank: int) -> Tensor:
-    """Euclidean projection of a symmetric matrix onto {0 ⪯ P ⪯ I, tr P = rank}: eigenvalues λ ↦ clip(λ − θ, 0, 1)."""
-    lam, V = torch.linalg.eigh((A + A.T) / 2)
-    clipped = (lam - fantope_shift(lam, rank)).clamp(0, 1)
-    return (V * clipped) @ V.T
-
-
 def extend(U: Tensor, P: Tensor, rank: int) -> Tensor:
     """``U`` (d × r, orthonormal) and the ``rank`` − r directions ``P`` weighs most outside it: the top eigenvectors
     of P restricted to U's orthogonal complement (d × rank)."""

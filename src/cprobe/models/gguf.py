@@ -290,13 +290,6 @@ def _gguf(what: str) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------- dequantising
-def entry_of(src: Source, cache_root: Path) -> Path:
-    """Where the dequantised checkpoint of ``src`` lives in the cache (keyed by its sha256)."""
-    from cprobe.cache import kind_dir
-
-    return kind_dir(cache_root, "gguf") / src.digest()[:20]
-
-
 def info(entry: Path) -> dict[str, Any]:
     """The dequantised entry's ``gguf.json`` ({} when absent)."""
     return read_json(Path(entry) / INFO) or {}
@@ -305,10 +298,10 @@ def info(entry: Path) -> dict[str, Any]:
 def dequantised(src: Source, cache_root: Path, what: str) -> Path:
     """The checkpoint folder of ``src`` dequantised to float32 (module doc): read from the cache, or built once (the
     header checked first; a package's chunks joined and checked against its sha256)."""
-    from cprobe.cache import checked_entry
+    from cprobe.cache import checked_entry, kind_dir
 
-    entry = entry_of(src, cache_root)
     sha = src.digest()
+    entry = kind_dir(cache_root, "gguf") / sha[:20]  # the cache entry is keyed by the file's sha256
 
     def valid(path: Path) -> str | None:
         return None if info(path).get("sha256") == sha else f"{INFO} is not of sha256 {sha[:12]}…"

@@ -103,6 +103,7 @@ def dequantize(data: np.ndarray, qtype: Any, reference: Any = None, threads: int
     into rows of many rows each (a quantised row is whole blocks, decoded one by one), decoded in rounds of
     :data:`GROUP_VALUES` values, ``threads`` rounds at a time (default: torch's thread count)."""
     import gguf
+    import torch
 
     reference = reference or gguf.dequantize
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -121,17 +122,11 @@ def dequantize(data: np.ndarray, qtype: Any, reference: Any = None, threads: int
         if b > a:
             out[a:b] = reference(rows[a:b].reshape(-1, per * rows.shape[1]), qtype).reshape(b - a, values_per_row)
 
-    with ThreadPoolExecutor(max(1, threads or _threads())) as pool:
+    with ThreadPoolExecutor(max(1, threads or torch.get_num_threads())) as pool:
         list(pool.map(run, chunks))
     if cut < n:
         out[cut:] = reference(rows[cut:], qtype)
     return out.reshape(*data.shape[:-1], values_per_row)
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 _PATCH = threading.Lock()

@@ -294,13 +294,6 @@ def _search(s: dict[str, Any]) -> str:
                    if len(trials) else "")
 
 
-def _warnings(statuses: Sequence[dict[str, Any]]) -> str:
-    ws = list(dict.fromkeys(w for s in statuses for w in (s.get("warnings") or [])))
-    if not ws:
-        return ""
-    return "<ul>" + "".join(f"<li>{esc(w)}</li>" for w in ws) + "</ul>"
-
-
 def render(directory: Path) -> str:
     """The page's HTML."""
     from cprobe.report.environment import cprobe_version
@@ -353,9 +346,9 @@ def render(directory: Path) -> str:
     sections.append(("config", "Config", _config(d, job)))
     sections.append(("environment", "Environment", _environment(d, jobs[:50])))
     sections.append(("timings", "Timings", _timings(d, status)))
-    w = _warnings(statuses)
-    if w:
-        sections.append(("warnings", "Warnings", w))
+    warned = list(dict.fromkeys(w for s in statuses for w in (s.get("warnings") or [])))
+    if warned:
+        sections.append(("warnings", "Warnings", "<ul>" + "".join(f"<li>{esc(w)}</li>" for w in warned) + "</ul>"))
     nav = "".join(f'<a href="#{a}">{esc(t)}</a>' for a, t, _ in sections)
     body = "".join(f'<section id="{a}"><h2>{esc(t)}</h2>{content}</section>' for a, t, content in sections)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

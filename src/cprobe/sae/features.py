@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from cprobe.sae.dictionary import SAE
@@ -43,10 +42,3 @@ class SAELatents:
 
     def inverse(self, features: Tensor, error: Tensor) -> Tensor:
         return features @ self._rows(features) + error
-
-
-def latent_mask(latents: Tensor, d_sae: int) -> Tensor:
-    """A (d_sae,) bool mask of ``latents``."""
-    mask = torch.zeros(d_sae, dtype=torch.bool)
-    mask[latents.long().cpu()] = True
-    return mask

@@ -177,7 +177,9 @@ def run(ctx: JobContext, config: Config) -> TaskResult:
             rows += _error_rows(common, name, dist, pf, icace_error(res.true, est, dist))
         for m in extra:  # the config's outside metrics, per pair as ICaCE-Error is
             rows += _error_rows(common, name, "", pf, effect_values(m, res.true, est), kind="metric", metric=m.name)
-        rows += _explainer_info(common, name, res.explainers[name])
+        info = {**common, "kind": "explainer", "explainer": name, "aspect": "all", "direction": "all", "n": 0}
+        rows += [{**info, **({"aspect": concept} if concept else {}), "metric": metric, "value": value}
+                 for metric, concept, value in diagnostics(res.explainers[name])]
     table = finite_table(rows, ("explainer", "distance", "aspect", "direction", "split", "metric"))
     table["method_source"] = explainer_sources(table["explainer"])
     return TaskResult(table, res.per_pair)
@@ -240,12 +242,6 @@ def _error_rows(common: dict, name: str, dist: str, pf: pd.DataFrame, err: np.nd
         for d, gd in g.groupby("direction", sort=True):
             out.append({**base, "aspect": a, "direction": d, "value": float(gd["err"].mean()), "n": len(gd)})
     return out
-
-
-def _explainer_info(common: dict, name: str, ex: Any) -> list[dict]:
-    base = {**common, "kind": "explainer", "explainer": name, "aspect": "all", "direction": "all", "n": 0}
-    return [{**base, **({"aspect": concept} if concept else {}), "metric": metric, "value": value}
-            for metric, concept, value in diagnostics(ex)]
 
 
 # ----------------------------------------------------------------------------------------------- report

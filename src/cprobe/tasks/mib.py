@@ -141,12 +141,6 @@ def validate(job: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- the job
-def _sites(task: Any, config: Config, layers: Sequence[int]) -> list[Any]:
-    from cprobe.models.sites import Site
-
-    return [Site(l, task.position(p)) for p in config.positions.get(task.key, task.positions) for l in layers]
-
-
 def _fits(adapter: Any, P: Any, config: Config, sites: Sequence[Any], seed: int, device: Any) -> dict[str, list]:
     """Every method's fits per variable (declared capabilities decide how each is fitted)."""
     from cprobe.tasks.mib_engine import fit_states, fit_through
@@ -181,9 +175,10 @@ def _controls(fits: Mapping[str, list], config: Config, d: int, seed: int) -> di
 def _task_rows(ctx: JobContext, adapter: Any, task: Any, config: Config, layers: Sequence[int], seed: int
                ) -> list[dict[str, Any]]:
     """One task's accuracy row, and its cells and summaries where the model can do it."""
+    from cprobe.models.sites import Site
     from cprobe.tasks.mib_engine import prompts, score
 
-    sites = _sites(task, config, layers)
+    sites = [Site(l, task.position(p)) for p in config.positions.get(task.key, task.positions) for l in layers]
     kinds = config.counterfactuals.get(task.key, task.kinds)
     P = prompts(adapter, task, kinds, sites, config.n_train, config.n_test, seed, ctx.progress, filter=config.filter)
     scored = P.accuracy >= config.min_accuracy
