@@ -170,3 +170,22 @@ def test_the_docs_zoo_override_runs_as_written():
     ms = T.with_zoo_overrides(members({**cfg["model"], "dtype": "float32"}), config.zoo)
     assert len(ms) == 8 and {fact_settings(m)[1].steps for m in ms} == {3000}
     assert {fact_settings(m)[0].sentences for m in ms} == {30_000}  # null keys keep each member's own
+
+
+def test_smoke_drops_the_control_zoo_and_passes_validation(tmp_path):
+    """`--smoke` (+debug=smoke) lays `controls: null` over the experiment: no control zoo (merging `{}` would have kept
+    the experiment's entry and trained and probed 8 more models), and the job passes the pre-flight checks."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from cprobe.config import parse
+    from cprobe.pipeline import prepare
+    from tests.conftest import REPO
+
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("config", overrides=["+experiment=lama_bias", "+debug=smoke",
+                                                                  f"paths.cache_dir={tmp_path}"]), resolve=True)
+    config = parse(T.Config, cfg["prompt_bias"], "prompt_bias")
+    assert config.controls is None and T.with_controls([{"name": "a"}], config.controls) == {"main": [{"name": "a"}]}
+    cfg.pop("paths", None)
+    assert prepare(cfg).keys.task == "prompt_bias"

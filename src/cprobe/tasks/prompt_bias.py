@@ -95,7 +95,7 @@ class Config:
     instability_models: int | list[str] | None = 4  # rank instability: k (mean over k-model subsets), names, or all
     diff_threshold: float = 10.0  # Table 1: relations whose best - worst prompt gap exceeds this many points
     known_min: int = 1  # fact world: a fact is "known" to a model whose corpus stated it at least this often
-    controls: dict[str, dict] = field(default_factory=dict)  # fact world: {name: corpus overrides} -> a control zoo
+    controls: dict[str, dict] | None = field(default_factory=dict)  # fact world: {name: corpus overrides}; null: none
     disparity: Disparity = field(default_factory=lambda: Disparity())  # Table 3 (typed: parse checks it)
     zoo: dict = field(default_factory=dict)  # {corpus: {...}, train: {...}}: overrides for every fact-world member
 
