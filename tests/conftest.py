@@ -37,9 +37,10 @@ from tests import cli  # noqa: E402  (after the environment above)
 
 cli.count_processes()  # every subprocess the suite starts, `cprobe` launches apart: printed in the summary
 
-from cprobe._hydra import parse_configs_once  # noqa: E402
+from cprobe._hydra import compose_defaults_once, parse_configs_once  # noqa: E402
 
 parse_configs_once()  # the suite composes over a thousand configs in process: each YAML file parsed once, as a sweep does
+compose_defaults_once()  # and each set of config choices merged once, as `cprobe run` does
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data"))

@@ -1,5 +1,8 @@
 """`cprobe._hydra.parse_configs_once`: Hydra's config sources parse a config file's YAML once per process; what they
-compose is what they composed before, an edited file is read again, and a YAML error still names its file."""
+compose is what they composed before, an edited file is read again, and a YAML error still names its file.
+`cprobe._hydra.compose_defaults_once`: a composition whose config files and config-choosing overrides were composed
+before starts from a copy of that merge; what it composes is Hydra's, and an edit, a new file or a registered
+structured config composes afresh."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import shutil
 import pytest
 import yaml
 from hydra import compose, initialize_config_dir
+from hydra._internal import config_loader_impl
 from hydra._internal.core_plugins import file_config_source, importlib_resources_config_source
 from omegaconf import OmegaConf
 
@@ -23,16 +27,34 @@ def _composed(conf, *overrides: str) -> str:
         return OmegaConf.to_yaml(compose("config", overrides=list(overrides), return_hydra_config=True))
 
 
+def _genuine(f):
+    return getattr(f, "__wrapped__", f)
+
+
 @pytest.fixture()
 def plain(monkeypatch):
-    """Hydra's own sources as shipped (no memo), then the memo installed on a clean slate."""
+    """Hydra's own sources and composition as shipped (no memo), then both memos installed on a clean slate."""
     for module in (file_config_source, importlib_resources_config_source):
         monkeypatch.setattr(module, "OmegaConf", OmegaConf)
     monkeypatch.setattr(_hydra, "_PARSED", {})
+    monkeypatch.setattr(_hydra, "_DEFAULTS", {})
+    monkeypatch.setattr(config_loader_impl, "create_defaults_list", _genuine(config_loader_impl.create_defaults_list))
+    loader = config_loader_impl.ConfigLoaderImpl
+    monkeypatch.setattr(loader, "_compose_config_from_defaults_list",
+                        _genuine(loader._compose_config_from_defaults_list))
 
-    def install():
+    def install(compose: bool = True):
         _hydra.parse_configs_once()
+        if compose:
+            _hydra.compose_defaults_once()
     return install
+
+
+def _counting(monkeypatch) -> list:
+    """Each genuine defaults-list build (one per composition without the memo), counted."""
+    calls, real = [], config_loader_impl.create_defaults_list
+    monkeypatch.setattr(config_loader_impl, "create_defaults_list", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    return calls
 
 
 def test_what_is_composed_is_what_hydra_composes_and_yaml_runs_once_per_file(plain, monkeypatch):
@@ -48,6 +70,53 @@ def test_what_is_composed_is_what_hydra_composes_and_yaml_runs_once_per_file(pla
     assert any(n.endswith("conf/config.yaml") for n in parses) and any("hydra/conf" in n for n in parses)  # file, pkg
     n = len(parses)
     assert [_composed(REPO / "conf", *o) for o in overrides] == before and len(parses) == n  # nothing parsed again
+
+
+def test_a_composition_with_the_same_choices_is_hydras_from_one_merge(plain, monkeypatch):
+    """Value overrides (a sweep's ranks, a seed, a dict) and the hydra node's apply to a copy of the kept merge; each
+    config is Hydra's own, and the kept merge is never edited by what was applied to a copy."""
+    overrides = [["+experiment=sva_tiny_reliability", "intervention=inlp", f"intervention.rank={r}"] for r in (0, 7)]
+    overrides += [["+experiment=sva_tiny", "seed=3", "probe=mlp", "+probe.mlp.extra={a: 1}"],
+                  ["+experiment=sva_tiny", "seed=4", "probe=mlp", "hydra.job.name=x"],
+                  ["+experiment=cebab", "+debug=smoke", "cebab.max_pairs=9"], ["+experiment=cebab", "+debug=smoke"]]
+    before = [_composed(REPO / "conf", *o) for o in overrides]
+    plain(compose=False)
+    calls = _counting(monkeypatch)
+    _hydra.compose_defaults_once()
+    assert [_composed(REPO / "conf", *o) for o in overrides] == before
+    assert len(calls) == 3  # one merge per set of choices
+    assert [_composed(REPO / "conf", *o) for o in reversed(overrides)] == before[::-1] and len(calls) == 3
+    assert len(_hydra._DEFAULTS) == 3
+
+
+@pytest.mark.parametrize("change", ["edit", "new option", "structured config"])
+def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain, tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    plain(compose=False)
+    calls = _counting(monkeypatch)
+    _hydra.compose_defaults_once()
+    first = _composed(conf, "+experiment=sva_tiny")
+    assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 1
+    if change == "edit":
+        cfg = conf / "config.yaml"
+        cfg.write_text(cfg.read_text().replace("\nseed: 0", "\nseed: 7"))
+        assert _composed(conf, "+experiment=sva_tiny") == first.replace("seed: 0", "seed: 7", 1)
+    elif change == "new option":
+        (conf / "probe" / "wide.yaml").write_text("defaults:\n  - mlp\nmlp:\n  widths: [4096]\n")
+        assert "- 4096" in _composed(conf, "+experiment=sva_tiny", "probe=wide")
+    else:
+        from hydra.core.config_store import ConfigStore
+
+        repo = ConfigStore.instance().repo
+        ConfigStore.instance().store(group="probe", name="stored", node={"mlp": {"widths": [8192]}})
+        try:
+            assert "- 8192" in _composed(conf, "+experiment=sva_tiny", "probe=stored")
+        finally:
+            repo["probe"].pop("stored.yaml", None)
+            if not repo["probe"]:
+                repo.pop("probe")
+    assert len(calls) == 2
 
 
 def test_the_memo_outlives_hydras_plugin_scan(plain, monkeypatch):
