@@ -61,6 +61,25 @@ def test_sigterm_inside_a_job_is_an_interrupt_and_the_handler_is_restored():
     assert issubclass(Terminated, KeyboardInterrupt)  # every `except KeyboardInterrupt` path handles it
 
 
+def test_sigterm_during_a_finaliser_still_ends_the_job():
+    """Python prints and drops an exception raised inside ``__del__`` (a garbage collection can run one anywhere):
+    a SIGTERM that lands there is taken again once the finaliser is over, not lost (the suite saw a job run on)."""
+    import signal
+    import time
+
+    from cprobe.errors import Terminated
+    from cprobe.pipeline import sigterm_as_interrupt
+
+    class Finalised:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(1000))  # the handler runs here, inside the finaliser
+
+    with pytest.raises(Terminated), sigterm_as_interrupt():
+        Finalised()
+        time.sleep(5)  # the signal comes again here
+
+
 def _composed():
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
