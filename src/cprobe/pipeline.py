@@ -339,6 +339,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        while frame is not None:  # an exception out of a finaliser is printed and dropped (seen: the job ran on)
+            if frame.f_code.co_name == "__del__":
+                threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()  # so the signal comes again after it
+                return
+            frame = frame.f_back
         raise Terminated(f"terminated by signal {signum} (SIGTERM)")
 
     previous = signal.signal(signal.SIGTERM, handler)
