@@ -88,3 +88,9 @@ def test_bench_shared_prints_each_setting_against_the_best_fixed_one_and_torch_s
                  "default", "0 busy, R-LACE fit, fits/s: cprobe / torch default",
                  "1 busy, DAS step, steps/s: cprobe free / best fixed"):
         assert line in out, out
+
+
+def test_bench_compose_prints_each_memo_against_hydras_own_composition():
+    out = _run("scripts/bench_compose.py", "--n", "2")
+    rows = [line for line in out.splitlines() if line.startswith(("sweep point", "probing run", "cebab smoke"))]
+    assert len(rows) == 3 and all(r.endswith("x") for r in rows), out
