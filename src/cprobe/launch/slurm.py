@@ -315,7 +315,9 @@ def _follow(sweep_dir: Path, jobs: Sequence[str], tasks: Mapping[str, Sequence[s
                 slurmctl.warn_once(f"the scheduler did not answer ({e}); trying again in {poll_s:.0f} s")
                 task_states = task_states or {t: slurmctl.TaskState("UNKNOWN-ALIVE") for t in tasks}
             last_query = now
-        st = S.sweep_state(sweep_dir, task_states=_alive_unknown(task_states))
+        st = S.sweep_state(sweep_dir, task_states={
+            k: (slurmctl.TaskState("PENDING", "scheduler not answering") if v.state == "UNKNOWN-ALIVE" else v)
+            for k, v in task_states.items()})
         mine = [p for p in st.points if p.name in names]
         for p in mine:
             if p.state in ("failed", "dead", "interrupted", "not run") and (p.name, p.state) not in reported:
@@ -341,11 +343,6 @@ def _follow(sweep_dir: Path, jobs: Sequence[str], tasks: Mapping[str, Sequence[s
             log.info("sweep ended after %s: %d of %d point(s) done", _elapsed(time.time() - t0), done, len(mine))
             return st
         time.sleep(FILE_POLL_S)
-
-
-def _alive_unknown(task_states: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (slurmctl.TaskState("PENDING", "scheduler not answering") if v.state == "UNKNOWN-ALIVE" else v)
-            for k, v in task_states.items()}
 
 
 def _progress(points: Sequence[S.PointState]) -> str:
