@@ -67,11 +67,6 @@ class GridSearchProbe(Probe):
             raise DataError(f"{n} rows are too few to hold out a validation split")
         return n_val
 
-    def _split(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        n_val = self._n_val(len(X))
-        perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
-        return X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
-
     def _pass(self, module: nn.Module, opt: torch.optim.Optimizer, X: Tensor, y: Tensor, gen: torch.Generator) -> None:
         """One pass of mini-batch Adam on cross-entropy over (X, y), in an order drawn from ``gen``."""
         for idx in torch.randperm(len(X), generator=gen).to(X.device).split(self.batch_size):
@@ -116,7 +111,9 @@ class GridSearchProbe(Probe):
         device = torch.device(self.device) if self.device else X.device
         X, y = X.to(device=device, dtype=torch.float32), y.to(device=device, dtype=torch.long)
         if X_val is None:
-            X, y, X_val, y_val = self._split(X, y)
+            n_val = self._n_val(len(X))
+            perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
+            X, y, X_val, y_val = X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
         else:
             X_val = X_val.to(device=device, dtype=torch.float32)
             y_val = y_val.to(device=device, dtype=torch.long)  # type: ignore[union-attr]
