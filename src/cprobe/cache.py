@@ -509,11 +509,6 @@ def owned(kind: CacheKind, p: Path) -> bool:
     return written_tensors(p) or (p.name in kind.files and read_json(p) is not None)
 
 
-def _lock(p: Path) -> bool:
-    """A lock beside an entry (``<entry>.lock``, empty): kept by ``cache clear``, a running job may hold it."""
-    return p.name.endswith(".lock") and p.is_file() and not p.is_symlink() and p.stat().st_size == 0
-
-
 def _leftover(p: Path) -> bool:
     """The temporary of a killed write or build (``….cprobe-tmp``), or a killed builder's ``<entry>.lock.owner``."""
     return p.name.endswith(TMP_SUFFIX) or (p.name.endswith(".lock.owner") and p.is_file() and not p.is_symlink()
@@ -559,7 +554,8 @@ def clear_cache(root: Path, what: str = "all") -> tuple[int, list[Path]]:
         if not base.is_dir():
             continue
         for child in sorted(base.iterdir()):
-            if _lock(child):
+            # a lock beside an entry (``<entry>.lock``, empty) is kept: a running job may hold it
+            if child.name.endswith(".lock") and child.is_file() and not child.is_symlink() and not child.stat().st_size:
                 continue
             if _leftover(child):
                 remove(child)

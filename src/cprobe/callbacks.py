@@ -65,10 +65,6 @@ def _check_target(d: Path, setting: str) -> None:
         raise JobAborted(e) from None
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("'", "\\'") + "'"
-
-
 SLURM_LAUNCHER = "hydra_plugins.cprobe_launcher.slurm_launcher.SlurmLauncher"
 
 
@@ -85,7 +81,7 @@ def claim_sweep_dir(config: Any) -> Made:
         with read_write(config.hydra):
             config.hydra.sweep.dir = claimed
             # each job's config is composed again from these overrides: pin the claimed directory there
-            config.hydra.overrides.hydra.append(f"hydra.sweep.dir={_quote(claimed)}")
+            config.hydra.overrides.hydra.append("hydra.sweep.dir='" + claimed.replace("'", "\\'") + "'")
         ownership.link_latest(made)
     else:
         made = ownership.record(sweep_dir)  # the launcher creates it

@@ -108,11 +108,6 @@ def _sha256(t: torch.Tensor) -> str:
     return hashlib.sha256(_bytes(t)).hexdigest()
 
 
-def tensor_digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """XXH3-128 of each tensor's raw bytes (CPU, contiguous), by name."""
-    return {k: fast_digest(v.detach().cpu().contiguous()) for k, v in tensors.items()}
-
-
 _ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
               "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
@@ -145,7 +140,7 @@ def atomic_save_tensors(path: Path, tensors: Mapping[str, torch.Tensor],
                         metadata: Mapping[str, str] | None = None) -> None:
     """A safetensors file with per-tensor checksums in its metadata, written atomically from the tensors' memory."""
     data = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-    meta = {**(metadata or {}), _CHECKSUM_KEY: json.dumps(tensor_digests(data), sort_keys=True)}
+    meta = {**(metadata or {}), _CHECKSUM_KEY: json.dumps({k: fast_digest(v) for k, v in data.items()}, sort_keys=True)}
     head, order = _header(data, meta)
 
     def write(f: Any) -> None:

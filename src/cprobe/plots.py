@@ -81,17 +81,13 @@ def missing_fields(cap: Mapping[str, str] | None) -> list[str]:
     return [f for f in FIELDS if not cap.get(f) or cap[f] not in cap.get("title", "")]
 
 
-def _strict() -> bool:
-    return os.environ.get(STRICT_ENV, "") not in ("", "0")
-
-
 def save(fig, path: Path) -> None:
     """The figure as a PNG at ``path`` (atomically), its caption in the PNG metadata."""
     import matplotlib.pyplot as plt
 
     cap = getattr(fig, "_cprobe_caption", None)  # the caption :func:`caption` gave ``fig`` (None without one)
     missing = missing_fields(cap)
-    if missing and _strict():
+    if missing and os.environ.get(STRICT_ENV, "") not in ("", "0"):
         plt.close(fig)
         raise ValueError(f"figure {Path(path).name} does not name its {missing} in its title: title it with "
                          "cprobe.plots.caption(fig, shows, property=, model=, data=, n=, seed=)")

@@ -241,12 +241,6 @@ def _outside(spec: RecordSpec, column: str) -> str | None:
     return column[len(p):] if p and column.startswith(p) and len(column) > len(p) else None
 
 
-def _n_column(spec: RecordSpec, metric: str) -> str | None:
-    if isinstance(spec.n, Mapping):
-        return spec.n.get(metric, spec.n.get("*"))
-    return spec.n if isinstance(spec.n, str) else None
-
-
 def _text(s: pd.Series) -> pd.Series:
     if s.dtype == object and any(isinstance(v, (float, np.floating)) and not math.isnan(v) for v in s):
         return pd.Series(["" if plain(v) is None else str(plain(v)) for v in s], dtype="str")
@@ -321,7 +315,8 @@ def to_records(table: pd.DataFrame, spec: RecordSpec, study: str, seed: int | No
                     slice_dicts.setdefault(s, parse_cell(s))
                 extended = {s: canonical({**slice_dicts[s], pat[1]: pat[2]}) for s in set(slices)}
                 sl = [extended[s] for s in slices]
-            ncol = _n_column(spec, metric)
+            ncol = (spec.n.get(metric, spec.n.get("*")) if isinstance(spec.n, Mapping)
+                    else spec.n if isinstance(spec.n, str) else None)
             parts.append(base.assign(slice=sl, metric=metric,
                                      value=pd.to_numeric(t[col], errors="coerce").astype("float64"),
                                      n=t[ncol] if ncol in t.columns else None, _row=np.arange(len(t)), _order=order))

@@ -148,13 +148,6 @@ def split_import_path(path: str, what: str) -> tuple[str, str]:
     return module, attr
 
 
-def _launch_dir_on_path() -> None:
-    """Modules named by a config are also looked up in the launch directory (appended: installed packages win)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def _close_modules(missing: str) -> list[str]:
     import pkgutil
 
@@ -166,7 +159,9 @@ def import_module(module: str, what: str) -> Any:
     """Import ``module`` for a config (checked first); one-line errors naming the missing module, with "did you mean"
     candidates, or the exception the module raised while importing."""
     check_module_name(module, what)
-    _launch_dir_on_path()
+    cwd = os.getcwd()  # modules named by a config are also looked up in the launch directory (installed ones win)
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

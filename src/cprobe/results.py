@@ -25,11 +25,6 @@ TIMINGS = "timings"
 VOLATILE = ("probe_source", "method_source")
 
 
-def is_volatile(column: str) -> bool:
-    """A column that records how long something took or where it came from, not what was measured."""
-    return column.endswith("_s") or column in ("seconds", *VOLATILE)
-
-
 def write_table(df: pd.DataFrame, stem: Path, compact: bool = False) -> None:
     """``stem``.csv, .parquet and .md: all rendered first, then each replaced atomically, so a failure
     leaves the previous tables (or none), never a half-written one. ``compact``: the Markdown is
@@ -78,7 +73,7 @@ def compact_markdown(df: pd.DataFrame) -> str:
 
 def split_volatile(table: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(metrics, timings): the timing/provenance columns apart, each with the row index as ``row``."""
-    vol = [c for c in table.columns if is_volatile(c)]
+    vol = [c for c in table.columns if c.endswith("_s") or c in ("seconds", *VOLATILE)]
     metrics = table.drop(columns=vol)
     for c in metrics.columns:  # float64 everywhere: float32 prints 0.635 as 0.6349999904632568
         if pd.api.types.is_float_dtype(metrics[c]):

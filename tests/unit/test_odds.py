@@ -7,16 +7,22 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch import Tensor
 
 from cprobe.metrics.odds import (
     avg_odds,
     iia,
-    label_logprobs,
     log_odds_ratio,
     overall_odds,
     control_selectivity,
     task_accuracy,
 )
+
+
+def label_logprobs(logits: Tensor, y_base: Tensor, y_source: Tensor) -> tuple[Tensor, Tensor]:
+    """``(log p(y_b), log p(y_s))`` per row from next-token logits or log-probs (n, V)."""
+    logp = torch.log_softmax(logits.float(), -1)
+    return logp.gather(1, y_base[:, None]).squeeze(1), logp.gather(1, y_source[:, None]).squeeze(1)
 
 
 def test_hand_computed_odds_ratio_from_distributions() -> None:

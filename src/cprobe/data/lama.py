@@ -160,13 +160,6 @@ def lama_root(keys: LamaKeys, root: Path) -> Path:
     return path if path.is_absolute() or path.exists() else Path(root) / path
 
 
-def check_lama_keys(keys: LamaKeys) -> None:
-    if keys.max_mentions < 1:
-        raise ConfigError(f"dataset.max_mentions must be >= 1, got {keys.max_mentions}")
-    if keys.min_prompts < 1:
-        raise ConfigError(f"dataset.min_prompts must be >= 1, got {keys.min_prompts}")
-
-
 _LINE = "\x00line"  # each row's line number, under a key no JSON file of this layout uses
 
 
@@ -189,7 +182,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def read_relations(keys: LamaKeys, root: Path) -> list[dict[str, Any]]:
     """The relation records (checked: a directory, a relations file, ids, templates) — cheap, for validation."""
-    check_lama_keys(keys)
+    if keys.max_mentions < 1:
+        raise ConfigError(f"dataset.max_mentions must be >= 1, got {keys.max_mentions}")
+    if keys.min_prompts < 1:
+        raise ConfigError(f"dataset.min_prompts must be >= 1, got {keys.min_prompts}")
     base = lama_root(keys, root)
     if not base.is_dir():
         raise DataError(f"LAMA directory {base} not found: set dataset.path (see `cprobe data` and docs/prompt_bias.md)")

@@ -54,10 +54,6 @@ _SQUARE_SCHEDULE = (
 )
 
 
-def _neg_ce(logits: Tensor, target: Tensor) -> Tensor:
-    return -targeted_ce(logits, target)
-
-
 def targeted_dlr(logits: Tensor, target: Tensor) -> Tensor:
     """Targeted DLR objective (to maximise); the plain margin when k < 4 (see module doc)."""
     margin = target_margin(logits, target)
@@ -101,7 +97,7 @@ class AutoAttack(GradientIntervention):
 
     def _attack(self, module: nn.Module, h: Tensor, target: Tensor, gen: torch.Generator) -> Tensor:
         run: dict[str, Callable[[nn.Module, Tensor, Tensor, torch.Generator], Tensor]] = {
-            "apgd-ce": lambda m, x, t, g: self._apgd(m, x, t, g, _neg_ce),
+            "apgd-ce": lambda m, x, t, g: self._apgd(m, x, t, g, lambda lg, tg: -targeted_ce(lg, tg)),
             "apgd-t": lambda m, x, t, g: self._apgd(m, x, t, g, targeted_dlr),
             "fab-t": self._fab,
             "square": self._square,

@@ -89,17 +89,12 @@ def pick_partition(name: str | None, parts: Mapping[str, Partition]) -> Partitio
     return p
 
 
-def wants_gpu(devices: Iterable[str]) -> tuple[bool, bool]:
-    """(some job needs CUDA, some job would use a GPU if it had one) for the jobs' devices."""
-    devs = [str(d) for d in devices]
-    return any(d.startswith("cuda") for d in devs), any(d == "auto" for d in devs)
-
-
 def resolve(params: Mapping[str, Any], devices: Iterable[str], parts: Mapping[str, Partition]) -> Request:
     """The task request for a sweep whose jobs run on ``devices``; ConfigError, in one line, when the partition
     cannot satisfy it."""
     p = pick_partition(params.get("partition"), parts)
-    need_cuda, maybe = wants_gpu(devices)
+    devs = [str(d) for d in devices]  # some job needs CUDA; some job would use a GPU if it had one
+    need_cuda, maybe = any(d.startswith("cuda") for d in devs), any(d == "auto" for d in devs)
     g = params.get("gpus_per_node")
     if _is_auto(g):
         gpus = 1 if need_cuda or (maybe and p.gpus > 0) else 0

@@ -64,10 +64,6 @@ def _text(params: Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"hydra.launcher.{key}={v!r} must be a non-empty string (or null)")
 
 
-def _flag(key: Any) -> str:
-    return str(key).strip().lstrip("-").replace("_", "-").lower()
-
-
 def check_additional(extra: Any, max_requeues: int) -> dict[str, Any]:
     """``additional_parameters`` as ``{sbatch flag: value}``; ConfigError for a flag cprobe sets itself."""
     if extra is None:
@@ -75,7 +71,7 @@ def check_additional(extra: Any, max_requeues: int) -> dict[str, Any]:
     if not isinstance(extra, Mapping):
         raise ConfigError(f"hydra.launcher.additional_parameters={extra!r} must be a mapping of sbatch flags to "
                           "values, e.g. {mail-type: END}")
-    out = {_flag(k): v for k, v in extra.items()}
+    out = {str(k).strip().lstrip("-").replace("_", "-").lower(): v for k, v in extra.items()}
     for flag, value in out.items():
         where = f"hydra.launcher.additional_parameters.{flag}"
         if flag in RESERVED_FLAGS:

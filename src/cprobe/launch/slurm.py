@@ -139,7 +139,10 @@ class Driver:
         if not todo:
             return returns
         if detach_requested(self.params):
-            self._print_detached(sweep_dir, job_id, len(todo))
+            print(f"detached: {len(todo)} point(s) submitted as SLURM job {job_id}\n"
+                  f"sweep dir: {sweep_dir}\n"
+                  f"follow it with `cprobe status {sweep_dir}`, aggregate with `cprobe collect {sweep_dir}` "
+                  f"(`--partial` while some are not done), cancel with `scancel {job_id}`", flush=True)
             return returns
         self.follow(sweep_dir, job_id, tasks, [p.name for p in todo])
         return returns
@@ -284,12 +287,6 @@ class Driver:
                  len(todo), job_id, len(packs), k, req.describe(), sweep_dir)
         return job_id, tasks
 
-    def _print_detached(self, sweep_dir: Path, job_id: str, n: int) -> None:
-        print(f"detached: {n} point(s) submitted as SLURM job {job_id}\n"
-              f"sweep dir: {sweep_dir}\n"
-              f"follow it with `cprobe status {sweep_dir}`, aggregate with `cprobe collect {sweep_dir}` "
-              f"(`--partial` while some are not done), cancel with `scancel {job_id}`", flush=True)
-
     # ------------------------------------------------------------------------------------------ follow
     def follow(self, sweep_dir: Path, job_id: str, tasks: Mapping[str, Sequence[str]], names: Sequence[str]) -> None:
         """Follow the submitted points until nothing more can happen to them."""
@@ -315,7 +312,9 @@ def _follow(sweep_dir: Path, jobs: Sequence[str], tasks: Mapping[str, Sequence[s
                 slurmctl.warn_once(f"the scheduler did not answer ({e}); trying again in {poll_s:.0f} s")
                 task_states = task_states or {t: slurmctl.TaskState("UNKNOWN-ALIVE") for t in tasks}
             last_query = now
-        st = S.sweep_state(sweep_dir, task_states=_alive_unknown(task_states))
+        st = S.sweep_state(sweep_dir, task_states={
+            k: (slurmctl.TaskState("PENDING", "scheduler not answering") if v.state == "UNKNOWN-ALIVE" else v)
+            for k, v in task_states.items()})
         mine = [p for p in st.points if p.name in names]
         for p in mine:
             if p.state in ("failed", "dead", "interrupted", "not run") and (p.name, p.state) not in reported:
@@ -341,11 +340,6 @@ def _follow(sweep_dir: Path, jobs: Sequence[str], tasks: Mapping[str, Sequence[s
             log.info("sweep ended after %s: %d of %d point(s) done", _elapsed(time.time() - t0), done, len(mine))
             return st
         time.sleep(FILE_POLL_S)
-
-
-def _alive_unknown(task_states: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (slurmctl.TaskState("PENDING", "scheduler not answering") if v.state == "UNKNOWN-ALIVE" else v)
-            for k, v in task_states.items()}
 
 
 def _progress(points: Sequence[S.PointState]) -> str:
@@ -395,13 +389,6 @@ def _select(config: Any, key: str, default: Any) -> Any:
 
 
 # ================================================================================================ array task
-def _task_id() -> str:
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
-
-
 def task_setup(setup: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
     """The array task's setup lines: the driver's OpenMP wait policy first (it must be in the environment before the
     task's Python loads torch, and a cluster may not export the submitter's environment), then the user's."""
@@ -436,7 +423,8 @@ class PackRunner:
 
         t_call = time.time()
         sweep_dir = Path(self.sweep_dir)
-        task = _task_id()
+        array, index = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        task = f"{array}_{index}" if array and index else os.environ.get("SLURM_JOB_ID", f"local-{os.getpid()}")
         attempt = S.attempt_id(self.token, task)
         os.environ[ATTEMPT_ENV] = attempt  # every status.json this task's jobs write says so
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)

@@ -24,12 +24,6 @@ from numpy.typing import ArrayLike
 from torch import Tensor
 
 
-def label_logprobs(logits: Tensor, y_base: Tensor, y_source: Tensor) -> tuple[Tensor, Tensor]:
-    """``(log p(y_b), log p(y_s))`` per row from next-token logits or log-probs (n, V)."""
-    logp = torch.log_softmax(logits.float(), -1)
-    return logp.gather(1, y_base[:, None]).squeeze(1), logp.gather(1, y_source[:, None]).squeeze(1)
-
-
 def log_odds_ratio(base_yb: Tensor, base_ys: Tensor, int_yb: Tensor, int_ys: Tensor) -> Tensor:
     """Per-item log odds-ratio from the four label log-probs (clean b; intervened b←s)."""
     return (base_yb - base_ys) + (int_ys - int_yb)

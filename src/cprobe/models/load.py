@@ -280,13 +280,6 @@ def peek_n_layers(cfg: Mapping[str, Any], cache_root: Path, data_root: Path | No
     return peek(mc) if peek else None
 
 
-def _layers_of(config: Mapping[str, Any]) -> int | None:
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        if key in config:
-            return int(config[key])
-    return None
-
-
 def resolve_path(cfg: Mapping[str, Any], cache_root: Path, progress: bool = True,
                  data_root: Path | None = None) -> str:
     """The hub id or local directory to pass to ``from_pretrained``."""
@@ -339,7 +332,8 @@ def _peek_files(mc: ModelConfig) -> int | None:
     if path is not None:
         _check_local_dir(mc, path)
         try:
-            return _layers_of(json.loads((path / "config.json").read_text()))
+            config = json.loads((path / "config.json").read_text())
+            return next((int(config[k]) for k in ("num_hidden_layers", "n_layer", "num_layers") if k in config), None)
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"model {mc.name!r}: cannot read {path / 'config.json'} ({e})") from None
     from transformers import AutoConfig

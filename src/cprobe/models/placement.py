@@ -115,13 +115,6 @@ def allowed_gpus(device: str) -> list[int] | None:
     return None
 
 
-def _gpus(mc: Any) -> set[int]:
-    dm = mc.device_map
-    named = {map_device(v, "") for v in dm.values()} if isinstance(dm, Mapping) else set()
-    named |= {_memory_key(k, "") for k in (mc.max_memory or {})}
-    return {d for d in named if isinstance(d, int)}
-
-
 def check_placement_for(mc: Any, device: str) -> None:
     """The map against the job's device (``model.device``, or the job's ``device`` when the model's is ``auto``) and
     this machine: accelerate installed, every GPU the map names visible and allowed. One line, before heavy work."""
@@ -129,7 +122,10 @@ def check_placement_for(mc: Any, device: str) -> None:
         return
     if not accelerate_available():
         raise ConfigError(f"model.device_map needs Hugging Face accelerate; install it with `{INSTALL}`")
-    gpus = _gpus(mc)
+    dm = mc.device_map
+    named = {map_device(v, "") for v in dm.values()} if isinstance(dm, Mapping) else set()
+    named |= {_memory_key(k, "") for k in (mc.max_memory or {})}
+    gpus = {d for d in named if isinstance(d, int)}
     allowed = allowed_gpus(device)
     if allowed is not None and gpus - set(allowed):
         what = "the job computes on the CPU (device=cpu / compute=cpu)" if not allowed else f"device={device}"

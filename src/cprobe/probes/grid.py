@@ -31,17 +31,6 @@ def check_grid_axis(name: str, values: Sequence[Any], positive: bool = True) -> 
     return values
 
 
-def check_training_args(epochs: int, batch_size: int, weight_decay: float, val_fraction: float) -> None:
-    if epochs < 1:
-        raise ConfigError(f"epochs must be >= 1, got {epochs}")
-    if batch_size < 1:
-        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if weight_decay < 0:
-        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not 0 < val_fraction < 1:
-        raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
-
-
 class GridSearchProbe(Probe):
     """Fits one module per grid point and keeps the best by validation accuracy (lower validation loss on ties).
 
@@ -52,7 +41,14 @@ class GridSearchProbe(Probe):
 
     def __init__(self, epochs: int, batch_size: int, weight_decay: float, val_fraction: float, seed: int,
                  device: str | None) -> None:
-        check_training_args(epochs, batch_size, weight_decay, val_fraction)
+        if epochs < 1:
+            raise ConfigError(f"epochs must be >= 1, got {epochs}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if weight_decay < 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
+        if not 0 < val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {val_fraction}")
         self.epochs, self.batch_size, self.weight_decay = epochs, batch_size, weight_decay
         self.val_fraction, self.seed, self.device = val_fraction, seed, device
 
@@ -70,11 +66,6 @@ class GridSearchProbe(Probe):
         if n_val >= n:
             raise DataError(f"{n} rows are too few to hold out a validation split")
         return n_val
-
-    def _split(self, X: Tensor, y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        n_val = self._n_val(len(X))
-        perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
-        return X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
 
     def _pass(self, module: nn.Module, opt: torch.optim.Optimizer, X: Tensor, y: Tensor, gen: torch.Generator) -> None:
         """One pass of mini-batch Adam on cross-entropy over (X, y), in an order drawn from ``gen``."""
@@ -120,7 +111,9 @@ class GridSearchProbe(Probe):
         device = torch.device(self.device) if self.device else X.device
         X, y = X.to(device=device, dtype=torch.float32), y.to(device=device, dtype=torch.long)
         if X_val is None:
-            X, y, X_val, y_val = self._split(X, y)
+            n_val = self._n_val(len(X))
+            perm = torch.randperm(len(X), generator=torch.Generator().manual_seed(self.seed)).to(X.device)
+            X, y, X_val, y_val = X[perm[n_val:]], y[perm[n_val:]], X[perm[:n_val]], y[perm[:n_val]]
         else:
             X_val = X_val.to(device=device, dtype=torch.float32)
             y_val = y_val.to(device=device, dtype=torch.long)  # type: ignore[union-attr]

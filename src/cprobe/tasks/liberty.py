@@ -288,12 +288,6 @@ def _wide(s: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
                              sort=False).reset_index()
 
 
-def global_of_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Table 16: rows explainers, one column per (SCM, model), cells the mean global OF (over seeds)."""
-    g = summarise(table, "global_of", [*GROUP, "explainer"])
-    return g if g.empty else _wide(g, g["mean"].round(3))
-
-
 def local_table(table: pd.DataFrame) -> pd.DataFrame:
     """Tables 1 / 15: rows explainers, one ``ED / OF`` column per (SCM, model), cells ``.ED/.OF`` (means)."""
     ed = summarise(table[table["distance"] == "mean"], "ed", [*GROUP, "explainer"])
@@ -315,7 +309,8 @@ def report(table: pd.DataFrame, out_dir: Any) -> None:
     write_table(summarise(tab, "ed", [*GROUP, "explainer", "distance"]), out_dir / "liberty_ed")
     write_table(summarise(tab, "of", [*GROUP, "explainer"]), out_dir / "liberty_of")
     g = summarise(tab, "global_of", [*GROUP, "explainer"])
-    write_table(global_of_table(tab), out_dir / "liberty_global_of")
+    # Table 16: rows explainers, one column per (SCM, model), cells the mean global OF (over seeds)
+    write_table(g if g.empty else _wide(g, g["mean"].round(3)), out_dir / "liberty_global_of")
     write_table(g, out_dir / "liberty_global_of_long")
     sens = summarise(tab, "sensitivity", [*GROUP, "explainer", "concept"])
     if not sens.empty:

@@ -43,13 +43,6 @@ def interval(reps: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _aggregate_reps(boot: np.ndarray, layers: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The aggregates of every replicate: ``boot`` (S, B)."""
-    layers = np.asarray(layers)
-    per_layer = np.stack([boot[layers == l].max(0) for l in dict.fromkeys(layers.tolist())])  # (L, B)
-    return per_layer.max(0), per_layer.mean(0)
-
-
 def method_rows(task: str, variable: str, method: str, family: str, control: str, fits: Sequence[Any],
                 fit_idx: Sequence[int], res: Any, kinds: np.ndarray, pos_ids: Mapping[str, str], n_boot: int,
                 seed: int) -> list[dict[str, Any]]:
@@ -76,7 +69,9 @@ def method_rows(task: str, variable: str, method: str, family: str, control: str
                      "value": float(mean_point[s]), "n": n, **_ci(mean_boot[s])})
     layers = [f.site.layer for f in fits]
     best, mean, _, at = aggregates(mean_point, layers)
-    rep_best, rep_mean = _aggregate_reps(mean_boot, layers)
+    by_layer = np.asarray(layers)  # the aggregates of every replicate (mean_boot: S, B)
+    per_layer = np.stack([mean_boot[by_layer == l].max(0) for l in dict.fromkeys(by_layer.tolist())])  # (L, B)
+    rep_best, rep_mean = per_layer.max(0), per_layer.mean(0)
     where = {"best_layer": fits[at].site.layer, "best_position": pos_ids.get(fits[at].site.position, ""),
              "k": -1 if fits[at].k is None else fits[at].k}
     for metric, v, reps in (("mib_best", best, rep_best), ("mib_mean", mean, rep_mean)):

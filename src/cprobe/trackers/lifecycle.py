@@ -49,9 +49,6 @@ class LoggerSpec:
     package: str | None = None  # import name
     extra: str | None = None
 
-    def install_hint(self) -> str:
-        return f"pip install 'cprobe[{self.extra}]'"
-
 
 LOGGERS: Registry[LoggerSpec] = Registry("logger")
 for _spec in (
@@ -91,7 +88,7 @@ def check(node: Mapping[str, Any] | None) -> dict[str, Any]:
             continue
         if spec.package and find_spec(spec.package) is None:
             raise ConfigError(f"logger {name!r} needs the {spec.package} package, which is not installed: "
-                              f"{spec.install_hint()}")
+                              f"pip install 'cprobe[{spec.extra}]'")
         out[str(name)] = parse(_tracker_class(spec).Options, options, f"logger.{name}")
     return out
 

@@ -46,10 +46,6 @@ def has_api_key() -> bool:
         return False
 
 
-def _artifact_name(text: str) -> str:
-    return re.sub(r"[^\w\-.]", "_", text)[:120] or "job"
-
-
 class WandbTracker(Tracker):
     name = "wandb"
     Options = Options
@@ -105,7 +101,7 @@ class WandbTracker(Tracker):
 
         if not files:
             return
-        art = wandb.Artifact(_artifact_name(name), type=kind)
+        art = wandb.Artifact(re.sub(r"[^\w\-.]", "_", name)[:120] or "job", type=kind)
         for f in files:
             art.add_file(str(f), name=str(f.relative_to(root)))
         run.log_artifact(art)
