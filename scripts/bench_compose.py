@@ -3,8 +3,8 @@
 Composes each command `--n` times (after one untimed composition) with (a) Hydra as shipped, (b) every YAML text
 parsed once (``cprobe._hydra.parse_configs_once``) and (c) that plus the defaults list and its merge kept per set of
 config choices (``compose_defaults_once``, what ``cprobe run`` installs), and prints ms per composition and the
-ratios. The points of a sweep differ in a value (``intervention.rank``), as the README's INLP sweep's do. Every
-variant's configs are checked equal to Hydra's own before anything is timed.
+ratios. The points of a sweep differ in a value (``intervention.rank``), as the README's INLP sweep's do. It
+exits non-zero if any variant composed a config different from Hydra's own.
 
     python scripts/bench_compose.py            # ~30 s
     python scripts/bench_compose.py --n 20

@@ -197,9 +197,10 @@ config it composes (:func:`compose_defaults_once`), the last :data:`_DEFAULTS_MA
 _DEFAULTS_MAX = 32
 
 
-def _files_key(repo: Any) -> tuple:
-    """Every config the repository can read, as (source, file, mtime, size), and the structured configs registered:
-    any edit, new file or registration changes it (~2 ms for cprobe's and Hydra's ~200 files)."""
+def _files_key(repo: Any) -> tuple[tuple, list]:
+    """Every config file the repository can read, as (folder, file, inode, mtime, ctime, size), and the structured
+    configs registered (by identity: the nodes are returned, for the entry to hold, so that no id is reused while it
+    lives): any edit, new file or registration changes it (~2 ms for cprobe's and Hydra's ~200 files)."""
     import importlib.resources
     import os
 
@@ -215,14 +216,20 @@ def _files_key(repo: Any) -> tuple:
             except (ImportError, TypeError, ValueError):  # a module gone, or not on a file system: its name only
                 root = None
         for top, _, files in os.walk(root or "", followlinks=True):
-            out += [(top, f, (s := os.stat(os.path.join(top, f))).st_mtime_ns, s.st_size) for f in sorted(files)]
+            for f in sorted(f for f in files if f.endswith((".yaml", ".yml"))):
+                try:
+                    s = os.stat(os.path.join(top, f))
+                    out.append((top, f, s.st_ino, s.st_mtime_ns, s.st_ctime_ns, s.st_size))
+                except OSError:  # a dangling link (an editor's lock), a file gone meanwhile
+                    out.append((top, f))
+    nodes: list[Any] = []
 
-    def nodes(d: dict, path: str) -> None:
+    def walk(d: dict, path: str) -> None:
         for k, v in d.items():
-            nodes(v, f"{path}/{k}") if isinstance(v, dict) else out.append((f"{path}/{k}", id(v)))
+            walk(v, f"{path}/{k}") if isinstance(v, dict) else (out.append((f"{path}/{k}", id(v))), nodes.append(v))
 
-    nodes(ConfigStore.instance().repo, "")
-    return tuple(out)
+    walk(ConfigStore.instance().repo, "")
+    return tuple(out), nodes
 
 
 def compose_defaults_once() -> None:
@@ -231,7 +238,12 @@ def compose_defaults_once() -> None:
     runs, mostly differ only in values. Both are kept, keyed by the config files' state (:func:`_files_key`), the
     config name and the overrides that choose configs (``group=option``, ``+group=``, ``~group``); a composition
     with the same key starts from a copy of the merged config and applies its own value overrides, as Hydra does.
-    The configs composed are the same (tests/unit/test_hydra_parse.py)."""
+    The configs composed are the same (tests/unit/test_hydra_parse.py). Not kept: a choice given by interpolation on
+    the command line; a choice interpolated inside a config's ``defaults:`` is read at its key's first composition,
+    and so are Hydra's composition warnings (Python shows each once anyway)."""
+    import os
+
+    from hydra import version
     from hydra._internal import config_loader_impl as loader
     from hydra._internal.defaults_list import DefaultsList
 
@@ -246,9 +258,14 @@ def compose_defaults_once() -> None:
             if not o.is_sweep_override():
                 is_value = isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group)
                 (values if is_value else chooses).append(o)
-        key = (_files_key(repo), config_name, prepend_hydra, skip_missing, tuple(o.input_line for o in chooses))
+        if any("${" in o.input_line for o in chooses):  # a choice interpolated (an environment variable): Hydra's
+            return create(repo, config_name, overrides_list, prepend_hydra, skip_missing)
+        files, nodes = _files_key(repo)
+        key = (files, config_name, prepend_hydra, skip_missing, tuple(o.input_line for o in chooses),
+               version.getbase(), *(os.environ.get(v) for v in ("SELF_WARNING_AS_ERROR",
+                                                                 "HYDRA_DEPRECATION_WARNINGS_AS_ERRORS")))
         if (kept := _DEFAULTS.pop(key, None)) is None:
-            kept = [create(repo, config_name, overrides_list, prepend_hydra, skip_missing), None]
+            kept = [create(repo, config_name, overrides_list, prepend_hydra, skip_missing), None, nodes]
         _DEFAULTS[key] = kept
         while len(_DEFAULTS) > _DEFAULTS_MAX:
             _DEFAULTS.pop(next(iter(_DEFAULTS)))

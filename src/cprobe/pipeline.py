@@ -332,6 +332,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     ``interrupted`` as on Ctrl-C; the previous handler is restored afterwards. Only the main thread can take
     signals: elsewhere nothing changes."""
     import signal
+    import sys
     import threading
 
     if threading.current_thread() is not threading.main_thread():
@@ -339,18 +340,21 @@ def sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
-        while frame is not None:  # an exception out of a finaliser is printed and dropped (seen: the job ran on)
-            if frame.f_code.co_name == "__del__":
-                threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()  # so the signal comes again after it
-                return
-            frame = frame.f_back
         raise Terminated(f"terminated by signal {signum} (SIGTERM)")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def dropped(u: Any) -> None:  # an exception out of a finaliser, a weakref callback or a collected generator is
+        if u.exc_type is not None and issubclass(u.exc_type, Terminated):  # dropped (seen: the job ran on): the
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()  # signal comes again after it
+        else:
+            hook(u)
+
+    previous, hook = signal.signal(signal.SIGTERM, handler), sys.unraisablehook
+    sys.unraisablehook = dropped
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = hook
 
 
 def run_job(cfg: DictConfig) -> None:

@@ -89,7 +89,7 @@ def test_a_composition_with_the_same_choices_is_hydras_from_one_merge(plain, mon
     assert len(_hydra._DEFAULTS) == 3
 
 
-@pytest.mark.parametrize("change", ["edit", "new option", "structured config"])
+@pytest.mark.parametrize("change", ["edit", "same-size edit, mtime kept", "new option", "structured config"])
 def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain, tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(REPO / "conf", conf)
@@ -98,9 +98,19 @@ def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain
     _hydra.compose_defaults_once()
     first = _composed(conf, "+experiment=sva_tiny")
     assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 1
-    if change == "edit":
+    if change.startswith("edit"):
         cfg = conf / "config.yaml"
         cfg.write_text(cfg.read_text().replace("\nseed: 0", "\nseed: 7"))
+        assert _composed(conf, "+experiment=sva_tiny") == first.replace("seed: 0", "seed: 7", 1)
+    elif change.startswith("same-size"):  # a copy that keeps the mtime (cp -p, rsync -t): the inode tells
+        import os
+
+        cfg = conf / "config.yaml"
+        stat = cfg.stat()
+        new = tmp_path / "config.yaml"
+        new.write_text(cfg.read_text().replace("\nseed: 0", "\nseed: 7"))
+        os.utime(new, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        os.replace(new, cfg)
         assert _composed(conf, "+experiment=sva_tiny") == first.replace("seed: 0", "seed: 7", 1)
     elif change == "new option":
         (conf / "probe" / "wide.yaml").write_text("defaults:\n  - mlp\nmlp:\n  widths: [4096]\n")
@@ -117,6 +127,21 @@ def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain
             if not repo["probe"]:
                 repo.pop("probe")
     assert len(calls) == 2
+
+
+def test_a_dangling_link_or_a_non_config_file_in_a_config_folder_is_no_error(plain, tmp_path, monkeypatch):
+    """An editor's lock (``.#config.yaml``, a link to nowhere) and files Hydra never reads: composed as by Hydra."""
+    conf = tmp_path / "conf"
+    shutil.copytree(REPO / "conf", conf)
+    plain(compose=False)
+    calls = _counting(monkeypatch)
+    _hydra.compose_defaults_once()
+    first = _composed(conf, "+experiment=sva_tiny")
+    (conf / ".#config.yaml").symlink_to(tmp_path / "nowhere")
+    (conf / "notes.txt").write_text("mine")
+    assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 2  # a new name: composed afresh
+    (conf / "notes.txt").write_text("mine, edited")
+    assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 2  # a .txt changes nothing kept
 
 
 def test_the_memo_outlives_hydras_plugin_scan(plain, monkeypatch):

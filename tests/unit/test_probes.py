@@ -219,3 +219,13 @@ def test_fits_on_worker_processes_stop_when_their_consumer_does(monkeypatch, tmp
 
     time.sleep(2)
     assert len(list(tmp_path.glob("*.safetensors"))) == done  # nothing fits on after the close
+
+
+def test_the_grid_uses_adams_fused_update_where_the_device_has_one_and_foreach_elsewhere():
+    """torch checks a fused optimizer's device only at its first step: the grid asks first (a meta tensor stands for
+    a device without the kernel)."""
+    probe = MLPProbe(n_layers=[1], widths=[4], lrs=[0.01], epochs=1, batch_size=4, seed=0)
+    cpu = probe._adam(torch.nn.Linear(3, 2), 0.01)
+    assert cpu.defaults["fused"] and not cpu.defaults["foreach"]
+    meta = probe._adam(torch.nn.Linear(3, 2, device="meta"), 0.01)
+    assert not meta.defaults["fused"] and meta.defaults["foreach"]

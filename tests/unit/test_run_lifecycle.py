@@ -61,23 +61,40 @@ def test_sigterm_inside_a_job_is_an_interrupt_and_the_handler_is_restored():
     assert issubclass(Terminated, KeyboardInterrupt)  # every `except KeyboardInterrupt` path handles it
 
 
-def test_sigterm_during_a_finaliser_still_ends_the_job():
-    """Python prints and drops an exception raised inside ``__del__`` (a garbage collection can run one anywhere):
-    a SIGTERM that lands there is taken again once the finaliser is over, not lost (the suite saw a job run on)."""
+@pytest.mark.parametrize("where", ["__del__", "weakref.finalize"])
+def test_sigterm_during_a_finaliser_still_ends_the_job(where):
+    """Python prints and drops an exception raised inside a finaliser (``__del__``, a ``weakref.finalize`` callback:
+    a garbage collection can run one anywhere): a SIGTERM that lands there is taken again once the finaliser is over,
+    not lost (the suite saw a job run on); an exception of the user's in a finaliser is reported as before."""
     import signal
+    import sys
     import time
+    import weakref
 
     from cprobe.errors import Terminated
     from cprobe.pipeline import sigterm_as_interrupt
 
+    def finaliser():
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here, inside the finaliser
+
     class Finalised:
         def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)
-            sum(range(1000))  # the handler runs here, inside the finaliser
+            finaliser()
 
+    class Plain:
+        pass
+
+    hook = sys.unraisablehook
     with pytest.raises(Terminated), sigterm_as_interrupt():
-        Finalised()
+        if where == "__del__":
+            Finalised()
+        else:
+            obj = Plain()
+            weakref.finalize(obj, finaliser)
+            del obj
         time.sleep(5)  # the signal comes again here
+    assert sys.unraisablehook is hook
 
 
 def _composed():

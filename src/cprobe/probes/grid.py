@@ -76,11 +76,15 @@ class GridSearchProbe(Probe):
 
     def _adam(self, module: nn.Module, lr: float) -> torch.optim.Optimizer:
         """Adam in one fused kernel per step (a width-1024 MLP's step on one core: 54 -> 36 ms, the update itself 17
-        -> 4 ms, where the per-tensor loop and ``foreach`` take the same time); ``foreach`` where the device has none."""
+        -> 4 ms, where the per-tensor loop and ``foreach`` take the same time); ``foreach`` on a device without one
+        (torch checks only at the first step, so the device is asked here)."""
         try:
-            return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=self.weight_decay, fused=True)
-        except RuntimeError:
-            return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=self.weight_decay, foreach=True)
+            from torch.utils._foreach_utils import _get_fused_kernels_supported_devices as fused_devices
+            fused = all(p.device.type in fused_devices() for p in module.parameters())
+        except ImportError:  # torch moved it: the update every device has
+            fused = False
+        return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=self.weight_decay, fused=fused or None,
+                                foreach=not fused)
 
     def _train(self, module: nn.Module, X: Tensor, y: Tensor, lr: float, gen: torch.Generator) -> None:
         opt = self._adam(module, lr)
