@@ -89,14 +89,19 @@ def test_a_composition_with_the_same_choices_is_hydras_from_one_merge(plain, mon
     assert len(_hydra._DEFAULTS) == 3
 
 
-@pytest.mark.parametrize("change", ["edit", "same-size edit, mtime kept", "new option", "structured config"])
-def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain, tmp_path, monkeypatch):
+def _memo_on_a_copy(plain, tmp_path, monkeypatch) -> tuple:
+    """(a copy of conf/, the genuine defaults-list builds counted, its first composition with the memo installed)."""
     conf = tmp_path / "conf"
     shutil.copytree(REPO / "conf", conf)
     plain(compose=False)
     calls = _counting(monkeypatch)
     _hydra.compose_defaults_once()
-    first = _composed(conf, "+experiment=sva_tiny")
+    return conf, calls, _composed(conf, "+experiment=sva_tiny")
+
+
+@pytest.mark.parametrize("change", ["edit", "same-size edit, mtime kept", "new option", "structured config"])
+def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain, tmp_path, monkeypatch):
+    conf, calls, first = _memo_on_a_copy(plain, tmp_path, monkeypatch)
     assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 1
     if change.startswith("edit"):
         cfg = conf / "config.yaml"
@@ -131,12 +136,7 @@ def test_an_edit_a_new_file_or_a_registered_config_composes_afresh(change, plain
 
 def test_a_dangling_link_or_a_non_config_file_in_a_config_folder_is_no_error(plain, tmp_path, monkeypatch):
     """An editor's lock (``.#config.yaml``, a link to nowhere) and files Hydra never reads: composed as by Hydra."""
-    conf = tmp_path / "conf"
-    shutil.copytree(REPO / "conf", conf)
-    plain(compose=False)
-    calls = _counting(monkeypatch)
-    _hydra.compose_defaults_once()
-    first = _composed(conf, "+experiment=sva_tiny")
+    conf, calls, first = _memo_on_a_copy(plain, tmp_path, monkeypatch)
     (conf / ".#config.yaml").symlink_to(tmp_path / "nowhere")
     (conf / "notes.txt").write_text("mine")
     assert _composed(conf, "+experiment=sva_tiny") == first and len(calls) == 2  # a new name: composed afresh
