@@ -101,7 +101,7 @@ def test_readme_command(command, needs, readme_dirs, request):
         import pandas as pd
 
         sweep = (readme_dirs.workdir / "outputs" / "sweeps" / "sva_tiny" / "latest").resolve()
-        assert sorted(p.parent.name for p in sweep.glob("*/status.json")) == ["probe=linear", "probe=mlp"]
+        assert sorted(p.parent.name for p in sweep.glob("*/status.json")) == ["layers=last,probe=linear", "layers=last,probe=mlp"]
         assert set(pd.read_csv(sweep / "results.csv")["probe"]) == {"linear", "mlp"}
 
 

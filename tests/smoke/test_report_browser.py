@@ -19,7 +19,7 @@ from tests.study_runs import COMMANDS, run_readme_line
 BROWSER = chromium()
 if BROWSER is None and os.environ.get("CPROBE_REQUIRE_CHROMIUM", "") not in ("", "0"):
     raise RuntimeError("CPROBE_REQUIRE_CHROMIUM is set but no Chromium was found (apt-get install -y chromium)")
-SWEEP_LINE = "cprobe run -m +experiment=sva_tiny probe=linear,mlp"
+SWEEP_LINE = "cprobe run -m +experiment=sva_tiny probe=linear,mlp layers=last"
 assert (SWEEP_LINE, None) in COMMANDS, "the README's sweep of sva_tiny changed: update SWEEP_LINE"
 needs_browser = pytest.mark.skipif(BROWSER is None, reason="needs Chromium: apt-get install -y chromium (.ci/run "
                                    "installs it), or CPROBE_CHROMIUM=/path/to/chrome")
