@@ -64,7 +64,8 @@ from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, di
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "dataset"))  # the explained encoder and the CEBaB data; no layers, probes or splits
+# the explained encoder and the CEBaB data; no layers, probes or splits
+USES = Uses(groups=("model", "dataset"), capabilities=("report_from_table",))
 DEFAULT_EXPLAINERS = ["random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"]
 
 
