@@ -75,6 +75,7 @@ def _tiny(world) -> list[str]:
     ("liberty.concept_model.lr=-0.001", "liberty.concept_model: lr must be > 0, got -0.001"),
     ("dataset.n_explainer=10", "D_M (dataset.n_explainer) has 10 texts, below the minimum of 30"),
     ("dataset.n_test=4", "test texts (dataset.n_test) has 4 texts, below the minimum of 10"),
+    ("liberty.max_pool=10", "liberty.max_pool must be >= 30 (or null for all), got 10"),
 ])
 def test_bad_input_is_one_line_and_leaves_nothing(override, message, world, tmp_path):
     """In process: the CLI's own code path (tests.cli.run)."""

@@ -260,3 +260,21 @@ def test_the_benchmarks_have_the_papers_test_texts_and_pair_counts(benchmark, n_
     assert len(small.pairs) == 36 and {p.base.id for p in small.pairs} == {it.id for it in small.splits["test"]}
     with pytest.raises(ConfigError, match="dataset.n_test must be >= 1"):
         LibertyKeys(n_test=0)
+
+
+def test_max_pool_draws_part_of_d_m_for_the_pool_and_the_concept_classifier_and_nothing_else():
+    from cprobe.tasks.liberty import Config, pool_texts, study
+
+    scm = SCM.load("cv")
+    data = generate(scm, LibertyKeys(n_explained=60, n_explainer=50, n_test=20), "cv", seed=0)
+    every, few = study(data, Config()), study(data, Config(max_pool=30))
+    d_m = [it.id for it in data.splits["explainer"]]
+    pool = [few.texts[i].id for i in few.pool]
+    assert [every.texts[i].id for i in every.pool] == d_m  # null: all of D_M
+    assert len(pool) == 30 and pool == [i for i in d_m if i in set(pool)]  # 30 of them, in D_M's order
+    assert [it.id for it in few.concept_train] == pool and len(few.concept_targets) == 30
+    assert pool == [it.id for it in pool_texts(data, Config(max_pool=30))]  # drawn once (seed 0): every call, every seed
+    assert [it.id for it in few.train] == [it.id for it in every.train]  # D_f, the test texts and the pairs as they were
+    assert [p.id for p in few.pairs] == [p.id for p in every.pairs]
+    assert {it.id for it in data.splits["test"]} <= {it.id for it in few.texts}
+    assert len(few.texts) == len(every.texts) - 20

@@ -87,6 +87,12 @@ class Config(EffectConfig):
     concepts: list[str] | None = None  # the concepts to intervene on / explain (null: every non-label variable)
     explainers: list[str] = field(default_factory=lambda: list(DEFAULT_EXPLAINERS))
     mc_samples: int = 200_000  # Monte-Carlo units for the SCM's true effects
+    max_pool: int | None = None  # D_M (the explainers' pool, the concept classifier's texts): at most this many
+
+
+def pool_texts(data: Any, config: Config) -> list[TextItem]:
+    """D_M as the job uses it: all of the benchmark's, or ``max_pool`` of them drawn once with seed 0 (order kept)."""
+    return subsample_pairs(data.splits["explainer"], config.max_pool)
 
 
 def validate(job: Any) -> None:
@@ -132,6 +138,8 @@ def validate(job: Any) -> None:
         raise ConfigError(f"liberty.mc_samples must be >= 1000, got {cfg.mc_samples}")
     if cfg.max_pairs is not None and cfg.max_pairs < 2:
         raise ConfigError(f"liberty.max_pairs must be >= 2 (or null for all), got {cfg.max_pairs}")
+    if cfg.max_pool is not None and cfg.max_pool < MIN_SIZES["explainer"]:
+        raise ConfigError(f"liberty.max_pool must be >= {MIN_SIZES['explainer']} (or null for all), got {cfg.max_pool}")
 
 
 # ----------------------------------------------------------------------------------------------- the job
@@ -146,12 +154,13 @@ def study(data: Any, config: Config) -> EffectStudy:
     if not pairs:
         raise DataError(f"no counterfactual pairs on concepts {concepts}")
     train_items = list(data.splits["train"])
+    explainer = pool_texts(data, config)
     texts: dict[str, TextItem] = {}
-    for it in (*data.splits["test"], *data.splits["explainer"], *(p.source for p in pairs)):
+    for it in (*data.splits["test"], *explainer, *(p.source for p in pairs)):
         texts.setdefault(it.id, it)
     items = list(texts.values())
     index = {it.id: i for i, it in enumerate(items)}
-    pool = [index[it.id] for it in data.splits["explainer"]]
+    pool = [index[it.id] for it in explainer]
     sizes = [len(scm.variables[c].values) for c in concepts]
     values = tuple(str(i) for i in range(max(sizes)))  # explainers see value indices ("0", "1", ...)
     code = {c: {v: str(i) for i, v in enumerate(scm.variables[c].values)} for c in concepts}
@@ -159,7 +168,7 @@ def study(data: Any, config: Config) -> EffectStudy:
     changes = [next(iter(p.changes.items())) for p in pairs]
     columns = pd.DataFrame({"pair": [p.id for p in pairs], "example": [p.base.id for p in pairs],
                             "concept": [c for c, _ in changes], "change": [f"{c}: {v}→{v2}" for c, (v, v2) in changes]})
-    concept_train = list(data.splits["explainer"])
+    concept_train = explainer
     targets = torch.tensor([[scm.variables[c].values.index(it.concepts[c]) for c in concepts] for it in concept_train])
     return EffectStudy(
         name="liberty", model_cache=f"liberty-{scm.name}", train=train_items,
@@ -181,7 +190,8 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     data = ctx.dataset()
     if not isinstance(data, LibertyData):
         raise ConfigError("the liberty task needs a LIBERTy dataset (dataset=liberty_cv|...)")
-    why, warnings = size_problems({k: len(data.splits[k]) for k in ("explainer", "test", "train")})
+    why, warnings = size_problems({"explainer": len(pool_texts(data, config)), "test": len(data.splits["test"]),
+                                   "train": len(data.splits["train"])})
     if why:  # a file of the user's own texts (generated benchmarks are checked in validation)
         raise DataError(why)
     for w in warnings:
