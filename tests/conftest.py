@@ -135,7 +135,7 @@ def _data_skip(report) -> bool:
 SESSION_GROUPS = {
     # files whose tests share one session-scoped run: they go to one worker, so it is made once
     "study_runs": ("tests/smoke/test_readme.py", "tests/smoke/test_studies_collect.py",
-                   "tests/smoke/test_report_browser.py"),
+                   "tests/smoke/test_report_browser.py", "tests/integration/test_mib_task.py"),
     "slurm": ("tests/slurm/",),  # one test cluster per session
 }
 FIRST = ("study_runs", "tests/integration/test_causalgym_task.py", "tests/integration/test_tiny_models.py",
@@ -349,9 +349,10 @@ def readme_dirs(tmp_path_factory):
 def readme_study_runs(readme_dirs):
     """The README's study lines (one plain run per study), run once per session in the README's working directory:
     {study: StudyRun} (``tests/study_runs.py``). The README test asserts on them; ``study_runs`` reads them."""
-    if not (SHARED_DATA / "causalgym" / "templates" / "syntaxgym.json").exists():
+    from tests.study_runs import SHARED_TEMPLATES, keep_seed, run_studies
+
+    if not SHARED_TEMPLATES.exists():
         pytest.skip(f"needs {SHARED_DATA}/causalgym/templates (the shared data dir; set CPROBE_DATA_DIR)")
-    from tests.study_runs import keep_seed, run_studies
 
     runs = run_studies(readme_dirs)
     keep_seed(readme_dirs, suite_cache())

@@ -21,12 +21,16 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests import cli
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 EXAMPLE_SRC = REPO / "examples" / "cprobe-plugin-example" / "src"
+SHARED_TEMPLATES = (Path(os.environ.get("CPROBE_DATA_DIR", REPO.parent / "shared" / "data")) / "causalgym"
+                    / "templates" / "syntaxgym.json")
+"""The shared data file the README's study lines need (CausalGym's templates): without it they are skipped."""
 STUDIES = ("probing", "reliability", "causalgym", "cebab", "liberty", "prompt_bias", "axbench", "ravel", "mib")
 EXPERIMENTS = {"probing": "sva_tiny", "reliability": "sva_tiny_reliability", "causalgym": "causalgym",
                "cebab": "cebab", "liberty": "liberty_cv", "prompt_bias": "lama_bias", "axbench": "axbench_detect",
@@ -173,6 +177,15 @@ def run_readme_line(command: str, needs: str | None, dirs: ReadmeDirs) -> cli.Re
         r = cli.launch(*argv, cwd=dirs.workdir, env=env)
         return cli.Result(r.returncode, r.stdout, r.stderr)
     return cli.run(*argv, cwd=dirs.workdir, env=env)
+
+
+def readme_runs_here(session: Any) -> bool:
+    """Whether this pytest session runs the README's study lines (a study line of the README test, or a test of all
+    the study runs, is selected, and the shared data is there): a study's own test module then reads that run
+    (:func:`study_runs`) instead of running the same line again."""
+    lines = {f"tests/smoke/test_readme.py::test_readme_command[{line}]" for line in STUDY_LINES.values()}
+    return SHARED_TEMPLATES.exists() and any(item.nodeid in lines or "study_runs" in getattr(item, "fixturenames", ())
+                                             for item in session.items)
 
 
 def run_dir(dirs: ReadmeDirs, study: str) -> Path:

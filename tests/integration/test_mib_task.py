@@ -13,10 +13,15 @@ import pytest
 from cprobe import records as R
 from cprobe.metrics.registry import unregistered
 from tests import cli
+from tests.study_runs import readme_runs_here
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(request, tmp_path_factory):
+    """The smoke MIB job: the README's own line (`cprobe run +experiment=mib_tiny`, at smoke size: the same job) where
+    this session runs the README's study lines anyway (``tests/study_runs.py``), else a run of its own."""
+    if readme_runs_here(request.session):
+        return request.getfixturevalue("study_runs")["mib"]
     out = tmp_path_factory.mktemp("mib")
     r = cli.run("run", "+experiment=mib_tiny", "--smoke", f"paths.output_root={out}", f"hydra.run.dir={out / 'job'}",
                 cwd=out)
