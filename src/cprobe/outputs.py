@@ -219,8 +219,7 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     from cprobe.leaderboard import leaderboard
     from cprobe.mib_format import find_results as mib_results
     from cprobe.sweep import manifest_problems
-    from cprobe.report import reuse
-    from cprobe.tasks import task_module, task_uses
+    from cprobe.tasks import task_module
 
     directory = Path(directory)
     try:
@@ -262,10 +261,6 @@ def collect(directory: Path, partial: bool = False) -> Collected:
     # everything is written into a staging dir first, then moved in: a file of the same name that cprobe did not
     # write is never replaced (cprobe.ownership.check_overwrite), and a refused collect leaves nothing behind
     stage = Path(tempfile.mkdtemp(prefix=".collect-", suffix=TMP_SUFFIX, dir=directory))
-    # a study's report over an unchanged table is copied from the last collect here (cprobe.report.reuse)
-    ours = ownership.written_by_cprobe(directory) or reuse.MANIFEST in ownership.owned_outputs(directory)
-    last = reuse.previous(directory) if ours else {}
-    drawn: dict[str, Any] = {}
     try:
         for study, frames in tables.items():
             sub = study if mixed else ""
@@ -274,15 +269,8 @@ def collect(directory: Path, partial: bool = False) -> Collected:
             dest = stage / sub
             dest.mkdir(parents=True, exist_ok=True)
             table = pd.concat(frames, ignore_index=True)
-            module = task_module(study)
-            key = reuse.key(study, table, module) if "report_from_table" in task_uses(study).capabilities else None
-            if reuse.reuse(directory, sub, key, last, dest):
-                log.info("%s: its table is unchanged, its report copied from the last collect", study)
-            else:
-                module.report(table, dest)
-            drawn[sub] = reuse.entry(key, dest)
+            task_module(study).report(table, dest)
             out.results[study] = directory / results.write_results(table, dest).relative_to(stage)
-        reuse.write(stage, drawn)
         if directory not in jobs:  # a sweep or a directory of runs: its records in one file
             R.write_records(records, stage, items)
         names: dict[str, str] = {}

@@ -20,9 +20,7 @@ SHARED_GROUPS = ("model", "dataset", "split", "probe", "intervention", "layers",
 """The config groups and top-level keys a task may or may not read. Everything else at the top (``seed``,
 ``device``, ``compute``, ``paths``, ``cache``, ``progress``, ``force``, ``name``) is every job's."""
 
-CAPABILITIES = {"model_sets": "reads a model set (a zoo of models, or models it trains on a fact world's corpus)",
-                "report_from_table": "its report(table, out_dir) reads nothing but its table: `cprobe collect` copies "
-                                     "the report of an unchanged table from its last collect (cprobe.report.reuse)"}
+CAPABILITIES = {"model_sets": "reads a model set (a zoo of models, or models it trains on a fact world's corpus)"}
 """What a task may declare it can do beyond reading one model."""
 
 

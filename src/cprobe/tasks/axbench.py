@@ -65,7 +65,7 @@ from cprobe.sae.quality import HELD_OUT, held_out
 from cprobe.tasks import Uses
 from cprobe.tasks.sites import minimal_pair_training
 
-USES = Uses(groups=("model", "dataset", "layers"), capabilities=("report_from_table",), methods="axbench.methods")
+USES = Uses(groups=("model", "dataset", "layers"), methods="axbench.methods")
 NEEDS = Needs(direction=True)
 """A concept score is a projection on a direction (or a method's own token score, which every direction method here
 also has a direction for): no whole-vector swap, no intervention exposing none."""

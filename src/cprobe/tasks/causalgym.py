@@ -52,7 +52,7 @@ from cprobe.sae.quality import HELD_OUT
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "layers"), capabilities=("report_from_table",), methods="causalgym.methods")
+USES = Uses(groups=("model", "layers"), methods="causalgym.methods")
 """The model and the top-level ``layers``; the pairs come from the templates under ``causalgym:``, the oracle probe
 from ``causalgym.oracle_probe`` (not the ``probe`` group), no dataset, split, intervention or position."""
 

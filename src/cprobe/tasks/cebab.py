@@ -64,8 +64,7 @@ from cprobe.tasks.effects import (EffectConfig, EffectStudy, classifier_rows, di
 
 log = logging.getLogger("cprobe")
 
-# the explained encoder and the CEBaB data; no layers, probes or splits
-USES = Uses(groups=("model", "dataset"), capabilities=("report_from_table",))
+USES = Uses(groups=("model", "dataset"))  # the explained encoder and the CEBaB data; no layers, probes or splits
 DEFAULT_EXPLAINERS = ["random", "approx", "conexp", "s_learner", "tcav", "conceptshap", "inlp", "leace"]
 
 

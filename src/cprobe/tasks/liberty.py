@@ -55,8 +55,7 @@ from cprobe.tasks.effects import EffectConfig, EffectStudy, classifier_rows, dia
 
 log = logging.getLogger("cprobe")
 
-# the explained encoder and the SCM / texts; no layers, probes or splits
-USES = Uses(groups=("model", "dataset"), capabilities=("report_from_table",))
+USES = Uses(groups=("model", "dataset"))  # the explained encoder and the SCM / texts; no layers, probes or splits
 DEFAULT_EXPLAINERS = ["random", "approx", "convecs", "st_match", "pt_match", "ft_match", "tcav", "conceptshap"]
 """Runnable on every SCM; the removal-only LEACE is added where the SCM declares a null value (liberty_disease)."""
 

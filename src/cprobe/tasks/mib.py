@@ -48,7 +48,7 @@ from cprobe.tasks import Uses
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "layers"), capabilities=("report_from_table",), methods="mib.methods")
+USES = Uses(groups=("model", "layers"), methods="mib.methods")
 METHODS = ("das", "dbm", "vanilla")
 CONTROLS = ("identity", "rotation", "untrained")
 DEFAULT_DAS = {"lr": 0.01, "batch_size": 32, "epochs": 3, "k": 16}  # k: MIB's n_features for answer_pointer

@@ -34,7 +34,7 @@ from cprobe.probes.grid import PROBE_FITS, fit_cached_many
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "dataset", "split", "probe", "layers", "position"), capabilities=("report_from_table",))
+USES = Uses(groups=("model", "dataset", "split", "probe", "layers", "position"))
 
 
 @dataclass(frozen=True)

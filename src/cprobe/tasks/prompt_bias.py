@@ -54,7 +54,7 @@ from cprobe.tasks.prompt_bias_report import (DEFAULT_SETTINGS, MAIN, _plot_promp
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=("model", "dataset"), capabilities=("model_sets", "report_from_table"))  # a zoo (or one model) and a fact dataset
+USES = Uses(groups=("model", "dataset"), capabilities=("model_sets",))  # a zoo (or one model) and a fact dataset
 SUBSET_SHARE = 20 / 32  # the paper draws 20 of its 32 relations per run
 
 

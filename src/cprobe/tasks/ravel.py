@@ -48,7 +48,7 @@ from cprobe.tasks.ravel_plan import BALANCE, KINDS, REFERENCE_KINDS
 log = logging.getLogger("cprobe")
 
 # a fact-world member is trained here (model_sets)
-USES = Uses(groups=("model", "dataset", "layers"), capabilities=("model_sets", "report_from_table"), methods="ravel.methods")
+USES = Uses(groups=("model", "dataset", "layers"), capabilities=("model_sets",), methods="ravel.methods")
 METHODS = ("das", "probe", "mean", "lda", "pca", "random", "vanilla")
 DEFAULT_DAS = {"lr": 0.01, "batch_size": 8, "epochs": 3, "warmup": 0.1, "parametrization": "orthogonal", "k": 1}
 SPLITS = ("entity", "context")

@@ -52,7 +52,7 @@ from cprobe.tasks.sites import SiteFits, fit_sites, minimal_pair_training
 
 log = logging.getLogger("cprobe")
 
-USES = Uses(groups=SHARED_GROUPS, capabilities=("report_from_table",), methods="intervention")
+USES = Uses(groups=SHARED_GROUPS, methods="intervention")
 
 
 @dataclass(frozen=True)
