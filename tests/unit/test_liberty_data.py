@@ -278,3 +278,26 @@ def test_max_pool_draws_part_of_d_m_for_the_pool_and_the_concept_classifier_and_
     assert [p.id for p in few.pairs] == [p.id for p in every.pairs]
     assert {it.id for it in data.splits["test"]} <= {it.id for it in few.texts}
     assert len(few.texts) == len(every.texts) - 20
+
+
+def test_a_job_warns_about_the_pool_it_uses_not_the_one_generated(monkeypatch):
+    """The size warnings read D_M as the job uses it (``max_pool``): 60 generated, 30 used -> "has only 30 texts"."""
+    from types import SimpleNamespace
+
+    from cprobe.tasks import liberty
+
+    data = generate(SCM.load("cv"), LibertyKeys(n_explained=400, n_explainer=60, n_test=60), "cv", seed=0)
+    warned: list[str] = []
+
+    def stop(*_a, **_k):
+        raise KeyboardInterrupt  # the engine is not this test's business
+
+    monkeypatch.setattr(liberty, "run_effects", stop)
+    ctx = SimpleNamespace(cfg={}, dataset=lambda: data, warn=warned.append)
+    for max_pool, n in ((None, 60), (30, 30)):
+        warned.clear()
+        with pytest.raises(KeyboardInterrupt):
+            liberty.run(ctx, liberty.Config(max_pool=max_pool))
+        assert [w for w in warned if w.startswith("D_M")] == [
+            f"D_M (dataset.n_explainer) has only {n} texts (fewer than 200): explainer scores on so small a benchmark "
+            "are unreliable"]
