@@ -217,15 +217,16 @@ def test_extend_adds_the_directions_p_weighs_most_outside_u() -> None:
 def test_warm_start_continues_a_lower_rank_game() -> None:
     """Rank 2 from rank 1's game: P starts on the rank-2 Fantope, the first candidate keeps rank 1's direction, and the
     game reaches the majority rate (ε) in fewer steps than from the random start, erasing at least as well (an
-    independent adversary within two points)."""
-    X, z = gaussian_classes(1200, 16, k=3)
-    tr, te = slice(0, 600), slice(600, None)
-    one = RLACE(1, lr=0.05, max_steps=6000).fit(X[tr], z[tr])
+    independent adversary within two points). Rank 1 cannot reach ε on three classes: 1,500 steps of it are the start
+    (here cold took 3,801 steps and warm 1,001)."""
+    X, z = gaussian_classes(600, 12, k=3)
+    tr, te = slice(0, 300), slice(300, None)
+    one = RLACE(1, lr=0.05, max_steps=1500).fit(X[tr], z[tr])
     assert one.game_.rank == 1 and torch.trace(one.game_.P).item() == pytest.approx(1.0, abs=1e-9)
     cold = RLACE(2, lr=0.05, max_steps=6000).fit(X[tr], z[tr])
     warm = RLACE(2, lr=0.05, max_steps=6000).fit(X[tr], z[tr], start=one.game_)
     assert warm.start_rank == 1 and cold.start_rank is None
-    assert torch.linalg.matrix_rank(warm.P).item() == 14
+    assert torch.linalg.matrix_rank(warm.P).item() == 10
     assert warm.converged and warm.steps_run < cold.steps_run, (warm.steps_run, cold.steps_run)
     acc = [linear_accuracy((X @ m.P)[tr], z[tr], (X @ m.P)[te], z[te], 3) for m in (cold, warm)]
     assert acc[1] <= acc[0] + 0.02, acc
