@@ -138,12 +138,26 @@ SESSION_GROUPS = {
                    "tests/smoke/test_report_browser.py", "tests/integration/test_mib_task.py"),
     "slurm": ("tests/slurm/",),  # one test cluster per session
 }
-FIRST = ("study_runs", "tests/integration/test_causalgym_task.py", "tests/integration/test_tiny_models.py",
-         "tests/smoke/test_e2e.py", "tests/integration/test_prompt_bias_task.py",
-         "tests/integration/test_cebab_task.py",
-         "tests/integration/test_liberty_task.py")
-"""The longest groups, started first (the workers then share out the rest): a long group left to the end is the
-suite's tail."""
+FIRST = ("study_runs", "slurm", "tests/smoke/test_e2e.py", "tests/integration/test_reference_erasers.py",
+         "tests/integration/test_causalgym_task.py", "tests/smoke/test_cli_contract.py",
+         "tests/integration/test_prompt_bias_task.py", "tests/integration/test_cebab_task.py",
+         "tests/smoke/test_reliability_e2e.py", "tests/smoke/test_trackers_e2e.py", "tests/smoke/test_plugin_example.py",
+         "tests/integration/test_yardsticks_sweep.py", "tests/unit/test_configs.py", "tests/unit/test_rlace.py",
+         "tests/integration/test_sites_golden.py", "tests/unit/test_hydra_parse.py",
+         "tests/integration/test_liberty_task.py", "tests/integration/test_axbench_task.py",
+         "tests/integration/test_sae_yardsticks.py", "tests/unit/test_probes.py", "tests/smoke/test_notebook.py",
+         "tests/integration/test_ravel_task.py", "tests/integration/test_effects_engine.py")
+"""The longest groups, longest first (cold, on 2 cores: the README's study runs ~720 s, then 115 s down to 15 s); the
+workers then share out the rest in file order. A long group left to the end would be the suite's tail."""
+
+
+def pytest_configure(config):
+    """xdist (3.6 and later) orders the work units by their number of tests unless told not to
+    (``--no-loadscope-reorder``): that put the long groups of few tests (the reference erasers, the plugin example,
+    the yardsticks sweep: 45-100 s each) at the end, behind the README's group on one worker, while the other one
+    waited (a tail of ~100 s). :data:`FIRST`'s order is kept instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def xdist_group(nodeid: str) -> str:

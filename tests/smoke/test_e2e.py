@@ -13,7 +13,6 @@ import pytest
 
 from tests.cli import REPO
 from tests.cli import run as cprobe
-from tests.conftest import needs_shared
 
 pytestmark = pytest.mark.slow
 
@@ -88,22 +87,6 @@ def test_failed_job_is_recorded_and_exit_code_nonzero(tmp_path):
     bad = json.loads((tmp_path / "layers=99" / "status.json").read_text())
     assert bad["state"] == "failed" and "out of range" in bad["error"]
     assert (tmp_path / "layers=2" / "metrics.csv").is_file()
-
-
-@needs_shared("lgd_agreement", "lgd_subset.tsv")
-def test_minilm_on_lgd_offline(tmp_path):
-    r = cprobe("run", "+experiment=sva_tiny", "model=minilm_l6", "dataset=lgd", "dataset.max_examples=600",
-               "layers=[0,6]", "probe=linear", "progress=false", f"paths.output_root={tmp_path}", cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "skipping property z_e" in r.stdout + r.stderr  # LGD has no attractor numbers
-    t = pd.read_parquet(_run_dir(tmp_path) / "metrics.parquet")
-    assert t["task_accuracy"].isna().all()  # no LM head: n/a
-    assert set(t["property"]) == {"z_c"} and sorted(t["layer"]) == [0, 6]
-    assert t["n_dropped"].eq(0).all() and t["n_train"].eq(360).all()
-    assert t["dataset_source"].eq("lgd_agreement/lgd_subset.tsv").all()
-    assert t["warnings"].str.contains("skipping property z_e").all()  # the skip is in the table too
-    # the majority baseline is the train-majority rate on test: LGD is 63.5% singular subjects
-    assert t["majority"].between(0.6, 0.67).all(), t["majority"]
 
 
 def test_missing_hub_model_fails_fast_with_instructions(tmp_path):

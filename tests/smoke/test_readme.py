@@ -97,12 +97,31 @@ def test_readme_command(command, needs, readme_dirs, request):
         assert "SlurmLauncher" in r.stdout
     if needs == "example":  # its code is gone from the process again, as from a shell without the plugin
         assert not any(m.split(".")[0] == "cprobe_plugin_example" for m in sys.modules)
+    if "model=minilm_l6 dataset=lgd" in command:
+        _check_minilm_on_lgd(r, readme_dirs)
     if "hydra/launcher=local_parallel" in command:  # joblib's worker processes ran the jobs; this one aggregated
         import pandas as pd
 
         sweep = (readme_dirs.workdir / "outputs" / "sweeps" / "sva_tiny" / "latest").resolve()
         assert sorted(p.parent.name for p in sweep.glob("*/status.json")) == ["layers=last,probe=linear", "layers=last,probe=mlp"]
         assert set(pd.read_csv(sweep / "results.csv")["probe"]) == {"linear", "mlp"}
+
+
+def _check_minilm_on_lgd(r, dirs) -> None:
+    """The real MiniLM (an encoder: no LM head) on LGD (no attractor numbers), offline: z_c probed at every layer on
+    the smoke size's 400 sentences (240 train), z_e skipped with a note in the log and in the table, task accuracy
+    n/a, and the majority baseline LGD's share of singular subjects (63.5 %)."""
+    import pandas as pd
+
+    assert "skipping property z_e" in r.stdout + r.stderr
+    (run,) = (dirs.workdir / "outputs" / "runs" / "sva_tiny").glob("*_dataset=lgd,model=minilm_l6")
+    t = pd.read_parquet(run / "metrics.parquet")
+    assert t["task_accuracy"].isna().all()
+    assert set(t["property"]) == {"z_c"} and sorted(t["layer"].unique()) == list(range(7))
+    assert t["n_dropped"].eq(0).all() and t["n_train"].eq(240).all()
+    assert t["dataset_source"].eq("lgd_agreement/lgd_subset.tsv").all()
+    assert t["warnings"].str.contains("skipping property z_e").all()
+    assert t["majority"].between(0.6, 0.67).all(), t["majority"]
 
 
 def test_the_readme_has_a_python_section():
