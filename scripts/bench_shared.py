@@ -8,7 +8,8 @@ another at each load, for ``--rounds`` rounds (the median is printed). The busy 
 - **torch default**: no thread variables (torch's intra-op threads, OpenMP's default wait: spin, then sleep).
 - **1 thread** / **all threads**: ``OMP_NUM_THREADS=1`` / ``=<usable CPUs>``, every op on that count.
 - **passive**: all threads with ``OMP_WAIT_POLICY=PASSIVE``.
-- **cprobe**: what ``cprobe run`` does — :func:`cprobe.compute.set_wait_policy` before torch loads,
+- **cprobe**: what ``cprobe run`` does — :func:`cprobe.compute.set_wait_policy` before torch loads (``auto``:
+  OpenMP's default where the machine is quiet at the start, passive where other work holds a core),
   :func:`cprobe.compute.configure_process` after, and small fits on one thread (:func:`cprobe.compute.fit_threads`).
 - **cprobe free**: the same with ``compute.threads=free`` (the job's threads lowered to the cores the busy processes
   leave free when it starts).
@@ -35,7 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "GOMP_SPINCOUNT")
+THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "GOMP_SPINCOUNT",
+               "CPROBE_WAIT_AUTO")
 CONFIGS = ("torch default", "1 thread", "all threads", "passive", "cprobe", "cprobe free")
 POLICIES = {"cprobe": {}, "cprobe free": {"threads": "free"}}  # cprobe's policy: compute.threads=auto, and =free
 FIXED = ("1 thread", "all threads", "passive")
@@ -53,7 +55,7 @@ def worker(spec: dict) -> dict:
     if spec["config"] in POLICIES:
         from cprobe.compute import set_wait_policy
 
-        set_wait_policy([])  # as the CLI does first
+        set_wait_policy(["run"])  # as `cprobe run` does first (auto: the wait policy by the load at the start)
     import torch
 
     from cprobe import compute

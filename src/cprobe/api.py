@@ -117,7 +117,7 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
     logging handlers — the job's log file closed —, torch threads, Hydra's global state). Called before torch is
     imported, it sets OpenMP's wait policy as the CLI does (:func:`cprobe.compute.set_wait_policy`)."""
     argv = [str(a) for a in overrides]
-    set_wait_policy(argv)  # before the imports below load torch (a no-op where torch is loaded already)
+    set_wait_policy(argv, measure=True)  # before the imports below load torch (a no-op where torch is loaded already)
     from cprobe import _hydra, callbacks, pipeline
 
     flags = [a for a in argv if a.startswith("-") and a not in ("-m", "--multirun")]

@@ -5,6 +5,7 @@
   :func:`resolve_dtype` / :func:`use_bf16` fall back to fp32 there with one log line (``CPROBE_CPU_BF16=1|0``
   overrides the detection).
 - The thread policy (docs/performance.md, "A shared CPU"): OpenMP's waiting threads sleep instead of spinning
+  where other work shares the cores at a run's start, and keep OpenMP's default where none does
   (:func:`set_wait_policy`, the CLI's first act, before torch loads; ``compute.wait_policy``); a job runs on the
   usable CPUs (:func:`available_cpus`: affinity mask, cgroup quota, SLURM's CPUs) shared among the jobs running side
   by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
@@ -124,11 +125,23 @@ def resolve_dtype(dtype: str, device: Any) -> str:
 WAIT_ENV = "OMP_WAIT_POLICY"
 WAIT_POLICIES = ("auto", "passive", "active")
 """``compute.wait_policy``: what OpenMP's idle threads do at a barrier while a sibling still works — ``passive``: sleep
-at once; ``active``: spin; ``auto`` (the default): passive, unless ``OMP_WAIT_POLICY`` is set in the environment (the
-user decides). torch's pip wheels run GNU OpenMP (libgomp, in ``torch/lib``), which reads ``OMP_WAIT_POLICY`` once,
-when torch loads; Intel/LLVM OpenMP builds read the same variable (passive there means ``KMP_BLOCKTIME=0`` unless
-that is set). Unset, libgomp spins ~300,000 times before sleeping: on a core another process shares, a thread waiting
-for a descheduled sibling burns its time slice (docs/performance.md, "A shared CPU")."""
+at once; ``active``: spin; ``auto`` (the default): ``OMP_WAIT_POLICY`` when it is set in the environment (the
+user decides), else chosen by the load at a run's start (:func:`set_wait_policy`, :data:`QUIET_BUSY`): OpenMP's
+default where no other work holds a core, passive where some does. torch's pip wheels run GNU OpenMP (libgomp, in
+``torch/lib``), which reads ``OMP_WAIT_POLICY`` once, when torch loads; Intel/LLVM OpenMP builds read the same
+variable (passive there means ``KMP_BLOCKTIME=0`` unless that is set). Unset, libgomp spins ~300,000 times before
+sleeping: on a core another process shares, a thread waiting for a descheduled sibling burns its time slice
+(docs/performance.md, "A shared CPU")."""
+
+AUTO_ENV = "CPROBE_WAIT_AUTO"
+"""What ``auto`` chose at a run's start, for the job and every process it starts: ``default <busy> <cpus>`` or
+``passive <busy> <cpus>`` (the cores other work kept busy, of the usable ones), ``passive`` where the load was
+unreadable (:func:`set_wait_policy`)."""
+QUIET_BUSY = 0.5
+"""``auto`` keeps OpenMP's default wait (spin ~300,000 times, then sleep) when fewer cores than this were busy with
+other work over :data:`FREE_WINDOW_S` at a run's start: a quiet machine's model passes and DAS steps ran 0.81–0.88×
+as fast with passive threads as with the default there (docs/performance.md, "A shared CPU"), and 1.6–1.8× faster
+than the default beside one busy process. The choice changes no float: only when idle threads sleep."""
 
 _POLICY: dict[str, Any] = {}  # the running job's thread policy (configure_process); read by fit_thread_count
 
@@ -307,13 +320,18 @@ def wait_policy_setting(compute: Any) -> str:
 
 
 def wanted_wait_policy(setting: str, env: Mapping[str, str]) -> tuple[str, str]:
-    """(the ``OMP_WAIT_POLICY`` value ``compute.wait_policy=setting`` asks for, why): ``auto`` keeps the
-    environment's value when it has one, else ``PASSIVE``."""
+    """(the ``OMP_WAIT_POLICY`` value ``compute.wait_policy=setting`` asks for, "" for OpenMP's default; why):
+    ``auto`` keeps what it chose at the run's start (:data:`AUTO_ENV`), else the environment's value, else
+    ``PASSIVE``."""
     if setting == "auto":
         user = env.get(WAIT_ENV, "").strip()
         if user and user.upper() not in ("PASSIVE", "ACTIVE"):
             raise ConfigError(f"OMP_WAIT_POLICY={user!r} is neither PASSIVE nor ACTIVE (OpenMP would ignore it); "
                               "set one of them or unset it")
+        chose, *seen = env.get(AUTO_ENV, "").split() or [""]
+        if chose in ("default", "passive") and (chose == "default") == (not user):  # cprobe's choice at the start
+            load = f"{seen[0]} of {seen[1]} CPU(s) busy with other work" if len(seen) == 2 else "the load unreadable"
+            return user.upper(), f"cprobe's default, {'quiet' if user == '' else 'shared'} at the start: {load}"
         return (user.upper(), "OMP_WAIT_POLICY in the environment") if user else ("PASSIVE", "cprobe's default")
     return setting.upper(), "compute.wait_policy"
 
@@ -328,17 +346,28 @@ def _argv_value(argv: Sequence[str], key: str) -> str | None:
 
 
 def set_wait_policy(argv: Sequence[str] = (), env: MutableMapping[str, str] | None = None,
-                    torch_loaded: bool | None = None) -> str | None:
+                    torch_loaded: bool | None = None, measure: bool | None = None) -> str | None:
     """Put the wait policy in the environment before OpenMP starts: the CLI's first act, and so inherited by every
     process a job starts (joblib workers, fit pools, the portable process; SLURM tasks get it in their setup lines).
     ``compute.wait_policy`` is read from the command line (``argv``) because torch, and OpenMP with it, loads before
     the config is composed; set in a config file instead, the job checks it (:func:`check_wait_policy`). Returns the
     value set, or None when nothing was (the environment already decides, torch is loaded, or the command line's
-    value is not one cprobe knows: the job refuses it in one line)."""
+    value is not one cprobe knows: the job refuses it in one line). ``auto`` without ``OMP_WAIT_POLICY`` reads the
+    load first where ``measure`` (None: for ``cprobe run``): OpenMP's default stays where fewer than
+    :data:`QUIET_BUSY` cores are busy with other work, else passive; the choice goes into :data:`AUTO_ENV`. Other
+    commands (and an unreadable load) get passive without waiting to measure."""
     env = os.environ if env is None else env
     setting = (_argv_value(argv, "compute.wait_policy") or "auto").strip().lower()
     if setting not in WAIT_POLICIES or ("torch" in sys.modules if torch_loaded is None else torch_loaded):
         return None
+    if setting == "auto" and not env.get(WAIT_ENV, "").strip() and (argv[:1] == ["run"] if measure is None
+                                                                     else measure):
+        seen = measure_others()
+        quiet = seen is not None and seen[0] < QUIET_BUSY
+        env[AUTO_ENV] = " ".join(["default" if quiet else "passive", *([] if seen is None else
+                                                                         [f"{seen[0]:.2f}", str(seen[1])])])
+        if quiet:
+            return None
     try:
         value, _ = wanted_wait_policy(setting, env)
     except ConfigError:  # a bad OMP_WAIT_POLICY: the job refuses it in one line
@@ -360,7 +389,7 @@ def check_wait_policy(setting: str, env: MutableMapping[str, str] | None = None,
     want, why = wanted_wait_policy(setting, env)
     have = env.get(WAIT_ENV, "").strip().upper()
     if have == want:
-        return want, why
+        return want or "OpenMP default", why
     if not loaded:
         env[WAIT_ENV] = want
         return want, why
@@ -464,7 +493,8 @@ def thread_budget() -> int:
 def child_env() -> dict[str, str]:
     """The thread environment of a process cprobe starts (the portable process): the job's wait policy, which OpenMP
     reads when the child loads torch (so a child runs under it even where this process's OpenMP started first)."""
-    return {WAIT_ENV: wanted_wait_policy(_POLICY.get("wait_policy_setting", "auto"), os.environ)[0]}
+    want = wanted_wait_policy(_POLICY.get("wait_policy_setting", "auto"), os.environ)[0]
+    return {WAIT_ENV: want} if want else {}
 
 
 OPENMP_LIBRARIES = {"libgomp": "GNU OpenMP (libgomp)", "libiomp5": "Intel OpenMP (libiomp5)",

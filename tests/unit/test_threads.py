@@ -144,6 +144,17 @@ def test_measure_others_reads_this_machine():
     ("auto", {"OMP_WAIT_POLICY": "PASSIVE"}, ("PASSIVE", "OMP_WAIT_POLICY in the environment")),
     ("active", {}, ("ACTIVE", "compute.wait_policy")),
     ("passive", {"OMP_WAIT_POLICY": "ACTIVE"}, ("PASSIVE", "compute.wait_policy")),  # the config beats the env
+    # what auto chose at the run's start (set_wait_policy), for the job and the processes it starts
+    ("auto", {"CPROBE_WAIT_AUTO": "default 0.2 2"},
+     ("", "cprobe's default, quiet at the start: 0.2 of 2 CPU(s) busy with other work")),
+    ("auto", {"CPROBE_WAIT_AUTO": "passive 1.0 2", "OMP_WAIT_POLICY": "PASSIVE"},
+     ("PASSIVE", "cprobe's default, shared at the start: 1.0 of 2 CPU(s) busy with other work")),
+    ("auto", {"CPROBE_WAIT_AUTO": "passive", "OMP_WAIT_POLICY": "PASSIVE"},
+     ("PASSIVE", "cprobe's default, shared at the start: the load unreadable")),
+    # a value set since (a SLURM task's export line) is the environment's, not the start's choice
+    ("auto", {"CPROBE_WAIT_AUTO": "default 0.0 2", "OMP_WAIT_POLICY": "PASSIVE"},
+     ("PASSIVE", "OMP_WAIT_POLICY in the environment")),
+    ("auto", {"CPROBE_WAIT_AUTO": "passive 1.0 2"}, ("PASSIVE", "cprobe's default")),
 ])
 def test_wanted_wait_policy(setting, env, expected):
     assert compute.wanted_wait_policy(setting, env) == expected
@@ -175,6 +186,36 @@ def test_set_wait_policy_before_torch_loads(argv, env, set_to):
     assert env == (before if set_to is None else {**before, "OMP_WAIT_POLICY": set_to})
 
 
+@pytest.mark.parametrize("seen,set_to,marker", [
+    ((0.2, 2), None, "default 0.20 2"),  # quiet: OpenMP's default (spin, then sleep) stays
+    ((0.49, 2), None, "default 0.49 2"),
+    ((0.5, 2), "PASSIVE", "passive 0.50 2"),  # half a core busy with other work: passive
+    ((1.0, 2), "PASSIVE", "passive 1.00 2"),
+    (None, "PASSIVE", "passive"),  # the load unreadable (no /proc/stat): passive
+])
+def test_auto_reads_the_load_at_a_run_s_start(monkeypatch, seen, set_to, marker):
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: seen)
+    env: dict[str, str] = {}
+    assert compute.set_wait_policy(["run", "+experiment=x"], env, torch_loaded=False) == set_to
+    assert env == {"CPROBE_WAIT_AUTO": marker, **({} if set_to is None else {"OMP_WAIT_POLICY": set_to})}
+    env = {}  # the library's run (no "run" in its overrides) measures too
+    assert compute.set_wait_policy(["+experiment=x"], env, torch_loaded=False, measure=True) == set_to
+    assert env["CPROBE_WAIT_AUTO"] == marker
+
+
+def test_auto_measures_only_for_a_run_with_no_policy_set(monkeypatch):
+    def never(window=0.0):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(compute, "measure_others", never)
+    for argv, env in ((["cache", "info"], {}), ([], {}), (["run", "compute.wait_policy=passive"], {}),
+                      (["run"], {"OMP_WAIT_POLICY": "ACTIVE"})):
+        compute.set_wait_policy(argv, env, torch_loaded=False)
+        assert "CPROBE_WAIT_AUTO" not in env
+    env = {}
+    assert compute.set_wait_policy(["run"], env, torch_loaded=False, measure=False) == "PASSIVE"
+
+
 def test_set_wait_policy_does_nothing_once_torch_is_loaded():
     env: dict[str, str] = {}
     assert compute.set_wait_policy(["run", "compute.wait_policy=active"], env, torch_loaded=True) is None
@@ -198,6 +239,9 @@ def test_check_wait_policy():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match=r"OpenMP started with OpenMP's default wait policy"):
         compute.check_wait_policy("passive", {}, torch_loaded=True)
+    # auto kept OpenMP's default at a quiet start: the job runs under it and says why
+    assert compute.check_wait_policy("auto", {"CPROBE_WAIT_AUTO": "default 0.1 2"}, torch_loaded=True) == (
+        "OpenMP default", "cprobe's default, quiet at the start: 0.1 of 2 CPU(s) busy with other work")
 
 
 def test_children_start_under_the_job_s_wait_policy(monkeypatch, clean_policy):
@@ -206,6 +250,9 @@ def test_children_start_under_the_job_s_wait_policy(monkeypatch, clean_policy):
     assert compute.child_env() == {"OMP_WAIT_POLICY": "PASSIVE"}
     compute._POLICY["wait_policy_setting"] = "active"
     assert compute.child_env() == {"OMP_WAIT_POLICY": "ACTIVE"}
+    compute._POLICY["wait_policy_setting"] = "auto"
+    monkeypatch.setenv("CPROBE_WAIT_AUTO", "default 0.0 2")  # quiet at the start: children inherit the default too
+    assert compute.child_env() == {}
 
 
 # ----------------------------------------------------------------------------------------------- applied
@@ -304,3 +351,5 @@ def test_slurm_tasks_start_under_the_driver_s_wait_policy():
     assert task_setup(["module load x"], {"OMP_WAIT_POLICY": "PASSIVE"}) == ["export OMP_WAIT_POLICY=PASSIVE",
                                                                              "module load x"]
     assert task_setup(["module load x"], {}) == ["module load x"]
+    # the driver's machine was quiet (auto kept OpenMP's default there): a node's load is not the driver's
+    assert task_setup([], {"CPROBE_WAIT_AUTO": "default 0.0 2"}) == ["export OMP_WAIT_POLICY=PASSIVE"]

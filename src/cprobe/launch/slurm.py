@@ -48,7 +48,7 @@ from typing import Any
 
 from cprobe import slurmctl
 from cprobe import sweep as S
-from cprobe.compute import WAIT_ENV
+from cprobe.compute import AUTO_ENV, WAIT_ENV
 from cprobe.errors import ConfigError, CprobeError, DriverStopped, Terminated, one_line
 from cprobe.launch import packing, resources, settings
 
@@ -391,8 +391,11 @@ def _select(config: Any, key: str, default: Any) -> Any:
 # ================================================================================================ array task
 def task_setup(setup: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
     """The array task's setup lines: the driver's OpenMP wait policy first (it must be in the environment before the
-    task's Python loads torch, and a cluster may not export the submitter's environment), then the user's."""
-    policy = (os.environ if env is None else env).get(WAIT_ENV, "").strip()
+    task's Python loads torch, and a cluster may not export the submitter's environment), then the user's. Where
+    ``auto`` kept OpenMP's default because the driver's machine was quiet, the tasks get passive: a node's load is
+    not the driver's."""
+    env = os.environ if env is None else env
+    policy = env.get(WAIT_ENV, "").strip() or ("PASSIVE" if env.get(AUTO_ENV, "").startswith("default") else "")
     return ([f"export {WAIT_ENV}={shlex.quote(policy)}"] if policy else []) + list(setup)
 
 
