@@ -170,7 +170,10 @@ def test_wandb_offline_runs_read_back(logged):
     group, the sweep's own run, every record in the history, the job's state and its files as an artifact."""
     out, sweep, jobs, _ = logged
     wandb = str(Path(sys.executable).with_name("wandb"))
-    dirs = sorted((out / "wandb").glob("offline-run-*"))
+    # in the order the runs last wrote their logs: the sweep's run ends after every job's (the folders' names hold
+    # the start to the second only, and a fast machine starts the sweep's run in the same second as the last job's)
+    dirs = sorted((out / "wandb").glob("offline-run-*"),
+                  key=lambda d: max(f.stat().st_mtime_ns for f in d.glob("*.wandb")))
     assert len(dirs) == len(jobs) + 1
     runs = {}
     for d in [*dirs[:2], dirs[-1]]:  # two jobs' runs and the sweep's (written last): each read costs seconds
