@@ -18,6 +18,16 @@ full head's time ÷ the candidate rows' (above 1: faster). Before timing the two
 Then torch's profiler runs each pass once and reports the share of its CPU time spent in the head (the head module's
 forward, or :meth:`Head.rows <cprobe.models.head.Head.rows>`), before and after.
 
+- **DAS steps, resumed+KV** (``--das-steps``, default 8): CausalGym's DAS training at ``--sites`` sites of the last
+  token (one batched :class:`~cprobe.models.multisite.SitesForward`, DAS's batch of 4 rows, so K·4 rows a step), whose
+  loss needs the normaliser: the full head (``head_rows = False``: the (K·4, V) logits, their log-softmax, forward and
+  backward) against the target's row and the streamed normaliser (:meth:`Head.log_probs
+  <cprobe.models.head.Head.log_probs>`, one read of the head for the value and its gradient). Time per fit; the two
+  fits' directions are checked equal (≤ 1e-4: a few Adam steps amplify float rounding). No head share (the
+  profiler's hooks cannot see the head's backward).
+
+    python scripts/bench_head.py --shapes gemma3_270m --das-steps 16 --repeats 3 --skip-passes   # DAS only
+
     python scripts/bench_head.py                                   # Gemma 3's shape and GPT-2's (docs/performance.md)
     python scripts/bench_head.py --shapes gemma3_270m --threads 1 --repeats 5
     python scripts/bench_head.py --shapes tiny --n 8 --repeats 1   # a smoke run
@@ -82,6 +92,28 @@ def passes(adapter: ModelAdapter, base: list, source: list, layer: int) -> dict:
                                                            resume=clean).scores}
 
 
+def das_fit(adapter: ModelAdapter, base: list, source: list, layer: int, sites: int, steps: int):
+    """A callable training DAS for ``steps`` steps at ``sites`` sites of the last token (layers ``layer`` and below),
+    resumed at the lowest over the prefix's key/value cache, as CausalGym's DAS does; returns the directions (K, d)."""
+    from cprobe.directions.das import DAS
+    from cprobe.models.multisite import SitesForward
+
+    fmt = AgreementFormatter()
+    site_list = [Site(max(1, layer - k)) for k in range(sites)]
+    src = adapter.map(source, fmt, read=site_list).acts
+    h = torch.stack([src[s] for s in site_list])
+    n = min(len(base), 4 * steps)
+    batch = fmt(base[:n], adapter, torch.arange(n))
+    target = torch.tensor([adapter.candidate_id(e.wrong) for e in base[:n]]).repeat(sites, 1)
+    clean = adapter.clean_states(batch, [min(s.layer for s in site_list)], kv=True)
+    das = DAS(batch_size=4)
+
+    def run():
+        forward = SitesForward(adapter, batch, torch.arange(n), site_list, das.windows(n), clean)
+        return das.fit_many(forward, h[:, :n], target)
+    return run
+
+
 def with_head(adapter: ModelAdapter, rows: bool, run):
     adapter.head_rows = rows
     try:
@@ -133,6 +165,9 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=None, help="the edited layer (default: two thirds of the depth)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    ap.add_argument("--das-steps", type=int, default=8, help="DAS steps per timed fit (0: no DAS row)")
+    ap.add_argument("--sites", type=int, default=4, help="DAS sites trained together (K)")
+    ap.add_argument("--skip-passes", action="store_true", help="only the DAS row")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,7 +178,24 @@ def main() -> None:
         adapter, base, source = build(shape, args.n)
         assert adapter.head is not None, f"{shape}: no split head"
         layer = args.layer or (2 * adapter.n_layers) // 3
-        for name, run in passes(adapter, base, source, layer).items():
+        V = adapter.head.projection.weight.shape[0]
+        if args.das_steps:
+            run = das_fit(adapter, base, source, layer, args.sites, args.das_steps)
+            full, rows = with_head(adapter, False, run), with_head(adapter, True, run)
+            err = float((full - rows).abs().max())
+            if err > 1e-4:
+                raise SystemExit(f"{shape} DAS: the streamed loss's directions differ from the full head's by {err:.2e}")
+            times = {False: [], True: []}
+            for _ in range(args.repeats):
+                for flag in (False, True):
+                    t0 = time.perf_counter()
+                    with_head(adapter, flag, run)
+                    times[flag].append(time.perf_counter() - t0)
+            t_full, t_rows = statistics.median(times[False]), statistics.median(times[True])
+            print(f"| {shape} | {V:,} | DAS, {args.das_steps} steps × {4 * args.sites} rows, resumed+KV (layers "
+                  f"{max(1, layer - args.sites + 1)}–{layer}) | {t_full:.3f} | {t_rows:.3f} | **{t_full / t_rows:.2f}×** | — |",
+                  flush=True)
+        for name, run in ({} if args.skip_passes else passes(adapter, base, source, layer)).items():
             full, rows = with_head(adapter, False, run), with_head(adapter, True, run)
             err = float((full - rows).abs().max())
             if err > TOL * max(1.0, float(full.abs().max())):
@@ -156,7 +208,6 @@ def main() -> None:
                     times[flag].append(time.perf_counter() - t0)
             t_full, t_rows = statistics.median(times[False]), statistics.median(times[True])
             share = (head_share(adapter, False, run), head_share(adapter, True, run))
-            V = adapter.head.projection.weight.shape[0]
             print(f"| {shape} | {V:,} | {name} (layer {layer}) | {t_full:.3f} | {t_rows:.3f} | "
                   f"**{t_full / t_rows:.2f}×** | {100 * share[0]:.1f} % → {100 * share[1]:.2f} % |", flush=True)
         del adapter

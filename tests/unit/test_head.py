@@ -13,8 +13,9 @@ from cprobe.models.adapter import ModelAdapter
 from cprobe.models.edits import Replace
 from cprobe.models.family import MODEL_FAMILIES
 from cprobe.models.formatters import AgreementFormatter
+from cprobe.models import head as head_module
 from cprobe.models.head import Head
-from cprobe.models.readouts import CandidateTokens, Verbaliser
+from cprobe.models.readouts import CandidateTokens, TargetLogProb, Verbaliser
 from cprobe.models.sites import Site
 from tests.conftest import make_word_tokenizer
 
@@ -217,9 +218,170 @@ def test_readout_kinds_and_cache_specs():
     c = CandidateTokens([[1, 2]])
     n = CandidateTokens([[1, 2]], normalise=True)
     batch_rows = AgreementFormatter()(EXAMPLES[:1], adapter("gpt2"), torch.tensor([0]))
-    assert c.token_ids(batch_rows).tolist() == [[1, 2]] and n.token_ids(batch_rows) is None
+    assert c.token_ids(batch_rows).tolist() == [[1, 2]] == n.token_ids(batch_rows).tolist()
+    assert not c.normalise and n.normalise  # the rows' logits; their log-probabilities (the streamed normaliser)
     assert c.spec() != n.spec() and n.spec() == {"readout": "candidates", "k": 2}  # log-probs: the old cache key
     v = Verbaliser([3, 4])
     assert v.token_ids(batch_rows).tolist() == [[3, 4]]
-    assert Verbaliser([3, 4], normalise=True).token_ids(batch_rows) is None
+    assert Verbaliser([3, 4], normalise=True).token_ids(batch_rows).tolist() == [[3, 4]]
     assert v.spec() != Verbaliser([3, 4], normalise=True).spec()
+
+
+# ------------------------------------------------------------------------ the streamed normaliser (Head.log_probs)
+
+
+def test_log_normaliser_hand_computed():
+    """W rows (1, 0), (0, 2), (1, 1); b (0, 1, −1); x (1, 2): u = (1, 5, 2); lse = log(e + e⁵ + e²); with cap 2,
+    z = 2 tanh(u / 2). d lse / dx = Σ p_v post'(u_v) w_v, post' = 1 − tanh²(u / 2) under the cap."""
+    import math
+
+    proj = torch.nn.Linear(2, 3)
+    with torch.no_grad():
+        proj.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]))
+        proj.bias.copy_(torch.tensor([0.0, 1.0, -1.0]))
+    proj.requires_grad_(False)
+    x = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    lse = Head(proj, None).log_normaliser(x)
+    assert lse.item() == pytest.approx(math.log(math.e + math.e ** 5 + math.e ** 2), abs=1e-6)
+    lse.sum().backward()
+    p = [math.e ** u / (math.e + math.e ** 5 + math.e ** 2) for u in (1, 5, 2)]
+    torch.testing.assert_close(x.grad, torch.tensor([[p[0] + p[2], 2 * p[1] + p[2]]]))
+    z = [2 * math.tanh(u / 2) for u in (1, 5, 2)]
+    x.grad = None
+    capped = Head(proj, 2.0).log_normaliser(x)
+    assert capped.item() == pytest.approx(math.log(sum(math.exp(v) for v in z)), abs=1e-6)
+    capped.sum().backward()
+    q = [math.exp(v) / sum(math.exp(v) for v in z) for v in z]
+    d = [1 - math.tanh(u / 2) ** 2 for u in (1, 5, 2)]
+    torch.testing.assert_close(x.grad, torch.tensor([[q[0] * d[0] + q[2] * d[2], 2 * q[1] * d[1] + q[2] * d[2]]]))
+    lp = Head(proj, None).log_probs(x.detach(), torch.tensor([[1, 0]]))
+    torch.testing.assert_close(lp, torch.tensor([[5.0, 1.0]]) - math.log(math.e + math.e ** 5 + math.e ** 2))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1024, 100_000])
+@pytest.mark.parametrize("cap,bias", [(None, False), (3.0, False), (None, True)])
+def test_streamed_normaliser_equals_the_full_log_softmax_and_its_gradient(monkeypatch, chunk, cap, bias):
+    """Over chunks that do and do not divide the vocabulary (V = 1,000), one row per chunk and the whole vocabulary in
+    one: the value and the gradient in x equal torch's log-sum-exp of the full logits (soft cap, bias); the head gets
+    no gradient and is never asked for one; without a gradient wanted, the same value."""
+    monkeypatch.setattr(head_module, "CPU_CHUNK", chunk)
+    g = torch.Generator().manual_seed(0)
+    proj = torch.nn.Linear(16, 1000, bias=bias).requires_grad_(False)
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(1000, 16, generator=g))  # logits of a few units, up to ~15: the max moves
+        if bias:
+            proj.bias.copy_(torch.randn(1000, generator=g))
+    head = Head(proj, cap)
+    x0 = torch.randn(5, 16, generator=g)
+    ids = torch.randint(0, 1000, (5, 2), generator=g)
+    x = x0.clone().requires_grad_(True)
+    weights = torch.tensor([1.0, -2.0, 0.5, 3.0, 1.5])
+    (head.log_probs(x, ids) * weights[:, None]).sum().backward()
+    ref_x = x0.clone().requires_grad_(True)
+    full = head.post(proj(ref_x)).float().log_softmax(-1)
+    (full.gather(1, ids) * weights[:, None]).sum().backward()
+    torch.testing.assert_close(head.log_probs(x0, ids), full.detach().gather(1, ids), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x.grad, ref_x.grad, atol=1e-5, rtol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(head.log_normaliser(x0), torch.logsumexp(head.post(proj(x0)), -1), atol=1e-5,
+                                   rtol=1e-5)
+
+
+def test_a_trained_projection_keeps_its_gradient():
+    """A head that requires a gradient (a fine-tune of it) takes the plain product: its weight's gradient is there and
+    equals the full log-softmax's."""
+    proj = torch.nn.Linear(8, 50)
+    x = torch.randn(3, 8)
+    ids = torch.tensor([[1], [2], [3]])
+    Head(proj, None).log_probs(x, ids).sum().backward()
+    got = proj.weight.grad.clone()
+    proj.weight.grad = None
+    proj(x).log_softmax(-1).gather(1, ids).sum().backward()
+    torch.testing.assert_close(got, proj.weight.grad)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "bert", "gemma3_text"])
+def test_target_log_probs_through_the_model_equal_the_full_heads(model_type):
+    """TargetLogProb through the adapter (rows and streamed normaliser, the projection never run over the vocabulary)
+    equals the full head's log-softmax at each row's target, and so does its gradient in an edit's parameter."""
+    ad = adapter(model_type)
+    b = AgreementFormatter()(EXAMPLES, ad, torch.arange(3))
+    target = torch.tensor([ad.candidate_id("is"), ad.candidate_id("are"), ad.candidate_id("here")])
+    got = []
+    for rows in (True, False):
+        ad.head_rows = rows
+        calls = []
+        hook = ad.head.projection.register_forward_hook(lambda *_: calls.append(1))
+        a = torch.zeros(ad.hidden_size, requires_grad=True)
+        out = ad.run(b, edits={Site(1): lambda h: h + a}, readout=TargetLogProb(target), grad=True).scores
+        hook.remove()
+        assert out.shape == (3, 1) and bool(calls) is not rows
+        (out[:, 0] * torch.tensor([1.0, -1.0, 2.0])).sum().backward()
+        got.append((out.detach(), a.grad))
+    torch.testing.assert_close(got[0][0], got[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
+    assert float(got[0][1].abs().sum()) > 0
+    torch.testing.assert_close(got[0][0][:, 0], full_logits(ad).log_softmax(-1).gather(1, target[:, None])[:, 0],
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_das_trains_the_same_directions_through_the_streamed_loss():
+    """DAS over K sites (SitesForward.log_prob: the target's log-probability from the streamed head) learns the
+    directions the full (K, b, V) log-softmax learns, and its per-step losses are the same."""
+    from cprobe.directions.das import DAS
+    from cprobe.models.multisite import SitesForward
+
+    ad = adapter("gemma3_text")
+    fmt = AgreementFormatter()
+    b = fmt(EXAMPLES, ad, torch.arange(3))
+    sites = [Site(1), Site(2)]
+    g = torch.Generator().manual_seed(1)
+    h = 3 * torch.randn(2, 3, ad.hidden_size, generator=g)
+    target = torch.tensor([[ad.candidate_id("is"), ad.candidate_id("are"), ad.candidate_id("here")]] * 2)
+    das = DAS(lr=0.05, batch_size=2, epochs=3)
+    forward = SitesForward(ad, b, torch.arange(3), sites, das.windows(3))
+    streamed = das.fit_many(forward, h, target)
+    losses = das.losses_.clone()
+    full = das.fit_many(lambda rows, hs, a: forward(rows, hs, a), h, target)  # no log_prob: the full head
+    torch.testing.assert_close(das.losses_, losses, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(streamed, das.fit_many(forward, h, target.flip(1)), atol=1e-3)
+
+
+@pytest.mark.parametrize("scored_positions", [True, False])
+@pytest.mark.parametrize("model_type", ["gpt2", "gemma3_text"])
+def test_a_continuations_log_probability_streams_the_head_at_each_position(model_type, scored_positions):
+    """ContinuationLogProb (a multi-token label: RAVEL's DAS loss) through the adapter: the targets' rows and the
+    streamed normaliser at each named position give the full head's value and gradient, a missing position (−1) and a
+    pad target (−1) left out, the projection never run over the vocabulary."""
+    from dataclasses import replace
+
+    from cprobe.models.readouts import ContinuationLogProb
+
+    ad = adapter(model_type)
+    ad.scored_positions = scored_positions
+    b = AgreementFormatter()(EXAMPLES, ad, torch.arange(3))
+    b = replace(b, positions={**b.positions, "p0": torch.tensor([1, 1, 2]), "p1": torch.tensor([2, -1, 3])})
+    targets = torch.tensor([[ad.candidate_id("is"), ad.candidate_id("here")],
+                            [ad.candidate_id("are"), ad.candidate_id("is")],
+                            [ad.candidate_id("here"), -1]])
+    got = []
+    for rows in (True, False):
+        ad.head_rows = rows
+        calls = []
+        hook = ad.head.projection.register_forward_hook(lambda *_: calls.append(1))
+        a = torch.zeros(ad.hidden_size, requires_grad=True)
+        out = ad.run(b, edits={Site(1): lambda h: h + a}, readout=ContinuationLogProb(["p0", "p1"], targets),
+                     grad=True).scores
+        hook.remove()
+        assert bool(calls) is not rows
+        out[:, 0].sum().backward()
+        got.append((out.detach(), a.grad))
+    torch.testing.assert_close(got[0][0], got[1][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
+    # by hand from the model's own logits: row 0 both positions, row 1 position 0 only, row 2 its first token only
+    with torch.inference_mode():
+        logp = ad.model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits.float().log_softmax(-1)
+    want = torch.stack([logp[0, 1, targets[0, 0]] + logp[0, 2, targets[0, 1]], logp[1, 1, targets[1, 0]],
+                        logp[2, 2, targets[2, 0]]])
+    torch.testing.assert_close(got[0][0][:, 0], want, atol=1e-5, rtol=1e-5)

@@ -37,7 +37,20 @@ BatchForward = Callable[[slice, Tensor, Tensor], Tensor]
 """``forward(rows, h_source, a) -> (K, b, V)``: the train base rows ``rows`` (a slice of b rows) run once per site k,
 with the DII at site k toward the source rows ``h_source[k]`` (K, b, d) along ``a[k]`` (K, d), or the interchange of
 the span of the orthonormal columns of ``a[k]`` (K, d, k) where DAS's ``k > 1``; differentiable in ``a``. Rows come
-as a slice of plain ints, so a forward needs no index tensor read back."""
+as a slice of plain ints, so a forward needs no index tensor read back. A forward may also declare
+``log_prob(rows, h_source, a, target) -> (K, b)``, the log-probabilities of ``target`` (K, b) directly
+(:meth:`cprobe.models.multisite.SitesForward.log_prob`: the head's target rows and its streamed normaliser, no (K, b, V)
+scores); training then uses it (:func:`target_log_prob`)."""
+
+
+def target_log_prob(forward: Callable[..., Tensor], rows: slice, h_source: Tensor, a: Tensor,
+                    target: Tensor) -> Tensor:
+    """log p(target) (K, b) of a training step's edited rows: the forward's own ``log_prob`` where it declares one,
+    else the log-softmax of its scores (K, b, V) at ``target`` (K, b). The loss of DAS and DBM is its negative."""
+    own = getattr(forward, "log_prob", None)
+    if callable(own):
+        return own(rows, h_source, a, target)
+    return torch.log_softmax(forward(rows, h_source, a).float(), -1).gather(2, target[..., None]).squeeze(2)
 
 
 @DIRECTIONS.register("das")
@@ -140,9 +153,8 @@ class DAS(Direction):
         losses = torch.zeros(total, K, device=device)
         for step in range(total):
             start, stop = windows[step % len(windows)]
-            scores = forward(slice(start, stop), h_source[:, start:stop], direction())
-            logp = torch.log_softmax(scores.float(), -1)
-            nll = -logp.gather(2, target[:, start:stop, None]).squeeze(2)  # (K, b)
+            nll = -target_log_prob(forward, slice(start, stop), h_source[:, start:stop], direction(),
+                                   target[:, start:stop])  # (K, b)
             if weight is None:
                 per_site = nll.mean(1)  # (K,)
             else:

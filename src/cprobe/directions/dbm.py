@@ -25,13 +25,16 @@ import torch
 from torch import Tensor
 
 from cprobe.directions.base import DIRECTIONS, Direction
+from cprobe.directions.das import target_log_prob
 from cprobe.models.featurizers import Featurizer, Identity, Subspace
 
 BASES = ("standard", "pca", "sae")
 
 MaskForward = Callable[[slice, Tensor, Tensor], Tensor]
 """``forward(rows, h_source (K, b, d), gates (K, m)) -> (K, b, V)``: the train base rows ``rows`` run once per site k
-with the soft interchange toward ``h_source[k]`` gated by ``gates[k]``; differentiable in ``gates``."""
+with the soft interchange toward ``h_source[k]`` gated by ``gates[k]``; differentiable in ``gates``. It may declare
+``log_prob(rows, h_source, gates, target) -> (K, b)`` as DAS's forward may (:func:`cprobe.directions.das.target_log_prob`;
+:class:`cprobe.models.multisite.EditForward`)."""
 
 
 class Masked:
@@ -141,8 +144,8 @@ class DBM(Direction):
         for step in range(total):
             start, stop = windows[step % len(windows)]
             g = self.gates(logits, temps[step]) * valid
-            scores = forward(slice(start, stop), h_source[:, start:stop], g)
-            nll = -torch.log_softmax(scores.float(), -1).gather(2, target[:, start:stop, None]).squeeze(2).mean(1)
+            nll = -target_log_prob(forward, slice(start, stop), h_source[:, start:stop], g,
+                                   target[:, start:stop]).mean(1)
             loss = nll + self.sparsity * g.sum(1)  # ‖σ(mask/T)‖₁ per site
             opt.zero_grad()
             loss.sum().backward()  # each site's mask gets its own site's gradient

@@ -347,17 +347,20 @@ class ModelAdapter(Resuming):
             at = torch.where(pred >= 0, torch.zeros_like(pred), torch.full_like(pred, -1))
             scored, gathered = replace(batch, positions={**batch.positions, _SCORED: at}, pred=_SCORED), True
         many = tuple(getattr(readout, "at_positions", ()) or ())
-        if (self.scored_positions and many and readout is not None and not readout.at_position
-                and self._head is not None and all(p in batch.positions for p in many)):
+        at_many = (bool(many) and readout is not None and not readout.at_position
+                   and all(p in batch.positions for p in many))
+        if self.scored_positions and at_many and self._head is not None:
             # a readout of several named positions per row (GreedyTokens): the head sees those tokens only, (n, m, d);
             # the positions become 0 … m−1 of the gathered logits (−1 stays −1)
             at = torch.stack([batch.positions[p] for p in many], 1)
             handles.append(self._head.register_forward_pre_hook(_gather_rows(at.clamp(min=0)), with_kwargs=True))
-            scored = replace(batch, positions={**batch.positions, **{
-                p: torch.where(at[:, j] >= 0, torch.full_like(at[:, j], j), at[:, j]) for j, p in enumerate(many)}})
-        # the head's rows of the tokens the readout reads, when those are all it reads (models/head.py): the forward
-        # ends where the vocabulary projection would read its input
-        head = self.head if at_pred and self.head_rows else None
+            scored, gathered = replace(batch, positions={**batch.positions, **{
+                p: torch.where(at[:, j] >= 0, torch.full_like(at[:, j], j), at[:, j]) for j, p in enumerate(many)}}), True
+        # the head's rows of the tokens the readout reads, when those are all it reads (models/head.py), with the
+        # streamed normaliser where it wants their log-probabilities: the forward ends where the vocabulary
+        # projection would read its input
+        # (at several named positions — a continuation's log-probability — the named tokens (n, m), one per position)
+        head = self.head if (at_pred or (at_many and readout.normalise)) and self.head_rows else None  # type: ignore
         ids = readout.token_ids(scored) if head is not None else None  # type: ignore[union-attr]
         grab = head.capture() if head is not None and ids is not None else None
         res = None
@@ -371,9 +374,17 @@ class ModelAdapter(Resuming):
                 if grab is not None:
                     got = grab.x
                     assert got is not None, "the forward did not reach the vocabulary projection"
-                    x = got[:, 0] if gathered else got[torch.arange(len(got), device=got.device),
-                                                       batch.pred_positions().clamp(min=0).to(got.device)]
-                    scores = readout.from_token_logits(head.rows(x, ids).to(dev), scored)  # type: ignore[union-attr]
+                    if at_pred:
+                        x = got[:, 0] if gathered else got[torch.arange(len(got), device=got.device),
+                                                           batch.pred_positions().clamp(min=0).to(got.device)]
+                        rows = head.log_probs(x, ids) if readout.normalise else head.rows(x, ids)  # type: ignore
+                    else:  # the m named positions' states (n, m, d), each scored at its own token
+                        if not gathered:
+                            at = torch.stack([batch.positions[p] for p in many], 1).clamp(min=0).to(got.device)
+                            got = got[torch.arange(len(got), device=got.device)[:, None], at]
+                        n, m = ids.shape  # type: ignore[union-attr]
+                        rows = head.log_probs(got.reshape(n * m, -1), ids.reshape(n * m, 1)).view(n, m)  # type: ignore
+                    scores = readout.from_token_logits(rows.to(dev), scored)  # type: ignore[union-attr]
                 else:
                     scores = readout.scores(res.logits, scored) if readout is not None else None
         finally:
@@ -583,7 +594,9 @@ class ModelAdapter(Resuming):
                           {"head": torch.zeros(len(rows), dtype=torch.long)}, rows, pred="head")
             ids = readout.token_ids(batch) if self.head is not None and self.head_rows else None
             if ids is not None:  # the head's rows of the readout's tokens (models/head.py)
-                part = readout.from_token_logits(self.head.rows(self.head.input_of(self._head, v), ids), batch)
+                x = self.head.input_of(self._head, v)
+                part = readout.from_token_logits(self.head.log_probs(x, ids) if readout.normalise
+                                                 else self.head.rows(x, ids), batch)
             else:
                 logits = self._head(v)[:, None, :]  # (n, 1, V): one "token" at position 0
                 part = readout.scores(self.head.post(logits) if self.head is not None else logits, batch)

@@ -14,6 +14,13 @@ A readout that compares k tokens (:meth:`cprobe.models.readouts.Readout.token_id
 d = 640, more parameters than its blocks). The numbers are the full head's at those columns, up to the float rounding
 of a different matrix product (tested per family in ``tests/unit/test_head.py``).
 
+A readout that needs the normaliser at a few tokens — DAS's loss, the log-probability of the source label over the
+whole vocabulary (CausalGym eq. 12) — still reads every row of ``W``, but once: :meth:`Head.log_probs` streams ``W`` in
+chunks of rows and keeps, per input row, the running maximum, the running sum of ``exp`` and the gradient's numerator
+``Σ_v e^{z_v} post'(u_v) w_v`` (the online log-sum-exp, rescaled when the maximum moves), so the value and its gradient
+come from one read of each chunk while it is in cache, and no (n, V) logits, log-softmax or their gradients are ever
+materialised. The numbers are the full log-softmax's up to float rounding (``tests/unit/test_head.py``).
+
 A family whose head cannot be split so (an unknown, derived family: its logits might be scaled or capped in ways
 cprobe does not know) declares ``split_head = False`` and every readout there runs the full head.
 """
@@ -25,6 +32,11 @@ from torch import Tensor, nn
 
 from cprobe.models.family import family_of
 from cprobe.models.resume import StopForward
+
+CPU_CHUNK = 1024
+"""Vocabulary rows per step of :meth:`Head.log_normaliser` on a CPU: a chunk (1,024 × d floats: 2.6 MB at Gemma 3's
+d = 640) stays in cache between its two products. On an accelerator the whole vocabulary is one chunk (its memory
+is not the bottleneck, and each chunk is a kernel launch). ``python scripts/bench_head.py --loss`` measures it."""
 
 
 class Capture:
@@ -83,6 +95,24 @@ class Head:
             logits = logits + self.projection.bias[ids]
         return self.post(logits)
 
+    def log_normaliser(self, x: Tensor) -> Tensor:
+        """log Σ_v exp post(x · w_v + b_v) over the whole vocabulary (n,), float32, from the projection's inputs ``x``
+        (n, d): streamed over chunks of the head's rows (module doc), differentiable in ``x``. A projection that is
+        itself being trained (its weight requiring a gradient) takes the plain full product instead, so its gradient
+        is not lost."""
+        w, b = self.projection.weight, self.projection.bias
+        x = x.to(w.device, w.dtype)
+        trained = w.requires_grad or (b is not None and b.requires_grad)
+        if trained and torch.is_grad_enabled():
+            return torch.logsumexp(self.post(nn.functional.linear(x, w, b)).float(), -1)
+        chunk = CPU_CHUNK if w.device.type == "cpu" else w.shape[0]
+        return _StreamedLogSumExp.apply(x, w, b, self.softcap, chunk)
+
+    def log_probs(self, x: Tensor, ids: Tensor) -> Tensor:
+        """Log-probabilities (n, k), float32, of tokens ``ids`` (n, k) over the whole vocabulary from the projection's
+        inputs ``x`` (n, d): :meth:`rows` − :meth:`log_normaliser`, one streamed read of the head."""
+        return self.rows(x, ids).float() - self.log_normaliser(x)[:, None]
+
     def input_of(self, head: nn.Module, h: Tensor) -> Tensor:
         """The projection's inputs (n, d) when ``head`` (the module holding the projection: a decoder's ``lm_head``
         itself, BERT's ``cls``) reads the states ``h`` (n, d): the part of the head before the projection, run."""
@@ -96,3 +126,49 @@ class Head:
         assert grab.x is not None, "the head module did not call its vocabulary projection"
         return grab.x[:, 0]
 
+
+
+class _StreamedLogSumExp(torch.autograd.Function):
+    """lse(x) = log Σ_v exp z_v, z_v = post(u_v), u_v = x · w_v + b_v, over row chunks of W (n, d) → (n,).
+
+    Per chunk: its logits, the new running maximum m', the sum rescaled by e^{m − m'} plus the chunk's Σ e^{z − m'},
+    and, when ``x`` needs a gradient, the numerator rescaled alike plus the chunk's (e^{z − m'} · post'(u)) @ W_chunk.
+    d lse / dx = Σ_v p_v post'(u_v) w_v = numerator / sum, kept from the forward; the backward only scales it. The
+    head's weight and bias get no gradient (the caller checks they need none)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None,  # type: ignore[override]
+                chunk: int) -> Tensor:
+        n, d = x.shape
+        grad = ctx.needs_input_grad[0]
+        m = torch.full((n,), -torch.inf, device=x.device)
+        s = torch.zeros(n, device=x.device)
+        num = torch.zeros(n, d, device=x.device) if grad else None
+        for c0 in range(0, weight.shape[0], chunk):
+            w = weight[c0:c0 + chunk]
+            u = (x @ w.T).float()
+            if bias is not None:
+                u = u + bias[c0:c0 + chunk].float()
+            if softcap is not None:
+                t = torch.tanh(u / softcap)
+                z = t * softcap
+            else:
+                z = u
+            top = torch.maximum(m, z.amax(1))
+            scale = torch.exp(m - top)  # 0 on the first chunk (m = −inf)
+            e = torch.exp(z - top[:, None])
+            s = s * scale + e.sum(1)
+            if num is not None:
+                g = e if softcap is None else e * (1 - t * t)
+                num = num * scale[:, None] + (g.to(w.dtype) @ w).float()
+            m = top
+        if num is not None:
+            ctx.save_for_backward(num / s[:, None])
+            ctx.x_dtype = x.dtype
+        return m + torch.log(s)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (dx,) = ctx.saved_tensors
+        return (grad[:, None] * dx).to(ctx.x_dtype), None, None, None, None

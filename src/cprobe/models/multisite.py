@@ -1,7 +1,7 @@
 """Many sites per forward, the sites engine's pass: :func:`edited_pass` (a site per row, pyvene's per-example
 ``unit_locations``: :func:`site_batch`; or every site at once), :func:`edited_generate` (greedy decoding under the same
 edits: MIB's generated outputs), :func:`rowwise_dii`, :class:`SitesForward` (DAS; :meth:`SitesForward.run`, any
-edit: DBM's gated interchange)."""
+edit) and :class:`EditForward` (the same with an edit of its own: DBM's gated interchange)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import Tensor
 from cprobe.models.adapter import ModelAdapter, RunOutput
 from cprobe.models.batching import is_oom, plan_batches
 from cprobe.models.edits import Edit, dii
-from cprobe.models.readouts import NextToken, Readout, TopK
+from cprobe.models.readouts import NextToken, Readout, TargetLogProb, TopK
 from cprobe.models.resume import CleanStates, Resume
 from cprobe.models.sites import Batch, Site
 from cprobe.progress import track
@@ -163,20 +163,57 @@ class SitesForward:
                 self.resume[start, stop] = (st, torch.arange(b, device=st.device).repeat(self.K), dict(res.kv))
         self.low = low
 
-    def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
-        """``a``: the K directions (K, d) or, DAS's k > 1, the K orthonormal bases (K, d, k)."""
+    @staticmethod
+    def dii(rows: slice, h_source: Tensor, a: Tensor) -> Edit:
+        """The step's edit: the DII toward ``h_source`` (K, b, d) along ``a``, the K directions (K, d) or, DAS's
+        k > 1, the K orthonormal bases (K, d, k), row-wise over the K·b rows."""
         K, b, d = h_source.shape
-        edit = rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
-        return self.run(rows, edit)
+        return rowwise_dii(h_source.reshape(K * b, d), a.repeat_interleave(b, 0))
+
+    def __call__(self, rows: slice, h_source: Tensor, a: Tensor) -> Tensor:
+        """Next-token scores (K, b, V) of the step's rows under :meth:`dii`."""
+        return self.run(rows, self.dii(rows, h_source, a))
+
+    def log_prob(self, rows: slice, h_source: Tensor, a: Tensor, target: Tensor) -> Tensor:
+        """log p(target) (K, b) of the step's rows under :meth:`dii` (:meth:`run_log_prob`)."""
+        return self.run_log_prob(rows, self.dii(rows, h_source, a), target)
 
     def run(self, rows: slice, edit: Edit) -> Tensor:
         """The step's rows, K times, with ``edit`` over the K·b rows (site-major: copy k edited at site k) at every
         site: next-token scores (K, b, V)."""
-        b = rows.stop - rows.start
+        readout = NextToken() if self.readout is None else self.readout(rows)
+        return self._run(rows, edit, readout).view(self.K, rows.stop - rows.start, -1)
+
+    def run_log_prob(self, rows: slice, edit: Edit, target: Tensor) -> Tensor:
+        """log p(target) (K, b) over the whole vocabulary of the step's rows under ``edit``, copy k toward its own
+        ``target[k]`` (K, b): DAS's loss, from the head's target rows and its streamed normaliser
+        (:class:`~cprobe.models.readouts.TargetLogProb`), never the (K·b, V) logits. With a readout of its own (a
+        multi-token label's), the log-softmax of its scores at ``target``."""
+        if self.readout is not None:
+            return torch.log_softmax(self.run(rows, edit).float(), -1).gather(2, target[..., None])[..., 0]
+        out = self._run(rows, edit, TargetLogProb(target.reshape(-1)))
+        return out.view(self.K, rows.stop - rows.start)
+
+    def _run(self, rows: slice, edit: Edit, readout: Readout) -> Tensor:
         batch, at = self.batches[rows.start, rows.stop]
         st = self.resume.get((rows.start, rows.stop))
         res = None if st is None else Resume(self.adapter.name, {self.low: st[0][st[1]]},
                                              {l: (k[st[1]], v[st[1]]) for l, (k, v) in st[2].items()})
-        readout = NextToken() if self.readout is None else self.readout(rows)
         out = self.adapter.run(batch, edits={s: edit for s in at}, readout=readout, grad=True, resume=res).scores
-        return out.view(self.K, b, -1)
+        assert out is not None
+        return out
+
+
+class EditForward:
+    """A training forward (:data:`cprobe.directions.das.BatchForward`) over a :class:`SitesForward` with an edit of
+    its own: ``make(rows, h_source, params)`` builds the step's edit of the K·b rows from the trained parameters
+    (DBM's gated interchange over each site's basis); scores and log p(target) as :class:`SitesForward` gives them."""
+
+    def __init__(self, sites: SitesForward, make: Callable[[slice, Tensor, Tensor], Edit]) -> None:
+        self.sites, self.make = sites, make
+
+    def __call__(self, rows: slice, h_source: Tensor, params: Tensor) -> Tensor:
+        return self.sites.run(rows, self.make(rows, h_source, params))
+
+    def log_prob(self, rows: slice, h_source: Tensor, params: Tensor, target: Tensor) -> Tensor:
+        return self.sites.run_log_prob(rows, self.make(rows, h_source, params), target)

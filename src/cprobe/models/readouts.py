@@ -6,7 +6,8 @@
 - :class:`Verbaliser`: the same with one fixed set of label words for every row (an LM used as a
   classifier through a prompt);
 - :class:`Vocabulary`: the full next-token / masked-token log-distribution (n, V);
-- :class:`NextToken`: the same, unchecked, for a forward that runs every training step (DAS at many sites);
+- :class:`NextToken`: the same, unchecked, for a forward that runs every training step;
+- :class:`TargetLogProb`: each row's target token's log-probability (n, 1) (DAS's loss at many sites);
 - :class:`TopK`: the ids (n, k) of the k most probable tokens (cloze probing: P@1 after stop-word skipping);
 - :class:`ClassHead`: a sequence classifier's class log-probabilities (n, C);
 - :class:`GreedyTokens`: the most probable token (n, m) at each of m named positions (teacher-forced continuations,
@@ -18,10 +19,13 @@
 comparison between a row's candidates cancels it — a difference (CausalGym's log odds-ratio, eq. 9, its IIA and
 erasure), an argmax (RAVEL's answer, a verbaliser's class, task accuracy). Those readouts read the candidates' logits
 only (:meth:`Readout.token_ids`), and the adapter computes only those rows of the LM head
-(:mod:`cprobe.models.head`). The metrics that need the normaliser read the whole vocabulary: DAS's loss (CausalGym eq.
-12, the log-probability of the source label over the vocabulary: :class:`NextToken` / :class:`Vocabulary`), a spliced
-SAE's next-token loss and KL (:mod:`cprobe.sae.splice`), and a caller that wants log-probabilities
-(``CandidateTokens(ids, normalise=True)``); the top-k needs every logit but no normaliser.
+(:mod:`cprobe.models.head`). The metrics that need the normaliser read every row of the head: DAS's loss (CausalGym eq.
+12, the log-probability of the source label over the vocabulary: :class:`TargetLogProb`, and a multi-token label's
+:class:`ContinuationLogProb`), a spliced SAE's next-token loss and KL (:mod:`cprobe.sae.splice`), and a caller that
+wants log-probabilities (``CandidateTokens(ids, normalise=True)``). Where a readout names its tokens and needs their
+log-probabilities (:attr:`Readout.normalise`: :class:`TargetLogProb`, normalised candidates), the adapter streams the
+head once for their rows and the normaliser together (:meth:`Head.log_probs <cprobe.models.head.Head.log_probs>`),
+without the (n, V) logits; the top-k needs every logit but no normaliser.
 
 "Task accuracy" is a readout method (:meth:`Readout.accuracy`). A readout's :meth:`spec` enters the
 activation-cache key, so cached scores are never read back under another readout.
@@ -55,14 +59,21 @@ class Readout(ABC):
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         """(n, k) scores from the model's logits for ``batch``: (n, T, V) for LMs, (n, C) for classifiers."""
 
+    normalise: bool = False
+    """True when the scores of :meth:`token_ids` are their log-probabilities over the whole vocabulary: the adapter
+    then gives :meth:`from_token_logits` :meth:`Head.log_probs <cprobe.models.head.Head.log_probs>` (those rows and
+    the normaliser, in one streamed read of the head) instead of the rows' logits."""
+
     def token_ids(self, batch: Batch) -> Tensor | None:
-        """The token ids (n, k) whose logits at the prediction position are all this readout reads of ``batch``; None
-        when it reads the whole vocabulary (a normaliser, a top-k). Given ids, the adapter computes those rows of the
-        LM head only (:mod:`cprobe.models.head`) and scores them with :meth:`from_token_logits`."""
+        """The token ids (n, k) whose logits (or, :attr:`normalise`, log-probabilities) at the prediction position are
+        all this readout reads of ``batch``; None when it reads more of the vocabulary (a top-k). Given ids, the
+        adapter computes those rows of the LM head only (:mod:`cprobe.models.head`) and scores them with
+        :meth:`from_token_logits`."""
         return None
 
     def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
-        """(n, k) scores from the logits (n, k) of the tokens :meth:`token_ids` named, as the model computes them."""
+        """(n, k) scores from the logits (n, k) of the tokens :meth:`token_ids` named, as the model computes them
+        (their log-probabilities where :attr:`normalise`)."""
         raise NotImplementedError(f"the {self.name} readout reads the whole vocabulary")
 
     def predict(self, scores: Tensor) -> Tensor:
@@ -103,7 +114,7 @@ class CandidateTokens(Readout):
     """Scores (n, k) of per-item candidate token ids ``ids`` (N, k) at the prediction position: their logits, as the
     model computes them (the final norm, a masked LM's head transform and any soft cap included), from those rows of
     the head only — for comparisons between a row's candidates, where the normaliser cancels (module doc); with
-    ``normalise``, their log-probabilities over the whole vocabulary (the full head)."""
+    ``normalise``, their log-probabilities over the whole vocabulary (the rows and the streamed normaliser)."""
 
     name = "candidates"
 
@@ -124,7 +135,7 @@ class CandidateTokens(Readout):
         return self.ids[batch.rows.to(self.ids.device)]
 
     def token_ids(self, batch: Batch) -> Tensor | None:
-        return None if self.normalise else self._ids(batch)
+        return self._ids(batch)
 
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         at = logits_at(logits, batch).float()
@@ -174,6 +185,32 @@ class NextToken(Readout):
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         pos = batch.positions[str(batch.pred)].to(logits.device)
         return logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
+
+
+class TargetLogProb(Readout):
+    """Each row's own target token's log-probability over the whole vocabulary at the prediction position (n, 1): DAS's
+    loss (CausalGym eq. 12: ``targets`` (n,) the source labels of a step's rows), from the head's target rows and its
+    streamed normaliser (:meth:`Head.log_probs <cprobe.models.head.Head.log_probs>`), or from the full logits where
+    the head is not split. Nothing is read back from the device (it runs every training step)."""
+
+    name = "target_logprob"
+    normalise = True
+
+    def __init__(self, targets: Tensor) -> None:
+        self.targets = torch.as_tensor(targets, dtype=torch.long)
+        if self.targets.ndim != 1:
+            raise ConfigError(f"target ids must be (n,), got shape {tuple(self.targets.shape)}")
+
+    def token_ids(self, batch: Batch) -> Tensor | None:
+        return self.targets[:, None]
+
+    def scores(self, logits: Tensor, batch: Batch) -> Tensor:
+        pos = batch.positions[str(batch.pred)].to(logits.device)
+        at = logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
+        return at.gather(1, self.targets[:, None].to(at.device))
+
+    def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
+        return logits.float()
 
 
 class TopK(Readout):
@@ -244,6 +281,7 @@ class ContinuationLogProb(GreedyTokens):
     several tokens). lp is capped at −1e-6 so the complement stays finite."""
 
     name = "continuation_logprob"
+    normalise = True  # :meth:`token_ids` are the targets, one per position: their rows and the streamed normaliser
 
     def __init__(self, positions: Sequence[str], targets: Tensor) -> None:
         super().__init__(positions)
@@ -255,13 +293,24 @@ class ContinuationLogProb(GreedyTokens):
     def spec(self) -> dict[str, Any]:
         return {"readout": self.name, "positions": list(self.positions)}
 
+    def token_ids(self, batch: Batch) -> Tensor | None:
+        """The target token at each named position (n, m) (a pad's −1 read as token 0, then left out)."""
+        return self.targets.clamp(min=0)
+
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         rows = torch.arange(logits.shape[0], device=logits.device)
+        tgt = self.targets.to(logits.device).clamp(min=0)
+        steps = [logits[rows, batch.position(name).to(logits.device).clamp(min=0)].float().log_softmax(-1)
+                 .gather(1, tgt[:, j:j + 1])[:, 0] for j, name in enumerate(self.positions)]
+        return self.from_token_logits(torch.stack(steps, 1), batch)
+
+    def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
+        """From each position's target log-probability (n, m): their sum over the real positions and tokens."""
         tgt = self.targets.to(logits.device)
         lp = torch.zeros(logits.shape[0], device=logits.device)
         for j, name in enumerate(self.positions):
             pos = batch.position(name).to(logits.device)
-            step = logits[rows, pos.clamp(min=0)].float().log_softmax(-1).gather(1, tgt[:, j:j + 1].clamp(min=0))[:, 0]
+            step = logits[:, j].float()
             lp = lp + torch.where((pos >= 0) & (tgt[:, j] >= 0), step, torch.zeros_like(step))
         lp = lp.clamp(max=-1e-6)
         return torch.stack([lp, torch.log(-torch.expm1(lp))], 1)

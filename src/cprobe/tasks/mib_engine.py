@@ -16,6 +16,7 @@ from torch import Tensor
 
 from cprobe.data.mib import Pair, Task, pairs
 from cprobe.methods import build, declares, featurizer, is_intervention
+from cprobe.models.edits import Edit
 from cprobe.models.featurizers import Featurizer, Subspace, rowwise_interchange
 from cprobe.models.sites import Site
 
@@ -196,7 +197,7 @@ def fit_through(adapter: Any, P: Prompts, variable: str, method: str, params: Ma
     each site toward the label's first token; the sites of one position train together."""
     from cprobe.methods import family
     from cprobe.models.formatters import RegionFormatter
-    from cprobe.models.multisite import SitesForward
+    from cprobe.models.multisite import EditForward, SitesForward
 
     if not P.train:
         return []
@@ -216,12 +217,12 @@ def fit_through(adapter: Any, P: Prompts, variable: str, method: str, params: Ma
             bases = [m.basis_featurizer(P.acts[s][base]) for s in group]
             site_of = torch.arange(K).repeat_interleave
 
-            def gated(rows: slice, hs: Tensor, gates: Tensor, bases: list = bases) -> Tensor:
+            def gated(rows: slice, hs: Tensor, gates: Tensor, bases: list = bases) -> Edit:
                 b = rows.stop - rows.start
-                edit = rowwise_interchange(hs.reshape(K * b, -1), site_of(b), bases,
+                return rowwise_interchange(hs.reshape(K * b, -1), site_of(b), bases,
                                            [g[: f.n_features] for g, f in zip(gates, bases)])
-                return forward.run(rows, edit)
-            masks = m.fit_many(gated, h, target[None].repeat(K, 1), [f.n_features for f in bases]).cpu()
+            masks = m.fit_many(EditForward(forward, gated), h, target[None].repeat(K, 1),
+                               [f.n_features for f in bases]).cpu()
             for k, (s, f) in enumerate(zip(group, bases)):
                 chosen = masks[k][: f.n_features].nonzero().flatten().tolist()
                 out.append(Fit(method, family(method), s, m.featurizer(f, masks[k]), f, chosen))
