@@ -122,6 +122,17 @@ def with_head(adapter: ModelAdapter, rows: bool, run):
         adapter.head_rows = True
 
 
+def timed(adapter: ModelAdapter, run, repeats: int) -> tuple[float, float]:
+    """(full head, split head): median seconds of ``run`` over ``repeats`` interleaved rounds."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeats):
+        for flag in (False, True):
+            t0 = time.perf_counter()
+            with_head(adapter, flag, run)
+            times[flag].append(time.perf_counter() - t0)
+    return statistics.median(times[False]), statistics.median(times[True])
+
+
 def head_share(adapter: ModelAdapter, rows: bool, run) -> float:
     """The share of the pass's profiled CPU time spent in the head: the head module's forward (full), or the
     candidates' rows (:meth:`Head.rows`)."""
@@ -185,13 +196,7 @@ def main() -> None:
             err = float((full - rows).abs().max())
             if err > 1e-4:
                 raise SystemExit(f"{shape} DAS: the streamed loss's directions differ from the full head's by {err:.2e}")
-            times = {False: [], True: []}
-            for _ in range(args.repeats):
-                for flag in (False, True):
-                    t0 = time.perf_counter()
-                    with_head(adapter, flag, run)
-                    times[flag].append(time.perf_counter() - t0)
-            t_full, t_rows = statistics.median(times[False]), statistics.median(times[True])
+            t_full, t_rows = timed(adapter, run, args.repeats)
             print(f"| {shape} | {V:,} | DAS, {args.das_steps} steps × {4 * args.sites} rows, resumed+KV (layers "
                   f"{max(1, layer - args.sites + 1)}–{layer}) | {t_full:.3f} | {t_rows:.3f} | **{t_full / t_rows:.2f}×** | — |",
                   flush=True)
@@ -200,13 +205,7 @@ def main() -> None:
             err = float((full - rows).abs().max())
             if err > TOL * max(1.0, float(full.abs().max())):
                 raise SystemExit(f"{shape} {name}: candidate rows differ from the full head by {err:.2e}")
-            times: dict[bool, list[float]] = {False: [], True: []}
-            for _ in range(args.repeats):
-                for flag in (False, True):
-                    t0 = time.perf_counter()
-                    with_head(adapter, flag, run)
-                    times[flag].append(time.perf_counter() - t0)
-            t_full, t_rows = statistics.median(times[False]), statistics.median(times[True])
+            t_full, t_rows = timed(adapter, run, args.repeats)
             share = (head_share(adapter, False, run), head_share(adapter, True, run))
             print(f"| {shape} | {V:,} | {name} (layer {layer}) | {t_full:.3f} | {t_rows:.3f} | "
                   f"**{t_full / t_rows:.2f}×** | {100 * share[0]:.1f} % → {100 * share[1]:.2f} % |", flush=True)

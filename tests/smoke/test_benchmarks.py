@@ -66,9 +66,10 @@ def test_bench_das_prints_the_batched_ratio_and_equal_directions():
 
 
 def test_bench_head_prints_the_full_head_against_the_candidate_rows():
-    out = _run("scripts/bench_head.py", "--shapes", "tiny", "--n", "8", "--repeats", "1")
+    out = _run("scripts/bench_head.py", "--shapes", "tiny", "--n", "8", "--repeats", "1", "--das-steps", "2")
     rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
-    assert len(rows) == 2 and all("×**" in r and "% →" in r for r in rows), out
+    assert len(rows) == 3 and all("×**" in r for r in rows), out
+    assert "DAS, 2 steps × 16 rows" in rows[0] and all("% →" in r for r in rows[1:]), out
 
 
 def test_bench_lda_prints_the_ratio_and_the_cosine_gap():

@@ -300,6 +300,25 @@ def test_a_trained_projection_keeps_its_gradient():
     torch.testing.assert_close(got, proj.weight.grad)
 
 
+def split_and_full(ad: ModelAdapter, b, readout, weights: torch.Tensor) -> list:
+    """[(scores, gradient)] of ``readout`` through the adapter with an edit ``h + a`` at layer 1 (a = 0), the split
+    head first, then the full head (``head_rows`` off); the gradient is of column 0 weighted by ``weights``. Checks
+    the projection ran over the vocabulary only the second time."""
+    got = []
+    for rows in (True, False):
+        ad.head_rows = rows
+        calls = []
+        hook = ad.head.projection.register_forward_hook(lambda *_: calls.append(1))
+        a = torch.zeros(ad.hidden_size, requires_grad=True)
+        out = ad.run(b, edits={Site(1): lambda h: h + a}, readout=readout, grad=True).scores
+        hook.remove()
+        assert bool(calls) is not rows
+        (out[:, 0] * weights).sum().backward()
+        got.append((out.detach(), a.grad))
+    ad.head_rows = True
+    return got
+
+
 @pytest.mark.parametrize("model_type", ["gpt2", "bert", "gemma3_text"])
 def test_target_log_probs_through_the_model_equal_the_full_heads(model_type):
     """TargetLogProb through the adapter (rows and streamed normaliser, the projection never run over the vocabulary)
@@ -307,17 +326,8 @@ def test_target_log_probs_through_the_model_equal_the_full_heads(model_type):
     ad = adapter(model_type)
     b = AgreementFormatter()(EXAMPLES, ad, torch.arange(3))
     target = torch.tensor([ad.candidate_id("is"), ad.candidate_id("are"), ad.candidate_id("here")])
-    got = []
-    for rows in (True, False):
-        ad.head_rows = rows
-        calls = []
-        hook = ad.head.projection.register_forward_hook(lambda *_: calls.append(1))
-        a = torch.zeros(ad.hidden_size, requires_grad=True)
-        out = ad.run(b, edits={Site(1): lambda h: h + a}, readout=TargetLogProb(target), grad=True).scores
-        hook.remove()
-        assert out.shape == (3, 1) and bool(calls) is not rows
-        (out[:, 0] * torch.tensor([1.0, -1.0, 2.0])).sum().backward()
-        got.append((out.detach(), a.grad))
+    got = split_and_full(ad, b, TargetLogProb(target), torch.tensor([1.0, -1.0, 2.0]))
+    assert got[0][0].shape == (3, 1)
     torch.testing.assert_close(got[0][0], got[1][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
     assert float(got[0][1].abs().sum()) > 0
@@ -365,18 +375,7 @@ def test_a_continuations_log_probability_streams_the_head_at_each_position(model
     targets = torch.tensor([[ad.candidate_id("is"), ad.candidate_id("here")],
                             [ad.candidate_id("are"), ad.candidate_id("is")],
                             [ad.candidate_id("here"), -1]])
-    got = []
-    for rows in (True, False):
-        ad.head_rows = rows
-        calls = []
-        hook = ad.head.projection.register_forward_hook(lambda *_: calls.append(1))
-        a = torch.zeros(ad.hidden_size, requires_grad=True)
-        out = ad.run(b, edits={Site(1): lambda h: h + a}, readout=ContinuationLogProb(["p0", "p1"], targets),
-                     grad=True).scores
-        hook.remove()
-        assert bool(calls) is not rows
-        out[:, 0].sum().backward()
-        got.append((out.detach(), a.grad))
+    got = split_and_full(ad, b, ContinuationLogProb(["p0", "p1"], targets), torch.ones(3))
     torch.testing.assert_close(got[0][0], got[1][0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0][1], got[1][1], atol=1e-5, rtol=1e-5)
     # by hand from the model's own logits: row 0 both positions, row 1 position 0 only, row 2 its first token only
