@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--sites", type=int, default=4, help="DAS sites trained together (K)")
     ap.add_argument("--skip-passes", action="store_true", help="only the DAS row")
     args = ap.parse_args()
+    if args.das_steps and args.n < 4 * args.das_steps:
+        ap.error(f"--das-steps {args.das_steps} trains on 4 rows a step: it needs --n >= {4 * args.das_steps} pairs")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.n} pairs, median of {args.repeats}")

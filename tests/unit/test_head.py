@@ -333,6 +333,11 @@ def test_target_log_probs_through_the_model_equal_the_full_heads(model_type):
     assert float(got[0][1].abs().sum()) > 0
     torch.testing.assert_close(got[0][0][:, 0], full_logits(ad).log_softmax(-1).gather(1, target[:, None])[:, 0],
                                atol=1e-5, rtol=1e-5)
+    # by item through map's batches (2 rows each here), and the targets in the readout's cache key
+    ad.batch_size = 2
+    torch.testing.assert_close(ad.map(EXAMPLES, AgreementFormatter(), readout=TargetLogProb(target)).scores,
+                               got[0][0], atol=1e-5, rtol=1e-5)
+    assert TargetLogProb(target).spec() == TargetLogProb(target.clone()).spec() != TargetLogProb(target.flip(0)).spec()
 
 
 def test_das_trains_the_same_directions_through_the_streamed_loss():
@@ -384,3 +389,29 @@ def test_a_continuations_log_probability_streams_the_head_at_each_position(model
     want = torch.stack([logp[0, 1, targets[0, 0]] + logp[0, 2, targets[0, 1]], logp[1, 1, targets[1, 0]],
                         logp[2, 2, targets[2, 0]]])
     torch.testing.assert_close(got[0][0][:, 0], want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_streamed_normaliser_refuses_a_second_derivative_and_survives_masked_tokens():
+    """create_graph through the streamed normaliser raises (its kept gradient has no derivative of its own) instead of
+    dropping the Hessian; a chunk of −inf logits (a masked token's bias) adds nothing, and a row of them all gives
+    −inf, as torch's log-sum-exp does; the value alone (no gradient wanted) is the same."""
+    proj = torch.nn.Linear(4, 10).requires_grad_(False)
+    head = Head(proj, None)
+    x = torch.randn(2, 4, requires_grad=True)
+    (g,) = torch.autograd.grad(head.log_normaliser(x).sum(), x, create_graph=False)
+    assert g.shape == (2, 4)
+    with pytest.raises(RuntimeError, match="no second derivative.*head_rows = False"):
+        torch.autograd.grad(head.log_normaliser(x).sum(), x, create_graph=True)
+    with torch.no_grad():
+        proj.bias[:] = -torch.inf
+        proj.bias[7] = 0.0
+    for chunk in (3, 100):
+        head_module.CPU_CHUNK, saved = chunk, head_module.CPU_CHUNK
+        try:
+            torch.testing.assert_close(head.log_normaliser(x), proj(x)[:, 7], atol=1e-6, rtol=1e-6)
+            with torch.no_grad():
+                proj.bias[7] = -torch.inf
+                assert head.log_normaliser(x).tolist() == [-torch.inf, -torch.inf]
+                proj.bias[7] = 0.0
+        finally:
+            head_module.CPU_CHUNK = saved

@@ -18,8 +18,8 @@ A readout that needs the normaliser at a few tokens — DAS's loss, the log-prob
 whole vocabulary (CausalGym eq. 12) — still reads every row of ``W``, but once: :meth:`Head.log_probs` streams ``W`` in
 chunks of rows and keeps, per input row, the running maximum, the running sum of ``exp`` and the gradient's numerator
 ``Σ_v e^{z_v} post'(u_v) w_v`` (the online log-sum-exp, rescaled when the maximum moves), so the value and its gradient
-come from one read of each chunk while it is in cache, and no (n, V) logits, log-softmax or their gradients are ever
-materialised. The numbers are the full log-softmax's up to float rounding (``tests/unit/test_head.py``).
+come from one read of each chunk while it is in cache, and no (n, V) logits, log-softmax or their gradients are
+materialised (chunks of :data:`CPU_CHUNK` rows on a CPU, :data:`DEVICE_CHUNK` on an accelerator). The numbers are the full log-softmax's up to float rounding (``tests/unit/test_head.py``).
 
 A family whose head cannot be split so (an unknown, derived family: its logits might be scaled or capped in ways
 cprobe does not know) declares ``split_head = False`` and every readout there runs the full head.
@@ -35,8 +35,11 @@ from cprobe.models.resume import StopForward
 
 CPU_CHUNK = 1024
 """Vocabulary rows per step of :meth:`Head.log_normaliser` on a CPU: a chunk (1,024 × d floats: 2.6 MB at Gemma 3's
-d = 640) stays in cache between its two products. On an accelerator the whole vocabulary is one chunk (its memory
-is not the bottleneck, and each chunk is a kernel launch). ``python scripts/bench_head.py --loss`` measures it."""
+d = 640) stays in cache between its two products (``python scripts/bench_head.py --das-steps N`` measures the loss)."""
+
+DEVICE_CHUNK = 32768
+"""The same on an accelerator: few enough chunks that kernel launches do not count (8 for Gemma 3's 262,144 rows),
+small enough that the chunk's few (n, chunk) temporaries stay well under the (n, V) logits of the plain path."""
 
 
 class Capture:
@@ -97,15 +100,18 @@ class Head:
 
     def log_normaliser(self, x: Tensor) -> Tensor:
         """log Σ_v exp post(x · w_v + b_v) over the whole vocabulary (n,), float32, from the projection's inputs ``x``
-        (n, d): streamed over chunks of the head's rows (module doc), differentiable in ``x``. A projection that is
-        itself being trained (its weight requiring a gradient) takes the plain full product instead, so its gradient
-        is not lost."""
+        (n, d): streamed over chunks of the head's rows (module doc), differentiable in ``x`` once (a second
+        derivative raises; ``adapter.head_rows = False`` takes the plain path). A projection that is itself being
+        trained (its weight requiring a gradient) takes the plain full product instead, so its gradient is not lost."""
         w, b = self.projection.weight, self.projection.bias
         x = x.to(w.device, w.dtype)
         trained = w.requires_grad or (b is not None and b.requires_grad)
         if trained and torch.is_grad_enabled():
             return torch.logsumexp(self.post(nn.functional.linear(x, w, b)).float(), -1)
-        chunk = CPU_CHUNK if w.device.type == "cpu" else w.shape[0]
+        chunk = CPU_CHUNK if w.device.type == "cpu" else DEVICE_CHUNK
+        if not (torch.is_grad_enabled() and x.requires_grad):  # the value only: no gradient's numerator
+            with torch.no_grad():
+                return _streamed(x, w, b, self.softcap, chunk, grad=False)[0]
         return _StreamedLogSumExp.apply(x, w, b, self.softcap, chunk)
 
     def log_probs(self, x: Tensor, ids: Tensor) -> Tensor:
@@ -128,6 +134,40 @@ class Head:
 
 
 
+def _streamed(x: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None, chunk: int,
+              grad: bool) -> tuple[Tensor, Tensor | None]:
+    """(lse (n,), d lse / dx (n, d) or None) over row chunks of ``weight`` (:class:`_StreamedLogSumExp`)."""
+    n, d = x.shape
+    # the running maximum starts at the lowest finite float, not −inf, so that a chunk whose logits are all −inf (a
+    # masked token's bias) adds exp(−inf) = 0 instead of NaN; a row with every logit −inf ends at −inf, as torch.logsumexp
+    # does
+    m = torch.full((n,), torch.finfo(torch.float32).min, device=x.device)
+    s = torch.zeros(n, device=x.device)
+    num = torch.zeros(n, d, device=x.device) if grad else None
+    for c0 in range(0, weight.shape[0], chunk):
+        w = weight[c0:c0 + chunk]
+        z = (x @ w.T).float()
+        if bias is not None:
+            z += bias[c0:c0 + chunk].float()
+        if softcap is not None:
+            t = z.div_(softcap).tanh_()
+            z = t * softcap
+        top = torch.maximum(m, z.amax(1))
+        scale = torch.exp(m - top)  # 0 on the first chunk
+        e = z.sub_(top[:, None]).exp_()
+        s = torch.addcmul(e.sum(1), s, scale)
+        if num is not None:
+            if softcap is not None:
+                e *= 1 - t * t  # post'(u) = 1 − tanh²(u / cap)
+            num.mul_(scale[:, None])
+            if w.dtype == e.dtype:
+                num.addmm_(e, w)
+            else:  # a half-precision head: its product in its dtype, summed in float32
+                num.add_((e.to(w.dtype) @ w).float())
+        m = top
+    return m + torch.log(s), (None if num is None else num / s[:, None])
+
+
 class _StreamedLogSumExp(torch.autograd.Function):
     """lse(x) = log Σ_v exp z_v, z_v = post(u_v), u_v = x · w_v + b_v, over row chunks of W (n, d) → (n,).
 
@@ -139,36 +179,15 @@ class _StreamedLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None,  # type: ignore[override]
                 chunk: int) -> Tensor:
-        n, d = x.shape
-        grad = ctx.needs_input_grad[0]
-        m = torch.full((n,), -torch.inf, device=x.device)
-        s = torch.zeros(n, device=x.device)
-        num = torch.zeros(n, d, device=x.device) if grad else None
-        for c0 in range(0, weight.shape[0], chunk):
-            w = weight[c0:c0 + chunk]
-            u = (x @ w.T).float()
-            if bias is not None:
-                u = u + bias[c0:c0 + chunk].float()
-            if softcap is not None:
-                t = torch.tanh(u / softcap)
-                z = t * softcap
-            else:
-                z = u
-            top = torch.maximum(m, z.amax(1))
-            scale = torch.exp(m - top)  # 0 on the first chunk (m = −inf)
-            e = torch.exp(z - top[:, None])
-            s = s * scale + e.sum(1)
-            if num is not None:
-                g = e if softcap is None else e * (1 - t * t)
-                num = num * scale[:, None] + (g.to(w.dtype) @ w).float()
-            m = top
-        if num is not None:
-            ctx.save_for_backward(num / s[:, None])
-            ctx.x_dtype = x.dtype
-        return m + torch.log(s)
+        lse, dx = _streamed(x, weight, bias, softcap, chunk, grad=True)
+        ctx.save_for_backward(dx)
+        ctx.x_dtype = x.dtype
+        return lse
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph: the kept gradient is a constant, its own derivative is not there
+            raise RuntimeError("the streamed LM-head normaliser (cprobe.models.head) has no second derivative; set "
+                               "adapter.head_rows = False to take the full head's log-softmax")
         (dx,) = ctx.saved_tensors
         return (grad[:, None] * dx).to(ctx.x_dtype), None, None, None, None

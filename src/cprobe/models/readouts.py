@@ -188,10 +188,11 @@ class NextToken(Readout):
 
 
 class TargetLogProb(Readout):
-    """Each row's own target token's log-probability over the whole vocabulary at the prediction position (n, 1): DAS's
-    loss (CausalGym eq. 12: ``targets`` (n,) the source labels of a step's rows), from the head's target rows and its
-    streamed normaliser (:meth:`Head.log_probs <cprobe.models.head.Head.log_probs>`), or from the full logits where
-    the head is not split. Nothing is read back from the device (it runs every training step)."""
+    """Each item's own target token's log-probability over the whole vocabulary at the prediction position (n, 1):
+    DAS's loss (CausalGym eq. 12: ``targets`` (N,) the items' source labels; a DAS step's batch numbers its K·b rows
+    0 … K·b − 1), from the head's target rows and its streamed normaliser (:meth:`Head.log_probs
+    <cprobe.models.head.Head.log_probs>`), or from the full logits where the head is not split. Nothing is read back
+    from the device (it runs every training step)."""
 
     name = "target_logprob"
     normalise = True
@@ -201,13 +202,22 @@ class TargetLogProb(Readout):
         if self.targets.ndim != 1:
             raise ConfigError(f"target ids must be (n,), got shape {tuple(self.targets.shape)}")
 
+    def spec(self) -> dict[str, Any]:
+        import hashlib  # the targets are not a function of the items: they enter the key (read from the device here)
+
+        digest = hashlib.sha256(self.targets.cpu().numpy().tobytes()).hexdigest()[:16]
+        return {"readout": self.name, "targets": digest}
+
+    def _ids(self, batch: Batch) -> Tensor:
+        return self.targets[batch.rows.to(self.targets.device)][:, None]  # rows stay on the host, as candidates
+
     def token_ids(self, batch: Batch) -> Tensor | None:
-        return self.targets[:, None]
+        return self._ids(batch)
 
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         pos = batch.positions[str(batch.pred)].to(logits.device)
         at = logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
-        return at.gather(1, self.targets[:, None].to(at.device))
+        return at.gather(1, self._ids(batch).to(at.device))
 
     def from_token_logits(self, logits: Tensor, batch: Batch) -> Tensor:
         return logits.float()
