@@ -197,10 +197,12 @@ def main() -> None:
             full, rows = with_head(adapter, False, run), with_head(adapter, True, run)
             err = float((full - rows).abs().max())
             if err > 1e-4:
-                raise SystemExit(f"{shape} DAS: the streamed loss's directions differ from the full head's by {err:.2e}")
+                raise SystemExit(f"{shape} DAS: the streamed loss's directions differ from the full head's by "
+                                 f"{err:.2e}")
             t_full, t_rows = timed(adapter, run, args.repeats)
             print(f"| {shape} | {V:,} | DAS, {args.das_steps} steps × {4 * args.sites} rows, resumed+KV (layers "
-                  f"{max(1, layer - args.sites + 1)}–{layer}) | {t_full:.3f} | {t_rows:.3f} | **{t_full / t_rows:.2f}×** | — |",
+                  f"{max(1, layer - args.sites + 1)}–{layer}) | {t_full:.3f} | {t_rows:.3f} | "
+                  f"**{t_full / t_rows:.2f}×** | — |",
                   flush=True)
         for name, run in ({} if args.skip_passes else passes(adapter, base, source, layer)).items():
             full, rows = with_head(adapter, False, run), with_head(adapter, True, run)

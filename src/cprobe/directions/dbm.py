@@ -33,8 +33,8 @@ BASES = ("standard", "pca", "sae")
 MaskForward = Callable[[slice, Tensor, Tensor], Tensor]
 """``forward(rows, h_source (K, b, d), gates (K, m)) -> (K, b, V)``: the train base rows ``rows`` run once per site k
 with the soft interchange toward ``h_source[k]`` gated by ``gates[k]``; differentiable in ``gates``. It may declare
-``log_prob(rows, h_source, gates, target) -> (K, b)`` as DAS's forward may (:func:`cprobe.directions.das.target_log_prob`;
-:class:`cprobe.models.multisite.EditForward`)."""
+``log_prob(rows, h_source, gates, target) -> (K, b)`` as DAS's forward may
+(:func:`cprobe.directions.das.target_log_prob`; :class:`cprobe.models.multisite.EditForward`)."""
 
 
 class Masked:

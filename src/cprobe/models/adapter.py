@@ -354,8 +354,9 @@ class ModelAdapter(Resuming):
             # the positions become 0 … m−1 of the gathered logits (−1 stays −1)
             at = torch.stack([batch.positions[p] for p in many], 1)
             handles.append(self._head.register_forward_pre_hook(_gather_rows(at.clamp(min=0)), with_kwargs=True))
-            scored, gathered = replace(batch, positions={**batch.positions, **{
-                p: torch.where(at[:, j] >= 0, torch.full_like(at[:, j], j), at[:, j]) for j, p in enumerate(many)}}), True
+            scored = replace(batch, positions={**batch.positions, **{
+                p: torch.where(at[:, j] >= 0, torch.full_like(at[:, j], j), at[:, j]) for j, p in enumerate(many)}})
+            gathered = True
         # the head's rows of the tokens the readout reads, when those are all it reads (models/head.py), with the
         # streamed normaliser where it wants their log-probabilities: the forward ends where the vocabulary
         # projection would read its input

@@ -19,7 +19,8 @@ whole vocabulary (CausalGym eq. 12) — still reads every row of ``W``, but once
 chunks of rows and keeps, per input row, the running maximum, the running sum of ``exp`` and the gradient's numerator
 ``Σ_v e^{z_v} post'(u_v) w_v`` (the online log-sum-exp, rescaled when the maximum moves), so the value and its gradient
 come from one read of each chunk while it is in cache, and no (n, V) logits, log-softmax or their gradients are
-materialised (chunks of :data:`CPU_CHUNK` rows on a CPU, :data:`DEVICE_CHUNK` on an accelerator). The numbers are the full log-softmax's up to float rounding (``tests/unit/test_head.py``).
+materialised (chunks of :data:`CPU_CHUNK` rows on a CPU, :data:`DEVICE_CHUNK` on an accelerator). The numbers are the
+full log-softmax's up to float rounding (``tests/unit/test_head.py``).
 
 A family whose head cannot be split so (an unknown, derived family: its logits might be scaled or capped in ways
 cprobe does not know) declares ``split_head = False`` and every readout there runs the full head.
@@ -133,14 +134,13 @@ class Head:
         return grab.x[:, 0]
 
 
-
 def _streamed(x: Tensor, weight: Tensor, bias: Tensor | None, softcap: float | None, chunk: int,
               grad: bool) -> tuple[Tensor, Tensor | None]:
     """(lse (n,), d lse / dx (n, d) or None) over row chunks of ``weight`` (:class:`_StreamedLogSumExp`)."""
     n, d = x.shape
     # the running maximum starts at the lowest finite float, not −inf, so that a chunk whose logits are all −inf (a
-    # masked token's bias) adds exp(−inf) = 0 instead of NaN; a row with every logit −inf ends at −inf, as torch.logsumexp
-    # does
+    # masked token's bias) adds exp(−inf) = 0 instead of NaN; a row with every logit −inf ends at −inf, as
+    # torch.logsumexp does
     m = torch.full((n,), torch.finfo(torch.float32).min, device=x.device)
     s = torch.zeros(n, device=x.device)
     num = torch.zeros(n, d, device=x.device) if grad else None
