@@ -187,32 +187,27 @@ class NextToken(Readout):
         return logits[torch.arange(len(pos), device=logits.device), pos].float().log_softmax(-1)
 
 
-class TargetLogProb(Readout):
+class TargetLogProb(CandidateTokens):
     """Each item's own target token's log-probability over the whole vocabulary at the prediction position (n, 1):
     DAS's loss (CausalGym eq. 12: ``targets`` (N,) the items' source labels; a DAS step's batch numbers its K·b rows
-    0 … K·b − 1), from the head's target rows and its streamed normaliser (:meth:`Head.log_probs
-    <cprobe.models.head.Head.log_probs>`), or from the full logits where the head is not split. Nothing is read back
-    from the device (it runs every training step)."""
+    0 … K·b − 1) — normalised candidates of one token per item, from the head's target rows and its streamed
+    normaliser (:meth:`Head.log_probs <cprobe.models.head.Head.log_probs>`), or from the full logits where the head is
+    not split. Unlike :class:`CandidateTokens` it checks no row's position, so nothing is read back from the device
+    (it runs every training step), and its cache key holds its targets (they are not a function of the items)."""
 
     name = "target_logprob"
-    normalise = True
 
     def __init__(self, targets: Tensor) -> None:
-        self.targets = torch.as_tensor(targets, dtype=torch.long)
-        if self.targets.ndim != 1:
-            raise ConfigError(f"target ids must be (n,), got shape {tuple(self.targets.shape)}")
+        targets = torch.as_tensor(targets, dtype=torch.long)
+        if targets.ndim != 1:
+            raise ConfigError(f"target ids must be (n,), got shape {tuple(targets.shape)}")
+        super().__init__(targets[:, None], normalise=True)
 
     def spec(self) -> dict[str, Any]:
-        import hashlib  # the targets are not a function of the items: they enter the key (read from the device here)
+        import hashlib
 
-        digest = hashlib.sha256(self.targets.cpu().numpy().tobytes()).hexdigest()[:16]
+        digest = hashlib.sha256(self.ids.cpu().numpy().tobytes()).hexdigest()[:16]
         return {"readout": self.name, "targets": digest}
-
-    def _ids(self, batch: Batch) -> Tensor:
-        return self.targets[batch.rows.to(self.targets.device)][:, None]  # rows stay on the host, as candidates
-
-    def token_ids(self, batch: Batch) -> Tensor | None:
-        return self._ids(batch)
 
     def scores(self, logits: Tensor, batch: Batch) -> Tensor:
         pos = batch.positions[str(batch.pred)].to(logits.device)
