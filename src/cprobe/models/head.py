@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import fit_threads
 from cprobe.models.family import family_of
 from cprobe.models.resume import StopForward
 
@@ -110,10 +111,13 @@ class Head:
         if trained and torch.is_grad_enabled():
             return torch.logsumexp(self.post(nn.functional.linear(x, w, b)).float(), -1)
         chunk = CPU_CHUNK if w.device.type == "cpu" else DEVICE_CHUNK
-        if not (torch.is_grad_enabled() and x.requires_grad):  # the value only: no gradient's numerator
-            with torch.no_grad():
-                return _streamed(x, w, b, self.softcap, chunk, grad=False)[0]
-        return _StreamedLogSumExp.apply(x, w, b, self.softcap, chunk)
+        # a chunk's ops are small (2·n·chunk·d flops): on a CPU they run on the threads the project's small-op rule
+        # gives them (one below 10⁹ flops), so that a core another process takes cannot stall every chunk's barriers
+        with fit_threads(2 * x.shape[0] * min(chunk, w.shape[0]) * x.shape[1], w.device):
+            if not (torch.is_grad_enabled() and x.requires_grad):  # the value only: no gradient's numerator
+                with torch.no_grad():
+                    return _streamed(x, w, b, self.softcap, chunk, grad=False)[0]
+            return _StreamedLogSumExp.apply(x, w, b, self.softcap, chunk)
 
     def log_probs(self, x: Tensor, ids: Tensor) -> Tensor:
         """Log-probabilities (n, k), float32, of tokens ``ids`` (n, k) over the whole vocabulary from the projection's
