@@ -10,9 +10,14 @@ another at each load, for ``--rounds`` rounds (the median is printed). The busy 
 - **passive**: all threads with ``OMP_WAIT_POLICY=PASSIVE``.
 - **cprobe**: what ``cprobe run`` does — :func:`cprobe.compute.set_wait_policy` before torch loads (``auto``:
   OpenMP's default where the machine is quiet at the start, passive where other work holds a core),
-  :func:`cprobe.compute.configure_process` after, and small fits on one thread (:func:`cprobe.compute.fit_threads`).
+  :func:`cprobe.compute.configure_process` after, the passes' threads following the load
+  (:func:`cprobe.compute.follow_load` before each pass and DAS step, as ``ModelAdapter.run`` calls it) and small fits
+  on one thread (:func:`cprobe.compute.fit_threads`).
 - **cprobe free**: the same with ``compute.threads=free`` (the job's threads lowered to the cores the busy processes
   leave free when it starts).
+- **cprobe late** / **cprobe late fixed**: the load arrived after the job started — its start saw a quiet machine
+  (OpenMP's default wait policy, all threads) — with the passes following the load (the default) and with
+  ``compute.follow_load=false`` (the count the start chose, for the job's life).
 
 Workloads: the model body's forward over 16 × 12 tokens (tokens/s); a DAS step (a rotation's interchange at the
 middle block's last token, the head at two candidate tokens, backward, Adam; steps/s); an R-LACE fit (rank 1, 300
@@ -38,8 +43,13 @@ from pathlib import Path
 
 THREAD_VARS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "MKL_NUM_THREADS", "GOMP_SPINCOUNT",
                "CPROBE_WAIT_AUTO")
-CONFIGS = ("torch default", "1 thread", "all threads", "passive", "cprobe", "cprobe free")
-POLICIES = {"cprobe": {}, "cprobe free": {"threads": "free"}}  # cprobe's policy: compute.threads=auto, and =free
+CONFIGS = ("torch default", "1 thread", "all threads", "passive", "cprobe", "cprobe free", "cprobe late",
+           "cprobe late fixed")
+# cprobe's policy: compute.threads=auto, and =free; "late": the load arrived after the job started (its start saw a
+# quiet machine), with the passes following the load (the default) and without (compute.follow_load=false)
+POLICIES = {"cprobe": {}, "cprobe free": {"threads": "free"}, "cprobe late": {},
+            "cprobe late fixed": {"follow_load": False}}
+LATE = ("cprobe late", "cprobe late fixed")
 FIXED = ("1 thread", "all threads", "passive")
 WORKLOADS = {"pass": "body forward, tokens/s", "das": "DAS step, steps/s", "fit": "R-LACE fit, fits/s"}
 GEMMA = dict(num_hidden_layers=18, hidden_size=640, intermediate_size=2048, num_attention_heads=4,
@@ -53,9 +63,13 @@ ROWS, TOKENS = 16, 12
 def worker(spec: dict) -> dict:
     """One configuration in this fresh process: set what it sets before torch loads, time each workload."""
     if spec["config"] in POLICIES:
-        from cprobe.compute import set_wait_policy
+        from cprobe import compute
 
-        set_wait_policy(["run"])  # as `cprobe run` does first (auto: the wait policy by the load at the start)
+        if spec["config"] in LATE:  # the job started on a quiet machine: the busy processes came after its start
+            measure, compute.measure_others = compute.measure_others, lambda window=0.3: (0.0, compute.available_cpus())
+        compute.set_wait_policy(["run"])  # as `cprobe run` does first (auto: the wait policy by the load at the start)
+        if spec["config"] in LATE:
+            compute.measure_others = measure
     import torch
 
     from cprobe import compute
@@ -73,12 +87,14 @@ def worker(spec: dict) -> dict:
     seconds = spec["seconds"]
 
     def forward() -> None:
+        compute.follow_load()  # at a pass's start, as ModelAdapter.run does (a no-op unless the policy follows the load)
         with torch.inference_mode():
             model.model(input_ids=ids, attention_mask=mask)
 
     out["pass"] = ROWS * TOKENS * _rate(forward, seconds)
     out["das"] = _rate(_das_step(model, ids, mask, gen), seconds)
     out["fit"] = _rate(_fit(model.config.hidden_size, spec["fit_steps"]), seconds, at_least=1)
+    out["threads_end"] = torch.get_num_threads()  # where the passes followed the load: the count they ended on
     return out
 
 
@@ -109,6 +125,8 @@ def _das_step(model, ids, mask, gen):
     learnt unit direction; the loss reads the two candidates' logits (final norm, their head rows)."""
     import torch
 
+    from cprobe.compute import follow_load
+
     blocks, layer = model.model.layers, len(model.model.layers) // 2
     src = {}
     hook = blocks[layer].register_forward_hook(lambda m, i, o: src.__setitem__("h", (o[0] if isinstance(o, tuple)
@@ -130,6 +148,7 @@ def _das_step(model, ids, mask, gen):
         return (h, *o[1:]) if isinstance(o, tuple) else h
 
     def step() -> None:
+        follow_load()  # at a pass's start, as ModelAdapter.run does
         handle = blocks[layer].register_forward_hook(edit)
         try:
             h = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, -1]
@@ -272,17 +291,22 @@ def main() -> None:
 
 def _print_level(level: int, before: str, after: str, res: dict, configs: list[str], runs: dict) -> None:
     print(f"\n{level} busy process(es); load average (1, 5, 15 min) before {before}, after {after}")
-    threads = {c: f"{runs[c][0]['threads']}t/{runs[c][0]['wait'].lower()}" for c in configs}
+    def count(r: dict) -> str:
+        end = r.get("threads_end", r["threads"])
+        return f"{r['threads']}t" if end == r["threads"] else f"{r['threads']}>{end}t"
+
+    threads = {c: f"{count(runs[c][0])}/{runs[c][0]['wait'].lower()}" for c in configs}
     ours = [c for c in POLICIES if c in res]
-    print(f"  {'':24}" + "".join(f"{c:>15}" for c in configs)
-          + "".join(f"{c + '/best':>18}{c + '/dflt':>18}" for c in ours))
-    print(f"  {'(threads/wait policy)':24}" + "".join(f"{threads[c]:>15}" for c in configs))
+    print(f"  {'':24}" + "".join(f"{c:>{max(15, len(c) + 2)}}" for c in configs)
+          + "".join(f"{c + '/best':>{max(18, len(c) + 7)}}{c + '/dflt':>{max(18, len(c) + 7)}}" for c in ours))
+    print(f"  {'(threads/wait policy)':24}" + "".join(f"{threads[c]:>{max(15, len(c) + 2)}}" for c in configs))
     for w, label in WORKLOADS.items():
-        row = f"  {label:24}" + "".join(f"{res[c][w]:15.3g}" for c in configs)
+        row = f"  {label:24}" + "".join(f"{res[c][w]:{max(15, len(c) + 2)}.3g}" for c in configs)
         fixed = [res[c][w] for c in FIXED if c in res]
         for c in ours:
-            row += f"{res[c][w] / max(fixed):18.2f}" if fixed else f"{'':18}"
-            row += f"{res[c][w] / res['torch default'][w]:18.2f}" if "torch default" in res else f"{'':18}"
+            wd = max(18, len(c) + 7)
+            row += f"{res[c][w] / max(fixed):{wd}.2f}" if fixed else f"{'':{wd}}"
+            row += f"{res[c][w] / res['torch default'][w]:{wd}.2f}" if "torch default" in res else f"{'':{wd}}"
         print(row)
 
 
@@ -301,7 +325,7 @@ def _print_targets(results: dict, configs: list[str]) -> None:
                 if "torch default" in res:
                     print(f"  1 busy, {WORKLOADS[w]}: {c} / torch default "
                           f"{_verdict(res[c][w] / res['torch default'][w], 2.0)}")
-        if 0 in results and "torch default" in results[0]:
+        if 0 in results and "torch default" in results[0] and c not in LATE:  # late: the load must come
             for w in WORKLOADS:
                 res = results[0]
                 print(f"  0 busy, {WORKLOADS[w]}: {c} / torch default "

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cprobe.compute import set_wait_policy
+from cprobe.compute import policy_kept, set_wait_policy
 from cprobe.errors import ConfigError, CprobeError, JobAborted
 from cprobe.paths import cache_dir, config_dir, data_dir, environ, group_config
 
@@ -158,7 +158,8 @@ def run(*overrides: str, smoke: bool | None = None) -> Path:
 @contextmanager
 def _process_kept() -> Iterator[None]:
     """What a Hydra job changes in its process, given back afterwards: the working directory, the root logger's
-    handlers and level (Hydra points them at the job's log file, which is closed here), torch's thread count,
+    handlers and level (Hydra points them at the job's log file, which is closed here), torch's thread count and
+    cprobe's thread policy (:func:`cprobe.compute.policy_kept`),
     matplotlib's backend (a study's figures are drawn headless: a notebook's inline backend comes back), the global
     Hydra instance."""
     root = logging.getLogger()
@@ -168,7 +169,8 @@ def _process_kept() -> Iterator[None]:
     backend = sys.modules["matplotlib"].get_backend() if "matplotlib.pyplot" in sys.modules else None
     here = os.getcwd()
     try:
-        yield
+        with policy_kept():  # the job's thread policy: its passes follow the load, the notebook's are its own
+            yield
     finally:
         os.chdir(here)
         for h in root.handlers[:]:

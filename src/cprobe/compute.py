@@ -10,9 +10,11 @@
   usable CPUs (:func:`available_cpus`: affinity mask, cgroup quota, SLURM's CPUs) shared among the jobs running side
   by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
   :func:`configure_process`, recorded in environment.json); ``compute.threads=free`` (opt-in) lowers that count to the
-  cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`);
+  cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`); while the job
+  runs, its model passes follow the load (:func:`follow_load`, ``compute.follow_load``): at a pass's start, at most
+  once a second, the count drops to the cores other work leaves free and comes back when they are free again;
   :func:`fit_threads` runs a small fit or a loop of small ops (its largest op below :data:`FIT_OP_FLOPS`) on one
-  thread; :func:`threads` applies a count for a block.
+  thread and a larger fit on the job's count, whatever the load; :func:`threads` applies a count for a block.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
   its own (a lock file per GPU held for the worker's life), so workers spread over the GPUs of a box.
 """
@@ -236,6 +238,15 @@ def thread_setting(compute: Any) -> int | None:
     return int(value)
 
 
+def follow_setting(compute: Any) -> bool:
+    """``compute.follow_load`` (default true: the model passes' threads follow the load, :func:`follow_load`), checked:
+    a one-line ConfigError for anything but a boolean."""
+    value = (compute or {}).get("follow_load", True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"compute.follow_load must be true or false, got {value!r}")
+    return value
+
+
 def wants_free_threads(compute: Any) -> bool:
     """Whether ``compute.threads`` is :data:`FREE`."""
     return (compute or {}).get("threads", "auto") == FREE
@@ -288,14 +299,99 @@ def measure_others(window: float = FREE_WINDOW_S) -> tuple[float, int] | None:
     return others_busy_cores(cpu_jiffies(stat0, cpus), cpu_jiffies(stat1, cpus), own, len(cpus), hz), len(cpus)
 
 
+FOLLOW_S = 1.0
+"""A job whose passes follow the load (:func:`follow_load`) re-reads it at a model pass's start once this many seconds
+have passed since the last reading: a reading is two ``/proc/stat`` reads and ``os.times`` over the time between."""
+FOLLOW_MARGIN = 0.1
+"""How far past the midpoint between two counts the free cores must be before :func:`follow_count` moves (hysteresis:
+a neighbour near half a core busy does not flip the count at every reading)."""
+
+_WATCH: dict[str, Any] = {}  # follow_load's last reading and the seconds run at each count
+_OPEN = [0]  # threads() blocks open: inside one (a fit, a trainer) the block's count stands
+
+
+def follow_count(current: int, base: int, cpus: int, affinity: int, others: float) -> int:
+    """The passes' count after a reading of ``others`` busy cores: :func:`free_threads`'s count for that load, taken only
+    when the free cores (``affinity`` − ``others``) lie more than :data:`FOLLOW_MARGIN` past the midpoint between the
+    ``current`` count and it; else ``current``."""
+    target = free_threads(base, cpus, affinity, others)
+    if target != current and abs(affinity - others - current) > 0.5 + FOLLOW_MARGIN:
+        return target
+    return current
+
+
+def _reading() -> tuple[float, tuple[int, int], float, int] | None:
+    """(monotonic time, the affinity CPUs' busy and total ticks, this process's CPU seconds, how many CPUs)."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        stat, t = Path("/proc/stat").read_text(), os.times()
+    except (AttributeError, OSError):
+        return None
+    return time.monotonic(), cpu_jiffies(stat, cpus), t.user + t.system, len(cpus)
+
+
+def follow_load() -> int | None:
+    """At a model pass's start (:meth:`cprobe.models.adapter.ModelAdapter.run`, the clean-state passes, benchmarks):
+    where the job's passes follow the load (``compute.follow_load``, on by default; never for a count the user fixed,
+    a job of one thread or inside a :func:`threads` block), read the cores other processes kept busy since the last
+    reading (at most every :data:`FOLLOW_S` seconds) and set torch's threads to the cores they leave free
+    (:func:`follow_count`: at most the job's count, at least 1). The count moves a pass's floats by float32 rounding at
+    most (matmuls and row-wise ops split rows among threads, not sums; a whole job's results moved by ≤ 6e-6:
+    docs/performance.md, "A shared CPU"), so ``compute.follow_load=false`` is the setting for bit-for-bit reruns
+    whatever else runs; fits keep the job's count (:func:`fit_threads`). Returns the new count when it changed, else
+    None."""
+    if not _POLICY.get("follow_load") or _OPEN[0]:
+        return None
+    now = time.monotonic()
+    last = _WATCH.get("reading")
+    if last is not None and now - last[0] < FOLLOW_S:
+        return None
+    reading = _reading()
+    if reading is None:
+        _POLICY["follow_load"] = False
+        _POLICY["follow_load_from"] = "the load unreadable here (no /proc/stat)"
+        return None
+    _WATCH["reading"] = reading
+    if last is None:
+        return None
+    import torch
+
+    current = torch.get_num_threads()
+    seconds = _WATCH.setdefault("seconds", {})
+    seconds[current] = seconds.get(current, 0.0) + reading[0] - last[0]
+    try:
+        hz = float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, OSError, ValueError):
+        return None
+    others = others_busy_cores(last[1], reading[1], reading[2] - last[2], reading[3], hz)
+    n = follow_count(current, int(_POLICY["follow_base"]), int(_POLICY["usable_cpus"]), reading[3], others)
+    if n == current:
+        return None
+    torch.set_num_threads(n)
+    _WATCH["changes"] = _WATCH.get("changes", 0) + 1
+    log.info("torch threads for the model passes: %d -> %d (%.1f of %d CPU(s) busy with other work)", current, n,
+             others, reading[3])
+    return n
+
+
+def followed() -> dict[str, Any]:
+    """What :func:`follow_load` did in this job: the seconds the passes ran at each count and how often it changed
+    (environment.json's ``thread_policy``; empty where it never read the load twice)."""
+    seconds = dict(_WATCH.get("seconds", {}))
+    if not seconds:
+        return {}
+    return {"seconds_at_threads": {str(k): round(v, 1) for k, v in sorted(seconds.items(), reverse=True)},
+            "thread_changes": int(_WATCH.get("changes", 0))}
+
+
 def decide_threads(setting: int | None, cpus: int, workers: int = 1, env: Mapping[str, str] | None = None
                    ) -> tuple[int, str, bool]:
     """A job's intra-op threads: (count, what decided it, whether the user set it). ``compute.threads`` when set,
     else ``OMP_NUM_THREADS`` when set (the user decides either way, and every op runs on that count), else the
     usable ``cpus`` shared among ``workers`` jobs running side by side (a joblib sweep's ``n_jobs``): one thread each
-    when there are as many jobs as cores. The machine's load is never read here: the count, and with it the rounding
-    of every float sum, is the same on every run of a config (``compute.threads=free`` opts out of that:
-    :func:`configure_process`)."""
+    when there are as many jobs as cores. The machine's load is never read here: the start's count, and the count
+    of every larger fit, is the same on every run of a config (``compute.threads=free`` opts out of that:
+    :func:`configure_process`; the model passes then follow the load, :func:`follow_load`)."""
     if setting is not None:
         return setting, "compute.threads", True
     omp = _omp_threads(os.environ if env is None else env)
@@ -423,7 +519,10 @@ def fit_threads(flops_per_op: float, device: Any = "cpu") -> Iterator[None]:
     if str(getattr(device, "type", device)).split(":")[0] != "cpu":
         yield
         return
-    with threads(fit_thread_count(flops_per_op, torch.get_num_threads())):
+    # a job whose passes follow the load: a fit takes the job's count, not the passes' of the moment, so its float
+    # sums do not depend on the load (inside another block, that block's count)
+    job = _POLICY.get("follow_load") and not _OPEN[0]
+    with threads(fit_thread_count(flops_per_op, int(_POLICY["threads"]) if job else torch.get_num_threads())):
         yield
 
 
@@ -433,20 +532,25 @@ def threads(n: int) -> Iterator[None]:
     import torch
 
     before = torch.get_num_threads()
-    if n == before:
-        yield
-        return
-    torch.set_num_threads(max(1, n))
+    _OPEN[0] += 1
     try:
-        yield
+        if n == before:
+            yield
+            return
+        torch.set_num_threads(max(1, n))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
     finally:
-        torch.set_num_threads(before)
+        _OPEN[0] -= 1
 
 
 def check_threads(compute: Any) -> None:
     """The thread policy's settings, checked before any heavy work: ``compute.threads``, ``compute.wait_policy``
     (and whether it can still take effect) and ``OMP_NUM_THREADS``; a one-line ConfigError for any of them."""
     thread_setting(compute)
+    follow_setting(compute)
     _omp_threads(os.environ)
     check_wait_policy(wait_policy_setting(compute))
 
@@ -459,9 +563,10 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
 
     cpus, cpus_from = _usable()
     n, why, explicit = decide_threads(thread_setting(compute), cpus, workers)
-    others = None
+    base, others = n, None
     if wants_free_threads(compute):
         n, why, explicit = decide_threads(None, cpus, workers, env={})  # auto's count: free wins over OMP_NUM_THREADS
+        base = n
         why = f"compute.threads=free: {why}"
         seen = measure_others()
         if seen is None:
@@ -476,11 +581,23 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     log.info("torch intra-op threads: %d (%s); OpenMP wait policy %s (%s)", n, why, wait, wait_from)
+    follow = follow_setting(compute) and not explicit and base > 1
+    follow_from = ("compute.follow_load=false" if not follow_setting(compute) else
+                   f"the count is fixed ({why})" if explicit else "one thread: nothing to lower" if base <= 1 else
+                   f"at a pass's start, at most every {FOLLOW_S:g} s: the cores other work leaves free, "
+                   f"1 to {base}")
     _POLICY.clear()
     _POLICY.update(threads=n, threads_from=why, explicit=explicit, small_fits=n if explicit else
                    f"1 below {FIT_OP_FLOPS:.0e} flops per op, else {n}", wait_policy=wait, wait_policy_from=wait_from,
                    wait_policy_setting=wait_policy_setting(compute), usable_cpus=cpus, cpus_from=cpus_from,
-                   parallel_jobs=max(1, workers), **({} if others is None else {"others_busy_cores": round(others, 2)}))
+                   parallel_jobs=max(1, workers), follow_load=follow, follow_load_from=follow_from,
+                   **({"follow_base": base} if follow else {}),
+                   **({} if others is None else {"others_busy_cores": round(others, 2)}))
+    _WATCH.clear()
+    if follow:
+        reading = _reading()  # the first reading: the load between it and the first pass decides that pass's count
+        if reading is not None:
+            _WATCH["reading"] = reading
     return dict(_POLICY)
 
 
@@ -514,9 +631,24 @@ def openmp_runtimes(maps: str | None = None) -> list[str]:
     return sorted(found)
 
 
+@contextmanager
+def policy_kept() -> Iterator[None]:
+    """The process's thread policy and :func:`follow_load`'s readings as they were before the block: a job run in
+    process (``cprobe.run`` in a notebook) leaves no policy behind to steer the notebook's own passes."""
+    policy, watch = dict(_POLICY), dict(_WATCH)
+    try:
+        yield
+    finally:
+        _POLICY.clear()
+        _POLICY.update(policy)
+        _WATCH.clear()
+        _WATCH.update(watch)
+
+
 def thread_policy() -> dict[str, Any]:
-    """The thread policy :func:`configure_process` applied to this process's job (the last one; empty before any)."""
-    return dict(_POLICY)
+    """The thread policy :func:`configure_process` applied to this process's job (the last one; empty before any),
+    with what :func:`follow_load` did so far (:func:`followed`)."""
+    return {**_POLICY, **followed()} if _POLICY else {}
 
 
 # ----------------------------------------------------------------------------------------------- GPUs

@@ -109,7 +109,8 @@ OPTIONAL_KEYS = ("plugins", "metrics")
 they existed): left out of config hashes and ids while empty, so adding them changed no finished job's identity."""
 
 
-COMPUTE_DEFAULTS = {"resume": True, "kv_resume": True, "threads": "auto", "wait_policy": "auto"}
+COMPUTE_DEFAULTS = {"resume": True, "kv_resume": True, "threads": "auto", "wait_policy": "auto",
+                    "follow_load": True}
 """``compute`` keys added after jobs had been run, at their defaults: left out of config hashes and ids."""
 
 

@@ -1,7 +1,8 @@
 """``cprobe.run``: a job or a sweep from Python (a notebook), as ``cprobe run`` runs it. It returns the run's (or
 the sweep's) directory, refuses bad input with the CLI's one line before any directory exists, and gives the process
-back as it found it: working directory, root logging handlers (the job's log file closed), torch threads, matplotlib
-backend, Hydra's global state. The notebook (tests/smoke/test_notebook.py) runs single jobs through it."""
+back as it found it: working directory, root logging handlers (the job's log file closed), torch threads and cprobe's
+thread policy, matplotlib backend, Hydra's global state. The notebook (tests/smoke/test_notebook.py) runs single
+jobs through it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ def _state():
     import torch
     from hydra.core.global_hydra import GlobalHydra
 
-    return os.getcwd(), logging.getLogger().handlers[:], torch.get_num_threads(), GlobalHydra.instance().is_initialized()
+    from cprobe.compute import thread_policy
+
+    return (os.getcwd(), logging.getLogger().handlers[:], torch.get_num_threads(),
+            GlobalHydra.instance().is_initialized(), thread_policy())
 
 
 @pytest.mark.parametrize("overrides,needle", [

@@ -78,17 +78,20 @@ def test_bench_lda_prints_the_ratio_and_the_cosine_gap():
 
 
 def test_bench_shared_prints_each_setting_against_the_best_fixed_one_and_torch_s_default():
-    """Six worker processes (three settings at two loads), each importing torch and transformers: minutes on a
+    """Ten worker processes (five settings at two loads), each importing torch and transformers: minutes on a
     loaded machine."""
     out = _run("scripts/bench_shared.py", "--model", "random", "--size", "tiny", "--busy", "0,1", "--rounds", "1",
-               "--seconds", "0.05", "--fit-steps", "5", "--configs", "torch default,passive,cprobe,cprobe free",
-               timeout=1800)
+               "--seconds", "0.05", "--fit-steps", "5", "--configs",
+               "torch default,passive,cprobe,cprobe free,cprobe late", timeout=1800)
     assert "smaller than Gemma 3 270M" in out and "CPU:" in out and out.count("load average") == 2
     assert "cprobe/best" in out and "cprobe/dflt" in out and "cprobe free/best" in out and "/passive" in out
+    assert "cprobe late/best" in out
     for line in ("1 busy, body forward, tokens/s: cprobe / best fixed", "1 busy, DAS step, steps/s: cprobe / torch "
                  "default", "0 busy, R-LACE fit, fits/s: cprobe / torch default",
-                 "1 busy, DAS step, steps/s: cprobe free / best fixed"):
+                 "1 busy, DAS step, steps/s: cprobe free / best fixed",
+                 "1 busy, body forward, tokens/s: cprobe late / best fixed"):
         assert line in out, out
+    assert "0 busy, body forward, tokens/s: cprobe late" not in out  # a late load needs a load
 
 
 def test_bench_compose_prints_each_memo_against_hydras_own_composition():

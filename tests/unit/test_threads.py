@@ -353,3 +353,167 @@ def test_slurm_tasks_start_under_the_driver_s_wait_policy():
     assert task_setup(["module load x"], {}) == ["module load x"]
     # the driver's machine was quiet (auto kept OpenMP's default there): a node's load is not the driver's
     assert task_setup([], {"CPROBE_WAIT_AUTO": "default 0.0 2"}) == ["export OMP_WAIT_POLICY=PASSIVE"]
+
+
+# ----------------------------------------------------------------------------------------------- following the load
+@pytest.mark.parametrize("current,base,cpus,affinity,others,expected", [
+    (2, 2, 2, 2, 1.0, 1),    # one core busy with other work: one thread
+    (2, 2, 2, 2, 0.55, 2),   # 1.45 free: within the margin past the midpoint (1.5 - 0.1): stay
+    (2, 2, 2, 2, 0.65, 1),   # 1.35 free: past it
+    (1, 2, 2, 2, 0.45, 1),   # 1.55 free: back up only past 1.6
+    (1, 2, 2, 2, 0.3, 2),
+    (2, 2, 2, 2, 1.9, 1),    # never below one
+    (1, 4, 4, 4, 0.0, 4),    # the load gone: the job's whole count at once
+    (4, 4, 4, 4, 2.2, 2),    # 1.8 free: two
+    (1, 2, 4, 4, 0.0, 2),    # never above the job's count (two jobs side by side on 4 CPUs)
+])
+def test_follow_count(current, base, cpus, affinity, others, expected):
+    assert compute.follow_count(current, base, cpus, affinity, others) == expected
+
+
+def _readings(monkeypatch, *others, cpus=2):
+    """Feed follow_load readings one second apart whose load is ``others`` busy cores (this process: the rest)."""
+    hz = float(os.sysconf("SC_CLK_TCK"))
+    state = {"t": 0.0, "busy": 0, "total": 0, "own": 0.0}
+    seq = iter([None, *others])
+
+    def reading():
+        o = next(seq)
+        if o is not None:
+            own = min(cpus - o, float(torch.get_num_threads()))
+            state["t"] += 1.0
+            state["busy"] += round((o + own) * hz)
+            state["total"] += round(cpus * hz)
+            state["own"] += own
+        return state["t"], (state["busy"], state["total"]), state["own"], cpus
+
+    monkeypatch.setattr(compute, "_reading", reading)
+    monkeypatch.setattr(compute, "FOLLOW_S", 0.0)
+    monkeypatch.setattr(compute, "_OPEN", [0])  # outside the unit tests' one-thread block (tests/unit/conftest.py)
+
+
+def test_the_passes_threads_follow_the_load(monkeypatch, clean_policy):
+    """auto: the passes drop to the cores other work leaves free and come back when it stops; the counts and the
+    seconds at each are recorded."""
+    _readings(monkeypatch, 1.0, 1.0, 0.0, 0.0)
+    policy = _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert policy["follow_load"] is True and policy["follow_base"] == 2 and torch.get_num_threads() == 2
+    assert policy["follow_load_from"] == "at a pass's start, at most every 0 s: the cores other work leaves free, 1 to 2"
+    assert compute.follow_load() == 1 and torch.get_num_threads() == 1  # a neighbour took a core
+    assert compute.follow_load() is None and torch.get_num_threads() == 1  # still there
+    assert compute.follow_load() == 2 and torch.get_num_threads() == 2  # gone
+    assert compute.follow_load() is None
+    assert compute.thread_policy()["seconds_at_threads"] == {"2": 2.0, "1": 2.0}
+    assert compute.thread_policy()["thread_changes"] == 2
+
+
+def test_a_block_s_count_and_a_fit_s_count_do_not_follow_the_load(monkeypatch, clean_policy):
+    """Inside a threads() block the block's count stands; a fit takes the job's count, not the passes' of the moment
+    (its float sums do not depend on the load), and the passes' count comes back after it."""
+    _readings(monkeypatch, 1.0, 1.0)
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert compute.follow_load() == 1
+    with compute.fit_threads(1e12):  # a large fit: the job's count
+        assert torch.get_num_threads() == 2
+        assert compute.follow_load() is None and torch.get_num_threads() == 2
+        with compute.fit_threads(1e12):  # nested: the enclosing block's count
+            assert torch.get_num_threads() == 2
+    with compute.fit_threads(1e3):  # a small one: one thread, as always
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("cfg,env,why", [
+    ({"threads": 2}, {}, "the count is fixed (compute.threads)"),
+    ({}, {"OMP_NUM_THREADS": "2"}, "the count is fixed (OMP_NUM_THREADS)"),
+    ({"follow_load": False}, {}, "compute.follow_load=false"),
+])
+def test_a_fixed_count_never_follows_the_load(monkeypatch, clean_policy, cfg, env, why):
+    _readings(monkeypatch, 1.0, 1.0)
+    policy = _configure(monkeypatch, cfg, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE", **env})
+    assert policy["follow_load"] is False and policy["follow_load_from"] == why and "follow_base" not in policy
+    assert compute.follow_load() is None and torch.get_num_threads() == 2
+    assert "seconds_at_threads" not in compute.thread_policy()
+
+
+def test_one_thread_has_nothing_to_lower(monkeypatch, clean_policy):
+    policy = _configure(monkeypatch, {}, cpus=2, workers=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert policy["follow_load"] is False and policy["follow_load_from"] == "one thread: nothing to lower"
+
+
+def test_free_starts_lowered_and_follows_back_up(monkeypatch, clean_policy):
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (1.0, 2))
+    _readings(monkeypatch, 0.0)
+    policy = _configure(monkeypatch, {"threads": "free"}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert torch.get_num_threads() == 1 and policy["follow_base"] == 2
+    assert compute.follow_load() == 2
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_bad_follow_load_is_one_line(value):
+    with pytest.raises(ConfigError, match=r"^compute.follow_load must be true or false, got") as e:
+        compute.check_threads({"follow_load": value})
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreadable_load_stops_following(monkeypatch, clean_policy):
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    monkeypatch.setattr(compute, "_reading", lambda: None)
+    monkeypatch.setattr(compute, "FOLLOW_S", 0.0)
+    monkeypatch.setattr(compute, "_OPEN", [0])
+    assert compute.follow_load() is None and torch.get_num_threads() == 2
+    assert compute.thread_policy()["follow_load"] is False
+    assert compute.thread_policy()["follow_load_from"] == "the load unreadable here (no /proc/stat)"
+
+
+def test_every_model_pass_reads_the_load_first(monkeypatch):
+    """ModelAdapter.run and the clean-state pass call follow_load before the model runs."""
+    import cprobe.models.adapter as adapter_mod
+    import cprobe.models.resume as resume_mod
+    from cprobe.models.formatters import RegionFormatter
+    from cprobe.models.resume import CleanStates
+    from tests.conftest import make_random_model
+
+    model, tok = make_random_model("gpt_neox")
+    ad = adapter_mod.ModelAdapter(model, tok, "causal", "neox", batch_size=2)
+    calls = []
+    monkeypatch.setattr(adapter_mod, "follow_load", lambda: calls.append("run"))
+    monkeypatch.setattr(resume_mod, "follow_load", lambda: calls.append("clean"))
+    from cprobe.data.items import TextItem
+
+    items = [TextItem("a", "the cat sat", regions=("the cat", " sat")),
+             TextItem("b", "a dog ran far", regions=("a dog", " ran far"))]
+    batch = RegionFormatter()(items, ad, torch.arange(2))
+    ad.run(batch)
+    assert calls == ["run"]
+    clean = ad.clean_states(batch, [1])
+    assert isinstance(clean, CleanStates)
+    clean.take(torch.arange(2), batch.input_ids, batch.attention_mask, ad.name, ad.device, [1])
+    assert "clean" in calls
+
+
+@pytest.mark.numeric
+def test_a_pass_computes_the_same_on_one_thread_and_on_two():
+    """What lets the passes follow the load: the same forward and backward on 1 and 2 threads (bitwise on the CPUs
+    measured; here within float32 rounding, as another CPU's kernels may split a sum differently)."""
+    from tests.conftest import make_random_model
+
+    model, _ = make_random_model("gemma3_text")
+    ids = torch.randint(3, model.config.vocab_size, (4, 9), generator=torch.Generator().manual_seed(0))
+    before, out = torch.get_num_threads(), {}
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            x = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+            h = model(inputs_embeds=x).logits[:, -1]
+            h.square().sum().backward()
+            out[n] = (h.detach(), x.grad)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(out[1][0], out[2][0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[1][1], out[2][1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_follow_load_key_at_its_default_keeps_every_job_s_identity():
+    assert identity({"compute": {"device": "cpu", "follow_load": True}}) == {"compute": {"device": "cpu"}}
+    assert identity({"compute": {"follow_load": False}})["compute"] == {"follow_load": False}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import follow_load
 from cprobe.errors import ConfigError
 from cprobe.models.batching import BatchLimits, Prefetcher, device_label, is_oom, plan_batches
 from cprobe.models.bos import start_token, token_id
@@ -273,6 +274,7 @@ class ModelAdapter(Resuming):
         the deepest of them at or below its lowest edited or read site — blocks below it do not run — with the same
         results as the full forward (:mod:`cprobe.models.resume`).
         """
+        follow_load()  # the passes' threads: the cores other work leaves free (compute.follow_load)
         edits = dict(edits or {})
         if readout is not None and self.kind == "encoder":
             raise ConfigError(f"model {self.name!r} has no output head; it can be read but not scored")

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cprobe.compute import follow_load
 from cprobe.errors import ConfigError
 from cprobe.models.family import family_of, sliding_window
 from cprobe.models.sites import MEAN, Batch, Site
@@ -357,6 +358,7 @@ class Resuming:
                 from transformers import DynamicCache
 
                 extra.update({self._cache_kw: DynamicCache(), "use_cache": True})
+            follow_load()  # the passes' threads: the cores other work leaves free (compute.follow_load)
             try:
                 with torch.no_grad():  # not inference tensors: a resumed pass may train through them (DAS)
                     self.model(input_ids=piece.input_ids, attention_mask=piece.attention_mask, **extra)

@@ -21,6 +21,7 @@ from cprobe.metrics.baselines import majority_baseline
 from cprobe.data.base import Dataset
 from cprobe.data.registry import check_properties
 from cprobe.data.splits import make_splits
+from cprobe.compute import thread_budget
 from cprobe.errors import ConfigError, DataError
 from cprobe.extract import extract, resolve_layers
 from cprobe.job import JobContext
@@ -124,7 +125,7 @@ def run(ctx: JobContext, config: Config) -> pd.DataFrame:
     rows, t0 = [], time.perf_counter()
     # the fits on the job's cores, a worker process each when they are many (bitwise the same probes either way)
     tasks = [fit_task(ctx.probe(probes[pname]), ex.acts[layer], labels[prop][1], splits) for prop, layer, pname in jobs]
-    fits = fit_cached_many(tasks, fit_cache, processes=torch.get_num_threads())
+    fits = fit_cached_many(tasks, fit_cache, processes=thread_budget())
     for (prop, layer, pname), (probe, source, seconds) in zip(jobs, track(fits, "probes", ctx.progress, len(jobs))):
         values, y = labels[prop]
         scores = score(probe, ex.acts[layer], y, splits, source, seconds)
