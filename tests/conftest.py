@@ -33,6 +33,19 @@ def _share_cores_among_workers() -> None:
 
 _share_cores_among_workers()
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_fixed_thread_count():
+    """Without xdist workers (``pytest -n 0``, ``make test-real``), every core as the jobs' count, set where
+    ``_share_cores_among_workers`` sets a worker's share (a session fixture runs where tests run, never in xdist's
+    controller, whose environment its workers would inherit). A count set in the environment is fixed: the jobs'
+    passes never follow the load (``compute.follow_load``), so a run's results never depend on what else the box runs
+    meanwhile."""
+    if not os.environ.get("OMP_NUM_THREADS"):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(cores)
+    yield
+
 from tests import cli  # noqa: E402  (after the environment above)
 
 cli.count_processes()  # every subprocess the suite starts, `cprobe` launches apart: printed in the summary

@@ -302,11 +302,16 @@ def measure_others(window: float = FREE_WINDOW_S) -> tuple[float, int] | None:
 FOLLOW_S = 1.0
 """A job whose passes follow the load (:func:`follow_load`) re-reads it at a model pass's start once this many seconds
 have passed since the last reading: a reading is two ``/proc/stat`` reads and ``os.times`` over the time between."""
+FOLLOW_STALE_S = 5.0
+"""A reading older than this is only a new start, not a window to decide on: between two passes that far apart the
+job itself may have kept cores busy in processes of its own (a fit pool, the portable trainer), which ``os.times``
+does not count until they end, or loaded a model; the next reading, :data:`FOLLOW_S` later, decides."""
 FOLLOW_MARGIN = 0.1
 """How far past the midpoint between two counts the free cores must be before :func:`follow_count` moves (hysteresis:
 a neighbour near half a core busy does not flip the count at every reading)."""
 
-_WATCH: dict[str, Any] = {}  # follow_load's last reading and the seconds run at each count
+_WATCH: dict[str, Any] = {}  # follow_load's last reading, the passes' count and since when, the seconds at each count
+_clock = time.monotonic  # follow_load's clock (a test's own)
 _OPEN = [0]  # threads() blocks open: inside one (a fit, a trainer) the block's count stands
 
 
@@ -327,22 +332,33 @@ def _reading() -> tuple[float, tuple[int, int], float, int] | None:
         stat, t = Path("/proc/stat").read_text(), os.times()
     except (AttributeError, OSError):
         return None
-    return time.monotonic(), cpu_jiffies(stat, cpus), t.user + t.system, len(cpus)
+    return _clock(), cpu_jiffies(stat, cpus), t.user + t.system, len(cpus)
+
+
+def _start_following(n: int) -> None:
+    """A job's first reading and its passes' count ``n`` (:func:`configure_process`)."""
+    _WATCH.clear()
+    _WATCH.update(count=n, since=_clock(), seconds={}, changes=0)
+    reading = _reading()
+    if reading is not None:
+        _WATCH["reading"] = reading
 
 
 def follow_load() -> int | None:
-    """At a model pass's start (:meth:`cprobe.models.adapter.ModelAdapter.run`, the clean-state passes, benchmarks):
-    where the job's passes follow the load (``compute.follow_load``, on by default; never for a count the user fixed,
-    a job of one thread or inside a :func:`threads` block), read the cores other processes kept busy since the last
-    reading (at most every :data:`FOLLOW_S` seconds) and set torch's threads to the cores they leave free
-    (:func:`follow_count`: at most the job's count, at least 1). The count moves a pass's floats by float32 rounding at
-    most (matmuls and row-wise ops split rows among threads, not sums; a whole job's results moved by ≤ 6e-6:
-    docs/performance.md, "A shared CPU"), so ``compute.follow_load=false`` is the setting for bit-for-bit reruns
-    whatever else runs; fits keep the job's count (:func:`fit_threads`). Returns the new count when it changed, else
-    None."""
+    """At a model pass's start (:meth:`cprobe.models.adapter.ModelAdapter.run`, the clean-state passes, a classifier's
+    fine-tuning steps, benchmarks): where the job's passes follow the load (``compute.follow_load``, on by default;
+    never for a count the user fixed, a job of one thread or inside a :func:`threads` block), read the cores other
+    processes kept busy since the last reading (at most every :data:`FOLLOW_S` seconds; after a gap of
+    :data:`FOLLOW_STALE_S` the reading only starts a new window) and set torch's threads to the cores they leave free
+    (:func:`follow_count`: at most the job's count, at least 1). What runs between passes outside a fit (DAS's and
+    DBM's backward and optimiser steps, the streaming estimators' updates) runs on that count too. The count moves
+    floats by float32 rounding at most (matmuls and row-wise ops split rows among threads, not sums; a whole job's
+    results moved by ≤ 6e-6: docs/performance.md, "A shared CPU"), so ``compute.follow_load=false`` is the setting
+    for bit-for-bit reruns whatever else runs; fits keep the job's count (:func:`fit_threads`). Returns the new count
+    when it changed, else None."""
     if not _POLICY.get("follow_load") or _OPEN[0]:
         return None
-    now = time.monotonic()
+    now = _clock()
     last = _WATCH.get("reading")
     if last is not None and now - last[0] < FOLLOW_S:
         return None
@@ -352,36 +368,39 @@ def follow_load() -> int | None:
         _POLICY["follow_load_from"] = "the load unreadable here (no /proc/stat)"
         return None
     _WATCH["reading"] = reading
-    if last is None:
+    if last is None or reading[0] - last[0] > FOLLOW_STALE_S:
         return None
-    import torch
-
-    current = torch.get_num_threads()
-    seconds = _WATCH.setdefault("seconds", {})
-    seconds[current] = seconds.get(current, 0.0) + reading[0] - last[0]
     try:
         hz = float(os.sysconf("SC_CLK_TCK"))
     except (AttributeError, OSError, ValueError):
         return None
+    current = int(_WATCH["count"])
     others = others_busy_cores(last[1], reading[1], reading[2] - last[2], reading[3], hz)
     n = follow_count(current, int(_POLICY["follow_base"]), int(_POLICY["usable_cpus"]), reading[3], others)
     if n == current:
         return None
+    import torch
+
     torch.set_num_threads(n)
-    _WATCH["changes"] = _WATCH.get("changes", 0) + 1
+    seconds = _WATCH["seconds"]
+    seconds[current] = seconds.get(current, 0.0) + reading[0] - _WATCH["since"]
+    _WATCH.update(count=n, since=reading[0], changes=_WATCH["changes"] + 1)
     log.info("torch threads for the model passes: %d -> %d (%.1f of %d CPU(s) busy with other work)", current, n,
              others, reading[3])
     return n
 
 
 def followed() -> dict[str, Any]:
-    """What :func:`follow_load` did in this job: the seconds the passes ran at each count and how often it changed
-    (environment.json's ``thread_policy``; empty where it never read the load twice)."""
-    seconds = dict(_WATCH.get("seconds", {}))
-    if not seconds:
+    """What :func:`follow_load` did in this job so far: the wall-clock seconds since the job's start at each count the
+    passes ran on, and how often the count changed (environment.json's ``thread_policy``; empty where the passes do
+    not follow the load)."""
+    if not _POLICY.get("follow_load") or "count" not in _WATCH:
         return {}
+    seconds = dict(_WATCH["seconds"])
+    now = int(_WATCH["count"])
+    seconds[now] = seconds.get(now, 0.0) + _clock() - _WATCH["since"]
     return {"seconds_at_threads": {str(k): round(v, 1) for k, v in sorted(seconds.items(), reverse=True)},
-            "thread_changes": int(_WATCH.get("changes", 0))}
+            "thread_changes": int(_WATCH["changes"])}
 
 
 def decide_threads(setting: int | None, cpus: int, workers: int = 1, env: Mapping[str, str] | None = None
@@ -595,9 +614,7 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
                    **({} if others is None else {"others_busy_cores": round(others, 2)}))
     _WATCH.clear()
     if follow:
-        reading = _reading()  # the first reading: the load between it and the first pass decides that pass's count
-        if reading is not None:
-            _WATCH["reading"] = reading
+        _start_following(n)
     return dict(_POLICY)
 
 

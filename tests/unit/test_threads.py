@@ -19,10 +19,12 @@ SLURM = {"SLURM_JOB_ID": "7"}
 @pytest.fixture
 def clean_policy():
     """The process's thread policy and torch threads as they were (configure_process changes both)."""
-    before, threads = dict(compute._POLICY), torch.get_num_threads()
+    before, watch, threads = dict(compute._POLICY), dict(compute._WATCH), torch.get_num_threads()
     yield
     compute._POLICY.clear()
     compute._POLICY.update(before)
+    compute._WATCH.clear()
+    compute._WATCH.update(watch)
     torch.set_num_threads(threads)
 
 
@@ -269,7 +271,7 @@ def test_configure_process_applies_and_records_the_policy(monkeypatch, clean_pol
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     policy = _configure(monkeypatch, {}, cpus=4, workers=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
     assert torch.get_num_threads() == 2
-    assert policy == compute.thread_policy()
+    assert policy.items() <= compute.thread_policy().items()  # and what following the load did so far
     assert {k: policy[k] for k in ("threads", "threads_from", "explicit", "wait_policy", "usable_cpus",
                                    "parallel_jobs")} == {
         "threads": 2, "threads_from": "4 usable CPU(s) / 2 parallel job(s)", "explicit": False,
@@ -371,50 +373,70 @@ def test_follow_count(current, base, cpus, affinity, others, expected):
     assert compute.follow_count(current, base, cpus, affinity, others) == expected
 
 
-def _readings(monkeypatch, *others, cpus=2):
-    """Feed follow_load readings one second apart whose load is ``others`` busy cores (this process: the rest)."""
-    hz = float(os.sysconf("SC_CLK_TCK"))
-    state = {"t": 0.0, "busy": 0, "total": 0, "own": 0.0}
-    seq = iter([None, *others])
+class Machine:
+    """A fake clock and /proc/stat for follow_load: ``advance(seconds, others)`` lets ``others`` cores of other work
+    and this job's passes (on the rest, at most its torch threads) run for ``seconds``."""
 
-    def reading():
-        o = next(seq)
-        if o is not None:
-            own = min(cpus - o, float(torch.get_num_threads()))
-            state["t"] += 1.0
-            state["busy"] += round((o + own) * hz)
-            state["total"] += round(cpus * hz)
-            state["own"] += own
-        return state["t"], (state["busy"], state["total"]), state["own"], cpus
+    def __init__(self, monkeypatch, cpus: int = 2) -> None:
+        self.cpus, self.hz = cpus, float(os.sysconf("SC_CLK_TCK"))
+        self.t, self.busy, self.total, self.own = 100.0, 0, 0, 0.0
+        monkeypatch.setattr(compute, "_clock", lambda: self.t)
+        monkeypatch.setattr(compute, "_reading", lambda: (self.t, (self.busy, self.total), self.own, self.cpus))
+        monkeypatch.setattr(compute, "_OPEN", [0])  # outside the unit tests' one-thread block (tests/unit/conftest.py)
 
-    monkeypatch.setattr(compute, "_reading", reading)
-    monkeypatch.setattr(compute, "FOLLOW_S", 0.0)
-    monkeypatch.setattr(compute, "_OPEN", [0])  # outside the unit tests' one-thread block (tests/unit/conftest.py)
+    def advance(self, seconds: float, others: float) -> None:
+        own = min(self.cpus - others, float(torch.get_num_threads()))
+        self.t += seconds
+        self.busy += round((others + own) * self.hz * seconds)
+        self.total += round(self.cpus * self.hz * seconds)
+        self.own += own * seconds
 
 
 def test_the_passes_threads_follow_the_load(monkeypatch, clean_policy):
-    """auto: the passes drop to the cores other work leaves free and come back when it stops; the counts and the
-    seconds at each are recorded."""
-    _readings(monkeypatch, 1.0, 1.0, 0.0, 0.0)
+    """auto: the passes drop to the cores other work leaves free and come back when it stops; the load is read at most
+    once a second, a stale reading only starts a new window; the seconds at each count are recorded."""
+    m = Machine(monkeypatch)
     policy = _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
     assert policy["follow_load"] is True and policy["follow_base"] == 2 and torch.get_num_threads() == 2
-    assert policy["follow_load_from"] == "at a pass's start, at most every 0 s: the cores other work leaves free, 1 to 2"
+    assert policy["follow_load_from"] == "at a pass's start, at most every 1 s: the cores other work leaves free, 1 to 2"
+    m.advance(1.0, 1.0)
     assert compute.follow_load() == 1 and torch.get_num_threads() == 1  # a neighbour took a core
+    m.advance(1.0, 1.0)
     assert compute.follow_load() is None and torch.get_num_threads() == 1  # still there
+    m.advance(1.0, 0.0)
     assert compute.follow_load() == 2 and torch.get_num_threads() == 2  # gone
-    assert compute.follow_load() is None
-    assert compute.thread_policy()["seconds_at_threads"] == {"2": 2.0, "1": 2.0}
-    assert compute.thread_policy()["thread_changes"] == 2
+    m.advance(0.5, 1.0)
+    assert compute.follow_load() is None  # half a second: not read
+    m.advance(0.4, 1.0)
+    assert compute.follow_load() is None  # read 0.9 s after the last reading: still not
+    m.advance(0.2, 1.0)
+    assert compute.follow_load() == 1  # 1.1 s of a busy neighbour
+    m.advance(10.0, 0.0)
+    assert compute.follow_load() is None and torch.get_num_threads() == 1  # a stale window: a new start only
+    m.advance(1.0, 0.0)
+    assert compute.follow_load() == 2
+    m.advance(2.0, 0.0)
+    assert compute.thread_policy()["seconds_at_threads"] == {"2": 1.0 + 1.1 + 2.0, "1": 2.0 + 11.0}
+    assert compute.thread_policy()["thread_changes"] == 4
+
+
+def test_the_record_counts_from_the_job_s_start_to_the_record(monkeypatch, clean_policy):
+    m = Machine(monkeypatch)
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    m.advance(3.5, 0.0)
+    assert compute.thread_policy()["seconds_at_threads"] == {"2": 3.5} and compute.thread_policy()["thread_changes"] == 0
 
 
 def test_a_block_s_count_and_a_fit_s_count_do_not_follow_the_load(monkeypatch, clean_policy):
     """Inside a threads() block the block's count stands; a fit takes the job's count, not the passes' of the moment
     (its float sums do not depend on the load), and the passes' count comes back after it."""
-    _readings(monkeypatch, 1.0, 1.0)
+    m = Machine(monkeypatch)
     _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    m.advance(1.0, 1.0)
     assert compute.follow_load() == 1
     with compute.fit_threads(1e12):  # a large fit: the job's count
         assert torch.get_num_threads() == 2
+        m.advance(1.0, 0.0)
         assert compute.follow_load() is None and torch.get_num_threads() == 2
         with compute.fit_threads(1e12):  # nested: the enclosing block's count
             assert torch.get_num_threads() == 2
@@ -429,9 +451,10 @@ def test_a_block_s_count_and_a_fit_s_count_do_not_follow_the_load(monkeypatch, c
     ({"follow_load": False}, {}, "compute.follow_load=false"),
 ])
 def test_a_fixed_count_never_follows_the_load(monkeypatch, clean_policy, cfg, env, why):
-    _readings(monkeypatch, 1.0, 1.0)
+    m = Machine(monkeypatch)
     policy = _configure(monkeypatch, cfg, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE", **env})
     assert policy["follow_load"] is False and policy["follow_load_from"] == why and "follow_base" not in policy
+    m.advance(1.0, 1.0)
     assert compute.follow_load() is None and torch.get_num_threads() == 2
     assert "seconds_at_threads" not in compute.thread_policy()
 
@@ -443,9 +466,10 @@ def test_one_thread_has_nothing_to_lower(monkeypatch, clean_policy):
 
 def test_free_starts_lowered_and_follows_back_up(monkeypatch, clean_policy):
     monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (1.0, 2))
-    _readings(monkeypatch, 0.0)
+    m = Machine(monkeypatch)
     policy = _configure(monkeypatch, {"threads": "free"}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
     assert torch.get_num_threads() == 1 and policy["follow_base"] == 2
+    m.advance(1.0, 0.0)
     assert compute.follow_load() == 2
 
 
@@ -517,3 +541,19 @@ def test_a_pass_computes_the_same_on_one_thread_and_on_two():
 def test_the_follow_load_key_at_its_default_keeps_every_job_s_identity():
     assert identity({"compute": {"device": "cpu", "follow_load": True}}) == {"compute": {"device": "cpu"}}
     assert identity({"compute": {"follow_load": False}})["compute"] == {"follow_load": False}
+
+
+def test_environment_json_records_the_job_s_count_and_what_following_did(monkeypatch, tmp_path, clean_policy):
+    import json
+
+    from cprobe.report.environment import write_environment
+
+    m = Machine(monkeypatch)
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    m.advance(1.0, 1.0)
+    assert compute.follow_load() == 1
+    m.advance(2.0, 1.0)
+    env = json.loads(write_environment(tmp_path, {"device": "cpu"}).read_text())
+    assert env["torch_threads"] == 2 == env["thread_policy"]["threads"]  # the job's count, not the passes' now
+    assert env["thread_policy"]["seconds_at_threads"] == {"2": 1.0, "1": 2.0}
+    assert env["thread_policy"]["follow_load"] is True and env["thread_policy"]["thread_changes"] == 1

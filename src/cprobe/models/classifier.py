@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from cprobe.data.items import TextItem, fingerprint
-from cprobe.compute import use_bf16
+from cprobe.compute import follow_load, use_bf16
 from cprobe.errors import ConfigError
 from cprobe.io import atomic_save_tensors, load_tensors, read_metadata
 from cprobe.paths import safe_name
@@ -254,6 +254,7 @@ def _train(adapter: ModelAdapter, items: Sequence[TextItem], targets: Tensor, n_
             for s in range(0, n, cfg.batch_size):
                 rows = orders[epoch][s: s + cfg.batch_size]
                 batch = fmt([items[int(i)] for i in rows], adapter, rows).to(dev)
+                follow_load()  # a step is a pass: the cores other work leaves free (compute.follow_load)
                 with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.precision == "bf16"):
                     logits = model(batch.input_ids, batch.attention_mask).logits
                 y = targets[rows].to(dev)

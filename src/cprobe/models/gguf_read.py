@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from cprobe.compute import thread_budget
+
 GROUP_VALUES = 1 << 22
 """Values one numpy round of :func:`dequantize` decodes (16 MB of float32): large enough that gguf's per-round Python
 overhead vanishes, small enough that its temporaries stay in a few tens of MB per thread."""
@@ -101,9 +103,9 @@ def reader_class() -> type:
 def dequantize(data: np.ndarray, qtype: Any, reference: Any = None, threads: int | None = None) -> np.ndarray:
     """gguf's ``dequantize(data, qtype)`` (``reference``, default the installed one), bit for bit: its rows regrouped
     into rows of many rows each (a quantised row is whole blocks, decoded one by one), decoded in rounds of
-    :data:`GROUP_VALUES` values, ``threads`` rounds at a time (default: torch's thread count)."""
+    :data:`GROUP_VALUES` values, ``threads`` rounds at a time (default: the job's thread count,
+    :func:`cprobe.compute.thread_budget`, whatever its passes run on at the moment)."""
     import gguf
-    import torch
 
     reference = reference or gguf.dequantize
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -122,7 +124,7 @@ def dequantize(data: np.ndarray, qtype: Any, reference: Any = None, threads: int
         if b > a:
             out[a:b] = reference(rows[a:b].reshape(-1, per * rows.shape[1]), qtype).reshape(b - a, values_per_row)
 
-    with ThreadPoolExecutor(max(1, threads or torch.get_num_threads())) as pool:
+    with ThreadPoolExecutor(max(1, threads or thread_budget())) as pool:
         list(pool.map(run, chunks))
     if cut < n:
         out[cut:] = reference(rows[cut:], qtype)

@@ -47,7 +47,8 @@ def environment(cfg: Mapping[str, Any] | None = None, models: Mapping[str, Any] 
     }
     torch = sys.modules.get("torch")
     if torch is not None:
-        env["torch_threads"] = torch.get_num_threads()
+        policy = thread_policy()  # the job's count (its passes may have followed the load: thread_policy's record)
+        env["torch_threads"] = int(policy["threads"]) if policy else torch.get_num_threads()
         env["openmp"] = openmp_runtimes()
         env["cuda"] = cuda = bool(torch.cuda.is_available())
         if cuda:
