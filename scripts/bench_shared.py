@@ -10,7 +10,7 @@ another at each load, for ``--rounds`` rounds (the median is printed). The busy 
 - **passive**: all threads with ``OMP_WAIT_POLICY=PASSIVE``.
 - **cprobe**: what ``cprobe run`` does — :func:`cprobe.compute.set_wait_policy` before torch loads (``auto``:
   OpenMP's default where the machine is quiet at the start, passive where other work holds a core),
-  :func:`cprobe.compute.configure_process` after, the passes' threads following the load
+  :func:`cprobe.compute.configure_process` after, the passes' threads following the load while OpenMP spins
   (:func:`cprobe.compute.follow_load` before each pass and DAS step, as ``ModelAdapter.run`` calls it) and small fits
   on one thread (:func:`cprobe.compute.fit_threads`).
 - **cprobe free**: the same with ``compute.threads=free`` (the job's threads lowered to the cores the busy processes

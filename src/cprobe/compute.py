@@ -11,8 +11,9 @@
   by side, unless ``compute.threads`` or ``OMP_NUM_THREADS`` says otherwise (:func:`decide_threads`,
   :func:`configure_process`, recorded in environment.json); ``compute.threads=free`` (opt-in) lowers that count to the
   cores other processes leave free when the job starts (:func:`free_threads`, :func:`measure_others`); while the job
-  runs, its model passes follow the load (:func:`follow_load`, ``compute.follow_load``): at a pass's start, at most
-  once a second, the count drops to the cores other work leaves free and comes back when they are free again;
+  runs with OpenMP's spinning wait (a quiet start), its model passes follow the load (:func:`follow_load`,
+  ``compute.follow_load``): at a pass's start, at most once a second, the count drops to the cores other work leaves
+  free and comes back when they are free again;
   :func:`fit_threads` runs a small fit or a loop of small ops (its largest op below :data:`FIT_OP_FLOPS`) on one
   thread and a larger fit on the job's count, whatever the load; :func:`threads` applies a count for a block.
 - :func:`claim_gpu` — in a parallel sweep (``hydra/launcher=local_parallel``) each worker process takes a GPU of
@@ -347,8 +348,9 @@ def _start_following(n: int) -> None:
 def follow_load() -> int | None:
     """At a model pass's start (:meth:`cprobe.models.adapter.ModelAdapter.run`, the clean-state passes, a classifier's
     fine-tuning steps, benchmarks): where the job's passes follow the load (``compute.follow_load``, on by default;
-    never for a count the user fixed, a job of one thread or inside a :func:`threads` block), read the cores other
-    processes kept busy since the last reading (at most every :data:`FOLLOW_S` seconds; after a gap of
+    only while OpenMP's waiting threads spin — a job whose start saw a quiet machine, or ``active`` —; never for a
+    count the user fixed, a job of one thread or inside a :func:`threads` block), read the cores other processes kept
+    busy since the last reading (at most every :data:`FOLLOW_S` seconds; after a gap of
     :data:`FOLLOW_STALE_S` the reading only starts a new window) and set torch's threads to the cores they leave free
     (:func:`follow_count`: at most the job's count, at least 1). What runs between passes outside a fit (DAS's and
     DBM's backward and optimiser steps, the streaming estimators' updates) runs on that count too. The count moves
@@ -600,9 +602,11 @@ def configure_process(workers: int = 1, compute: Any = None) -> dict[str, Any]:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     log.info("torch intra-op threads: %d (%s); OpenMP wait policy %s (%s)", n, why, wait, wait_from)
-    follow = follow_setting(compute) and not explicit and base > 1
+    passive = wait == "PASSIVE"
+    follow = follow_setting(compute) and not explicit and base > 1 and not passive
     follow_from = ("compute.follow_load=false" if not follow_setting(compute) else
                    f"the count is fixed ({why})" if explicit else "one thread: nothing to lower" if base <= 1 else
+                   "OpenMP's threads sleep at a barrier (passive): a shared core costs them little" if passive else
                    f"at a pass's start, at most every {FOLLOW_S:g} s: the cores other work leaves free, "
                    f"1 to {base}")
     _POLICY.clear()

@@ -396,7 +396,7 @@ def test_the_passes_threads_follow_the_load(monkeypatch, clean_policy):
     """auto: the passes drop to the cores other work leaves free and come back when it stops; the load is read at most
     once a second, a stale reading only starts a new window; the seconds at each count are recorded."""
     m = Machine(monkeypatch)
-    policy = _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    policy = _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     assert policy["follow_load"] is True and policy["follow_base"] == 2 and torch.get_num_threads() == 2
     assert policy["follow_load_from"] == "at a pass's start, at most every 1 s: the cores other work leaves free, 1 to 2"
     m.advance(1.0, 1.0)
@@ -422,7 +422,7 @@ def test_the_passes_threads_follow_the_load(monkeypatch, clean_policy):
 
 def test_the_record_counts_from_the_job_s_start_to_the_record(monkeypatch, clean_policy):
     m = Machine(monkeypatch)
-    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     m.advance(3.5, 0.0)
     assert compute.thread_policy()["seconds_at_threads"] == {"2": 3.5} and compute.thread_policy()["thread_changes"] == 0
 
@@ -431,7 +431,7 @@ def test_a_block_s_count_and_a_fit_s_count_do_not_follow_the_load(monkeypatch, c
     """Inside a threads() block the block's count stands; a fit takes the job's count, not the passes' of the moment
     (its float sums do not depend on the load), and the passes' count comes back after it."""
     m = Machine(monkeypatch)
-    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     m.advance(1.0, 1.0)
     assert compute.follow_load() == 1
     with compute.fit_threads(1e12):  # a large fit: the job's count
@@ -452,7 +452,7 @@ def test_a_block_s_count_and_a_fit_s_count_do_not_follow_the_load(monkeypatch, c
 ])
 def test_a_fixed_count_never_follows_the_load(monkeypatch, clean_policy, cfg, env, why):
     m = Machine(monkeypatch)
-    policy = _configure(monkeypatch, cfg, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE", **env})
+    policy = _configure(monkeypatch, cfg, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE", **env})
     assert policy["follow_load"] is False and policy["follow_load_from"] == why and "follow_base" not in policy
     m.advance(1.0, 1.0)
     assert compute.follow_load() is None and torch.get_num_threads() == 2
@@ -460,17 +460,41 @@ def test_a_fixed_count_never_follows_the_load(monkeypatch, clean_policy, cfg, en
 
 
 def test_one_thread_has_nothing_to_lower(monkeypatch, clean_policy):
-    policy = _configure(monkeypatch, {}, cpus=2, workers=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    policy = _configure(monkeypatch, {}, cpus=2, workers=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     assert policy["follow_load"] is False and policy["follow_load_from"] == "one thread: nothing to lower"
 
 
-def test_free_starts_lowered_and_follows_back_up(monkeypatch, clean_policy):
+def test_free_starts_lowered_and_follows_back_up_while_openmp_spins(monkeypatch, clean_policy):
     monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (1.0, 2))
     m = Machine(monkeypatch)
-    policy = _configure(monkeypatch, {"threads": "free"}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    policy = _configure(monkeypatch, {"threads": "free"}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     assert torch.get_num_threads() == 1 and policy["follow_base"] == 2
     m.advance(1.0, 0.0)
     assert compute.follow_load() == 2
+
+
+@pytest.mark.parametrize("cfg", [{}, {"threads": "free"}])
+def test_passive_threads_keep_their_count(monkeypatch, clean_policy, cfg):
+    """A job whose OpenMP threads sleep at a barrier (passive: started beside other work, a SLURM task) keeps its count:
+    passive threads lose little on a shared core (docs/performance.md, "A shared CPU")."""
+    monkeypatch.setattr(compute, "measure_others", lambda window=compute.FREE_WINDOW_S: (1.0, 2))
+    m = Machine(monkeypatch)
+    policy = _configure(monkeypatch, cfg, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    assert policy["follow_load"] is False
+    assert policy["follow_load_from"] == "OpenMP's threads sleep at a barrier (passive): a shared core costs them little"
+    before = torch.get_num_threads()
+    for others in (1.0, 0.0):
+        m.advance(1.0, others)
+        assert compute.follow_load() is None and torch.get_num_threads() == before
+
+
+def test_a_quiet_start_follows(monkeypatch, clean_policy):
+    """auto's quiet start (OpenMP's default wait, recorded in CPROBE_WAIT_AUTO) is what following is for."""
+    m = Machine(monkeypatch)
+    policy = _configure(monkeypatch, {}, cpus=2, env={"CPROBE_WAIT_AUTO": "default 0.02 2"})
+    assert policy["wait_policy"] == "OpenMP default" and policy["follow_load"] is True
+    m.advance(1.0, 1.0)
+    assert compute.follow_load() == 1
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -481,7 +505,7 @@ def test_a_bad_follow_load_is_one_line(value):
 
 
 def test_an_unreadable_load_stops_following(monkeypatch, clean_policy):
-    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     monkeypatch.setattr(compute, "_reading", lambda: None)
     monkeypatch.setattr(compute, "FOLLOW_S", 0.0)
     monkeypatch.setattr(compute, "_OPEN", [0])
@@ -549,7 +573,7 @@ def test_environment_json_records_the_job_s_count_and_what_following_did(monkeyp
     from cprobe.report.environment import write_environment
 
     m = Machine(monkeypatch)
-    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "PASSIVE"})
+    _configure(monkeypatch, {}, cpus=2, env={"OMP_WAIT_POLICY": "ACTIVE"})
     m.advance(1.0, 1.0)
     assert compute.follow_load() == 1
     m.advance(2.0, 1.0)
