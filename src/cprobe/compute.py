@@ -285,19 +285,39 @@ def free_threads(base: int, cpus: int, affinity: int, others: float) -> int:
     return max(1, min(base, cpus, math.floor(affinity - others + 0.5)))
 
 
-def measure_others(window: float = FREE_WINDOW_S) -> tuple[float, int] | None:
-    """(cores busy with other processes' work over ``window`` seconds, CPUs of the affinity mask), from
-    ``/proc/stat`` and this process's CPU time; None where ``/proc/stat`` or the affinity mask cannot be read."""
+_clock = time.monotonic  # the readings' clock (a test's own)
+
+
+def _reading() -> tuple[float, tuple[int, int], float, int] | None:
+    """(monotonic time, the affinity CPUs' busy and total ticks, this process's CPU seconds, how many CPUs); None where
+    ``/proc/stat`` or the affinity mask cannot be read."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
-        stat0, t0 = Path("/proc/stat").read_text(), os.times()
-        time.sleep(window)
-        stat1, t1 = Path("/proc/stat").read_text(), os.times()
+        stat, t = Path("/proc/stat").read_text(), os.times()
+    except (AttributeError, OSError):
+        return None
+    return _clock(), cpu_jiffies(stat, cpus), t.user + t.system, len(cpus)
+
+
+def _others_between(before: tuple, after: tuple) -> float | None:
+    """:func:`others_busy_cores` between two readings (:func:`_reading`); None where the clock tick is unknown."""
+    try:
         hz = float(os.sysconf("SC_CLK_TCK"))
     except (AttributeError, OSError, ValueError):
         return None
-    own = (t1.user - t0.user) + (t1.system - t0.system)
-    return others_busy_cores(cpu_jiffies(stat0, cpus), cpu_jiffies(stat1, cpus), own, len(cpus), hz), len(cpus)
+    return others_busy_cores(before[1], after[1], after[2] - before[2], after[3], hz)
+
+
+def measure_others(window: float = FREE_WINDOW_S) -> tuple[float, int] | None:
+    """(cores busy with other processes' work over ``window`` seconds, CPUs of the affinity mask), from
+    ``/proc/stat`` and this process's CPU time; None where ``/proc/stat`` or the affinity mask cannot be read."""
+    before = _reading()
+    if before is None:
+        return None
+    time.sleep(window)
+    after = _reading()
+    others = None if after is None else _others_between(before, after)
+    return None if others is None else (others, after[3])
 
 
 FOLLOW_S = 1.0
@@ -312,7 +332,6 @@ FOLLOW_MARGIN = 0.1
 a neighbour near half a core busy does not flip the count at every reading)."""
 
 _WATCH: dict[str, Any] = {}  # follow_load's last reading, the passes' count and since when, the seconds at each count
-_clock = time.monotonic  # follow_load's clock (a test's own)
 _OPEN = [0]  # threads() blocks open: inside one (a fit, a trainer) the block's count stands
 
 
@@ -324,16 +343,6 @@ def follow_count(current: int, base: int, cpus: int, affinity: int, others: floa
     if target != current and abs(affinity - others - current) > 0.5 + FOLLOW_MARGIN:
         return target
     return current
-
-
-def _reading() -> tuple[float, tuple[int, int], float, int] | None:
-    """(monotonic time, the affinity CPUs' busy and total ticks, this process's CPU seconds, how many CPUs)."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-        stat, t = Path("/proc/stat").read_text(), os.times()
-    except (AttributeError, OSError):
-        return None
-    return _clock(), cpu_jiffies(stat, cpus), t.user + t.system, len(cpus)
 
 
 def _start_following(n: int) -> None:
@@ -372,12 +381,10 @@ def follow_load() -> int | None:
     _WATCH["reading"] = reading
     if last is None or reading[0] - last[0] > FOLLOW_STALE_S:
         return None
-    try:
-        hz = float(os.sysconf("SC_CLK_TCK"))
-    except (AttributeError, OSError, ValueError):
+    others = _others_between(last, reading)
+    if others is None:
         return None
     current = int(_WATCH["count"])
-    others = others_busy_cores(last[1], reading[1], reading[2] - last[2], reading[3], hz)
     n = follow_count(current, int(_POLICY["follow_base"]), int(_POLICY["usable_cpus"]), reading[3], others)
     if n == current:
         return None
